@@ -1,0 +1,41 @@
+#!/bin/sh
+# Installs the Debian packages Crowdtrain needs to build, test and run the demo.
+# Called by `make deps` (and through it by `make test` and `make demo`). When
+# everything is present it does nothing; when something is missing and we are
+# not root, it says what to install and fails.
+set -eu
+
+PKGS="build-essential pkg-config clang llvm libclang-rt-14-dev
+libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libpq-dev
+postgresql postgresql-contrib libglpk-dev libcmocka-dev libopenblas-dev libuv1-dev
+libprotobuf-c-dev protobuf-c-compiler libargon2-dev wrk dataset-fashion-mnist
+iproute2 iptables procps curl ca-certificates openssl"
+
+# Extra packages only some targets need (browser tests, PyTorch fixtures).
+case "${1:-}" in
+  --browser) PKGS="$PKGS chromium nodejs npm" ;;
+  --torch) PKGS="$PKGS python3-torch python3-numpy" ;;
+esac
+
+missing=""
+for p in $PKGS; do
+  st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  case "$st" in
+    *"install ok installed"*) ;;
+    *) missing="$missing $p" ;;
+  esac
+done
+
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "crowdtrain: missing Debian packages:$missing" >&2
+  echo "crowdtrain: run as root, or: sudo apt-get install -y$missing" >&2
+  exit 1
+fi
+
+echo "crowdtrain: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || true
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null

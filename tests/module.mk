@@ -1,0 +1,42 @@
+# tests/: one binary per test file, discovered from the tree, so adding a
+# test is adding a file. tests/unit/<area>/test_*.c links the libraries of
+# <area>; tests/integ/test_*.c links the harness and drives the real
+# binaries. scripts/run-tests.sh runs each binary in its own process with a
+# timeout and prints "N passed, N failed, N skipped".
+
+HARNESS_SRCS := $(wildcard tests/harness/*.c)
+HARNESS_LIB := $(BUILD)/lib/libct_harness.a
+$(HARNESS_LIB): $(call objs_of,$(HARNESS_SRCS))
+	@mkdir -p $(@D)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+# Libraries each unit-test area links, most dependent first.
+TEST_LIBS_common      = $(COMMON_LIB)
+TEST_LIBS_kernels     = $(KERNELS_LIB) $(COMMON_LIB)
+TEST_LIBS_coordinator = $(COORD_LIB) $(COMMON_LIB)
+TEST_LIBS_agent       = $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
+TEST_LIBS_p2p         = $(COMMON_LIB)
+TEST_LIBS_dht         = $(COMMON_LIB)
+
+UNIT_AREAS := $(notdir $(wildcard tests/unit/*))
+
+define unit_area_rules
+UNIT_SRCS_$(1) := $$(wildcard tests/unit/$(1)/test_*.c)
+UNIT_BINS_$(1) := $$(patsubst %.c,$(BUILD)/%,$$(UNIT_SRCS_$(1)))
+UNIT_TESTS += $$(UNIT_BINS_$(1))
+$(BUILD)/tests/unit/$(1)/%: $(BUILD)/obj/tests/unit/$(1)/%.o $$(TEST_LIBS_$(1)) $(HARNESS_LIB)
+	@mkdir -p $$(@D)
+	$$(if $$(Q),@echo "  LD    $$@")
+	$$(Q)$$(CC) $$(LDFLAGS) $$< -o $$@ $(HARNESS_LIB) $$(TEST_LIBS_$(1)) $$(LDLIBS) -lcmocka
+endef
+$(foreach a,$(UNIT_AREAS),$(eval $(call unit_area_rules,$(a))))
+
+INTEG_SRCS := $(wildcard tests/integ/test_*.c)
+INTEG_TESTS += $(patsubst %.c,$(BUILD)/%,$(INTEG_SRCS))
+$(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS) -lcmocka
+
+# Keep test objects around (make treats them as intermediate otherwise).
+.SECONDARY:
