@@ -20,7 +20,9 @@ TEST_LIBS_dht         = $(COMMON_LIB)
 
 UNIT_AREAS := $(notdir $(wildcard tests/unit/*))
 
+# Areas without an entry above link the common library only.
 define unit_area_rules
+TEST_LIBS_$(1) ?= $$(COMMON_LIB)
 UNIT_SRCS_$(1) := $$(wildcard tests/unit/$(1)/test_*.c)
 UNIT_BINS_$(1) := $$(patsubst %.c,$(BUILD)/%,$$(UNIT_SRCS_$(1)))
 UNIT_TESTS += $$(UNIT_BINS_$(1))
@@ -40,3 +42,24 @@ $(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB
 
 # Keep test objects around (make treats them as intermediate otherwise).
 .SECONDARY:
+
+# Fuzz targets: tests/fuzz/fuzz_<name>.c defines LLVMFuzzerTestOneInput over
+# one pure parser; seed corpus in tests/fuzz/corpus/<name>/, optional
+# dictionary tests/fuzz/<name>.dict. `make fuzz` builds them with clang,
+# libFuzzer, ASan and UBSan in build-fuzz/ and runs each for FUZZ_SECONDS.
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZERS := $(patsubst %.c,$(BUILD)/%,$(FUZZ_SRCS))
+FUZZ_LIBS = $(COORD_LIB) $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
+$(BUILD)/tests/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(FUZZ_LIBS)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) -fsanitize=fuzzer $< -o $@ $(FUZZ_LIBS) $(LDLIBS)
+
+.PHONY: fuzz-build
+fuzz-build: $(FUZZERS)
+
+FUZZ_SECONDS ?= 30
+fuzz: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang SANITIZER=address,undefined \
+	    EXTRA_CFLAGS=-fsanitize=fuzzer-no-link fuzz-build
+	$(Q)./scripts/run-fuzz.sh $(FUZZ_SECONDS) $(patsubst %.c,build-fuzz/%,$(FUZZ_SRCS))

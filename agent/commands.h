@@ -1,0 +1,10 @@
+/* The subcommands of crowdtrain-agent. Each takes the arguments after its
+ * name (argv[0] is the subcommand) and returns the process exit status:
+ * 0 success, 1 failure (already explained on stderr), 2 usage error. */
+#ifndef AGENT_COMMANDS_H
+#define AGENT_COMMANDS_H
+
+int agent_cmd_login(int argc, char **argv);
+int agent_cmd_pass(int argc, char **argv);
+
+#endif

@@ -1,0 +1,46 @@
+/* crowdtrain-agent: the volunteer's program. Dispatches to subcommands; each
+ * lives in its own file and is listed in the table below with a one-line
+ * summary for --help. */
+#include <stdio.h>
+#include <string.h>
+
+#include "agent/commands.h"
+
+struct agent_cmd {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+/* One entry per subcommand, in the order --help shows them. */
+static const struct agent_cmd CMDS[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: crowdtrain-agent <command> [options]\n\n"
+               "Crowdtrain's volunteer agent: joins a collaborative training run.\n\n"
+               "commands:\n");
+    for (const struct agent_cmd *c = CMDS; c->name; c++)
+        fprintf(f, "  %-10s %s\n", c->name, c->summary);
+    fprintf(f, "\nRun 'crowdtrain-agent <command> --help' for a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (const struct agent_cmd *c = CMDS; c->name; c++)
+        if (!strcmp(argv[1], c->name))
+            return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "crowdtrain-agent: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

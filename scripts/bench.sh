@@ -1,0 +1,20 @@
+#!/bin/sh
+# Runs each benchmark (a binary or a script under tests/bench/) in turn and
+# collects what they print into build/bench/results.txt. Every benchmark
+# prints its own figures with a ratio against a reference measured in the
+# same run (PyTorch for kernels, wrk against our own server, the bandwidth
+# bound for averaging).
+set -u
+mkdir -p build/bench
+out=build/bench/results.txt
+: >"$out"
+fail=0
+for b in "$@"; do
+  name=$(basename "$b")
+  echo "== $name" | tee -a "$out"
+  if ! "$b" 2>&1 | tee -a "$out"; then
+    echo "bench: $name FAILED" | tee -a "$out"; fail=$((fail + 1))
+  fi
+done
+echo "bench: results in $out"
+[ "$fail" -eq 0 ]
