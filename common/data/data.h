@@ -1,0 +1,203 @@
+/* Datasets: manifests of shards, streamed through a shuffle buffer.
+ *
+ * A dataset is a JSON manifest listing shards (URL, size, SHA-256) and the
+ * format of their contents (docs/data.md has the schema and examples). An
+ * iterator streams the shards through libcurl (file://, http://, https://)
+ * in a background thread, each peer in its own random order derived from its
+ * seed, verifies every shard's size and SHA-256 before any of its examples
+ * are released (verify-then-release, bounded by max_shard_bytes), decodes
+ * it, and feeds the examples through a shuffle buffer of S examples from
+ * which batches are drawn (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix
+ * H.3). After the last shard the order is reshuffled and a new epoch starts:
+ * the training stream never ends. The eval mode reads the shards in manifest
+ * order, without shuffling, exactly once.
+ *
+ * Everything is deterministic for a given (manifest, seed, options): the
+ * background thread only prefetches, the consumer sees examples in an order
+ * that does not depend on timing.
+ *
+ * The parsers (manifest, IDX, llm.c token files, gzip) are pure functions
+ * over caller bytes, bounded, and fuzzed (tests/fuzz/). */
+#ifndef CM_DATA_H
+#define CM_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- Manifest ---------------------------------------------------------- */
+
+enum cm_data_format {
+    CM_DATA_IDX_IMAGES = 1, /* IDX ubyte images (N,rows,cols) + IDX labels (N) */
+    CM_DATA_TEXT_BYTES = 2, /* raw bytes; vocabulary 256 */
+    CM_DATA_TOKENS_U16 = 3, /* llm.c token shards: 256 x int32 header + uint16 tokens */
+};
+
+enum cm_data_compression {
+    CM_DATA_COMP_NONE = 0,
+    CM_DATA_COMP_GZIP = 1,
+};
+
+/* Limits the manifest parser enforces (absurd values are errors). */
+#define CM_DATA_MAX_SHARDS 1000000
+#define CM_DATA_MAX_URL 4096
+#define CM_DATA_MAX_NAME 256
+#define CM_DATA_MAX_SHARD_SIZE (1ull << 40) /* 1 TiB: a manifest field bound */
+#define CM_DATA_MAX_IMAGE_PIXELS (1u << 20)
+
+/* One file of a shard: where it is and what it must hash to. */
+struct cm_data_file {
+    char *url;                          /* owned, NUL-terminated */
+    uint64_t size;                      /* bytes as stored (compressed if gzip) */
+    uint8_t sha256[32];                 /* of the stored bytes */
+    enum cm_data_compression compression;
+};
+
+struct cm_data_shard {
+    struct cm_data_file data;   /* images (idx) / bytes (text) / tokens */
+    struct cm_data_file labels; /* idx-images only; url NULL otherwise */
+    uint64_t examples;          /* declared example count, 0 = not declared */
+};
+
+struct cm_data_manifest {
+    char *name;                 /* owned */
+    enum cm_data_format format;
+    /* idx-images */
+    uint32_t rows, cols;        /* image shape, both >= 1 */
+    uint32_t classes;           /* labels must be < classes */
+    float mean, std;            /* x = (pixel / 255 - mean) / std; default 0, 1 */
+    /* tokens-u16: tokens must be < vocab_size; text-bytes: 256 */
+    uint32_t vocab_size;
+    size_t n_shards;
+    struct cm_data_shard *shards; /* owned, n_shards entries, n_shards >= 1 */
+};
+
+/* Parses and validates a manifest (pure: bytes in, struct out). On error
+ * returns CM_EPARSE (bad JSON, missing field, wrong type, unknown key or
+ * format, bad hex), CM_ERANGE (negative or absurd number) or CM_ENOMEM, and
+ * writes a message naming the field ("shards[2].sha256: ...") into err
+ * (errlen may be 0). *out is set only on success; free it with
+ * cm_data_manifest_free. */
+int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest **out,
+                           char *err, size_t errlen);
+/* Reads a manifest file (at most 64 MiB) and parses it. */
+int cm_data_manifest_load(const char *path, struct cm_data_manifest **out, char *err,
+                          size_t errlen);
+void cm_data_manifest_free(struct cm_data_manifest *m);
+const char *cm_data_format_name(enum cm_data_format f);
+
+/* ---- Pure shard decoders (used by the iterator; exposed for tests/fuzz) -- */
+
+/* An IDX file (big-endian header: 0,0,type,ndim, then ndim u32 dims).
+ * Only unsigned-byte data (type 0x08) is accepted. data points into the
+ * caller's buffer (borrowed). */
+struct cm_data_idx {
+    uint32_t ndim;          /* 1..4 */
+    uint32_t dims[4];
+    uint64_t count;         /* product of dims */
+    const uint8_t *data;    /* borrowed */
+};
+int cm_data_idx_parse(const uint8_t *buf, size_t len, struct cm_data_idx *out);
+
+/* An llm.c token shard: 256 little-endian int32 header (magic 20240520,
+ * version 1, token count), then count uint16 tokens; nothing after them.
+ * tokens points into the caller's buffer (borrowed, maybe unaligned: read
+ * with memcpy or cm_data_tokens_get). */
+#define CM_DATA_TOKENS_MAGIC 20240520
+#define CM_DATA_TOKENS_HEADER_BYTES (256 * 4)
+struct cm_data_tokens {
+    uint64_t count;
+    const uint8_t *tokens;  /* borrowed, count * 2 bytes, little-endian */
+};
+int cm_data_tokens_parse(const uint8_t *buf, size_t len, struct cm_data_tokens *out);
+
+/* Decompresses a gzip stream (one or more members) into a new malloc'd
+ * buffer of at most max_out bytes (CM_ETOOBIG beyond, CM_EPARSE if corrupt
+ * or truncated). *out is owned by the caller (free()). */
+int cm_data_gunzip(const uint8_t *in, size_t len, size_t max_out, uint8_t **out,
+                   size_t *out_len);
+
+/* ---- Iterator ---------------------------------------------------------- */
+
+enum cm_data_mode {
+    CM_DATA_TRAIN = 0, /* per-seed shard order, shuffle buffer, endless epochs */
+    CM_DATA_EVAL = 1,  /* manifest order, no shuffling, one pass, then end */
+};
+
+struct cm_data_options {
+    enum cm_data_mode mode;
+    size_t shuffle_size;       /* S, examples in the shuffle buffer (default 10000) */
+    size_t seq_len;            /* T for text/tokens: examples are T+1 tokens (required) */
+    uint64_t max_shard_bytes;  /* stored and decoded size limit per shard file (512 MiB) */
+    unsigned prefetch_shards;  /* verified decoded shards queued ahead (default 2) */
+    long connect_timeout_s;    /* libcurl connect deadline (default 15) */
+    long low_speed_bytes;      /* abort a transfer slower than this ... (default 1024 B/s) */
+    long low_speed_time_s;     /* ... for this long (default 30 s) */
+    long transfer_timeout_s;   /* whole-shard deadline, 0 = none (default 0) */
+    unsigned retries;          /* extra attempts for a failed download (default 2) */
+    int skip_bad_shards;       /* train mode: skip a rejected shard and go on (default 1);
+                                  eval mode always fails on a rejected shard */
+    const char *ca_file;       /* https: CA bundle to trust instead of the system's (borrowed) */
+};
+
+/* Fills in the defaults above (mode TRAIN, seq_len 0). */
+void cm_data_options_init(struct cm_data_options *o);
+
+/* A batch the consumer asks for. Caller-owned buffers sized for `capacity`
+ * examples; pointers a format does not use, and optional ones, may be NULL.
+ * Layout is row-major:
+ *   idx-images:   x is (capacity, rows*cols) float32, y is (capacity) int32
+ *   text/tokens:  tokens is (capacity, T+1) int32, and/or tokens_u16 the same in uint16
+ * Optional for every format: ids (capacity) = shard_index << 32 | example
+ * index within the shard; epochs (capacity) = epoch the example was drawn in
+ * (0-based). */
+struct cm_data_batch {
+    size_t capacity;
+    float *x;
+    int32_t *y;
+    int32_t *tokens;
+    uint16_t *tokens_u16;
+    uint64_t *ids;
+    uint32_t *epochs;
+    size_t n;                  /* out: examples written */
+};
+
+struct cm_data_stats {
+    uint64_t epoch;             /* epoch of the last example handed out */
+    uint64_t examples;          /* examples handed out */
+    uint64_t shards_ok;         /* shards verified and used */
+    uint64_t shards_rejected;   /* shards refused (hash, size, format, download) */
+    uint64_t bytes_downloaded;
+    char last_error[256];       /* why the last shard was rejected, "" if none */
+};
+
+struct cm_data_iter;
+
+/* Opens an iterator over manifest m (borrowed: it must outlive the iterator)
+ * and starts the background download thread. Returns at once; the first
+ * next_batch blocks until the shuffle buffer holds min(S, available)
+ * examples. CM_EINVAL for bad options (seq_len 0 for text), CM_ETOOBIG if a
+ * shard's declared size exceeds max_shard_bytes. */
+int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
+                 const struct cm_data_options *o, struct cm_data_iter **out);
+/* Same, loading the manifest from a file; the iterator owns it. */
+int cm_data_open_file(const char *manifest_path, uint64_t seed,
+                      const struct cm_data_options *o, struct cm_data_iter **out);
+
+/* Fills up to b->capacity examples (always exactly capacity in train mode).
+ * In eval mode, b->n < capacity only at the end; b->n == 0 means the pass is
+ * over. Errors: CM_ECHECKSUM / CM_EIO / CM_ETIMEOUT / CM_EPARSE when a shard
+ * is rejected and cannot be skipped (eval mode, skip_bad_shards 0, or every
+ * shard of an epoch rejected); the reason is in stats.last_error. After an
+ * error the iterator stays failed. */
+int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b);
+
+/* Shape of one example: values per x row (rows*cols) or tokens per window
+ * (T+1). */
+size_t cm_data_example_width(const struct cm_data_iter *it);
+const struct cm_data_manifest *cm_data_iter_manifest(const struct cm_data_iter *it);
+void cm_data_get_stats(struct cm_data_iter *it, struct cm_data_stats *st);
+
+/* Stops the thread (aborting a transfer in progress) and frees everything. */
+void cm_data_close(struct cm_data_iter *it);
+
+#endif
