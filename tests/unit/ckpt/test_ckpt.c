@@ -1,0 +1,327 @@
+/* Unit tests for common/ckpt/ckpt.c: round trips through a file and a
+ * buffer, rejection of every truncation and every flipped byte of a real
+ * checkpoint, the streaming verifier under every chunking, and the
+ * guarantee that a failed write or read leaves the caller's state alone. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt.h"
+#include "cm_crypto.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+static char tmpdir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmpdir, "/tmp/ct-ckpt-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A small but complete checkpoint: params, two optimizer buffers, RNG, config. */
+struct fixture {
+    float params[37];
+    float m[37], v[37];
+    uint8_t rng[16];
+    struct cm_ckpt_buf bufs[2];
+    struct cm_ckpt c;
+};
+
+static void fixture_init(struct fixture *f)
+{
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < 37; i++) {
+        f->params[i] = (float)i * 0.25f - 3.0f;
+        f->m[i] = (float)i * 1e-3f;
+        f->v[i] = (float)(i * i) * 1e-6f;
+    }
+    for (int i = 0; i < 16; i++)
+        f->rng[i] = (uint8_t)(i * 11 + 1);
+    strcpy(f->bufs[0].name, "adam.m");
+    f->bufs[0].data = f->m;
+    f->bufs[0].count = 37;
+    strcpy(f->bufs[1].name, "adam.v");
+    f->bufs[1].data = f->v;
+    f->bufs[1].count = 37;
+    static char config[] = "{\"model\":\"mlp\",\"lr\":0.001}";
+    f->c = (struct cm_ckpt){.step = 1234567, .params = f->params, .n_params = 37, .opt = f->bufs,
+                            .n_opt = 2, .rng = f->rng, .rng_len = 16, .config = config,
+                            .config_len = (uint32_t)strlen(config)};
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    assert_int_equal(fread(b, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    *len = (size_t)n;
+    return b;
+}
+
+static void assert_same(const struct cm_ckpt *a, const struct cm_ckpt *b)
+{
+    assert_int_equal(a->step, b->step);
+    assert_int_equal(a->n_params, b->n_params);
+    assert_memory_equal(a->params, b->params, 4 * a->n_params);
+    assert_int_equal(a->n_opt, b->n_opt);
+    for (uint32_t i = 0; i < a->n_opt; i++) {
+        assert_string_equal(a->opt[i].name, b->opt[i].name);
+        assert_int_equal(a->opt[i].count, b->opt[i].count);
+        assert_memory_equal(a->opt[i].data, b->opt[i].data, 4 * a->opt[i].count);
+    }
+    assert_int_equal(a->rng_len, b->rng_len);
+    assert_memory_equal(a->rng, b->rng, a->rng_len);
+    assert_int_equal(a->config_len, b->config_len);
+    assert_memory_equal(a->config, b->config, a->config_len);
+}
+
+static void test_roundtrip_file(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/a.ckpt", tmpdir);
+    uint8_t h[32], h2[32];
+    assert_int_equal(cm_ckpt_write(path, &f.c, h), CM_OK);
+    uint64_t size = 0;
+    assert_int_equal(cm_ckpt_file_sha256(path, h2, &size), CM_OK);
+    assert_memory_equal(h, h2, 32);
+    assert_int_equal(size, cm_ckpt_encoded_size(&f.c));
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_read(path, &r), CM_OK);
+    assert_same(&f.c, &r);
+    assert_string_equal(r.config, f.c.config); /* NUL-terminated on read */
+    assert_non_null(cm_ckpt_find(&r, "adam.v"));
+    assert_null(cm_ckpt_find(&r, "adam.x"));
+    cm_ckpt_cleanup(&r);
+    /* No temporary files left behind. */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test $(ls %s | wc -l) -eq 1", tmpdir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_empty_sections(void **state)
+{
+    (void)state;
+    struct cm_ckpt c = {.step = 0};
+    char path[128];
+    snprintf(path, sizeof path, "%s/empty.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_encoded_size(&c), CM_CKPT_HEADER_BYTES + CM_CKPT_TRAILER_BYTES);
+    assert_int_equal(cm_ckpt_write(path, &c, NULL), CM_OK);
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_read(path, &r), CM_OK);
+    assert_int_equal(r.n_params, 0);
+    assert_int_equal(r.n_opt, 0);
+    assert_string_equal(r.config, "");
+    cm_ckpt_cleanup(&r);
+}
+
+static void test_every_truncation_rejected(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/t.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_write(path, &f.c, NULL), CM_OK);
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_parse(b, len, &r), CM_OK);
+    cm_ckpt_cleanup(&r);
+    for (size_t n = 0; n < len; n++) {
+        int rc = cm_ckpt_parse(b, n, &r);
+        if (rc == CM_OK)
+            fail_msg("truncation to %zu of %zu bytes accepted", n, len);
+        assert_int_equal(rc, CM_EPARSE);
+        assert_null(r.params);
+    }
+    /* Truncated on disk, too, and one trailing byte. */
+    assert_int_equal(truncate(path, (off_t)len - 1), 0);
+    assert_int_equal(cm_ckpt_read(path, &r), CM_EPARSE);
+    uint8_t *longer = malloc(len + 1);
+    memcpy(longer, b, len);
+    longer[len] = 0;
+    assert_int_equal(cm_ckpt_parse(longer, len + 1, &r), CM_EPARSE);
+    free(longer);
+    free(b);
+}
+
+static void test_every_flipped_byte_rejected(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/f.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_write(path, &f.c, NULL), CM_OK);
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    struct cm_ckpt r;
+    for (size_t i = 0; i < len; i++) {
+        for (int bit = 0; bit < 8; bit += 7) {
+            b[i] ^= (uint8_t)(1u << bit);
+            int rc = cm_ckpt_parse(b, len, &r);
+            if (rc == CM_OK)
+                fail_msg("flipping bit %d of byte %zu was not detected", bit, i);
+            b[i] ^= (uint8_t)(1u << bit);
+        }
+    }
+    /* Corruption in the body specifically reports a checksum mismatch. */
+    b[len - 40] ^= 0x10;
+    assert_int_equal(cm_ckpt_parse(b, len, &r), CM_ECHECKSUM);
+    b[len - 40] ^= 0x10;
+    /* Wrong version is named as such. */
+    b[8] = 2;
+    assert_int_equal(cm_ckpt_parse(b, len, &r), CM_EVERSION);
+    free(b);
+}
+
+static void test_corrupt_file_leaves_old_state(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/c.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_write(path, &f.c, NULL), CM_OK);
+    /* An invalid struct is refused and the existing file stays intact. */
+    struct cm_ckpt bad = f.c;
+    struct cm_ckpt_buf dup[2];
+    memcpy(dup, f.bufs, sizeof dup);
+    strcpy(dup[1].name, "adam.m");
+    bad.opt = dup;
+    assert_int_equal(cm_ckpt_write(path, &bad, NULL), CM_EINVAL);
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_read(path, &r), CM_OK);
+    assert_same(&f.c, &r);
+    cm_ckpt_cleanup(&r);
+    /* Writing into a missing directory fails without side effects. */
+    char nodir[160];
+    snprintf(nodir, sizeof nodir, "%s/missing/x.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_write(nodir, &f.c, NULL), CM_EIO);
+    assert_int_equal(cm_ckpt_read(nodir, &r), CM_ENOTFOUND);
+}
+
+static void test_limits(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    struct cm_ckpt c = f.c;
+    c.n_opt = CM_CKPT_MAX_BUFS + 1;
+    assert_int_equal(cm_ckpt_encoded_size(&c), 0);
+    c = f.c;
+    c.rng_len = CM_CKPT_MAX_RNG + 1;
+    assert_int_equal(cm_ckpt_encoded_size(&c), 0);
+    c = f.c;
+    f.bufs[0].name[0] = '\0';
+    assert_int_equal(cm_ckpt_encoded_size(&c), 0);
+    /* A header claiming a huge parameter count is refused before allocating. */
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/l.ckpt", tmpdir);
+    assert_int_equal(cm_ckpt_write(path, &f.c, NULL), CM_OK);
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    struct cm_ckpt r;
+    b[32 + 4] = 0xff; /* n_params high bytes */
+    assert_int_equal(cm_ckpt_parse(b, len, &r), CM_ETOOBIG);
+    b[32 + 4] = 0;
+    b[32] = (uint8_t)(b[32] + 1); /* one more param than the file holds */
+    assert_int_equal(cm_ckpt_parse(b, len, &r), CM_EPARSE);
+    free(b);
+}
+
+static void test_stream_verifier(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char path[128];
+    snprintf(path, sizeof path, "%s/s.ckpt", tmpdir);
+    uint8_t want[32];
+    assert_int_equal(cm_ckpt_write(path, &f.c, want), CM_OK);
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    size_t chunks[] = {1, 3, 7, 32, 64, 65, 100, 1 << 20};
+    for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+        struct cm_ckpt_stream s;
+        assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+        for (size_t off = 0; off < len; off += chunks[ci]) {
+            size_t k = len - off < chunks[ci] ? len - off : chunks[ci];
+            assert_int_equal(cm_ckpt_stream_update(&s, b + off, k), CM_OK);
+        }
+        uint8_t got[32];
+        uint64_t step = 0;
+        assert_int_equal(cm_ckpt_stream_final(&s, got, &step), CM_OK);
+        assert_memory_equal(got, want, 32);
+        assert_int_equal(step, f.c.step);
+    }
+    struct cm_ckpt_stream s;
+    /* Truncated upload. */
+    assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+    assert_int_equal(cm_ckpt_stream_update(&s, b, len - 1), CM_OK);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_EPARSE);
+    /* Extra byte. */
+    uint8_t *longer = malloc(len + 1);
+    memcpy(longer, b, len);
+    longer[len] = 0;
+    assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+    assert_int_equal(cm_ckpt_stream_update(&s, longer, len + 1), CM_ETOOBIG);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_ESTATE);
+    free(longer);
+    /* Corrupted body byte. */
+    b[100] ^= 1;
+    assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+    assert_int_equal(cm_ckpt_stream_update(&s, b, len), CM_OK);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_ECHECKSUM);
+    b[100] ^= 1;
+    /* Declared size above the limit is refused once the header is in. */
+    assert_int_equal(cm_ckpt_stream_init(&s, len - 1), CM_OK);
+    assert_int_equal(cm_ckpt_stream_update(&s, b, 64), CM_ETOOBIG);
+    cm_ckpt_stream_cleanup(&s);
+    /* Bad magic is refused at once. */
+    b[0] = 'X';
+    assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+    assert_int_equal(cm_ckpt_stream_update(&s, b, 64), CM_EPARSE);
+    cm_ckpt_stream_cleanup(&s);
+    free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_file),
+        cmocka_unit_test(test_empty_sections),
+        cmocka_unit_test(test_every_truncation_rejected),
+        cmocka_unit_test(test_every_flipped_byte_rejected),
+        cmocka_unit_test(test_corrupt_file_leaves_old_state),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_stream_verifier),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
