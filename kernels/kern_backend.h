@@ -1,0 +1,134 @@
+/* The op interface every model and optimizer in kernels/ is written against.
+ *
+ * A backend is a struct of function pointers (ggml-backend style), so this
+ * header compiles with a plain C compiler whether or not CUDA was built. The
+ * CPU backend (kernels/cpu/, OpenBLAS + OpenMP loops) is the reference; the
+ * CUDA backend (kernels/cuda/, cuBLAS + own kernels) is tested against it.
+ *
+ * Conventions, taken from llm.c: all tensor pointers passed to ops are
+ * "device" pointers of the backend (host memory for the CPU backend), row
+ * major, float32 unless the name says otherwise. Backward ops ACCUMULATE (+=)
+ * into gradient outputs; zeroing is explicit (fill). Shapes are written on
+ * every op: N = rows (B*T for sequences), C = input channels, OC = output
+ * channels, NH = heads, V = classes / vocabulary. A gradient output pointer
+ * documented as optional may be NULL and is then not computed.
+ *
+ * Ops run asynchronously on backends that can (CUDA): results are visible
+ * to the host after download() or sync(). */
+#ifndef KERN_BACKEND_H
+#define KERN_BACKEND_H
+
+#include <stddef.h>
+
+enum kern_device { KERN_DEV_CPU = 0, KERN_DEV_CUDA = 1 };
+
+struct kern_backend {
+    const char *name;      /* "cpu" or "cuda" */
+    enum kern_device dev;
+
+    /* ---- memory ---- */
+    int (*alloc)(size_t bytes, void **out);          /* zero-filled */
+    void (*release)(void *p);                        /* NULL is fine */
+    int (*upload)(void *dst, const void *host_src, size_t bytes);
+    int (*download)(void *host_dst, const void *src, size_t bytes);
+    int (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
+    int (*sync)(void);
+
+    /* ---- elementwise: x (n) ---- */
+    void (*fill)(float *x, float v, size_t n);
+    void (*scale)(float *x, float s, size_t n);
+    /* y (n) += a * x (n) */
+    void (*axpy)(float *y, float a, const float *x, size_t n);
+    /* out (n) = a (n) + b (n); out may alias a or b */
+    void (*add)(float *out, const float *a, const float *b, size_t n);
+    /* sum of squares, in double, of x (n); synchronizes */
+    double (*sumsq)(const float *x, size_t n);
+    /* 1 when every x (n) is finite; synchronizes */
+    int (*all_finite)(const float *x, size_t n);
+
+    /* ---- dense layers ----
+     * out (N,OC) = inp (N,C) @ w^T (w is (OC,C)) + bias (OC); bias optional. */
+    void (*matmul_fwd)(float *out, const float *inp, const float *w, const float *bias,
+                       int N, int C, int OC);
+    /* dinp (N,C) += dout (N,OC) @ w (OC,C); dw (OC,C) += dout^T @ inp;
+     * dbias (OC) += column sums of dout. dinp and dbias optional. */
+    void (*matmul_bwd)(float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC);
+
+    /* ---- activations: inp, out, dout, dinp (n) ---- */
+    void (*relu_fwd)(float *out, const float *inp, size_t n);
+    void (*relu_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* GELU, tanh approximation (GPT-2, ALBERT "gelu_new") */
+    void (*gelu_fwd)(float *out, const float *inp, size_t n);
+    void (*gelu_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* ---- layer norm over the last axis ----
+     * out (N,C) = (inp - mean) * rstd * w (C) + b (C); mean, rstd (N) saved. */
+    void (*layernorm_fwd)(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C);
+    /* dinp (N,C), dw (C), db (C) accumulate. */
+    void (*layernorm_bwd)(float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd, int N, int C);
+
+    /* ---- token + position embedding ----
+     * out (B,T,C) = wte[tok[b,t]] (V,C) + wpe[t] (maxT,C). Tokens are checked
+     * by the model before they reach the op. */
+    void (*embed_fwd)(float *out, const int *tok, const float *wte, const float *wpe,
+                      int B, int T, int C);
+    /* dwte (V,C) and dwpe (maxT,C) accumulate from dout (B,T,C). */
+    void (*embed_bwd)(float *dwte, float *dwpe, const float *dout, const int *tok,
+                      int B, int T, int C);
+
+    /* ---- multi-head self-attention core ----
+     * qkv (B,T,3C) holds q, k, v side by side; out (B,T,C); preatt and att
+     * (B,NH,T,T) are saved for backward. causal=1: position t sees 0..t (GPT);
+     * causal=0: every position sees all T (ALBERT encoder). */
+    void (*attention_fwd)(float *out, float *preatt, float *att, const float *qkv,
+                          int B, int T, int C, int NH, int causal);
+    /* dqkv (B,T,3C) accumulates; dpreatt, datt (B,NH,T,T) are scratch that
+     * this op overwrites. */
+    void (*attention_bwd)(float *dqkv, float *dpreatt, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C,
+                          int NH, int causal);
+
+    /* ---- softmax cross-entropy ----
+     * logits (N,V), targets (N) with -1 = ignored row; probs (N,V) saved;
+     * losses (N) = -log p[target] (0 for ignored rows). */
+    void (*xent_fwd)(float *losses, float *probs, const float *logits, const int *targets,
+                     int N, int V);
+    /* dlogits (N,V) += (probs - onehot(target)) * dscale; ignored rows get 0. */
+    void (*xent_bwd)(float *dlogits, const float *probs, const int *targets, float dscale,
+                     int N, int V);
+
+    /* ---- optimizer updates over a flat buffer of n parameters ----
+     * AdamW (decoupled weight decay, Loshchilov & Hutter), bias-corrected
+     * with step t >= 1: p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, int t);
+    /* The Adam direction with weight decay, for LAMB: updates m, v and writes
+     * u (n) = mhat / (sqrt(vhat) + eps) + wd * p; p is not changed. */
+    void (*adam_dir)(float *u, const float *p, const float *g, float *m, float *v, size_t n,
+                     float beta1, float beta2, float eps, float wd, int t);
+};
+
+/* The CPU backend: always available; borrowed static storage. */
+const struct kern_backend *kern_backend_cpu(void);
+
+/* The CUDA backend on device 0. CM_EUNSUPPORTED when this build has no CUDA,
+ * CM_EDEVICE when no usable GPU is present. *out is borrowed static storage. */
+int kern_backend_cuda(const struct kern_backend **out);
+
+/* 1 when this build includes the CUDA backend. */
+int kern_have_cuda_build(void);
+
+/* Picks a backend by name: "cpu", "cuda", or "auto" (CUDA when a GPU is
+ * present, else CPU). CM_EINVAL for an unknown name; an explicit "cuda"
+ * without a GPU fails instead of silently falling back. */
+int kern_backend_pick(const char *name, const struct kern_backend **out);
+
+/* Threads the CPU backend uses (OpenMP loops and OpenBLAS); 0 = all cores. */
+void kern_cpu_set_threads(int n);
+int kern_cpu_threads(void);
+
+#endif

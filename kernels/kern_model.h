@@ -1,0 +1,158 @@
+/* Models built on the op interface: one generic handle that training code
+ * drives the same way whatever the architecture, so `train --local` and the
+ * collaborative agent share one code path.
+ *
+ * Every model keeps its parameters in ONE flat contiguous device buffer and
+ * its gradients in another of the same length (DeDLOC averaging splits the
+ * flat gradient into parts; seed 000_02cc6b5d62a616fc.txt §3.1). A table of
+ * named tensors gives each parameter's offset and shape, for checkpoints,
+ * LAMB's per-tensor trust ratios and weight-decay masks.
+ *
+ * Models:
+ *   - MLP classifier (kern_mlp_new): inputs (B,in) -> hidden ReLU layers ->
+ *     classes, softmax cross-entropy.
+ *   - Transformer (kern_tfm_new): GPT-style causal decoder with tied token
+ *     embedding (next-token loss), or ALBERT-style bidirectional encoder with
+ *     factorized embeddings (V x E then E -> H projection), cross-layer
+ *     parameter sharing and a masked-language-model head (ALBERT, Lan et al.
+ *     2020 §3.1, as used by DeDLOC: seed 000_02cc6b5d62a616fc.txt §4.2-4.3).
+ *     Both use pre-LayerNorm blocks and tanh-GELU.
+ *   - Feed-forward expert block (kern_expert.h), for mixture-of-experts. */
+#ifndef KERN_MODEL_H
+#define KERN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kern_backend.h"
+
+#define KERN_TENSOR_NAME_MAX 64
+
+struct kern_tensor {
+    char name[KERN_TENSOR_NAME_MAX];
+    size_t off;    /* in floats, into params and grads */
+    size_t numel;
+    int ndim;
+    int shape[4];
+    int decay;     /* 1 when weight decay applies (matrices, embeddings) */
+};
+
+enum kern_model_kind { KERN_MODEL_MLP = 0, KERN_MODEL_GPT, KERN_MODEL_ALBERT };
+
+/* One batch, in host memory. MLP: x (B,in_dim), targets (B), T = 0.
+ * Transformers: tokens (B,T), targets (B,T); target -1 = no loss here. */
+struct kern_batch {
+    int B, T;
+    const float *x;
+    const int *tokens;
+    const int *targets;
+};
+
+/* Sums over the rows that carry a target. */
+struct kern_eval {
+    double loss_sum;
+    long count;
+    long correct;  /* argmax == target */
+};
+
+struct kern_model;
+
+struct kern_model_ops {
+    int (*run)(struct kern_model *m, const struct kern_batch *b, int backward, float grad_scale,
+               struct kern_eval *ev);
+    void (*destroy)(struct kern_model *m);
+};
+
+struct kern_model {
+    const struct kern_model_ops *ops;
+    const struct kern_backend *be;  /* borrowed */
+    enum kern_model_kind kind;
+    size_t nparams;
+    float *params;                  /* device, nparams floats, owned */
+    float *grads;                   /* device, nparams floats, owned */
+    int ntensors;
+    struct kern_tensor *tensors;    /* host, owned */
+    int max_batch, max_T;           /* the sizes activations were allocated for */
+    int in_dim, nclass;             /* MLP input width; classes or vocabulary */
+    void *impl;                     /* owned by the model kind */
+};
+
+struct kern_mlp_config {
+    int in_dim;
+    int nhidden;       /* 0..KERN_MLP_MAX_HIDDEN */
+    int hidden[8];
+    int nclass;
+};
+#define KERN_MLP_MAX_HIDDEN 8
+
+struct kern_tfm_config {
+    enum kern_model_kind kind; /* KERN_MODEL_GPT or KERN_MODEL_ALBERT */
+    int vocab;                 /* V */
+    int max_T;                 /* context length */
+    int n_layer;               /* L */
+    int n_head;                /* NH, divides d_model */
+    int d_model;               /* C (H in ALBERT's notation) */
+    int d_embed;               /* E; GPT: must equal d_model; ALBERT: any (128 in the paper) */
+    int d_ff;                  /* F, usually 4 C */
+    int share_layers;          /* 1: one set of block parameters used by all L layers */
+};
+
+/* Largest sizes accepted, so a config cannot ask for absurd allocations. */
+#define KERN_MAX_DIM 65536
+#define KERN_MAX_LAYERS 128
+#define KERN_MAX_VOCAB 1000000
+#define KERN_MAX_PARAMS ((size_t)4 << 30)
+
+/* Checks a config; CM_EINVAL with a message in *why (static or in buf). */
+int kern_mlp_config_check(const struct kern_mlp_config *c, const char **why);
+int kern_tfm_config_check(const struct kern_tfm_config *c, const char **why);
+
+/* Creates a model with parameters initialized from seed and activations for
+ * up to max_batch rows (and max_T positions). *out is owned by the caller;
+ * free with kern_model_free. */
+int kern_mlp_new(const struct kern_backend *be, const struct kern_mlp_config *c, int max_batch,
+                 uint64_t seed, struct kern_model **out);
+int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c, int max_batch,
+                 uint64_t seed, struct kern_model **out);
+
+/* Parameter count a config would have, without allocating. */
+size_t kern_mlp_param_count(const struct kern_mlp_config *c);
+size_t kern_tfm_param_count(const struct kern_tfm_config *c);
+
+/* grads = 0 */
+void kern_model_zero_grad(struct kern_model *m);
+
+/* Forward and backward on one batch: grads += grad_scale * d(mean loss over
+ * the rows with a target)/d(params). ev (optional) receives the sums. A batch
+ * with no targets adds nothing. CM_EINVAL for a batch larger than the model
+ * was built for or with out-of-range tokens or targets (nothing changes). */
+int kern_model_fwd_bwd(struct kern_model *m, const struct kern_batch *b, float grad_scale,
+                       struct kern_eval *ev);
+
+/* Forward only: loss and accuracy sums. */
+int kern_model_eval(struct kern_model *m, const struct kern_batch *b, struct kern_eval *ev);
+
+/* Copies parameters to or from host memory (nparams floats). */
+int kern_model_get_params(const struct kern_model *m, float *host);
+int kern_model_set_params(struct kern_model *m, const float *host);
+int kern_model_get_grads(const struct kern_model *m, float *host);
+
+/* Looks up a tensor by name; NULL when absent. Borrowed. */
+const struct kern_tensor *kern_model_tensor(const struct kern_model *m, const char *name);
+
+void kern_model_free(struct kern_model *m);
+
+/* Masked-LM corruption for ALBERT (BERT recipe): each position is chosen with
+ * probability p (0.15); chosen positions get target = original token and are
+ * replaced by mask_id 80%, a random token in [0,vocab_real) 10%, kept 10%;
+ * other positions get target -1. Works in place on tokens (n). */
+void kern_mlm_mask(int *tokens, int *targets, size_t n, float p, int mask_id, int vocab_real,
+                   uint64_t *rng);
+
+/* A small deterministic generator (splitmix64) for initialization and
+ * masking: the same seed gives the same model on every machine. */
+uint64_t kern_rng_u64(uint64_t *state);
+float kern_rng_uniform(uint64_t *state);   /* [0,1) */
+float kern_rng_normal(uint64_t *state);    /* N(0,1) */
+
+#endif

@@ -1,0 +1,149 @@
+/* AdamW, LAMB, clipping and schedules (see kern_optim.h). The elementwise
+ * work runs on the backend; this file only walks the tensor table, because
+ * weight decay and LAMB's trust ratio are per tensor. LAMB: You et al. 2020,
+ * Algorithm 2, with phi = identity: each tensor's Adam update u is rescaled
+ * by ||w|| / ||u|| (1 when either norm is 0). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cm_err.h"
+#include "kern_optim.h"
+
+void kern_optim_config_default(struct kern_optim_config *c)
+{
+    c->kind = KERN_OPT_ADAMW;
+    c->lr = 1e-3f;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.999f;
+    c->eps = 1e-8f;
+    c->weight_decay = 0.0f;
+    c->clip_norm = 0.0f;
+    c->sched = KERN_SCHED_CONSTANT;
+    c->warmup_steps = 0;
+    c->total_steps = 0;
+    c->min_lr_ratio = 0.0f;
+}
+
+int kern_optim_config_check(const struct kern_optim_config *c, const char **why)
+{
+    if (!(c->lr > 0.0f && c->lr < 10.0f)) {
+        *why = "optimizer: lr must be in (0, 10)";
+        return CM_EINVAL;
+    }
+    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f)) {
+        *why = "optimizer: betas must be in [0, 1)";
+        return CM_EINVAL;
+    }
+    if (!(c->eps > 0.0f && c->eps < 1.0f)) {
+        *why = "optimizer: eps must be in (0, 1)";
+        return CM_EINVAL;
+    }
+    if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f)) {
+        *why = "optimizer: weight_decay must be in [0, 1)";
+        return CM_EINVAL;
+    }
+    if (!(c->clip_norm >= 0.0f) || !isfinite(c->clip_norm)) {
+        *why = "optimizer: clip_norm must be >= 0 (0 = off)";
+        return CM_EINVAL;
+    }
+    if (c->warmup_steps < 0 || c->total_steps < 0) {
+        *why = "schedule: warmup_steps and total_steps must be >= 0";
+        return CM_EINVAL;
+    }
+    if (c->sched != KERN_SCHED_CONSTANT && c->total_steps <= c->warmup_steps) {
+        *why = "schedule: linear/cosine decay needs total_steps > warmup_steps";
+        return CM_EINVAL;
+    }
+    if (!(c->min_lr_ratio >= 0.0f && c->min_lr_ratio <= 1.0f)) {
+        *why = "schedule: min_lr_ratio must be in [0, 1]";
+        return CM_EINVAL;
+    }
+    return CM_OK;
+}
+
+float kern_sched_lr(const struct kern_optim_config *c, long step)
+{
+    if (step < c->warmup_steps)
+        return c->lr * (float)(step + 1) / (float)c->warmup_steps;
+    if (c->sched == KERN_SCHED_CONSTANT)
+        return c->lr;
+    double frac = (double)(step - c->warmup_steps) / (double)(c->total_steps - c->warmup_steps);
+    if (frac > 1.0)
+        frac = 1.0;
+    double mult = c->sched == KERN_SCHED_LINEAR ? 1.0 - frac : 0.5 * (1.0 + cos(M_PI * frac));
+    double lo = c->min_lr_ratio;
+    return (float)(c->lr * (lo + (1.0 - lo) * mult));
+}
+
+int kern_optim_new(const struct kern_backend *be, const struct kern_optim_config *c, size_t n,
+                   struct kern_optim **out)
+{
+    const char *why;
+    if (!be || !c || !out || n == 0 || kern_optim_config_check(c, &why))
+        return CM_EINVAL;
+    struct kern_optim *o = calloc(1, sizeof *o);
+    if (!o)
+        return CM_ENOMEM;
+    o->cfg = *c;
+    o->be = be;
+    o->n = n;
+    int rc = be->alloc(n * sizeof(float), (void **)&o->m);
+    if (!rc)
+        rc = be->alloc(n * sizeof(float), (void **)&o->v);
+    if (!rc && c->kind == KERN_OPT_LAMB)
+        rc = be->alloc(n * sizeof(float), (void **)&o->u);
+    if (rc) {
+        kern_optim_free(o);
+        return rc;
+    }
+    *out = o;
+    return CM_OK;
+}
+
+void kern_optim_free(struct kern_optim *o)
+{
+    if (!o)
+        return;
+    o->be->release(o->m);
+    o->be->release(o->v);
+    o->be->release(o->u);
+    free(o);
+}
+
+int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm, float *lr_out)
+{
+    if (!o || !m || m->nparams != o->n || m->be != o->be)
+        return CM_EINVAL;
+    const struct kern_backend *be = o->be;
+    const struct kern_optim_config *c = &o->cfg;
+    if (!be->all_finite(m->grads, m->nparams))
+        return CM_ENUMERIC;
+    double norm = sqrt(be->sumsq(m->grads, m->nparams));
+    if (grad_norm)
+        *grad_norm = (float)norm;
+    if (c->clip_norm > 0.0f && norm > c->clip_norm)
+        be->scale(m->grads, (float)(c->clip_norm / norm), m->nparams);
+    float lr = kern_sched_lr(c, o->step);
+    int t = (int)(o->step + 1);
+    for (int i = 0; i < m->ntensors; i++) {
+        const struct kern_tensor *ts = &m->tensors[i];
+        float wd = ts->decay ? c->weight_decay : 0.0f;
+        float *p = m->params + ts->off;
+        const float *g = m->grads + ts->off;
+        float *mm = o->m + ts->off, *vv = o->v + ts->off;
+        if (c->kind == KERN_OPT_ADAMW) {
+            be->adamw(p, g, mm, vv, ts->numel, lr, c->beta1, c->beta2, c->eps, wd, t);
+        } else {
+            float *u = o->u + ts->off;
+            be->adam_dir(u, p, g, mm, vv, ts->numel, c->beta1, c->beta2, c->eps, wd, t);
+            double pn = sqrt(be->sumsq(p, ts->numel));
+            double un = sqrt(be->sumsq(u, ts->numel));
+            double ratio = (pn > 0.0 && un > 0.0) ? pn / un : 1.0;
+            be->axpy(p, (float)(-lr * ratio), u, ts->numel);
+        }
+    }
+    o->step++;
+    if (lr_out)
+        *lr_out = lr;
+    return CM_OK;
+}

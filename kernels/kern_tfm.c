@@ -1,0 +1,446 @@
+/* The transformer models: a GPT-style causal decoder and an ALBERT-style
+ * bidirectional encoder, sharing one block implementation (pre-LayerNorm,
+ * multi-head self-attention, tanh-GELU MLP), after llm.c's train_gpt2.c.
+ *
+ * GPT: x0 = wte[tok] + wpe[t]; L blocks; LN; logits = x @ wte^T (tied);
+ *      target = next token.
+ * ALBERT (Lan et al. 2020 §3.1; DeDLOC trains it, seed
+ *      000_02cc6b5d62a616fc.txt §4.2-4.3): factorized embedding, e0 =
+ *      wte[tok] + wpe[t] in E dims, x0 = e0 @ Wp^T + bp lifts E -> C;
+ *      cross-layer sharing: with share_layers one parameter set serves all L
+ *      blocks (gradients of every layer accumulate into it); no causal mask;
+ *      MLM head: h = LN_E(gelu(x @ Wh^T + bh)); logits = h @ wte^T + bdec.
+ *      Targets come from kern_mlm_mask (-1 where no loss). The sentence-order
+ *      loss of ALBERT is not implemented. Pre-LN rather than BERT's post-LN:
+ *      it trains stably without the warm-up tricks post-LN needs.
+ *
+ * Shapes: B batch, T positions, C model width, E embedding width, F MLP
+ * width, NH heads, V vocabulary, N = B*T rows. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "kern_internal.h"
+#include "kern_model.h"
+
+/* Offsets of one block's parameters in the flat buffer. */
+struct blk {
+    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fc2w, fc2b;
+};
+
+/* Activations of one layer, saved for backward. */
+struct act {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (N) (N) */
+    float *qkv;                       /* (N,3C) */
+    float *atty;                      /* (N,C) */
+    float *preatt, *att;              /* (B,NH,T,T) */
+    float *res2;                      /* (N,C) */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fchg;                /* (N,F) */
+    float *res3;                      /* (N,C) */
+};
+
+struct tfm {
+    struct kern_tfm_config c;
+    size_t wte, wpe, projw, projb, lnfw, lnfb, headw, headb, hlnw, hlnb, decb;
+    int nblk;
+    struct blk *blk;
+    struct act *act;
+    float *enc;                      /* (N,E) */
+    float *x0;                       /* (N,C) (ALBERT; GPT uses enc) */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *h, *hg, *hn, *hn_mean, *hn_rstd; /* ALBERT head (N,E) */
+    float *logits, *probs, *losses;  /* (N,V) (N,V) (N) */
+    float *tmp;                      /* (N,C) */
+    /* backward scratch */
+    float *dres, *dln, *datty, *dqkv, *dpreatt, *datt, *dfch, *dfchg, *dlogits, *dh, *dhg, *denc;
+    int *tok, *tgt;
+};
+
+static int albert(const struct tfm *t) { return t->c.kind == KERN_MODEL_ALBERT; }
+
+int kern_tfm_config_check(const struct kern_tfm_config *c, const char **why)
+{
+    if (c->kind != KERN_MODEL_GPT && c->kind != KERN_MODEL_ALBERT) {
+        *why = "transformer: kind must be gpt or albert";
+        return CM_EINVAL;
+    }
+    if (c->vocab < 2 || c->vocab > KERN_MAX_VOCAB) {
+        *why = "transformer: vocab must be in 2..1000000";
+        return CM_EINVAL;
+    }
+    if (c->max_T < 1 || c->max_T > KERN_MAX_DIM) {
+        *why = "transformer: context length must be in 1..65536";
+        return CM_EINVAL;
+    }
+    if (c->n_layer < 1 || c->n_layer > KERN_MAX_LAYERS) {
+        *why = "transformer: n_layer must be in 1..128";
+        return CM_EINVAL;
+    }
+    if (c->d_model < 1 || c->d_model > KERN_MAX_DIM || c->d_ff < 1 || c->d_ff > KERN_MAX_DIM ||
+        c->d_embed < 1 || c->d_embed > KERN_MAX_DIM) {
+        *why = "transformer: d_model, d_embed and d_ff must be in 1..65536";
+        return CM_EINVAL;
+    }
+    if (c->n_head < 1 || c->d_model % c->n_head) {
+        *why = "transformer: n_head must divide d_model";
+        return CM_EINVAL;
+    }
+    if (c->kind == KERN_MODEL_GPT && c->d_embed != c->d_model) {
+        *why = "transformer: gpt ties embedding and output, so d_embed must equal d_model";
+        return CM_EINVAL;
+    }
+    if (kern_tfm_param_count(c) > KERN_MAX_PARAMS) {
+        *why = "transformer: too many parameters";
+        return CM_EINVAL;
+    }
+    return CM_OK;
+}
+
+size_t kern_tfm_param_count(const struct kern_tfm_config *c)
+{
+    size_t C = c->d_model, E = c->d_embed, F = c->d_ff, V = c->vocab;
+    size_t blk = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
+    size_t nb = c->share_layers ? 1 : (size_t)c->n_layer;
+    size_t n = V * E + (size_t)c->max_T * E + nb * blk + 2 * C;
+    if (c->kind == KERN_MODEL_ALBERT)
+        n += C * E + C + E * C + E + 2 * E + V;
+    return n;
+}
+
+static void tfm_destroy(struct kern_model *m)
+{
+    struct tfm *t = m->impl;
+    if (!t)
+        return;
+    const struct kern_backend *be = m->be;
+    if (t->act)
+        for (int l = 0; l < t->c.n_layer; l++) {
+            struct act *a = &t->act[l];
+            float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->preatt,
+                             a->att, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch,
+                             a->fchg, a->res3};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+                be->release(bufs[i]);
+        }
+    float *bufs[] = {t->enc, t->x0, t->lnf, t->lnf_mean, t->lnf_rstd, t->h, t->hg, t->hn,
+                     t->hn_mean, t->hn_rstd, t->logits, t->probs, t->losses, t->tmp, t->dres,
+                     t->dln, t->datty, t->dqkv, t->dpreatt, t->datt, t->dfch, t->dfchg,
+                     t->dlogits, t->dh, t->dhg, t->denc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->release(bufs[i]);
+    be->release(t->tok);
+    be->release(t->tgt);
+    free(t->act);
+    free(t->blk);
+    free(t);
+    m->impl = NULL;
+}
+
+static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backward,
+                   float grad_scale, struct kern_eval *ev)
+{
+    struct tfm *t = m->impl;
+    const struct kern_backend *be = m->be;
+    const struct kern_tfm_config *c = &t->c;
+    int B = bt->B, T = bt->T, C = c->d_model, E = c->d_embed, F = c->d_ff, V = c->vocab;
+    int NH = c->n_head, L = c->n_layer;
+    if (B < 1 || B > m->max_batch || T < 1 || T > m->max_T || !bt->tokens || !bt->targets)
+        return CM_EINVAL;
+    size_t N = (size_t)B * T;
+    int count = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (bt->tokens[i] < 0 || bt->tokens[i] >= V || bt->targets[i] >= V)
+            return CM_EINVAL;
+        count += bt->targets[i] >= 0;
+    }
+    int rc;
+    if ((rc = be->upload(t->tok, bt->tokens, sizeof(int) * N)) ||
+        (rc = be->upload(t->tgt, bt->targets, sizeof(int) * N)))
+        return rc;
+    const float *P = m->params;
+    float *G = m->grads;
+
+    /* ---- forward ---- */
+    be->embed_fwd(t->enc, t->tok, P + t->wte, P + t->wpe, B, T, E);
+    const float *x0 = t->enc;
+    if (albert(t)) {
+        be->matmul_fwd(t->x0, t->enc, P + t->projw, P + t->projb, (int)N, E, C);
+        x0 = t->x0;
+    }
+    for (int l = 0; l < L; l++) {
+        const struct blk *k = &t->blk[c->share_layers ? 0 : l];
+        struct act *a = &t->act[l];
+        const float *res = l == 0 ? x0 : t->act[l - 1].res3;
+        be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, P + k->ln1w, P + k->ln1b,
+                          (int)N, C);
+        be->matmul_fwd(a->qkv, a->ln1, P + k->qkvw, P + k->qkvb, (int)N, C, 3 * C);
+        be->attention_fwd(a->atty, a->preatt, a->att, a->qkv, B, T, C, NH,
+                          c->kind == KERN_MODEL_GPT);
+        be->matmul_fwd(t->tmp, a->atty, P + k->projw, P + k->projb, (int)N, C, C);
+        be->add(a->res2, res, t->tmp, N * C);
+        be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P + k->ln2w, P + k->ln2b,
+                          (int)N, C);
+        be->matmul_fwd(a->fch, a->ln2, P + k->fcw, P + k->fcb, (int)N, C, F);
+        be->gelu_fwd(a->fchg, a->fch, N * F);
+        be->matmul_fwd(t->tmp, a->fchg, P + k->fc2w, P + k->fc2b, (int)N, F, C);
+        be->add(a->res3, a->res2, t->tmp, N * C);
+    }
+    const float *xl = t->act[L - 1].res3;
+    be->layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd, xl, P + t->lnfw, P + t->lnfb, (int)N, C);
+    if (albert(t)) {
+        be->matmul_fwd(t->h, t->lnf, P + t->headw, P + t->headb, (int)N, C, E);
+        be->gelu_fwd(t->hg, t->h, N * E);
+        be->layernorm_fwd(t->hn, t->hn_mean, t->hn_rstd, t->hg, P + t->hlnw, P + t->hlnb, (int)N,
+                          E);
+        be->matmul_fwd(t->logits, t->hn, P + t->wte, P + t->decb, (int)N, E, V);
+    } else {
+        be->matmul_fwd(t->logits, t->lnf, P + t->wte, NULL, (int)N, C, V);
+    }
+    be->xent_fwd(t->losses, t->probs, t->logits, t->tgt, (int)N, V);
+    if ((rc = kern__score(be, t->losses, backward ? NULL : t->probs, bt->targets, (int)N, V, ev)))
+        return rc;
+    if (!backward || count == 0)
+        return CM_OK;
+
+    /* ---- backward ---- */
+    be->fill(t->dlogits, 0.0f, N * V);
+    be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
+    be->fill(t->dln, 0.0f, N * C);
+    if (albert(t)) {
+        be->fill(t->dhg, 0.0f, N * E);
+        be->fill(t->dh, 0.0f, N * E);
+        /* dhg first holds d/d hn, then d/d hg after the head LayerNorm */
+        be->matmul_bwd(t->dhg, G + t->wte, G + t->decb, t->dlogits, t->hn, P + t->wte, (int)N,
+                       E, V);
+        be->fill(t->denc, 0.0f, N * E);
+        be->layernorm_bwd(t->denc, G + t->hlnw, G + t->hlnb, t->dhg, t->hg, P + t->hlnw,
+                          t->hn_mean, t->hn_rstd, (int)N, E);
+        be->gelu_bwd(t->dh, t->h, t->denc, N * E);
+        be->matmul_bwd(t->dln, G + t->headw, G + t->headb, t->dh, t->lnf, P + t->headw, (int)N,
+                       C, E);
+    } else {
+        be->matmul_bwd(t->dln, G + t->wte, NULL, t->dlogits, t->lnf, P + t->wte, (int)N, C, V);
+    }
+    be->fill(t->dres, 0.0f, N * C);
+    be->layernorm_bwd(t->dres, G + t->lnfw, G + t->lnfb, t->dln, xl, P + t->lnfw, t->lnf_mean,
+                      t->lnf_rstd, (int)N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const struct blk *k = &t->blk[c->share_layers ? 0 : l];
+        struct act *a = &t->act[l];
+        const float *res = l == 0 ? x0 : t->act[l - 1].res3;
+        /* dres = d/d res3: flows to res2 unchanged and into the MLP branch */
+        be->fill(t->dfchg, 0.0f, N * F);
+        be->matmul_bwd(t->dfchg, G + k->fc2w, G + k->fc2b, t->dres, a->fchg, P + k->fc2w, (int)N,
+                       F, C);
+        be->fill(t->dfch, 0.0f, N * F);
+        be->gelu_bwd(t->dfch, a->fch, t->dfchg, N * F);
+        be->fill(t->dln, 0.0f, N * C);
+        be->matmul_bwd(t->dln, G + k->fcw, G + k->fcb, t->dfch, a->ln2, P + k->fcw, (int)N, C, F);
+        be->layernorm_bwd(t->dres, G + k->ln2w, G + k->ln2b, t->dln, a->res2, P + k->ln2w,
+                          a->ln2_mean, a->ln2_rstd, (int)N, C);
+        /* dres = d/d res2 */
+        be->fill(t->datty, 0.0f, N * C);
+        be->matmul_bwd(t->datty, G + k->projw, G + k->projb, t->dres, a->atty, P + k->projw,
+                       (int)N, C, C);
+        be->fill(t->dqkv, 0.0f, N * 3 * C);
+        be->attention_bwd(t->dqkv, t->dpreatt, t->datt, t->datty, a->qkv, a->att, B, T, C, NH,
+                          c->kind == KERN_MODEL_GPT);
+        be->fill(t->dln, 0.0f, N * C);
+        be->matmul_bwd(t->dln, G + k->qkvw, G + k->qkvb, t->dqkv, a->ln1, P + k->qkvw, (int)N, C,
+                       3 * C);
+        be->layernorm_bwd(t->dres, G + k->ln1w, G + k->ln1b, t->dln, res, P + k->ln1w,
+                          a->ln1_mean, a->ln1_rstd, (int)N, C);
+        /* dres = d/d res (input of layer l) */
+    }
+    if (albert(t)) {
+        be->fill(t->denc, 0.0f, N * E);
+        be->matmul_bwd(t->denc, G + t->projw, G + t->projb, t->dres, t->enc, P + t->projw,
+                       (int)N, E, C);
+        be->embed_bwd(G + t->wte, G + t->wpe, t->denc, t->tok, B, T, E);
+    } else {
+        be->embed_bwd(G + t->wte, G + t->wpe, t->dres, t->tok, B, T, E);
+    }
+    return CM_OK;
+}
+
+static const struct kern_model_ops TFM_OPS = {tfm_run, tfm_destroy};
+
+static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
+{
+    const struct kern_tfm_config *c = &t->c;
+    int C = c->d_model, E = c->d_embed, F = c->d_ff, V = c->vocab;
+    int rc = 0;
+#define ADD(name, decay, off, nd, a, b) \
+    if (!rc)                            \
+    rc = kern__tensor_add(tl, name, decay, off, nd, a, b, 0, 0)
+    ADD("wte", 1, &t->wte, 2, V, E);
+    ADD("wpe", 1, &t->wpe, 2, c->max_T, E);
+    if (albert(t)) {
+        ADD("emb_proj.weight", 1, &t->projw, 2, C, E);
+        ADD("emb_proj.bias", 0, &t->projb, 1, C, 0);
+    }
+    for (int l = 0; l < t->nblk && !rc; l++) {
+        struct blk *k = &t->blk[l];
+        char n[KERN_TENSOR_NAME_MAX];
+#define BADD(suffix, decay, off, nd, a, b)                  \
+    snprintf(n, sizeof n, "blocks.%d.%s", l, suffix);       \
+    ADD(n, decay, off, nd, a, b)
+        BADD("ln1.weight", 0, &k->ln1w, 1, C, 0);
+        BADD("ln1.bias", 0, &k->ln1b, 1, C, 0);
+        BADD("attn.qkv.weight", 1, &k->qkvw, 2, 3 * C, C);
+        BADD("attn.qkv.bias", 0, &k->qkvb, 1, 3 * C, 0);
+        BADD("attn.proj.weight", 1, &k->projw, 2, C, C);
+        BADD("attn.proj.bias", 0, &k->projb, 1, C, 0);
+        BADD("ln2.weight", 0, &k->ln2w, 1, C, 0);
+        BADD("ln2.bias", 0, &k->ln2b, 1, C, 0);
+        BADD("mlp.fc.weight", 1, &k->fcw, 2, F, C);
+        BADD("mlp.fc.bias", 0, &k->fcb, 1, F, 0);
+        BADD("mlp.proj.weight", 1, &k->fc2w, 2, C, F);
+        BADD("mlp.proj.bias", 0, &k->fc2b, 1, C, 0);
+#undef BADD
+    }
+    ADD("ln_f.weight", 0, &t->lnfw, 1, C, 0);
+    ADD("ln_f.bias", 0, &t->lnfb, 1, C, 0);
+    if (albert(t)) {
+        ADD("mlm.dense.weight", 1, &t->headw, 2, E, C);
+        ADD("mlm.dense.bias", 0, &t->headb, 1, E, 0);
+        ADD("mlm.ln.weight", 0, &t->hlnw, 1, E, 0);
+        ADD("mlm.ln.bias", 0, &t->hlnb, 1, E, 0);
+        ADD("mlm.decoder.bias", 0, &t->decb, 1, V, 0);
+    }
+#undef ADD
+    return rc;
+}
+
+static void tfm_init(const struct tfm *t, const struct kern_model *m, float *h, uint64_t *rng)
+{
+    /* GPT-2 initialization: N(0, 0.02), residual projections scaled by
+     * 1/sqrt(2L); LayerNorm weight 1, biases 0. */
+    float resid = 0.02f / sqrtf(2.0f * t->c.n_layer);
+    for (int i = 0; i < m->ntensors; i++) {
+        const struct kern_tensor *ts = &m->tensors[i];
+        float *x = h + ts->off;
+        const char *nm = ts->name;
+        size_t ln = strlen(nm);
+        int is_bias = ln > 4 && !strcmp(nm + ln - 4, "bias");
+        int is_ln = strstr(nm, "ln") != NULL;
+        if (is_bias)
+            memset(x, 0, ts->numel * sizeof(float));
+        else if (is_ln)
+            for (size_t j = 0; j < ts->numel; j++)
+                x[j] = 1.0f;
+        else if (strstr(nm, "proj.weight") && strncmp(nm, "emb_", 4))
+            kern__init_normal(x, ts->numel, resid, rng);
+        else
+            kern__init_normal(x, ts->numel, 0.02f, rng);
+    }
+}
+
+int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c, int max_batch,
+                 uint64_t seed, struct kern_model **out)
+{
+    const char *why;
+    if (!be || !c || !out || max_batch < 1 || max_batch > (1 << 20))
+        return CM_EINVAL;
+    if (kern_tfm_config_check(c, &why))
+        return CM_EINVAL;
+    struct kern_model *m = calloc(1, sizeof *m);
+    struct tfm *t = calloc(1, sizeof *t);
+    struct kern__tensor_list tl = {0};
+    float *host = NULL;
+    int rc = CM_ENOMEM;
+    if (!m || !t) {
+        free(t);
+        free(m);
+        return CM_ENOMEM;
+    }
+    m->ops = &TFM_OPS;
+    m->be = be;
+    m->kind = c->kind;
+    m->impl = t;
+    m->max_batch = max_batch;
+    m->max_T = c->max_T;
+    m->nclass = c->vocab;
+    t->c = *c;
+    t->nblk = c->share_layers ? 1 : c->n_layer;
+    t->blk = calloc((size_t)t->nblk, sizeof *t->blk);
+    t->act = calloc((size_t)c->n_layer, sizeof *t->act);
+    if (!t->blk || !t->act)
+        goto fail;
+    if ((rc = tfm_layout(t, &tl)) || (rc = kern__model_alloc(m, &tl)))
+        goto fail;
+    host = malloc(sizeof(float) * m->nparams);
+    if (!host) {
+        rc = CM_ENOMEM;
+        goto fail;
+    }
+    uint64_t rng = seed;
+    tfm_init(t, m, host, &rng);
+    if ((rc = kern_model_set_params(m, host)))
+        goto fail;
+    free(host);
+    host = NULL;
+
+    size_t N = (size_t)max_batch * c->max_T, C = c->d_model, E = c->d_embed, F = c->d_ff;
+    size_t V = c->vocab, att = (size_t)max_batch * c->n_head * c->max_T * c->max_T;
+    int err = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        struct act *a = &t->act[l];
+        a->ln1 = kern__alloc_f(be, N * C, &err);
+        a->ln1_mean = kern__alloc_f(be, N, &err);
+        a->ln1_rstd = kern__alloc_f(be, N, &err);
+        a->qkv = kern__alloc_f(be, N * 3 * C, &err);
+        a->atty = kern__alloc_f(be, N * C, &err);
+        a->preatt = kern__alloc_f(be, att, &err);
+        a->att = kern__alloc_f(be, att, &err);
+        a->res2 = kern__alloc_f(be, N * C, &err);
+        a->ln2 = kern__alloc_f(be, N * C, &err);
+        a->ln2_mean = kern__alloc_f(be, N, &err);
+        a->ln2_rstd = kern__alloc_f(be, N, &err);
+        a->fch = kern__alloc_f(be, N * F, &err);
+        a->fchg = kern__alloc_f(be, N * F, &err);
+        a->res3 = kern__alloc_f(be, N * C, &err);
+    }
+    t->enc = kern__alloc_f(be, N * E, &err);
+    if (c->kind == KERN_MODEL_ALBERT) {
+        t->x0 = kern__alloc_f(be, N * C, &err);
+        t->h = kern__alloc_f(be, N * E, &err);
+        t->hg = kern__alloc_f(be, N * E, &err);
+        t->hn = kern__alloc_f(be, N * E, &err);
+        t->hn_mean = kern__alloc_f(be, N, &err);
+        t->hn_rstd = kern__alloc_f(be, N, &err);
+        t->dh = kern__alloc_f(be, N * E, &err);
+        t->dhg = kern__alloc_f(be, N * E, &err);
+        t->denc = kern__alloc_f(be, N * E, &err);
+    }
+    t->lnf = kern__alloc_f(be, N * C, &err);
+    t->lnf_mean = kern__alloc_f(be, N, &err);
+    t->lnf_rstd = kern__alloc_f(be, N, &err);
+    t->logits = kern__alloc_f(be, N * V, &err);
+    t->probs = kern__alloc_f(be, N * V, &err);
+    t->losses = kern__alloc_f(be, N, &err);
+    t->tmp = kern__alloc_f(be, N * C, &err);
+    t->dres = kern__alloc_f(be, N * C, &err);
+    t->dln = kern__alloc_f(be, N * C, &err);
+    t->datty = kern__alloc_f(be, N * C, &err);
+    t->dqkv = kern__alloc_f(be, N * 3 * C, &err);
+    t->dpreatt = kern__alloc_f(be, att, &err);
+    t->datt = kern__alloc_f(be, att, &err);
+    t->dfch = kern__alloc_f(be, N * F, &err);
+    t->dfchg = kern__alloc_f(be, N * F, &err);
+    t->dlogits = kern__alloc_f(be, N * V, &err);
+    t->tok = kern__alloc_i(be, N, &err);
+    t->tgt = kern__alloc_i(be, N, &err);
+    if ((rc = err))
+        goto fail;
+    *out = m;
+    return CM_OK;
+fail:
+    free(host);
+    free(tl.v);
+    kern_model_free(m);
+    return rc;
+}

@@ -1,0 +1,66 @@
+# kernels/: the op interface with its CPU (OpenBLAS + OpenMP) and CUDA
+# (cuBLAS + own kernels) backends, the models and the optimizers, in one
+# library libct_kernels.a.
+#
+# CUDA=auto builds the CUDA backend when nvcc is found (/usr/local/cuda/bin
+# or PATH), CUDA=1 requires it, CUDA=0 skips it. The CUDA code targets sm_90
+# (H100) with a compute_90 PTX fallback; override with CUDA_ARCH_FLAGS.
+KERNELS_LIB := $(BUILD)/lib/libct_kernels.a
+LIBS += $(KERNELS_LIB)
+
+KERNELS_SRCS := $(shell find kernels -name '*.c' 2>/dev/null)
+KERNELS_CU_SRCS := $(shell find kernels -name '*.cu' 2>/dev/null)
+KERNELS_OBJS := $(call objs_of,$(KERNELS_SRCS))
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(CUDA),0)
+KERN_WITH_CUDA := 0
+else ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found (set CUDA_HOME or NVCC))
+endif
+KERN_WITH_CUDA := 1
+else ifneq ($(NVCC),)
+KERN_WITH_CUDA := 1
+else
+KERN_WITH_CUDA := 0
+endif
+
+# The sanitizer build leaves CUDA out: ASan's shadow memory and the CUDA
+# driver do not mix, and the sanitizer run covers the CPU reference only.
+ifneq ($(SANITIZER),)
+KERN_WITH_CUDA := 0
+endif
+
+# OpenMP for the CPU backend's loops.
+$(KERNELS_OBJS): EXTRA_CFLAGS += -fopenmp
+LDLIBS_EXTRA += -lopenblas -fopenmp
+
+ifeq ($(KERN_WITH_CUDA),1)
+CUDA_ARCH_FLAGS ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -O2 -std=c++17 $(CUDA_ARCH_FLAGS) -I. -Icommon -Ikernels -Xcompiler -Wall,-Werror,-fPIC \
+             -MMD -MP
+KERNELS_OBJS += $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU_SRCS))
+$(BUILD)/obj/kernels/kern_backend.o: EXTRA_CPPFLAGS += -DCT_HAVE_CUDA=1
+LDLIBS_EXTRA += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+KERN_BUILD_MSG := kernels: CPU backend + CUDA backend (nvcc $(NVCC), sm_90 + PTX)
+else
+KERN_BUILD_MSG := kernels: CPU backend only (CUDA=$(CUDA), nvcc $(if $(NVCC),found but disabled,not found))
+endif
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The backend flag is part of the object: rebuild kern_backend.o when it flips.
+$(BUILD)/obj/kernels/kern_backend.o: $(BUILD)/kernels-cuda-$(KERN_WITH_CUDA).stamp
+$(BUILD)/kernels-cuda-$(KERN_WITH_CUDA).stamp:
+	@mkdir -p $(@D)
+	$(Q)rm -f $(BUILD)/kernels-cuda-*.stamp && touch $@
+
+$(KERNELS_LIB): $(KERNELS_OBJS)
+	@mkdir -p $(@D)
+	@echo "  AR    $@  ($(KERN_BUILD_MSG))"
+	$(Q)rm -f $@ && ar rcs $@ $^
