@@ -1,0 +1,1231 @@
+/* Non-blocking TCP transport for signed peer messages on libuv (see
+ * p2p_transport.h). Framing and envelope decoding are pure functions in
+ * p2p_frame.c / p2p_envelope.c; this file owns sockets, queues, deadlines,
+ * the connection budget and the bandwidth caps. Authentication follows seed
+ * 000_02cc6b5d62a616fc.txt, Appendix H.4. */
+#include "p2p/p2p_transport.h"
+#include "p2p/p2p.pb-c.h"
+#include "p2p/p2p_frame.h"
+#include "p2p/p2p_rate.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define WRITE_SLICE (64u * 1024u)
+#define RX_CHUNK (64u * 1024u)
+
+enum conn_state { C_CONNECTING, C_OPEN, C_CLOSING };
+
+struct wframe {
+    struct wframe *next;
+    uint8_t *buf;
+    size_t len, off;
+    int inflight, orphan;
+};
+
+struct p2p_conn;
+
+struct wreq {
+    uv_write_t w;
+    struct p2p_conn *c;
+    struct wframe *f;
+    size_t n;
+};
+
+struct pending {
+    struct pending *next, *prev;
+    uint64_t id;
+    uint8_t nonce[P2P_NONCE_LEN];
+    uint8_t expect_pub[CM_ED25519_PUB_LEN];
+    int has_expect;
+    p2p_response_cb cb;
+    void *arg;
+    uv_timer_t timer;
+    struct p2p_conn *conn;
+    struct p2p_host *host;
+};
+
+struct p2p_conn {
+    uv_tcp_t tcp;
+    uv_connect_t creq;
+    struct p2p_host *h;
+    int outgoing;
+    enum conn_state state;
+    struct sockaddr_storage remote;
+    uint8_t *rx;
+    size_t rx_len, rx_cap;
+    int64_t frame_start_ms, last_active_ms;
+    struct wframe *wq_head, *wq_tail;
+    size_t wq_bytes;
+    struct pending *pend;
+    size_t n_pend;
+    int reading, bp_paused, in_wait;
+    struct p2p_conn *hprev, *hnext; /* host's list */
+    struct p2p_conn *cprev, *cnext; /* ctx's list */
+    struct p2p_conn *wnext;         /* ctx's upload wait queue */
+};
+
+struct p2p_ctx {
+    uv_loop_t *loop;
+    struct p2p_auth auth;
+    struct p2p_rate up, down;
+    int down_paused;
+    uv_timer_t up_timer, down_timer, sweep_timer;
+    int up_timer_armed, down_timer_armed, timers_open;
+    struct p2p_conn *conns;
+    size_t nconns, max_conns;
+    struct p2p_conn *wait_head, *wait_tail;
+    uint32_t idle_ms, frame_ms;
+    size_t max_queue;
+    size_t nhosts;
+    struct p2p_stats st;
+};
+
+struct p2p_host {
+    struct p2p_ctx *ctx;
+    const struct cm_ed25519 *key;
+    char *token;
+    uv_tcp_t listener;
+    int listening;
+    uint16_t port, advertise_port;
+    uint32_t max_inbound, n_inbound;
+    p2p_request_cb on_request;
+    p2p_chunk_cb on_chunk;
+    void *arg;
+    struct p2p_conn *conns;
+    uint64_t next_id;
+    int closing;
+    size_t nhandles;
+};
+
+static uint64_t now_ns(void)
+{
+    return uv_hrtime();
+}
+
+int64_t p2p_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t mono_ms(void)
+{
+    return (int64_t)(uv_hrtime() / 1000000);
+}
+
+/* ---- addresses --------------------------------------------------------- */
+
+int p2p_addr_parse(const char *s, struct sockaddr_storage *out)
+{
+    char host[256];
+    const char *colon, *hs = s;
+    size_t hl;
+    if (!s)
+        return CM_EINVAL;
+    if (*s == '[') {
+        const char *e = strchr(s, ']');
+        if (!e || e[1] != ':')
+            return CM_EINVAL;
+        hs = s + 1;
+        hl = (size_t)(e - hs);
+        colon = e + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon)
+            return CM_EINVAL;
+        hl = (size_t)(colon - s);
+    }
+    if (hl == 0 || hl >= sizeof host)
+        return CM_EINVAL;
+    memcpy(host, hs, hl);
+    host[hl] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port <= 0 || port > 65535 || colon[1] == 0)
+        return CM_EINVAL;
+    memset(out, 0, sizeof *out);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        return CM_OK;
+    }
+    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        return CM_OK;
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) || !res)
+        return CM_ENOTFOUND;
+    memcpy(out, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (out->ss_family == AF_INET)
+        a4->sin_port = htons((uint16_t)port);
+    else
+        a6->sin6_port = htons((uint16_t)port);
+    return CM_OK;
+}
+
+void p2p_addr_format(const struct sockaddr *a, char *out, size_t cap)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    if (a->sa_family == AF_INET) {
+        const struct sockaddr_in *a4 = (const struct sockaddr_in *)a;
+        inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof ip);
+        snprintf(out, cap, "%s:%u", ip, ntohs(a4->sin_port));
+    } else if (a->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)a;
+        inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof ip);
+        snprintf(out, cap, "[%s]:%u", ip, ntohs(a6->sin6_port));
+    } else {
+        snprintf(out, cap, "?");
+    }
+}
+
+static int addr_equal(const struct sockaddr_storage *a, const struct sockaddr *b)
+{
+    if (a->ss_family != b->sa_family)
+        return 0;
+    if (b->sa_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (b->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+        return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
+    }
+    return 0;
+}
+
+static socklen_t addr_len(const struct sockaddr *a)
+{
+    return a->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+static void addr_set_port(struct sockaddr_storage *a, uint16_t port)
+{
+    if (a->ss_family == AF_INET)
+        ((struct sockaddr_in *)a)->sin_port = htons(port);
+    else if (a->ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
+}
+
+/* ---- ctx --------------------------------------------------------------- */
+
+static void sweep_cb(uv_timer_t *t);
+
+int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
+{
+    if (!cfg->loop)
+        return CM_EINVAL;
+    struct p2p_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return CM_ENOMEM;
+    int rc = p2p_auth_init(&c->auth, &cfg->auth);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    c->loop = cfg->loop;
+    p2p_rate_init(&c->up, cfg->max_upload_mbps, now_ns());
+    p2p_rate_init(&c->down, cfg->max_download_mbps, now_ns());
+    c->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms : 60000;
+    c->frame_ms = cfg->frame_timeout_ms ? cfg->frame_timeout_ms : 30000;
+    c->max_queue = cfg->max_conn_queue ? cfg->max_conn_queue : 8u << 20;
+    c->max_conns = cfg->max_conns;
+    if (!c->max_conns) {
+        /* Each connection is one descriptor; keep a quarter of the limit
+         * (and at least 64) for listeners, files and libraries. */
+        struct rlimit rl;
+        size_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (size_t)rl.rlim_cur : 1024;
+        c->max_conns = lim > 256 ? lim - lim / 4 : 64;
+    }
+    uv_timer_init(c->loop, &c->up_timer);
+    uv_timer_init(c->loop, &c->down_timer);
+    uv_timer_init(c->loop, &c->sweep_timer);
+    c->up_timer.data = c->down_timer.data = c->sweep_timer.data = c;
+    uv_unref((uv_handle_t *)&c->up_timer);
+    uv_unref((uv_handle_t *)&c->down_timer);
+    uv_unref((uv_handle_t *)&c->sweep_timer);
+    uv_timer_start(&c->sweep_timer, sweep_cb, 1000, 1000);
+    c->timers_open = 3;
+    *out = c;
+    return CM_OK;
+}
+
+static void ctx_timer_closed(uv_handle_t *hd)
+{
+    struct p2p_ctx *c = hd->data;
+    if (--c->timers_open == 0) {
+        p2p_auth_cleanup(&c->auth);
+        free(c);
+    }
+}
+
+void p2p_ctx_free(struct p2p_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    /* The timers close asynchronously; the ctx is released in their close
+     * callbacks, so the caller should run the loop once more. */
+    uv_close((uv_handle_t *)&ctx->up_timer, ctx_timer_closed);
+    uv_close((uv_handle_t *)&ctx->down_timer, ctx_timer_closed);
+    uv_close((uv_handle_t *)&ctx->sweep_timer, ctx_timer_closed);
+}
+
+struct p2p_auth *p2p_ctx_auth(struct p2p_ctx *ctx)
+{
+    return &ctx->auth;
+}
+
+uv_loop_t *p2p_ctx_loop(struct p2p_ctx *ctx)
+{
+    return ctx->loop;
+}
+
+void p2p_ctx_stats(const struct p2p_ctx *ctx, struct p2p_stats *out)
+{
+    *out = ctx->st;
+}
+
+size_t p2p_ctx_conn_count(const struct p2p_ctx *ctx)
+{
+    return ctx->nconns;
+}
+
+void p2p_ctx_set_rates(struct p2p_ctx *ctx, double up_mbps, double down_mbps)
+{
+    p2p_rate_init(&ctx->up, up_mbps, now_ns());
+    p2p_rate_init(&ctx->down, down_mbps, now_ns());
+}
+
+/* ---- connections ------------------------------------------------------- */
+
+static void conn_flush(struct p2p_conn *c);
+static void conn_close(struct p2p_conn *c, int err);
+static void read_start(struct p2p_conn *c);
+
+static void host_handle_closed(struct p2p_host *h)
+{
+    if (--h->nhandles == 0 && h->closing) {
+        free(h->token);
+        free(h);
+    }
+}
+
+static void pending_timer_closed(uv_handle_t *hd)
+{
+    struct pending *p = hd->data;
+    struct p2p_host *h = p->host;
+    free(p);
+    host_handle_closed(h);
+}
+
+/* Unlinks p from its connection and calls its callback once. */
+static void pending_finish(struct pending *p, int status, const struct p2p_peer *from,
+                           const uint8_t *body, size_t len)
+{
+    struct p2p_conn *c = p->conn;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        c->pend = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    c->n_pend--;
+    uv_timer_stop(&p->timer);
+    uv_close((uv_handle_t *)&p->timer, pending_timer_closed);
+    if (status == CM_OK && from)
+        c->h->ctx->st.responses_ok++;
+    p->cb(p->arg, status, from, body, len);
+}
+
+static void conn_handle_closed(uv_handle_t *hd)
+{
+    struct p2p_conn *c = hd->data;
+    struct p2p_host *h = c->h;
+    free(c->rx);
+    free(c);
+    host_handle_closed(h);
+}
+
+static void wait_remove(struct p2p_ctx *ctx, struct p2p_conn *c)
+{
+    if (!c->in_wait)
+        return;
+    struct p2p_conn **pp = &ctx->wait_head, *prev = NULL;
+    while (*pp && *pp != c) {
+        prev = *pp;
+        pp = &(*pp)->wnext;
+    }
+    if (*pp) {
+        *pp = c->wnext;
+        if (ctx->wait_tail == c)
+            ctx->wait_tail = prev;
+    }
+    c->in_wait = 0;
+    c->wnext = NULL;
+}
+
+static void conn_close(struct p2p_conn *c, int err)
+{
+    if (c->state == C_CLOSING)
+        return;
+    struct p2p_host *h = c->h;
+    struct p2p_ctx *ctx = h->ctx;
+    c->state = C_CLOSING;
+    while (c->pend)
+        pending_finish(c->pend, err, NULL, NULL, 0);
+    for (struct wframe *f = c->wq_head, *n; f; f = n) {
+        n = f->next;
+        if (f->inflight) {
+            f->orphan = 1;
+        } else {
+            free(f->buf);
+            free(f);
+        }
+    }
+    c->wq_head = c->wq_tail = NULL;
+    wait_remove(ctx, c);
+    if (c->hprev)
+        c->hprev->hnext = c->hnext;
+    else
+        h->conns = c->hnext;
+    if (c->hnext)
+        c->hnext->hprev = c->hprev;
+    if (c->cprev)
+        c->cprev->cnext = c->cnext;
+    else
+        ctx->conns = c->cnext;
+    if (c->cnext)
+        c->cnext->cprev = c->cprev;
+    ctx->nconns--;
+    if (!c->outgoing)
+        h->n_inbound--;
+    uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+}
+
+/* Drops an offending peer: counts it under `why` and closes its connection. */
+static void conn_drop(struct p2p_conn *c, enum p2p_reject why, const char *detail)
+{
+    char a[80];
+    p2p_addr_format((const struct sockaddr *)&c->remote, a, sizeof a);
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s from %s", detail, a);
+    p2p_auth_count(&c->h->ctx->auth, why, msg);
+    c->h->ctx->st.drops++;
+    conn_close(c, CM_EPROTO);
+}
+
+/* Closes the least recently active idle connection of the process. */
+static int evict_one(struct p2p_ctx *ctx)
+{
+    struct p2p_conn *best = NULL;
+    for (struct p2p_conn *c = ctx->conns; c; c = c->cnext)
+        if (c->state == C_OPEN && c->n_pend == 0 && c->wq_bytes == 0 &&
+            (!best || c->last_active_ms < best->last_active_ms))
+            best = c;
+    if (!best)
+        return CM_EBUSY;
+    ctx->st.conns_evicted++;
+    conn_close(best, CM_ECLOSED);
+    return CM_OK;
+}
+
+static struct p2p_conn *conn_alloc(struct p2p_host *h, int outgoing)
+{
+    struct p2p_ctx *ctx = h->ctx;
+    struct p2p_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    if (uv_tcp_init(ctx->loop, &c->tcp)) {
+        free(c);
+        return NULL;
+    }
+    c->tcp.data = c;
+    c->h = h;
+    c->outgoing = outgoing;
+    c->last_active_ms = mono_ms();
+    h->nhandles++;
+    c->hnext = h->conns;
+    if (h->conns)
+        h->conns->hprev = c;
+    h->conns = c;
+    c->cnext = ctx->conns;
+    if (ctx->conns)
+        ctx->conns->cprev = c;
+    ctx->conns = c;
+    ctx->nconns++;
+    if (!outgoing)
+        h->n_inbound++;
+    return c;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+static void up_timer_cb(uv_timer_t *t)
+{
+    struct p2p_ctx *ctx = t->data;
+    ctx->up_timer_armed = 0;
+    /* Serve waiting connections in FIFO order until the bucket is empty;
+     * a connection that still has data goes back to the tail. */
+    struct p2p_conn *c;
+    while ((c = ctx->wait_head) && p2p_rate_available(&ctx->up, now_ns()) > 0) {
+        ctx->wait_head = c->wnext;
+        if (!ctx->wait_head)
+            ctx->wait_tail = NULL;
+        c->in_wait = 0;
+        c->wnext = NULL;
+        conn_flush(c);
+    }
+    if (ctx->wait_head && !ctx->up_timer_armed) {
+        ctx->up_timer_armed = 1;
+        uv_timer_start(&ctx->up_timer, up_timer_cb, p2p_rate_wait_ms(&ctx->up, 1500, now_ns()), 0);
+    }
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    struct wreq *r = (struct wreq *)w;
+    struct wframe *f = r->f;
+    struct p2p_conn *c = r->c;
+    f->inflight--;
+    /* A frame leaves the queue once fully handed to libuv (or orphaned by
+     * a close); it is freed when its last slice is written. */
+    if (f->inflight == 0 && (f->orphan || f->off == f->len)) {
+        free(f->buf);
+        free(f);
+    }
+    if (c->state != C_CLOSING) {
+        c->wq_bytes -= r->n;
+        if (status < 0) {
+            conn_close(c, CM_ECONN);
+        } else if (c->bp_paused && c->wq_bytes < c->h->ctx->max_queue / 2) {
+            c->bp_paused = 0;
+            read_start(c);
+        }
+    }
+    free(r);
+}
+
+static void conn_flush(struct p2p_conn *c)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    if (c->state != C_OPEN)
+        return;
+    while (c->wq_head) {
+        struct wframe *f = c->wq_head;
+        size_t n = f->len - f->off;
+        size_t avail = p2p_rate_available(&ctx->up, now_ns());
+        if (avail == 0) {
+            if (!c->in_wait) {
+                c->in_wait = 1;
+                if (ctx->wait_tail)
+                    ctx->wait_tail->wnext = c;
+                else
+                    ctx->wait_head = c;
+                ctx->wait_tail = c;
+            }
+            if (!ctx->up_timer_armed) {
+                ctx->up_timer_armed = 1;
+                uv_timer_start(&ctx->up_timer, up_timer_cb,
+                               p2p_rate_wait_ms(&ctx->up, 1500, now_ns()), 0);
+            }
+            return;
+        }
+        if (p2p_rate_limited(&ctx->up)) {
+            /* Slice so the long-run rate is exact at byte granularity. */
+            if (n > avail)
+                n = avail;
+            if (n > WRITE_SLICE)
+                n = WRITE_SLICE;
+        }
+        struct wreq *r = malloc(sizeof *r);
+        if (!r) {
+            conn_close(c, CM_ENOMEM);
+            return;
+        }
+        r->c = c;
+        r->f = f;
+        r->n = n;
+        uv_buf_t b = uv_buf_init((char *)f->buf + f->off, (unsigned)n);
+        f->off += n;
+        f->inflight++;
+        p2p_rate_consume(&ctx->up, n);
+        ctx->st.bytes_sent += n;
+        if (f->off == f->len) {
+            c->wq_head = f->next;
+            if (!c->wq_head)
+                c->wq_tail = NULL;
+            f->next = NULL;
+        }
+        int rc = uv_write(&r->w, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
+        if (rc) {
+            f->inflight--;
+            free(r);
+            conn_close(c, CM_ECONN);
+            return;
+        }
+    }
+}
+
+/* Queues a complete frame (ownership of buf passes to the connection). */
+static int conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
+{
+    struct wframe *f = calloc(1, sizeof *f);
+    if (!f) {
+        free(buf);
+        return CM_ENOMEM;
+    }
+    f->buf = buf;
+    f->len = len;
+    if (c->wq_tail)
+        c->wq_tail->next = f;
+    else
+        c->wq_head = f;
+    c->wq_tail = f;
+    c->wq_bytes += len;
+    c->last_active_ms = mono_ms();
+    conn_flush(c);
+    return CM_OK;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
+{
+    struct p2p_conn *c = hd->data;
+    struct p2p_ctx *ctx = c->h->ctx;
+    (void)suggested;
+    size_t want = RX_CHUNK;
+    if (p2p_rate_limited(&ctx->down)) {
+        size_t avail = p2p_rate_available(&ctx->down, now_ns());
+        want = avail < 1024 ? 1024 : avail > RX_CHUNK ? RX_CHUNK : avail;
+    }
+    if (c->rx_cap - c->rx_len < want) {
+        size_t ncap = c->rx_len + want;
+        uint8_t *n = realloc(c->rx, ncap);
+        if (!n) {
+            buf->base = NULL;
+            buf->len = 0;
+            return;
+        }
+        c->rx = n;
+        c->rx_cap = ncap;
+    }
+    buf->base = (char *)c->rx + c->rx_len;
+    buf->len = want;
+}
+
+static void down_timer_cb(uv_timer_t *t)
+{
+    struct p2p_ctx *ctx = t->data;
+    ctx->down_timer_armed = 0;
+    if (p2p_rate_available(&ctx->down, now_ns()) == 0) {
+        ctx->down_timer_armed = 1;
+        uv_timer_start(&ctx->down_timer, down_timer_cb,
+                       p2p_rate_wait_ms(&ctx->down, 1500, now_ns()), 0);
+        return;
+    }
+    ctx->down_paused = 0;
+    for (struct p2p_conn *c = ctx->conns; c; c = c->cnext)
+        read_start(c);
+}
+
+static void handle_payload(struct p2p_conn *c, const uint8_t *p, size_t n);
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+static void read_start(struct p2p_conn *c)
+{
+    if (c->state != C_OPEN || c->reading || c->bp_paused || c->h->ctx->down_paused)
+        return;
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0)
+        c->reading = 1;
+}
+
+static void read_stop(struct p2p_conn *c)
+{
+    if (c->reading)
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct p2p_conn *c = s->data;
+    struct p2p_ctx *ctx = c->h->ctx;
+    (void)buf;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        conn_close(c, nread == UV_EOF ? CM_ECLOSED : CM_ECONN);
+        return;
+    }
+    if (c->state != C_OPEN)
+        return;
+    ctx->st.bytes_received += (uint64_t)nread;
+    c->last_active_ms = mono_ms();
+    if (p2p_rate_limited(&ctx->down)) {
+        p2p_rate_consume(&ctx->down, (size_t)nread);
+        if (p2p_rate_available(&ctx->down, now_ns()) == 0) {
+            /* Pause every connection of the process until the bucket
+             * refills; the kernel's receive window then throttles the
+             * senders, which is what a slow home link does. */
+            ctx->down_paused = 1;
+            for (struct p2p_conn *x = ctx->conns; x; x = x->cnext)
+                read_stop(x);
+            if (!ctx->down_timer_armed) {
+                ctx->down_timer_armed = 1;
+                uv_timer_start(&ctx->down_timer, down_timer_cb,
+                               p2p_rate_wait_ms(&ctx->down, 1500, now_ns()), 0);
+            }
+        }
+    }
+    if (c->rx_len == 0)
+        c->frame_start_ms = mono_ms();
+    c->rx_len += (size_t)nread;
+    size_t off = 0;
+    while (c->state == C_OPEN) {
+        const uint8_t *payload;
+        size_t plen, used;
+        int rc = p2p_frame_next(c->rx + off, c->rx_len - off, &payload, &plen, &used);
+        if (rc == 1)
+            break;
+        if (rc < 0) {
+            conn_drop(c, P2P_REJ_MALFORMED,
+                      rc == CM_EVERSION ? "unsupported protocol version"
+                      : rc == CM_ETOOBIG ? "oversized frame"
+                                         : "bad frame header");
+            return;
+        }
+        handle_payload(c, payload, plen);
+        off += used;
+        c->frame_start_ms = mono_ms();
+    }
+    if (c->state != C_OPEN)
+        return;
+    if (off) {
+        memmove(c->rx, c->rx + off, c->rx_len - off);
+        c->rx_len -= off;
+    }
+    /* Keep the buffer small when idle. */
+    if (c->rx_len == 0 && c->rx_cap > 4 * RX_CHUNK) {
+        free(c->rx);
+        c->rx = NULL;
+        c->rx_cap = 0;
+    }
+}
+
+static void fill_peer(struct p2p_conn *c, const struct p2p_envelope *env,
+                      const struct cm_pass_claims *cl, struct p2p_peer *pe)
+{
+    memcpy(pe->pub, cl->peer_public_key, 32);
+    pe->addr = c->remote;
+    pe->listen_port = env->listen_port;
+    if (env->listen_port)
+        addr_set_port(&pe->addr, (uint16_t)env->listen_port);
+    pe->claims = cl;
+}
+
+static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
+                         const uint8_t *recipient, const uint8_t nonce[P2P_NONCE_LEN],
+                         int32_t status, const uint8_t *body, size_t blen)
+{
+    struct p2p_host *h = c->h;
+    struct p2p_envelope_out o = {
+        .kind = kind, .type = type, .request_id = id, .token = h->token,
+        .recipient = recipient, .time_ms = p2p_now_ms(), .listen_port = h->advertise_port,
+        .status = status, .body = body, .body_len = blen,
+    };
+    memcpy(o.nonce, nonce, P2P_NONCE_LEN);
+    uint8_t *frame;
+    size_t flen;
+    int rc = p2p_envelope_build(h->key, &o, &frame, &flen);
+    if (rc)
+        return rc;
+    return conn_send(c, frame, flen);
+}
+
+static int serve_builtin(struct p2p_conn *c, const struct p2p_peer *pe, uint32_t type,
+                         const uint8_t *body, size_t len, uint8_t **resp, size_t *rlen)
+{
+    struct p2p_host *h = c->h;
+    if (type == P2P_MSG_PING) {
+        Ctp2p__Pong pong = CTP2P__PONG__INIT;
+        uint8_t ip[16];
+        if (c->remote.ss_family == AF_INET) {
+            memcpy(ip, &((struct sockaddr_in *)&c->remote)->sin_addr, 4);
+            pong.observed_ip.len = 4;
+        } else {
+            memcpy(ip, &((struct sockaddr_in6 *)&c->remote)->sin6_addr, 16);
+            pong.observed_ip.len = 16;
+        }
+        pong.observed_ip.data = ip;
+        *rlen = ctp2p__pong__get_packed_size(&pong);
+        *resp = malloc(*rlen ? *rlen : 1);
+        if (!*resp)
+            return CM_ENOMEM;
+        ctp2p__pong__pack(&pong, *resp);
+        return CM_OK;
+    }
+    if (type == P2P_MSG_STREAM_CHUNK) {
+        if (!h->on_chunk)
+            return CM_EUNSUPPORTED;
+        Ctp2p__StreamChunk *ch = ctp2p__stream_chunk__unpack(NULL, len, body);
+        if (!ch)
+            return CM_EPARSE;
+        int rc = CM_EPARSE;
+        if (ch->data.len <= P2P_STREAM_CHUNK_MAX && ch->offset <= ch->total_len &&
+            ch->data.len <= ch->total_len - ch->offset)
+            rc = h->on_chunk(h->arg, h, pe, ch->stream_id, ch->offset, ch->total_len,
+                             ch->data.data, ch->data.len, ch->last);
+        ctp2p__stream_chunk__free_unpacked(ch, NULL);
+        return rc;
+    }
+    if (!h->on_request)
+        return CM_EUNSUPPORTED;
+    return h->on_request(h->arg, h, pe, type, body, len, resp, rlen);
+}
+
+static void handle_request(struct p2p_conn *c, struct p2p_envelope *env)
+{
+    struct p2p_host *h = c->h;
+    struct p2p_ctx *ctx = h->ctx;
+    struct cm_pass_claims cl;
+    enum p2p_reject why;
+    if (p2p_auth_check_request(&ctx->auth, env, h->key->pub, p2p_now_ms(), &cl, &why)) {
+        ctx->st.drops++;
+        conn_close(c, CM_EAUTH);
+        return;
+    }
+    struct p2p_peer pe;
+    fill_peer(c, env, &cl, &pe);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    int status = serve_builtin(c, &pe, env->type, env->body, env->body_len, &resp, &rlen);
+    if (status > 0)
+        status = CM_EINTERNAL;
+    ctx->st.requests_served++;
+    if (c->state == C_OPEN)
+        send_envelope(c, P2P_KIND_RESPONSE, env->type, env->request_id, cl.peer_public_key,
+                      env->nonce, status, resp, resp ? rlen : 0);
+    free(resp);
+    /* Backpressure: a peer that asks faster than we can answer stops being
+     * read until its responses drain. */
+    if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue) {
+        c->bp_paused = 1;
+        read_stop(c);
+    }
+}
+
+static void handle_response(struct p2p_conn *c, struct p2p_envelope *env)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    struct pending *p = c->pend;
+    while (p && p->id != env->request_id)
+        p = p->next;
+    if (!p)
+        return; /* late answer to a request that timed out */
+    struct cm_pass_claims cl;
+    enum p2p_reject why;
+    if (p2p_auth_check_response(&ctx->auth, env, c->h->key->pub, p->nonce,
+                                p->has_expect ? p->expect_pub : NULL, p2p_now_ms(), &cl, &why)) {
+        pending_finish(p, CM_EAUTH, NULL, NULL, 0);
+        ctx->st.drops++;
+        conn_close(c, CM_EAUTH);
+        return;
+    }
+    struct p2p_peer pe;
+    fill_peer(c, env, &cl, &pe);
+    pending_finish(p, env->status, &pe, env->body, env->body_len);
+}
+
+static void handle_payload(struct p2p_conn *c, const uint8_t *p, size_t n)
+{
+    struct p2p_envelope env;
+    if (p2p_envelope_parse(p, n, &env)) {
+        conn_drop(c, P2P_REJ_MALFORMED, "undecodable envelope");
+        return;
+    }
+    if (env.kind == P2P_KIND_REQUEST)
+        handle_request(c, &env);
+    else
+        handle_response(c, &env);
+    p2p_envelope_cleanup(&env);
+}
+
+/* ---- sweeping: idle connections and slow frames ------------------------ */
+
+static void sweep_cb(uv_timer_t *t)
+{
+    struct p2p_ctx *ctx = t->data;
+    int64_t now = mono_ms();
+    for (struct p2p_conn *c = ctx->conns, *n; c; c = n) {
+        n = c->cnext;
+        if (c->state != C_OPEN)
+            continue;
+        if (c->rx_len > 0 && now - c->frame_start_ms > (int64_t)ctx->frame_ms)
+            conn_drop(c, P2P_REJ_MALFORMED, "frame not completed in time");
+        else if (c->n_pend == 0 && c->wq_bytes == 0 &&
+                 now - c->last_active_ms > (int64_t)ctx->idle_ms)
+            conn_close(c, CM_ECLOSED);
+    }
+}
+
+/* ---- hosts ------------------------------------------------------------- */
+
+static void listener_closed(uv_handle_t *hd);
+
+static void on_connection(uv_stream_t *srv, int status)
+{
+    struct p2p_host *h = srv->data;
+    struct p2p_ctx *ctx = h->ctx;
+    if (status < 0 || h->closing)
+        return;
+    struct p2p_conn *c = conn_alloc(h, 0);
+    if (!c)
+        return;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
+        c->state = C_OPEN;
+        conn_close(c, CM_ECONN);
+        return;
+    }
+    c->state = C_OPEN;
+    int len = sizeof c->remote;
+    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
+    ctx->st.conns_accepted++;
+    /* A flood of connections: over the host's inbound cap, or over the
+     * process budget with nothing idle to evict, the newcomer is closed. */
+    if (h->n_inbound > h->max_inbound || (ctx->nconns > ctx->max_conns && evict_one(ctx))) {
+        ctx->st.conns_refused++;
+        conn_close(c, CM_EBUSY);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    read_start(c);
+}
+
+int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct p2p_host **out)
+{
+    if (!cfg->key || !cfg->key->has_private || !cfg->token ||
+        strlen(cfg->token) > CM_TOKEN_MAX_LEN)
+        return CM_EINVAL;
+    struct p2p_host *h = calloc(1, sizeof *h);
+    if (!h || !(h->token = strdup(cfg->token))) {
+        free(h);
+        return CM_ENOMEM;
+    }
+    h->ctx = ctx;
+    h->key = cfg->key;
+    h->max_inbound = cfg->max_inbound ? cfg->max_inbound : 512;
+    h->on_request = cfg->on_request;
+    h->on_chunk = cfg->on_chunk;
+    h->arg = cfg->arg;
+    cm_random_bytes(&h->next_id, sizeof h->next_id);
+    if (cfg->listen_ip) {
+        struct sockaddr_storage a;
+        char s[300];
+        snprintf(s, sizeof s, strchr(cfg->listen_ip, ':') ? "[%s]:1" : "%s:1", cfg->listen_ip);
+        if (p2p_addr_parse(s, &a)) {
+            free(h->token);
+            free(h);
+            return CM_EINVAL;
+        }
+        addr_set_port(&a, cfg->listen_port);
+        uv_tcp_init(ctx->loop, &h->listener);
+        h->listener.data = h;
+        h->nhandles++;
+        int rc = uv_tcp_bind(&h->listener, (struct sockaddr *)&a, 0);
+        if (!rc)
+            rc = uv_listen((uv_stream_t *)&h->listener, 511, on_connection);
+        if (rc) {
+            CM_LOGE("p2p", "cannot listen on %s:%u: %s", cfg->listen_ip, cfg->listen_port,
+                    uv_strerror(rc));
+            /* the host is freed when libuv has closed the listener */
+            h->closing = 1;
+            uv_close((uv_handle_t *)&h->listener, listener_closed);
+            return rc == UV_EADDRINUSE ? CM_EEXISTS : CM_EIO;
+        }
+        struct sockaddr_storage bound;
+        int blen = sizeof bound;
+        uv_tcp_getsockname(&h->listener, (struct sockaddr *)&bound, &blen);
+        h->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                                   : ((struct sockaddr_in6 *)&bound)->sin6_port);
+        h->listening = 1;
+    }
+    h->advertise_port = cfg->advertise_port ? cfg->advertise_port : h->port;
+    ctx->nhosts++;
+    *out = h;
+    return CM_OK;
+}
+
+static void listener_closed(uv_handle_t *hd)
+{
+    host_handle_closed(hd->data);
+}
+
+void p2p_host_close(struct p2p_host *h)
+{
+    if (!h || h->closing)
+        return;
+    h->closing = 1;
+    h->ctx->nhosts--;
+    while (h->conns)
+        conn_close(h->conns, CM_ECLOSED);
+    if (h->listening) {
+        h->listening = 0;
+        uv_close((uv_handle_t *)&h->listener, listener_closed);
+    }
+    if (h->nhandles == 0) {
+        free(h->token);
+        free(h);
+    }
+}
+
+uint16_t p2p_host_port(const struct p2p_host *h)
+{
+    return h->port;
+}
+
+const uint8_t *p2p_host_pub(const struct p2p_host *h)
+{
+    return h->key->pub;
+}
+
+int p2p_host_set_token(struct p2p_host *h, const char *token)
+{
+    if (!token || strlen(token) > CM_TOKEN_MAX_LEN)
+        return CM_EINVAL;
+    char *t = strdup(token);
+    if (!t)
+        return CM_ENOMEM;
+    free(h->token);
+    h->token = t;
+    return CM_OK;
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static void on_connect(uv_connect_t *req, int status)
+{
+    struct p2p_conn *c = req->data;
+    if (c->state == C_CLOSING)
+        return;
+    if (status < 0) {
+        conn_close(c, CM_ECONN);
+        return;
+    }
+    c->state = C_OPEN;
+    uv_tcp_nodelay(&c->tcp, 1);
+    read_start(c);
+    conn_flush(c);
+}
+
+static void pending_timeout(uv_timer_t *t)
+{
+    struct pending *p = t->data;
+    p->host->ctx->st.timeouts++;
+    pending_finish(p, CM_ETIMEOUT, NULL, NULL, 0);
+}
+
+static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc)
+{
+    struct p2p_ctx *ctx = h->ctx;
+    for (struct p2p_conn *c = h->conns; c; c = c->hnext)
+        if (c->outgoing && c->state != C_CLOSING && addr_equal(&c->remote, addr))
+            return c;
+    if (ctx->nconns >= ctx->max_conns && evict_one(ctx)) {
+        *rc = CM_EBUSY;
+        return NULL;
+    }
+    struct p2p_conn *c = conn_alloc(h, 1);
+    if (!c) {
+        *rc = CM_ENOMEM;
+        return NULL;
+    }
+    memcpy(&c->remote, addr, addr_len(addr));
+    c->state = C_CONNECTING;
+    c->creq.data = c;
+    int e = uv_tcp_connect(&c->creq, &c->tcp, addr, on_connect);
+    if (e) {
+        c->state = C_OPEN; /* so conn_close runs its full path */
+        conn_close(c, CM_ECONN);
+        *rc = CM_ECONN;
+        return NULL;
+    }
+    ctx->st.conns_opened++;
+    return c;
+}
+
+int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
+                p2p_response_cb cb, void *arg)
+{
+    if (h->closing)
+        return CM_ECLOSED;
+    if (!cb || !addr || (!peer_pub && type != P2P_MSG_PING) || len > P2P_FRAME_MAX_PAYLOAD - 4096 ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || timeout_ms == 0)
+        return CM_EINVAL;
+    int rc = CM_OK;
+    struct p2p_conn *c = conn_get(h, addr, &rc);
+    if (!c)
+        return rc;
+    if (c->wq_bytes > h->ctx->max_queue)
+        return CM_EBUSY;
+    struct pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return CM_ENOMEM;
+    p->id = h->next_id++;
+    p->cb = cb;
+    p->arg = arg;
+    p->host = h;
+    p->conn = c;
+    if (peer_pub) {
+        memcpy(p->expect_pub, peer_pub, 32);
+        p->has_expect = 1;
+    }
+    cm_random_bytes(p->nonce, P2P_NONCE_LEN);
+    rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, len);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    if (c->state == C_CLOSING) { /* the write failed at once */
+        free(p);
+        return CM_ECONN;
+    }
+    uv_timer_init(h->ctx->loop, &p->timer);
+    p->timer.data = p;
+    h->nhandles++;
+    uv_timer_start(&p->timer, pending_timeout, timeout_ms, 0);
+    p->next = c->pend;
+    if (c->pend)
+        c->pend->prev = p;
+    c->pend = p;
+    c->n_pend++;
+    h->ctx->st.requests_sent++;
+    return CM_OK;
+}
+
+/* ---- streams ----------------------------------------------------------- */
+
+struct stream_send {
+    struct p2p_host *h;
+    struct sockaddr_storage addr;
+    uint8_t pub[32];
+    uint64_t id;
+    const uint8_t *data;
+    size_t len, chunk, next_off;
+    unsigned window, inflight;
+    uint32_t seq, timeout_ms;
+    int status, sent_last;
+    p2p_response_cb done;
+    void *arg;
+};
+
+static void stream_pump(struct stream_send *s);
+
+static void stream_chunk_done(void *arg, int status, const struct p2p_peer *from,
+                              const uint8_t *body, size_t len)
+{
+    struct stream_send *s = arg;
+    (void)from, (void)body, (void)len;
+    s->inflight--;
+    if (status && !s->status)
+        s->status = status;
+    stream_pump(s);
+}
+
+static void stream_pump(struct stream_send *s)
+{
+    while (!s->status && !s->sent_last && s->inflight < s->window) {
+        size_t n = s->len - s->next_off;
+        if (n > s->chunk)
+            n = s->chunk;
+        Ctp2p__StreamChunk ch = CTP2P__STREAM_CHUNK__INIT;
+        ch.stream_id = s->id;
+        ch.seq = s->seq;
+        ch.total_len = s->len;
+        ch.offset = s->next_off;
+        ch.last = s->next_off + n == s->len;
+        ch.data.data = (uint8_t *)s->data + s->next_off;
+        ch.data.len = n;
+        size_t blen = ctp2p__stream_chunk__get_packed_size(&ch);
+        uint8_t *b = malloc(blen ? blen : 1);
+        if (!b) {
+            s->status = CM_ENOMEM;
+            break;
+        }
+        ctp2p__stream_chunk__pack(&ch, b);
+        int rc = p2p_request(s->h, (struct sockaddr *)&s->addr, s->pub, P2P_MSG_STREAM_CHUNK, b,
+                             blen, s->timeout_ms, stream_chunk_done, s);
+        free(b);
+        if (rc) {
+            s->status = rc;
+            break;
+        }
+        s->inflight++;
+        s->seq++;
+        s->next_off += n;
+        if (ch.last)
+            s->sent_last = 1;
+    }
+    if (s->inflight == 0 && (s->status || s->sent_last)) {
+        p2p_response_cb done = s->done;
+        void *arg = s->arg;
+        int st = s->status;
+        free(s);
+        done(arg, st, NULL, NULL, 0);
+    }
+}
+
+static void stream_start_cb(uv_timer_t *t)
+{
+    struct stream_send *s = t->data;
+    uv_close((uv_handle_t *)t, (uv_close_cb)free);
+    stream_pump(s);
+}
+
+int p2p_stream_send(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                    uint64_t stream_id, const uint8_t *data, size_t len, size_t chunk_size,
+                    unsigned window, uint32_t chunk_timeout_ms, p2p_response_cb done, void *arg)
+{
+    if (!peer_pub || !done || (!data && len) || chunk_size > P2P_STREAM_CHUNK_MAX ||
+        addr_len(addr) > sizeof(struct sockaddr_storage))
+        return CM_EINVAL;
+    struct stream_send *s = calloc(1, sizeof *s);
+    uv_timer_t *t = malloc(sizeof *t);
+    if (!s || !t) {
+        free(s);
+        free(t);
+        return CM_ENOMEM;
+    }
+    s->h = h;
+    memcpy(&s->addr, addr, addr_len(addr));
+    memcpy(s->pub, peer_pub, 32);
+    s->id = stream_id;
+    s->data = data;
+    s->len = len;
+    s->chunk = chunk_size ? chunk_size : 64 * 1024;
+    s->window = window ? window : 4;
+    s->timeout_ms = chunk_timeout_ms ? chunk_timeout_ms : 30000;
+    s->done = done;
+    s->arg = arg;
+    /* Start on the next loop turn so `done` never runs inside this call. */
+    uv_timer_init(h->ctx->loop, t);
+    t->data = s;
+    uv_timer_start(t, stream_start_cb, 0, 0);
+    return CM_OK;
+}

@@ -1,0 +1,146 @@
+/* Peer-to-peer transport: non-blocking TCP on a libuv loop, carrying signed
+ * request/response envelopes (p2p_envelope.h) in frames (p2p_frame.h).
+ *
+ * Objects:
+ *   struct p2p_ctx   one per process (or per test swarm): the loop, the
+ *                    upload/download token buckets (the caps are per process),
+ *                    the connection budget (file descriptors), the receiver's
+ *                    auth state (revocations, replay cache). Hosts share it.
+ *   struct p2p_host  one identity (key + access token) with an optional
+ *                    listening socket. Many hosts may share one ctx and loop;
+ *                    the in-process DHT swarms of the tests and benchmarks do.
+ *
+ * Behaviour: outgoing connections are reused per remote address; every
+ * request has a deadline; a connection carries requests both ways; when the
+ * process reaches its connection budget the least recently used idle
+ * connection is closed; a connection with more than max_conn_queue bytes
+ * waiting to be written refuses new requests (CM_EBUSY) and stops reading
+ * (backpressure); a peer that sends a malformed frame, an unknown protocol
+ * version, an oversized frame or a message that fails authentication is
+ * dropped (its connection closed) while every other connection carries on.
+ * Large payloads travel as streams of chunks (p2p_stream_send), each chunk a
+ * signed request, with a window of chunks in flight.
+ *
+ * Threading: everything here runs on the ctx's loop thread, except
+ * p2p_auth_set_revoked() on ctx->auth. */
+#ifndef P2P_TRANSPORT_H
+#define P2P_TRANSPORT_H
+
+#include <netinet/in.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "cm_crypto.h"
+#include "cm_token.h"
+#include "p2p/p2p_envelope.h"
+
+/* Message types (mirrors enum Ctp2p__MsgType in p2p.proto). */
+enum p2p_msg_type {
+    P2P_MSG_PING = 1,
+    P2P_MSG_STREAM_CHUNK = 2,
+    P2P_MSG_DHT_FIND_NODE = 16,
+    P2P_MSG_DHT_FIND_VALUE = 17,
+    P2P_MSG_DHT_STORE = 18,
+};
+
+#define P2P_STREAM_CHUNK_MAX (256u * 1024u)
+
+struct p2p_ctx_config {
+    uv_loop_t *loop;          /* borrowed; the caller runs it */
+    double max_upload_mbps;   /* 0: unlimited */
+    double max_download_mbps; /* 0: unlimited */
+    size_t max_conns;         /* 0: derived from RLIMIT_NOFILE */
+    uint32_t idle_timeout_ms; /* 0: 60 s; idle connections are closed */
+    uint32_t frame_timeout_ms;/* 0: 30 s; a started frame must complete within */
+    size_t max_conn_queue;    /* 0: 8 MiB of unsent bytes per connection */
+    struct p2p_auth_config auth;
+};
+
+struct p2p_ctx;
+struct p2p_host;
+
+/* Who sent a request or response; valid during the callback only. */
+struct p2p_peer {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    struct sockaddr_storage addr; /* connection's remote IP with the peer's listen port */
+    uint32_t listen_port;         /* 0: peer does not accept connections */
+    const struct cm_pass_claims *claims;
+};
+
+/* Request handler: returns 0 or a negative status for the response; may set
+ * *resp to a malloc'd body (owned by the transport afterwards). */
+typedef int (*p2p_request_cb)(void *arg, struct p2p_host *h, const struct p2p_peer *from,
+                              uint32_t type, const uint8_t *body, size_t len, uint8_t **resp,
+                              size_t *resp_len);
+/* Stream chunk handler: data borrowed for the call. Return 0 to accept. */
+typedef int (*p2p_chunk_cb)(void *arg, struct p2p_host *h, const struct p2p_peer *from,
+                            uint64_t stream_id, uint64_t offset, uint64_t total_len,
+                            const uint8_t *data, size_t len, int last);
+/* Completion of p2p_request: status is the responder's status, or a local
+ * error (CM_ETIMEOUT, CM_ECONN, CM_ECLOSED, CM_EAUTH...). from is NULL on
+ * local errors. Called exactly once, never from inside p2p_request. */
+typedef void (*p2p_response_cb)(void *arg, int status, const struct p2p_peer *from,
+                                const uint8_t *body, size_t len);
+
+struct p2p_host_config {
+    const struct cm_ed25519 *key; /* borrowed, must outlive the host */
+    const char *token;            /* copied */
+    const char *listen_ip;        /* NULL: no listening socket (client mode) */
+    uint16_t listen_port;         /* 0: ephemeral */
+    uint16_t advertise_port;      /* port to announce; 0: the bound port */
+    uint32_t max_inbound;         /* 0: 512 */
+    p2p_request_cb on_request;
+    p2p_chunk_cb on_chunk;
+    void *arg;
+};
+
+struct p2p_stats {
+    uint64_t requests_sent, requests_served, responses_ok, timeouts;
+    uint64_t bytes_sent, bytes_received;
+    uint64_t conns_opened, conns_accepted, conns_evicted, conns_refused, drops;
+};
+
+int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out);
+/* Frees the ctx; all its hosts must be closed and the loop run until their
+ * handles are closed. */
+void p2p_ctx_free(struct p2p_ctx *ctx);
+struct p2p_auth *p2p_ctx_auth(struct p2p_ctx *ctx);
+uv_loop_t *p2p_ctx_loop(struct p2p_ctx *ctx);
+void p2p_ctx_stats(const struct p2p_ctx *ctx, struct p2p_stats *out);
+size_t p2p_ctx_conn_count(const struct p2p_ctx *ctx);
+/* Changes the caps at run time (mbps <= 0: unlimited). */
+void p2p_ctx_set_rates(struct p2p_ctx *ctx, double up_mbps, double down_mbps);
+
+int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct p2p_host **out);
+/* Fails every pending request (callbacks run before this returns, with
+ * CM_ECLOSED), closes every connection and the listener; no callback runs
+ * afterwards. The memory is released once libuv has closed the handles. */
+void p2p_host_close(struct p2p_host *h);
+uint16_t p2p_host_port(const struct p2p_host *h);
+const uint8_t *p2p_host_pub(const struct p2p_host *h);
+/* Replaces the host's token (after a pass renewal). */
+int p2p_host_set_token(struct p2p_host *h, const char *token);
+
+/* Sends a request to addr (IPv4 or IPv6 with port). peer_pub is the key the
+ * responder must prove; NULL is allowed only for P2P_MSG_PING, which is how
+ * a bootstrap address's key is learnt. body is copied. */
+int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
+                p2p_response_cb cb, void *arg);
+
+/* Sends `len` bytes (borrowed until done runs) as a stream of chunks of at
+ * most chunk_size bytes (0: 64 KiB), with up to `window` chunks in flight
+ * (0: 4). done(arg, status, NULL, NULL, 0) runs once at the end. */
+int p2p_stream_send(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                    uint64_t stream_id, const uint8_t *data, size_t len, size_t chunk_size,
+                    unsigned window, uint32_t chunk_timeout_ms, p2p_response_cb done, void *arg);
+
+/* Helpers. */
+int64_t p2p_now_ms(void);
+/* Parses "host:port" / "[v6]:port" with a numeric address or a name. */
+int p2p_addr_parse(const char *s, struct sockaddr_storage *out);
+void p2p_addr_format(const struct sockaddr *a, char *out, size_t cap);
+
+#endif
