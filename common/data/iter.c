@@ -1,0 +1,838 @@
+/* Dataset iterator: background shard streaming, verification, shuffle buffer.
+ *
+ * One producer thread per iterator walks the shards in a per-peer random
+ * order (a new permutation each epoch, derived from the seed), downloads
+ * each file of a shard with libcurl into memory while hashing it, and
+ * releases the shard's examples only after its size and SHA-256 match the
+ * manifest ("verify-then-release", docs/data.md explains why). Verified and
+ * decoded shards wait in a bounded queue (prefetch_shards); the consumer
+ * takes examples from the queue into a shuffle buffer of S examples and
+ * draws random examples from it, replacing each with the next one to arrive
+ * (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix H.3).
+ *
+ * Determinism: the producer is sequential and the queue keeps its order, so
+ * the consumer sees the same example sequence whatever the timing; only a
+ * shard skipped after a network failure can change it (logged, counted).
+ * Nothing waits forever: transfers have connect, low-speed and optional
+ * total deadlines, and close() aborts a transfer in progress. */
+#include "data/data.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cm_crypto.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+/* ---- Random numbers: splitmix64 (enough for shuffling, and seedable) ---- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rng_below(uint64_t *s, uint64_t n)
+{
+    /* The modulo bias is below n / 2^64: negligible for buffer and shard counts. */
+    return splitmix64(s) % n;
+}
+
+/* ---- Queue items -------------------------------------------------------- */
+
+enum item_kind { ITEM_SHARD, ITEM_END, ITEM_FATAL };
+
+struct item {
+    enum item_kind kind;
+    int rc;                  /* ITEM_FATAL */
+    uint32_t shard;          /* index in the manifest */
+    uint64_t epoch;
+    uint64_t n;              /* examples */
+    uint8_t *data;           /* decoded data file (owned) */
+    uint8_t *labels;         /* decoded labels file (owned, idx only) */
+    const uint8_t *x;        /* images / bytes / little-endian uint16 tokens */
+    const uint8_t *y;        /* labels, idx only */
+    struct item *next;
+};
+
+static void item_free(struct item *t)
+{
+    if (!t)
+        return;
+    free(t->data);
+    free(t->labels);
+    free(t);
+}
+
+struct cm_data_iter {
+    const struct cm_data_manifest *m;
+    struct cm_data_manifest *owned_m;
+    struct cm_data_options o;
+    uint64_t seed;
+    size_t width;            /* pixels per image, or T+1 tokens per window */
+    size_t rec_bytes;        /* bytes per record in the shuffle buffer */
+    float lut[256];          /* pixel -> normalized float */
+
+    /* producer/consumer queue */
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_put, cv_get;
+    struct item *head, *tail;
+    unsigned queued;
+    atomic_int stop;
+
+    /* stats, under mu */
+    struct cm_data_stats st;
+
+    /* consumer state (consumer thread only) */
+    struct item *cur;
+    uint64_t cur_pos;
+    int failed;              /* sticky error */
+    int ended;               /* eval: END seen */
+    uint8_t *buf;            /* shuffle buffer: S records */
+    uint64_t *buf_ids;
+    uint32_t *buf_epochs;
+    size_t buf_count;
+    int buf_filled;
+    uint64_t rng;            /* shuffle-buffer draws */
+    uint8_t *scratch;        /* one record (eval mode) */
+    struct item *reserve;    /* an ITEM_FATAL/ENOMEM marker for when malloc fails */
+};
+
+void cm_data_options_init(struct cm_data_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mode = CM_DATA_TRAIN;
+    o->shuffle_size = 10000;
+    o->max_shard_bytes = 512ull << 20;
+    o->prefetch_shards = 2;
+    o->connect_timeout_s = 15;
+    o->low_speed_bytes = 1024;
+    o->low_speed_time_s = 30;
+    o->transfer_timeout_s = 0;
+    o->retries = 2;
+    o->skip_bad_shards = 1;
+}
+
+static void set_error(struct cm_data_iter *it, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void set_error(struct cm_data_iter *it, const char *fmt, ...)
+{
+    char msg[sizeof it->st.last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    CM_LOGE("data", "%s: %s", it->m->name, msg);
+    pthread_mutex_lock(&it->mu);
+    memcpy(it->st.last_error, msg, sizeof msg);
+    pthread_mutex_unlock(&it->mu);
+}
+
+/* ---- Downloading one file ---------------------------------------------- */
+
+struct fetch {
+    struct cm_data_iter *it;
+    const struct cm_data_file *f;
+    uint8_t *buf;
+    uint64_t len;
+    struct cm_sha256_ctx hash;
+    int too_big;
+    int hash_err;
+};
+
+static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
+{
+    struct fetch *fe = ud;
+    size_t n = sz * nm;
+    if (n > fe->f->size - fe->len) {
+        fe->too_big = 1;
+        return 0; /* aborts the transfer: more bytes than the manifest declares */
+    }
+    memcpy(fe->buf + fe->len, p, n);
+    fe->len += n;
+    if (cm_sha256_update(&fe->hash, p, n) != CM_OK) {
+        fe->hash_err = 1;
+        return 0;
+    }
+    pthread_mutex_lock(&fe->it->mu);
+    fe->it->st.bytes_downloaded += n;
+    pthread_mutex_unlock(&fe->it->mu);
+    return n;
+}
+
+static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    (void)dt, (void)dn, (void)ut, (void)un;
+    struct fetch *fe = ud;
+    return atomic_load(&fe->it->stop) ? 1 : 0;
+}
+
+/* Downloads f into a new buffer and checks size and SHA-256. On success
+ * *out (owned) holds exactly f->size bytes. */
+static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                      uint8_t **out)
+{
+    struct fetch fe = {.it = it, .f = f};
+    fe.buf = malloc(f->size);
+    if (!fe.buf)
+        return CM_ENOMEM;
+    if (cm_sha256_init(&fe.hash) != CM_OK) {
+        free(fe.buf);
+        return CM_ECRYPTO;
+    }
+    CURL *c = curl_easy_init();
+    if (!c) {
+        cm_sha256_cleanup(&fe.hash);
+        free(fe.buf);
+        return CM_ENOMEM;
+    }
+    char cerr[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_URL, f->url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "file,http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &fe);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &fe);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, it->o.connect_timeout_s);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, it->o.low_speed_bytes);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, it->o.low_speed_time_s);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, it->o.transfer_timeout_s);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "crowdtrain-agent");
+    if (it->o.ca_file)
+        curl_easy_setopt(c, CURLOPT_CAINFO, it->o.ca_file);
+    CURLcode cr = curl_easy_perform(c);
+    long http = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
+    curl_easy_cleanup(c);
+
+    uint8_t digest[32];
+    int rc = CM_OK;
+    if (atomic_load(&it->stop)) {
+        rc = CM_ECLOSED;
+    } else if (fe.too_big) {
+        set_error(it, "%s %s: more than the declared %" PRIu64 " bytes", what, f->url, f->size);
+        rc = CM_ECHECKSUM;
+    } else if (fe.hash_err) {
+        rc = CM_ECRYPTO;
+    } else if (cr != CURLE_OK) {
+        switch (cr) {
+        case CURLE_OPERATION_TIMEDOUT: rc = CM_ETIMEOUT; break;
+        case CURLE_COULDNT_CONNECT:
+        case CURLE_COULDNT_RESOLVE_HOST: rc = CM_ECONN; break;
+        case CURLE_FILE_COULDNT_READ_FILE: rc = CM_ENOTFOUND; break;
+        default: rc = CM_EIO; break;
+        }
+        set_error(it, "%s %s: download failed: %s%s%s (HTTP %ld)", what, f->url,
+                  curl_easy_strerror(cr), *cerr ? ": " : "", cerr, http);
+    } else if (fe.len != f->size) {
+        set_error(it, "%s %s: got %" PRIu64 " bytes, the manifest declares %" PRIu64, what,
+                  f->url, fe.len, f->size);
+        rc = CM_ECHECKSUM;
+    }
+    if (rc == CM_OK) {
+        rc = cm_sha256_final(&fe.hash, digest);
+        if (rc == CM_OK && !cm_ct_equal(digest, f->sha256, 32)) {
+            char hex[65];
+            cm_hex_encode(digest, 32, hex);
+            set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what, f->url, hex);
+            rc = CM_ECHECKSUM;
+        }
+    } else {
+        cm_sha256_cleanup(&fe.hash);
+    }
+    if (rc != CM_OK) {
+        free(fe.buf);
+        return rc;
+    }
+    *out = fe.buf;
+    return CM_OK;
+}
+
+static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
+{
+    for (unsigned t = 0; t < ms && !atomic_load(&it->stop); t += 50) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Downloads, verifies and decompresses one file, retrying network failures. */
+static int fetch_file(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                      uint8_t **out, size_t *out_len)
+{
+    uint8_t *raw = NULL;
+    int rc = CM_EIO;
+    for (unsigned attempt = 0; attempt <= it->o.retries; attempt++) {
+        if (attempt)
+            sleep_unless_stopped(it, 500u * attempt);
+        if (atomic_load(&it->stop))
+            return CM_ECLOSED;
+        rc = fetch_once(it, f, what, &raw);
+        if (rc != CM_ETIMEOUT && rc != CM_ECONN && rc != CM_EIO)
+            break;
+    }
+    if (rc != CM_OK)
+        return rc;
+    if (f->compression == CM_DATA_COMP_GZIP) {
+        uint8_t *dec = NULL;
+        size_t dlen = 0;
+        rc = cm_data_gunzip(raw, f->size, it->o.max_shard_bytes, &dec, &dlen);
+        free(raw);
+        if (rc != CM_OK) {
+            set_error(it, "%s %s: gzip data does not decompress: %s", what, f->url,
+                      cm_strerror(rc));
+            return rc;
+        }
+        *out = dec;
+        *out_len = dlen;
+        return CM_OK;
+    }
+    *out = raw;
+    *out_len = f->size;
+    return CM_OK;
+}
+
+/* ---- Decoding a verified shard into an item ----------------------------- */
+
+static int decode_shard(struct cm_data_iter *it, struct item *t, size_t dlen, size_t llen,
+                        const char *url)
+{
+    const struct cm_data_manifest *m = it->m;
+    int rc;
+    if (m->format == CM_DATA_IDX_IMAGES) {
+        struct cm_data_idx im, lb;
+        if ((rc = cm_data_idx_parse(t->data, dlen, &im)) != CM_OK) {
+            set_error(it, "%s: not a valid IDX images file", url);
+            return rc;
+        }
+        if ((rc = cm_data_idx_parse(t->labels, llen, &lb)) != CM_OK) {
+            set_error(it, "%s: labels file is not a valid IDX file", url);
+            return rc;
+        }
+        if (im.ndim != 3 || im.dims[1] != m->rows || im.dims[2] != m->cols) {
+            set_error(it, "%s: images are not (N, %u, %u)", url, m->rows, m->cols);
+            return CM_EPARSE;
+        }
+        if (lb.ndim != 1 || lb.dims[0] != im.dims[0]) {
+            set_error(it, "%s: %u labels for %u images", url, lb.dims[0], im.dims[0]);
+            return CM_EPARSE;
+        }
+        for (uint64_t i = 0; i < lb.count; i++)
+            if (lb.data[i] >= m->classes) {
+                set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", url,
+                          lb.data[i], i, m->classes);
+                return CM_ERANGE;
+            }
+        t->n = im.dims[0];
+        t->x = im.data;
+        t->y = lb.data;
+        return CM_OK;
+    }
+    uint64_t ntok;
+    if (m->format == CM_DATA_TOKENS_U16) {
+        struct cm_data_tokens tk;
+        if ((rc = cm_data_tokens_parse(t->data, dlen, &tk)) != CM_OK) {
+            set_error(it, "%s: not a valid llm.c token shard", url);
+            return rc;
+        }
+        for (uint64_t i = 0; i < tk.count; i++) {
+            unsigned v = tk.tokens[2 * i] | (unsigned)tk.tokens[2 * i + 1] << 8;
+            if (v >= m->vocab_size) {
+                set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", url, v, i,
+                          m->vocab_size);
+                return CM_ERANGE;
+            }
+        }
+        t->x = tk.tokens;
+        ntok = tk.count;
+    } else {
+        t->x = t->data;
+        ntok = dlen;
+    }
+    /* Windows of T+1 tokens at stride T: window k is tokens [kT, kT+T]. */
+    size_t T = it->o.seq_len;
+    t->n = ntok > T ? (ntok - 1) / T : 0;
+    return CM_OK;
+}
+
+static struct item *load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, int *rc_out)
+{
+    const struct cm_data_shard *s = &it->m->shards[idx];
+    struct item *t = calloc(1, sizeof *t);
+    if (!t) {
+        *rc_out = CM_ENOMEM;
+        return NULL;
+    }
+    t->kind = ITEM_SHARD;
+    t->shard = idx;
+    t->epoch = epoch;
+    size_t dlen = 0, llen = 0;
+    int rc = fetch_file(it, &s->data, "shard", &t->data, &dlen);
+    if (rc == CM_OK && s->labels.url)
+        rc = fetch_file(it, &s->labels, "labels", &t->labels, &llen);
+    if (rc == CM_OK)
+        rc = decode_shard(it, t, dlen, llen, s->data.url);
+    if (rc == CM_OK && s->examples && s->examples != t->n) {
+        set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64, s->data.url,
+                  t->n, s->examples);
+        rc = CM_EPARSE;
+    }
+    if (rc != CM_OK) {
+        item_free(t);
+        *rc_out = rc;
+        return NULL;
+    }
+    /* The compressed data is gone; keep only the decoded bytes. */
+    *rc_out = CM_OK;
+    return t;
+}
+
+/* ---- Queue ------------------------------------------------------------- */
+
+/* Returns 0, or -1 when the iterator is closing (t is freed then). */
+static int queue_put(struct cm_data_iter *it, struct item *t)
+{
+    pthread_mutex_lock(&it->mu);
+    while (it->queued >= it->o.prefetch_shards && !atomic_load(&it->stop))
+        pthread_cond_wait(&it->cv_put, &it->mu);
+    if (atomic_load(&it->stop)) {
+        pthread_mutex_unlock(&it->mu);
+        item_free(t);
+        return -1;
+    }
+    if (it->tail)
+        it->tail->next = t;
+    else
+        it->head = t;
+    it->tail = t;
+    it->queued++;
+    pthread_cond_signal(&it->cv_get);
+    pthread_mutex_unlock(&it->mu);
+    return 0;
+}
+
+static struct item *queue_get(struct cm_data_iter *it)
+{
+    pthread_mutex_lock(&it->mu);
+    while (!it->head)
+        pthread_cond_wait(&it->cv_get, &it->mu);
+    struct item *t = it->head;
+    it->head = t->next;
+    if (!it->head)
+        it->tail = NULL;
+    it->queued--;
+    pthread_cond_signal(&it->cv_put);
+    pthread_mutex_unlock(&it->mu);
+    t->next = NULL;
+    return t;
+}
+
+static void put_marker(struct cm_data_iter *it, enum item_kind kind, int rc)
+{
+    struct item *t = calloc(1, sizeof *t);
+    if (t) {
+        t->kind = kind;
+        t->rc = rc;
+    } else {
+        /* The marker reserved at open time still tells the consumer to stop waiting. */
+        CM_LOGE("data", "out of memory in the shard thread");
+        t = it->reserve;
+        it->reserve = NULL;
+    }
+    queue_put(it, t);
+}
+
+/* ---- Producer thread ---------------------------------------------------- */
+
+static void shard_order(const struct cm_data_iter *it, uint64_t epoch, uint32_t *order)
+{
+    size_t n = it->m->n_shards;
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    if (it->o.mode == CM_DATA_EVAL)
+        return;
+    /* Each peer (seed) and each epoch gets its own permutation (seed 000, H.3). */
+    uint64_t s = it->seed ^ 0x5eed0fda7aull;
+    uint64_t e = epoch;
+    s ^= splitmix64(&e);
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)rng_below(&s, i + 1);
+        uint32_t tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+}
+
+static void *producer(void *arg)
+{
+    struct cm_data_iter *it = arg;
+    size_t n = it->m->n_shards;
+    uint32_t *order = malloc(n * sizeof *order);
+    if (!order) {
+        put_marker(it, ITEM_FATAL, CM_ENOMEM);
+        return NULL;
+    }
+    for (uint64_t epoch = 0; !atomic_load(&it->stop); epoch++) {
+        shard_order(it, epoch, order);
+        uint64_t usable = 0;
+        int last_rc = CM_OK;
+        for (size_t k = 0; k < n && !atomic_load(&it->stop); k++) {
+            int rc;
+            struct item *t = load_shard(it, order[k], epoch, &rc);
+            if (rc == CM_ECLOSED)
+                goto out;
+            pthread_mutex_lock(&it->mu);
+            if (t)
+                it->st.shards_ok++;
+            else
+                it->st.shards_rejected++;
+            pthread_mutex_unlock(&it->mu);
+            if (!t) {
+                last_rc = rc;
+                if (it->o.mode == CM_DATA_EVAL || !it->o.skip_bad_shards) {
+                    put_marker(it, ITEM_FATAL, rc);
+                    goto out;
+                }
+                CM_LOGW("data", "%s: skipping shard %u (%s)", it->m->name, order[k],
+                        cm_strerror(rc));
+                continue;
+            }
+            usable += t->n;
+            if (t->n == 0) {
+                CM_LOGW("data", "%s: shard %u holds no complete example", it->m->name, order[k]);
+                item_free(t);
+                continue;
+            }
+            if (queue_put(it, t) != 0)
+                goto out;
+        }
+        if (atomic_load(&it->stop))
+            break;
+        if (it->o.mode == CM_DATA_EVAL) {
+            put_marker(it, ITEM_END, CM_OK);
+            break;
+        }
+        if (usable == 0) {
+            /* An endless loop over shards that yield nothing would hang the trainer. */
+            if (last_rc == CM_OK) {
+                set_error(it, "no shard holds a complete example (sequence length too long?)");
+                last_rc = CM_ERANGE;
+            }
+            put_marker(it, ITEM_FATAL, last_rc);
+            break;
+        }
+    }
+out:
+    free(order);
+    return NULL;
+}
+
+/* ---- Consumer ----------------------------------------------------------- */
+
+/* Copies the next example of the stream into rec; 1 at the end (eval), a
+ * negative code on failure. */
+static int pull(struct cm_data_iter *it, uint8_t *rec, uint64_t *id, uint32_t *epoch)
+{
+    while (!it->cur || it->cur_pos >= it->cur->n) {
+        item_free(it->cur);
+        it->cur = NULL;
+        if (it->ended)
+            return 1;
+        struct item *t = queue_get(it);
+        if (t->kind == ITEM_END) {
+            item_free(t);
+            it->ended = 1;
+            return 1;
+        }
+        if (t->kind == ITEM_FATAL) {
+            int rc = t->rc ? t->rc : CM_EIO;
+            item_free(t);
+            return rc;
+        }
+        it->cur = t;
+        it->cur_pos = 0;
+    }
+    struct item *t = it->cur;
+    uint64_t k = it->cur_pos++;
+    *id = (uint64_t)t->shard << 32 | k;
+    *epoch = (uint32_t)t->epoch;
+    if (it->m->format == CM_DATA_IDX_IMAGES) {
+        memcpy(rec, t->x + k * it->width, it->width);
+        rec[it->width] = t->y[k];
+    } else {
+        uint16_t *r = (uint16_t *)(void *)rec;
+        size_t T = it->o.seq_len;
+        if (it->m->format == CM_DATA_TEXT_BYTES) {
+            const uint8_t *p = t->x + k * T;
+            for (size_t i = 0; i <= T; i++)
+                r[i] = p[i];
+        } else {
+            const uint8_t *p = t->x + 2 * k * T;
+            for (size_t i = 0; i <= T; i++)
+                r[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+        }
+    }
+    return 0;
+}
+
+static void emit(struct cm_data_iter *it, const uint8_t *rec, uint64_t id, uint32_t epoch,
+                 struct cm_data_batch *b, size_t slot)
+{
+    size_t w = it->width;
+    if (it->m->format == CM_DATA_IDX_IMAGES) {
+        if (b->x)
+            for (size_t i = 0; i < w; i++)
+                b->x[slot * w + i] = it->lut[rec[i]];
+        if (b->y)
+            b->y[slot] = rec[w];
+    } else {
+        const uint16_t *r = (const uint16_t *)(const void *)rec;
+        if (b->tokens)
+            for (size_t i = 0; i < w; i++)
+                b->tokens[slot * w + i] = r[i];
+        if (b->tokens_u16)
+            memcpy(b->tokens_u16 + slot * w, r, w * sizeof *r);
+    }
+    if (b->ids)
+        b->ids[slot] = id;
+    if (b->epochs)
+        b->epochs[slot] = epoch;
+}
+
+static void count_out(struct cm_data_iter *it, size_t n, uint32_t last_epoch)
+{
+    pthread_mutex_lock(&it->mu);
+    it->st.examples += n;
+    if (n)
+        it->st.epoch = last_epoch;
+    pthread_mutex_unlock(&it->mu);
+}
+
+int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b)
+{
+    if (!it || !b)
+        return CM_EINVAL;
+    b->n = 0;
+    if (it->failed)
+        return it->failed;
+    int idx = it->m->format == CM_DATA_IDX_IMAGES;
+    if (idx ? (!b->x && !b->y) : (!b->tokens && !b->tokens_u16))
+        return CM_EINVAL;
+    uint32_t last_epoch = 0;
+    if (it->o.mode == CM_DATA_EVAL) {
+        size_t i;
+        for (i = 0; i < b->capacity; i++) {
+            uint64_t id;
+            uint32_t ep;
+            int rc = pull(it, it->scratch, &id, &ep);
+            if (rc == 1)
+                break;
+            if (rc < 0) {
+                count_out(it, i, last_epoch);
+                return it->failed = rc;
+            }
+            emit(it, it->scratch, id, ep, b, i);
+            last_epoch = ep;
+        }
+        b->n = i;
+        count_out(it, i, last_epoch);
+        return CM_OK;
+    }
+    size_t S = it->o.shuffle_size, R = it->rec_bytes;
+    while (!it->buf_filled) {
+        size_t k = it->buf_count;
+        int rc = pull(it, it->buf + k * R, &it->buf_ids[k], &it->buf_epochs[k]);
+        if (rc != 0)
+            return it->failed = rc < 0 ? rc : CM_EINTERNAL;
+        if (++it->buf_count == S)
+            it->buf_filled = 1;
+    }
+    for (size_t i = 0; i < b->capacity; i++) {
+        size_t j = (size_t)rng_below(&it->rng, S);
+        emit(it, it->buf + j * R, it->buf_ids[j], it->buf_epochs[j], b, i);
+        last_epoch = it->buf_epochs[j];
+        /* Replace the drawn example with the next one to arrive (seed 000, §3.3). */
+        int rc = pull(it, it->buf + j * R, &it->buf_ids[j], &it->buf_epochs[j]);
+        if (rc != 0) {
+            count_out(it, i + 1, last_epoch);
+            return it->failed = rc < 0 ? rc : CM_EINTERNAL;
+        }
+    }
+    b->n = b->capacity;
+    count_out(it, b->n, last_epoch);
+    return CM_OK;
+}
+
+/* ---- Open / close -------------------------------------------------------- */
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static int curl_ok;
+static void curl_init_once(void)
+{
+    curl_ok = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
+}
+
+int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
+                 const struct cm_data_options *o, struct cm_data_iter **out)
+{
+    if (!m || !out || !m->n_shards)
+        return CM_EINVAL;
+    *out = NULL;
+    struct cm_data_options opt;
+    if (o)
+        opt = *o;
+    else
+        cm_data_options_init(&opt);
+    if (opt.mode != CM_DATA_TRAIN && opt.mode != CM_DATA_EVAL)
+        return CM_EINVAL;
+    if (m->format != CM_DATA_IDX_IMAGES && (opt.seq_len == 0 || opt.seq_len > (1u << 24))) {
+        CM_LOGE("data", "%s: seq_len must be 1..%u for %s", m->name, 1u << 24,
+                cm_data_format_name(m->format));
+        return CM_EINVAL;
+    }
+    if (opt.mode == CM_DATA_TRAIN && (opt.shuffle_size == 0 || opt.shuffle_size > (1u << 26)))
+        return CM_EINVAL;
+    if (opt.prefetch_shards == 0)
+        opt.prefetch_shards = 1;
+    if (opt.max_shard_bytes == 0)
+        return CM_EINVAL;
+    for (size_t i = 0; i < m->n_shards; i++) {
+        const struct cm_data_shard *s = &m->shards[i];
+        if (s->data.size > opt.max_shard_bytes ||
+            (s->labels.url && s->labels.size > opt.max_shard_bytes)) {
+            CM_LOGE("data", "%s: shard %zu (%s) is larger than max_shard_bytes=%" PRIu64,
+                    m->name, i, s->data.url, opt.max_shard_bytes);
+            return CM_ETOOBIG;
+        }
+    }
+    pthread_once(&curl_once, curl_init_once);
+    if (!curl_ok)
+        return CM_EINTERNAL;
+    struct cm_data_iter *it = calloc(1, sizeof *it);
+    if (!it)
+        return CM_ENOMEM;
+    it->m = m;
+    it->o = opt;
+    it->seed = seed;
+    uint64_t s = seed ^ 0xb0ffe75ull;
+    it->rng = splitmix64(&s);
+    if (m->format == CM_DATA_IDX_IMAGES) {
+        it->width = (size_t)m->rows * m->cols;
+        it->rec_bytes = it->width + 1;
+        for (int v = 0; v < 256; v++)
+            it->lut[v] = ((float)v / 255.0f - m->mean) / m->std;
+    } else {
+        it->width = opt.seq_len + 1;
+        it->rec_bytes = 2 * it->width;
+    }
+    size_t S = opt.mode == CM_DATA_TRAIN ? opt.shuffle_size : 0;
+    it->scratch = malloc(it->rec_bytes);
+    it->reserve = calloc(1, sizeof *it->reserve);
+    if (it->reserve) {
+        it->reserve->kind = ITEM_FATAL;
+        it->reserve->rc = CM_ENOMEM;
+    }
+    if (S) {
+        it->buf = malloc(S * it->rec_bytes);
+        it->buf_ids = malloc(S * sizeof *it->buf_ids);
+        it->buf_epochs = malloc(S * sizeof *it->buf_epochs);
+    }
+    pthread_mutex_init(&it->mu, NULL);
+    pthread_cond_init(&it->cv_put, NULL);
+    pthread_cond_init(&it->cv_get, NULL);
+    if (!it->scratch || !it->reserve || (S && (!it->buf || !it->buf_ids || !it->buf_epochs))) {
+        cm_data_close(it);
+        return CM_ENOMEM;
+    }
+    if (pthread_create(&it->thread, NULL, producer, it) != 0) {
+        cm_data_close(it);
+        return CM_ENOMEM;
+    }
+    it->thread_started = 1;
+    *out = it;
+    return CM_OK;
+}
+
+int cm_data_open_file(const char *manifest_path, uint64_t seed, const struct cm_data_options *o,
+                      struct cm_data_iter **out)
+{
+    struct cm_data_manifest *m;
+    char err[256];
+    int rc = cm_data_manifest_load(manifest_path, &m, err, sizeof err);
+    if (rc != CM_OK) {
+        CM_LOGE("data", "%s", err);
+        return rc;
+    }
+    rc = cm_data_open(m, seed, o, out);
+    if (rc != CM_OK) {
+        cm_data_manifest_free(m);
+        return rc;
+    }
+    (*out)->owned_m = m;
+    return CM_OK;
+}
+
+size_t cm_data_example_width(const struct cm_data_iter *it)
+{
+    return it ? it->width : 0;
+}
+
+const struct cm_data_manifest *cm_data_iter_manifest(const struct cm_data_iter *it)
+{
+    return it ? it->m : NULL;
+}
+
+void cm_data_get_stats(struct cm_data_iter *it, struct cm_data_stats *st)
+{
+    pthread_mutex_lock(&it->mu);
+    *st = it->st;
+    pthread_mutex_unlock(&it->mu);
+}
+
+void cm_data_close(struct cm_data_iter *it)
+{
+    if (!it)
+        return;
+    atomic_store(&it->stop, 1);
+    pthread_mutex_lock(&it->mu);
+    pthread_cond_broadcast(&it->cv_put);
+    pthread_cond_broadcast(&it->cv_get);
+    pthread_mutex_unlock(&it->mu);
+    if (it->thread_started)
+        pthread_join(it->thread, NULL);
+    while (it->head) {
+        struct item *t = it->head;
+        it->head = t->next;
+        item_free(t);
+    }
+    item_free(it->cur);
+    item_free(it->reserve);
+    pthread_cond_destroy(&it->cv_put);
+    pthread_cond_destroy(&it->cv_get);
+    pthread_mutex_destroy(&it->mu);
+    free(it->buf);
+    free(it->buf_ids);
+    free(it->buf_epochs);
+    free(it->scratch);
+    cm_data_manifest_free(it->owned_m);
+    free(it);
+}
