@@ -1,0 +1,39 @@
+/* REST handlers of the coordinator, one group per file, all wired in
+ * routes.c. Each receives an authenticated request (per its route's roles)
+ * and fills the response; none sees transport types. */
+#ifndef COORD_API_H
+#define COORD_API_H
+
+#include "coordinator/server.h"
+
+/* api_misc.c */
+void api_health(struct coord_req *req, struct coord_resp *resp);
+void api_openapi(struct coord_req *req, struct coord_resp *resp);
+void api_metrics(struct coord_req *req, struct coord_resp *resp);
+void api_keys(struct coord_req *req, struct coord_resp *resp);
+/* api_session.c */
+void api_session_create(struct coord_req *req, struct coord_resp *resp);
+void api_session_delete(struct coord_req *req, struct coord_resp *resp);
+void api_me(struct coord_req *req, struct coord_resp *resp);
+/* api_users.c */
+void api_users_create(struct coord_req *req, struct coord_resp *resp);
+void api_users_list(struct coord_req *req, struct coord_resp *resp);
+void api_audit_list(struct coord_req *req, struct coord_resp *resp);
+/* api_runs.c */
+void api_runs_list(struct coord_req *req, struct coord_resp *resp);
+void api_runs_create(struct coord_req *req, struct coord_resp *resp);
+void api_runs_get(struct coord_req *req, struct coord_resp *resp);
+void api_runs_update(struct coord_req *req, struct coord_resp *resp);
+void api_allowlist_list(struct coord_req *req, struct coord_resp *resp);
+void api_allowlist_put(struct coord_req *req, struct coord_resp *resp);
+void api_allowlist_delete(struct coord_req *req, struct coord_resp *resp);
+/* api_passes.c */
+void api_passes_create(struct coord_req *req, struct coord_resp *resp);
+void api_passes_list(struct coord_req *req, struct coord_resp *resp);
+void api_passes_revoke(struct coord_req *req, struct coord_resp *resp);
+void api_revocations(struct coord_req *req, struct coord_resp *resp);
+
+/* Validates a {} path parameter that names a run or user; sets 404/400. */
+int api_name_param(struct coord_req *req, struct coord_resp *resp, int i, const char *what);
+
+#endif

@@ -1,0 +1,463 @@
+/* libmicrohttpd glue for the coordinator (see server.h): TLS, a thread pool
+ * with epoll, request bodies bounded per route, bearer-session
+ * authentication, dispatch by route table, JSON errors, metrics and a
+ * graceful stop that lets in-flight requests finish. */
+#include "coordinator/auth.h"
+#include "coordinator/metrics.h"
+#include "coordinator/server.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct req_state {
+    struct timespec start;
+    size_t route; /* index, or nroutes when unmatched */
+    int method_mismatch;
+    char *body;
+    size_t body_len, body_cap;
+    int too_big;
+    int status;
+    const char *params[COORD_MAX_PARAMS];
+    char *param_buf;
+    int nparams;
+};
+
+static double elapsed_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+void coord_resp_error(struct coord_resp *resp, int status, const char *code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_decref(resp->json);
+    resp->json = json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg);
+    resp->status = status;
+}
+
+void coord_resp_json(struct coord_resp *resp, int status, json_t *json)
+{
+    json_decref(resp->json);
+    resp->json = json;
+    resp->status = status;
+}
+
+void coord_resp_raw(struct coord_resp *resp, int status, const char *content_type, const void *data,
+                    size_t len)
+{
+    free(resp->raw);
+    resp->raw = malloc(len ? len : 1);
+    if (!resp->raw) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    memcpy(resp->raw, data, len);
+    resp->raw_len = len;
+    resp->content_type = content_type;
+    resp->status = status;
+}
+
+struct coord_db_conn *coord_req_db(struct coord_req *req, struct coord_resp *resp)
+{
+    if (req->db)
+        return req->db;
+    int rc = coord_db_acquire(req->srv->db, &req->db);
+    if (rc != CM_OK) {
+        req->db = NULL;
+        coord_resp_error(resp, 503, "unavailable", "the database is not reachable or busy: %s",
+                         cm_strerror(rc));
+        snprintf(resp->retry_after, sizeof resp->retry_after, "1");
+        return NULL;
+    }
+    return req->db;
+}
+
+const char *coord_req_query(struct coord_req *req, const char *key)
+{
+    return MHD_lookup_connection_value(req->conn_, MHD_GET_ARGUMENT_KIND, key);
+}
+
+const char *coord_req_header(struct coord_req *req, const char *key)
+{
+    return MHD_lookup_connection_value(req->conn_, MHD_HEADER_KIND, key);
+}
+
+int coord_req_check(struct coord_req *req, struct coord_resp *resp, const struct cm_json_field *f,
+                    size_t n)
+{
+    char err[256];
+    if (cm_json_check(req->json, f, n, err, sizeof err) != CM_OK) {
+        coord_resp_error(resp, 400, "invalid_request", "%s", err);
+        return 0;
+    }
+    return 1;
+}
+
+/* Matches `path` against "/a/{}/b"; fills params (copied into *buf). */
+static int match(const char *pattern, const char *path, const char **params, int *np, char **buf)
+{
+    size_t plen = strlen(path);
+    char *copy = malloc(plen + 1);
+    if (!copy)
+        return 0;
+    memcpy(copy, path, plen + 1);
+    const char *p = pattern;
+    char *q = copy;
+    int n = 0;
+    while (*p && *q) {
+        if (p[0] == '{' && p[1] == '}') {
+            char *end = strchr(q, '/');
+            size_t seg = end ? (size_t)(end - q) : strlen(q);
+            if (seg == 0 || n >= COORD_MAX_PARAMS)
+                break;
+            params[n++] = q;
+            q += seg;
+            if (*q == '/') {
+                *q = '\0';
+                q++;
+                if (p[2] != '/')
+                    break;
+                p += 3;
+            } else {
+                p += 2;
+            }
+            continue;
+        }
+        if (*p != *q)
+            break;
+        p++;
+        q++;
+    }
+    if (*p || *q) {
+        free(copy);
+        return 0;
+    }
+    *np = n;
+    *buf = copy;
+    return 1;
+}
+
+static void route_request(struct coord_server *srv, const char *method, const char *url,
+                          struct req_state *st)
+{
+    st->route = srv->nroutes;
+    for (size_t i = 0; i < srv->nroutes; i++) {
+        const char *params[COORD_MAX_PARAMS];
+        int np = 0;
+        char *buf = NULL;
+        if (!match(srv->routes[i].pattern, url, params, &np, &buf))
+            continue;
+        if (strcmp(srv->routes[i].method, method) != 0) {
+            st->method_mismatch = 1;
+            free(buf);
+            continue;
+        }
+        st->route = i;
+        st->method_mismatch = 0;
+        memcpy(st->params, params, sizeof params);
+        st->nparams = np;
+        st->param_buf = buf;
+        return;
+    }
+}
+
+static enum MHD_Result send_resp(struct MHD_Connection *conn, struct coord_server *srv,
+                                 struct req_state *st, struct coord_resp *resp)
+{
+    char *body = NULL;
+    size_t len = 0;
+    const char *ctype = "application/json";
+    if (resp->json) {
+        body = json_dumps(resp->json, JSON_COMPACT);
+        if (!body) {
+            resp->status = 500;
+            body = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}");
+        }
+        len = body ? strlen(body) : 0;
+    } else if (resp->raw) {
+        body = resp->raw;
+        resp->raw = NULL;
+        len = resp->raw_len;
+        ctype = resp->content_type ? resp->content_type : "application/octet-stream";
+    }
+    if (!resp->status)
+        resp->status = body ? 200 : 204;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
+                                                                            : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    if (body)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (resp->retry_after[0])
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, resp->retry_after);
+    if (resp->location[0])
+        MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, resp->location);
+    if (atomic_load(&srv->draining))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    st->status = resp->status;
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static void client_ip(struct MHD_Connection *conn, char *out, size_t cap)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, cap, "unknown");
+    if (!ci || !ci->client_addr)
+        return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
+}
+
+static void dispatch(struct coord_server *srv, struct MHD_Connection *conn, const char *method,
+                     const char *url, struct req_state *st, struct coord_resp *resp)
+{
+    if (st->route == srv->nroutes) {
+        if (st->method_mismatch)
+            coord_resp_error(resp, 405, "method_not_allowed", "%s is not allowed on %s", method, url);
+        else
+            coord_resp_error(resp, 404, "not_found", "no such endpoint: %s", url);
+        return;
+    }
+    const struct coord_route *rt = &srv->routes[st->route];
+    if (st->too_big) {
+        coord_resp_error(resp, 413, "body_too_large", "the request body exceeds %zu bytes",
+                         rt->body_max);
+        return;
+    }
+    struct coord_req req = {0};
+    req.srv = srv;
+    req.method = method;
+    req.path = url;
+    memcpy(req.params, st->params, sizeof req.params);
+    req.nparams = st->nparams;
+    req.body = st->body;
+    req.body_len = st->body_len;
+    req.conn_ = conn;
+    client_ip(conn, req.client_ip, sizeof req.client_ip);
+
+    if (rt->json_body == 2 && st->body_len == 0) {
+        req.json = json_object();
+    } else if (rt->json_body) {
+        char err[256];
+        req.json = cm_json_parse_object(st->body ? st->body : "", st->body_len, err, sizeof err);
+        if (!req.json) {
+            coord_resp_error(resp, 400, "malformed_json", "%s", err);
+            return;
+        }
+    } else if (st->body_len && !rt->body_max) {
+        coord_resp_error(resp, 400, "unexpected_body", "%s %s takes no request body", method,
+                         rt->pattern);
+        return;
+    }
+
+    const char *authz = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (authz || rt->roles != COORD_PUBLIC) {
+        if (!coord_auth_bearer(&req, resp, authz))
+            goto done;
+        if (rt->roles != COORD_PUBLIC && !(rt->roles & req.user.role)) {
+            coord_resp_error(resp, 403, "forbidden", "the %s role may not do this",
+                             coord_role_name(req.user.role));
+            goto done;
+        }
+    }
+    rt->handler(&req, resp);
+done:
+    if (req.db)
+        coord_db_release(srv->db, req.db);
+    json_decref(req.json);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    struct coord_server *srv = cls;
+    struct req_state *st = *con_cls;
+    if (!st) {
+        st = calloc(1, sizeof *st);
+        if (!st)
+            return MHD_NO;
+        clock_gettime(CLOCK_MONOTONIC, &st->start);
+        atomic_fetch_add(&srv->inflight, 1);
+        *con_cls = st;
+        route_request(srv, method, url, st);
+        /* Refuse an announced oversized body before reading any of it. */
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && st->route < srv->nroutes) {
+            unsigned long long n = strtoull(cl, NULL, 10);
+            if (n > srv->routes[st->route].body_max)
+                st->too_big = 1;
+        }
+        if (st->too_big || atomic_load(&srv->draining)) {
+            struct coord_resp resp = {0};
+            if (st->too_big)
+                coord_resp_error(&resp, 413, "body_too_large", "the request body exceeds %zu bytes",
+                                 srv->routes[st->route].body_max);
+            else
+                coord_resp_error(&resp, 503, "shutting_down", "the coordinator is shutting down");
+            enum MHD_Result r = send_resp(conn, srv, st, &resp);
+            json_decref(resp.json);
+            return r;
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t limit = st->route < srv->nroutes ? srv->routes[st->route].body_max : 0;
+        if (!st->too_big && st->body_len + *upload_size > limit)
+            st->too_big = 1;
+        if (!st->too_big) {
+            if (st->body_len + *upload_size + 1 > st->body_cap) {
+                size_t ncap = (st->body_len + *upload_size + 1) * 2;
+                if (ncap > limit + 1)
+                    ncap = limit + 1;
+                char *nb = realloc(st->body, ncap);
+                if (!nb)
+                    return MHD_NO;
+                st->body = nb;
+                st->body_cap = ncap;
+            }
+            memcpy(st->body + st->body_len, upload, *upload_size);
+            st->body_len += *upload_size;
+            st->body[st->body_len] = '\0';
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (st->status) /* already answered (oversized body announced up front) */
+        return MHD_YES;
+    struct coord_resp resp = {0};
+    dispatch(srv, conn, method, url, st, &resp);
+    enum MHD_Result r = send_resp(conn, srv, st, &resp);
+    json_decref(resp.json);
+    free(resp.raw);
+    return r;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)conn;
+    (void)toe;
+    struct coord_server *srv = cls;
+    struct req_state *st = *con_cls;
+    if (!st)
+        return;
+    coord_metrics_observe(srv->metrics, st->route, st->status ? st->status : 500,
+                          elapsed_since(&st->start));
+    free(st->body);
+    free(st->param_buf);
+    free(st);
+    *con_cls = NULL;
+    atomic_fetch_sub(&srv->inflight, 1);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    CM_LOGD("http", "%s", msg);
+}
+
+static int parse_listen(const char *s, struct sockaddr_in *sa)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon)
+        return CM_EINVAL;
+    char host[64];
+    size_t hl = (size_t)(colon - s);
+    if (hl >= sizeof host)
+        return CM_EINVAL;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return CM_EINVAL;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    if (!hl || !strcmp(host, "*"))
+        sa->sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (!strcmp(host, "localhost"))
+        sa->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    else if (inet_pton(AF_INET, host, &sa->sin_addr) != 1)
+        return CM_EINVAL;
+    return CM_OK;
+}
+
+int coord_http_start(struct coord_server *srv)
+{
+    struct sockaddr_in sa;
+    if (parse_listen(srv->cfg->listen, &sa) != CM_OK) {
+        CM_LOGE("http", "--listen '%s': expected IPV4:PORT (e.g. 0.0.0.0:8443)", srv->cfg->listen);
+        return CM_EINVAL;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
+                     MHD_USE_TLS | MHD_USE_ERROR_LOG;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)srv->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)4096, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, srv, MHD_OPTION_HTTPS_MEM_KEY, srv->tls_key_pem, MHD_OPTION_HTTPS_MEM_CERT,
+        srv->tls_cert_pem, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_LISTEN_BACKLOG_SIZE,
+        (unsigned)1024, MHD_OPTION_END);
+    if (!d) {
+        CM_LOGE("http", "could not listen on %s (address in use, or TLS certificate unusable)",
+                srv->cfg->listen);
+        return CM_EIO;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = di ? di->port : ntohs(sa.sin_port);
+    srv->daemon = d;
+    return CM_OK;
+}
+
+void coord_http_stop(struct coord_server *srv, int grace_ms)
+{
+    if (!srv->daemon)
+        return;
+    atomic_store(&srv->draining, 1);
+    MHD_socket s = MHD_quiesce_daemon(srv->daemon);
+    if (s != MHD_INVALID_SOCKET)
+        close(s);
+    /* In-flight requests finish; idle keep-alive connections are closed by stop. */
+    for (int waited = 0; waited < grace_ms && atomic_load(&srv->inflight) > 0; waited += 10)
+        usleep(10000);
+    if (atomic_load(&srv->inflight) > 0)
+        CM_LOGW("http", "stopping with %d requests still in flight after %d ms",
+                atomic_load(&srv->inflight), grace_ms);
+    MHD_stop_daemon(srv->daemon);
+    srv->daemon = NULL;
+}

@@ -1,0 +1,29 @@
+# coordinator/: crowdtrain-coordinator. Everything but main.c goes into a
+# library for tests; SQL migrations and the OpenAPI document are compiled in.
+COORD_SRCS := $(filter-out coordinator/main.c,$(wildcard coordinator/*.c))
+COORD_GEN := $(BUILD)/gen/coord_migrations.c $(BUILD)/gen/coord_docs.c
+COORD_LIB := $(BUILD)/lib/libct_coord.a
+COORD_BIN := $(BUILD)/bin/crowdtrain-coordinator
+LIBS += $(COORD_LIB)
+BINS += $(COORD_BIN)
+
+$(BUILD)/gen/coord_migrations.c: $(sort $(wildcard sql/*.sql)) scripts/embed.sh
+	@mkdir -p $(@D)
+	$(Q)./scripts/embed.sh $@ coord_migrations $(sort $(wildcard sql/*.sql))
+
+$(BUILD)/gen/coord_docs.c: coordinator/openapi.json scripts/embed.sh
+	@mkdir -p $(@D)
+	$(Q)./scripts/embed.sh $@ coord_docs coordinator/openapi.json
+
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(COORD_LIB): $(call objs_of,$(COORD_SRCS)) $(COORD_GEN:.c=.o)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  AR    $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(COORD_BIN): $(BUILD)/obj/coordinator/main.o $(COORD_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)

@@ -1,0 +1,35 @@
+/* The coordinator's route table: every endpoint, who may call it, and how
+ * large a body it accepts. docs/api.md and the OpenAPI document
+ * (coordinator/openapi.json) describe the same list; tests/integ checks
+ * that every route here appears in the OpenAPI document. */
+#include "coordinator/api.h"
+
+#define KiB 1024
+#define BODY_SMALL (16 * KiB)
+#define BODY_RUN (256 * KiB) /* run config objects */
+
+const struct coord_route coord_routes[] = {
+    {"GET", "/api/v1/health", api_health, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/openapi.json", api_openapi, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/keys", api_keys, COORD_PUBLIC, 0, 0},
+    {"GET", "/metrics", api_metrics, COORD_PUBLIC, 0, 0},
+    {"POST", "/api/v1/session", api_session_create, COORD_PUBLIC, BODY_SMALL, 1},
+    {"DELETE", "/api/v1/session", api_session_delete, COORD_ROLES_ANY, 0, 0},
+    {"GET", "/api/v1/me", api_me, COORD_ROLES_ANY, 0, 0},
+    {"POST", "/api/v1/users", api_users_create, COORD_ROLE_ORGANIZER, BODY_SMALL, 1},
+    {"GET", "/api/v1/users", api_users_list, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/audit", api_audit_list, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/runs", api_runs_list, COORD_PUBLIC, 0, 0},
+    {"POST", "/api/v1/runs", api_runs_create, COORD_ROLE_ORGANIZER, BODY_RUN, 1},
+    {"GET", "/api/v1/runs/{}", api_runs_get, COORD_PUBLIC, 0, 0},
+    {"PATCH", "/api/v1/runs/{}", api_runs_update, COORD_ROLE_ORGANIZER, BODY_RUN, 1},
+    {"GET", "/api/v1/runs/{}/allowlist", api_allowlist_list, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"PUT", "/api/v1/runs/{}/allowlist/{}", api_allowlist_put, COORD_ROLE_ORGANIZER, 0, 0},
+    {"DELETE", "/api/v1/runs/{}/allowlist/{}", api_allowlist_delete, COORD_ROLE_ORGANIZER, 0, 0},
+    {"POST", "/api/v1/runs/{}/passes", api_passes_create, COORD_ROLES_ANY, BODY_SMALL, 1},
+    {"GET", "/api/v1/runs/{}/passes", api_passes_list, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"POST", "/api/v1/runs/{}/passes/{}/revoke", api_passes_revoke, COORD_ROLE_ORGANIZER,
+     BODY_SMALL, 2},
+    {"GET", "/api/v1/runs/{}/revocations", api_revocations, COORD_PUBLIC, 0, 0},
+};
+const size_t coord_nroutes = sizeof coord_routes / sizeof coord_routes[0];
