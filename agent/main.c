@@ -14,6 +14,7 @@ struct agent_cmd {
 
 /* One entry per subcommand, in the order --help shows them. */
 static const struct agent_cmd CMDS[] = {
+    {"train", agent_cmd_train, "train a model in this process (--local --config FILE)"},
     {NULL, NULL, NULL},
 };
 

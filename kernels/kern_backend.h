@@ -33,6 +33,11 @@ struct kern_backend {
     int (*download)(void *host_dst, const void *src, size_t bytes);
     int (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
     int (*sync)(void);
+    /* Math mode for matrix products: "fp32" everywhere; CUDA also "tf32",
+     * "bf16" and "fp16" (tensor-core products of fp32 tensors, fp32
+     * accumulation; parameters, gradients and optimizer state stay fp32, so
+     * the fp32 buffers are the master weights). CM_EUNSUPPORTED otherwise. */
+    int (*set_precision)(const char *mode);
 
     /* ---- elementwise: x (n) ---- */
     void (*fill)(float *x, float v, size_t n);

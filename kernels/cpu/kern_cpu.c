@@ -70,6 +70,11 @@ static int cpu_memcpy(void *dst, const void *src, size_t bytes)
 
 static int cpu_sync(void) { return CM_OK; }
 
+static int cpu_set_precision(const char *mode)
+{
+    return strcmp(mode, "fp32") ? CM_EUNSUPPORTED : CM_OK;
+}
+
 /* ---- elementwise ---- */
 
 static void cpu_fill(float *x, float v, size_t n)
@@ -489,6 +494,7 @@ static const struct kern_backend CPU_BACKEND = {
     .download = cpu_memcpy,
     .copy = cpu_memcpy,
     .sync = cpu_sync,
+    .set_precision = cpu_set_precision,
     .fill = cpu_fill,
     .scale = cpu_scale,
     .axpy = cpu_axpy,

@@ -1,0 +1,228 @@
+/* `crowdtrain-agent train --local --config FILE`: single-process training
+ * with the same building blocks the collaborative agent uses (trainer.h),
+ * printing one progress line every log_every steps and evaluating at the
+ * end. It is the reference that collaborative training must match. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent/commands.h"
+#include "agent/train/trainer.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: crowdtrain-agent train --local --config FILE [--device cpu|cuda|auto]\n"
+               "                              [--threads N] [--steps N]\n\n"
+               "Trains the model FILE describes in this process (docs/training.md).\n"
+               "  --device   overrides the config's device (auto: CUDA when a GPU is present)\n"
+               "  --threads  CPU threads (0 = all cores)\n"
+               "  --steps    overrides the config's step count (the schedule keeps its length)\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fmt_dur(double s, char *out, size_t n)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(out, n, "%lds", t);
+}
+
+static void print_eval(const struct agent_trainer *t, const char *when, const struct kern_eval *ev)
+{
+    double loss = ev->count ? ev->loss_sum / ev->count : NAN;
+    printf("eval %s: loss %.4f | accuracy %.2f%% (%ld/%ld)", when, loss,
+           ev->count ? 100.0 * ev->correct / ev->count : 0.0, ev->correct, ev->count);
+    if (t->cfg.kind != KERN_MODEL_MLP && t->data_vocab == 256)
+        printf(" | %s %.4f", t->cfg.kind == KERN_MODEL_GPT ? "bits/byte" : "bits/masked byte",
+               loss / log(2.0));
+    printf("\n");
+    fflush(stdout);
+}
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = malloc((1 << 20) + 1);
+    size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    fclose(f);
+    if (buf)
+        buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+int agent_cmd_train(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"local", no_argument, NULL, 'l'},      {"config", required_argument, NULL, 'c'},
+        {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
+        {"steps", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int local = 0, threads = -1;
+    long steps = 0;
+    const char *config = NULL, *device = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'l': local = 1; break;
+        case 'c': config = optarg; break;
+        case 'd': device = optarg; break;
+        case 't':
+            threads = (int)strtol(optarg, &end, 10);
+            if (*end || threads < 0 || threads > 1024) {
+                fprintf(stderr, "train: --threads must be an integer in [0, 1024]\n");
+                return 2;
+            }
+            break;
+        case 's':
+            steps = strtol(optarg, &end, 10);
+            if (*end || steps < 1) {
+                fprintf(stderr, "train: --steps must be a positive integer\n");
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    if (!local || !config) {
+        fprintf(stderr, "train: only local training is available here: --local --config FILE "
+                        "(collaborative training is 'crowdtrain-agent join')\n");
+        usage(stderr);
+        return 2;
+    }
+    if (device && strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "auto")) {
+        fprintf(stderr, "train: --device must be cpu, cuda or auto\n");
+        return 2;
+    }
+    struct agent_train_config cfg;
+    char err[512] = "";
+    int rc = agent_train_config_load(config, &cfg, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "train: %s: %s\n", config, err);
+        return 1;
+    }
+    if (device)
+        snprintf(cfg.device, sizeof cfg.device, "%s", device);
+    if (threads >= 0)
+        cfg.threads = threads;
+    if (steps)
+        cfg.steps = steps;
+    size_t text_len = 0;
+    char *text = read_all(config, &text_len);
+    struct agent_trainer t;
+    rc = agent_trainer_init(&t, &cfg, text, text_len, err, sizeof err);
+    int resumed = 0;
+    if (!rc)
+        rc = agent_trainer_resume(&t, &resumed, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "train: %s\n", err);
+        agent_trainer_cleanup(&t);
+        free(text);
+        return 1;
+    }
+    printf("train: %s model, %zu parameters, %s backend (%d threads), batch %d (micro %d), "
+           "%ld steps\n",
+           cfg.kind == KERN_MODEL_MLP ? "mlp" : cfg.kind == KERN_MODEL_GPT ? "gpt" : "albert",
+           t.model->nparams, t.be->name, t.be->dev == KERN_DEV_CPU ? kern_cpu_threads() : 0,
+           cfg.batch_size, cfg.micro_batch, cfg.steps);
+    if (resumed)
+        printf("train: resumed from %s/latest.ckpt at step %ld\n", cfg.ckpt_dir, t.opt->step);
+    fflush(stdout);
+    struct kern_eval ev;
+    if (cfg.eval_at_start && !resumed) {
+        if ((rc = agent_trainer_evaluate(&t, cfg.eval_batches, &ev, err, sizeof err)))
+            goto fail;
+        print_eval(&t, "before", &ev);
+    }
+    double t0 = now_s(), tlast = t0;
+    double samples_last = 0;
+    long first = t.opt->step;
+    double win_loss = 0;
+    long win_count = 0, win_correct = 0;
+    while (t.opt->step < cfg.steps) {
+        struct kern_eval bev;
+        float gnorm = 0, lr = 0;
+        if ((rc = agent_trainer_compute_grads(&t, &bev))) {
+            snprintf(err, sizeof err, "step %ld: %s", t.opt->step, cm_strerror(rc));
+            goto fail;
+        }
+        if ((rc = agent_trainer_apply(&t, &gnorm, &lr))) {
+            snprintf(err, sizeof err, "step %ld: optimizer: %s", t.opt->step, cm_strerror(rc));
+            goto fail;
+        }
+        win_loss += bev.loss_sum;
+        win_count += bev.count;
+        win_correct += bev.correct;
+        long s = t.opt->step;
+        if (s % cfg.log_every == 0 || s == cfg.steps) {
+            double now = now_s();
+            double sps = (t.samples - samples_last) / (now - tlast);
+            double eta = (now - t0) / (double)(s - first) * (double)(cfg.steps - s);
+            char etas[32];
+            fmt_dur(eta, etas, sizeof etas);
+            printf("step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %.0f samples/s | "
+                   "ETA %s\n",
+                   s, cfg.steps, win_count ? win_loss / win_count : NAN, lr, gnorm, sps, etas);
+            fflush(stdout);
+            tlast = now;
+            samples_last = t.samples;
+            win_loss = 0;
+            win_count = win_correct = 0;
+        }
+        if (cfg.ckpt_every && s % cfg.ckpt_every == 0 && s != cfg.steps &&
+            (rc = agent_trainer_save(&t, err, sizeof err)))
+            goto fail;
+        if (cfg.eval_every && s % cfg.eval_every == 0 && s != cfg.steps) {
+            if ((rc = agent_trainer_evaluate(&t, cfg.eval_batches, &ev, err, sizeof err)))
+                goto fail;
+            char when[48];
+            snprintf(when, sizeof when, "at step %ld", s);
+            print_eval(&t, when, &ev);
+        }
+    }
+    double secs = now_s() - t0;
+    printf("train: %ld steps in %.1f s\n", cfg.steps - first, secs);
+    if (*cfg.ckpt_dir) {
+        if ((rc = agent_trainer_save(&t, err, sizeof err)))
+            goto fail;
+        printf("train: checkpoint %s/latest.ckpt (step %ld)\n", cfg.ckpt_dir, t.opt->step);
+    }
+    if (*cfg.eval_manifest) {
+        if ((rc = agent_trainer_evaluate(&t, cfg.eval_batches, &ev, err, sizeof err)))
+            goto fail;
+        print_eval(&t, "after", &ev);
+    }
+    agent_trainer_cleanup(&t);
+    free(text);
+    return 0;
+fail:
+    fprintf(stderr, "train: %s\n", err);
+    agent_trainer_cleanup(&t);
+    free(text);
+    return 1;
+}

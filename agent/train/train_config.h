@@ -1,0 +1,55 @@
+/* The training config of `crowdtrain-agent train --local --config FILE`
+ * (and later of a collaborative run): one JSON object describing the model,
+ * optimizer, schedule, batch, data and checkpoints. docs/training.md has the
+ * schema; examples/ has working files.
+ *
+ * Parsing is strict: an unknown field, a wrong type or an impossible size is
+ * an error naming the field, and nothing else happens (no file is created
+ * or overwritten before the whole config has been accepted). */
+#ifndef AGENT_TRAIN_CONFIG_H
+#define AGENT_TRAIN_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kern_model.h"
+#include "kern_optim.h"
+
+#define AGENT_TRAIN_PATH_MAX 1024
+
+struct agent_train_config {
+    enum kern_model_kind kind;
+    struct kern_mlp_config mlp;     /* kind == MLP */
+    struct kern_tfm_config tfm;     /* kind == GPT or ALBERT */
+    float mask_prob;                /* ALBERT masked-LM rate (0.15) */
+    struct kern_optim_config opt;   /* total_steps = steps */
+    int batch_size;                 /* examples per optimizer step */
+    int micro_batch;                /* examples per forward/backward (divides batch_size) */
+    long steps;
+    uint64_t seed;
+    char device[8];                 /* auto, cpu, cuda */
+    char precision[8];              /* fp32, tf32, bf16, fp16 (CUDA matmuls) */
+    int threads;                    /* CPU threads, 0 = all */
+    char train_manifest[AGENT_TRAIN_PATH_MAX];
+    char eval_manifest[AGENT_TRAIN_PATH_MAX]; /* "" = no evaluation */
+    long shuffle_buffer;
+    long eval_batches;              /* 0 = the whole eval set */
+    int eval_at_start;
+    long eval_every;                /* 0 = only at the end */
+    long log_every;
+    char ckpt_dir[AGENT_TRAIN_PATH_MAX]; /* "" = no checkpoints */
+    long ckpt_every;
+    int resume;                     /* continue from ckpt_dir/latest.ckpt when present */
+};
+
+/* Parses config text. Relative paths (manifests, checkpoint dir) are taken
+ * relative to base_dir (the config file's directory; NULL = as given).
+ * CM_EPARSE / CM_EINVAL with a message naming the field in err. */
+int agent_train_config_parse(const char *json, size_t len, const char *base_dir,
+                             struct agent_train_config *out, char *err, size_t errlen);
+
+/* Reads FILE (at most 1 MiB) and parses it. */
+int agent_train_config_load(const char *path, struct agent_train_config *out, char *err,
+                            size_t errlen);
+
+#endif

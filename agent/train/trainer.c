@@ -1,0 +1,319 @@
+/* The training loop's building blocks (see trainer.h): wires the data
+ * stream (common/data), a model and an optimizer (kernels/) and checkpoint
+ * files (common/ckpt). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "agent/train/trainer.h"
+#include "ckpt/ckpt.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+static int open_data(const struct agent_trainer *t, const char *manifest, enum cm_data_mode mode,
+                     uint64_t seed, struct cm_data_iter **it, char *err, size_t errlen)
+{
+    struct cm_data_options o;
+    cm_data_options_init(&o);
+    o.mode = mode;
+    o.shuffle_size = (size_t)t->cfg.shuffle_buffer;
+    if (t->cfg.kind != KERN_MODEL_MLP)
+        o.seq_len = (size_t)t->cfg.tfm.max_T;
+    int rc = cm_data_open_file(manifest, seed, &o, it);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s", manifest, cm_strerror(rc));
+    return CM_OK;
+}
+
+/* Checks that the data fits the model: image size and classes for the MLP,
+ * token range for the transformers. */
+static int check_data(struct agent_trainer *t, struct cm_data_iter *it, const char *what,
+                      char *err, size_t errlen)
+{
+    const struct cm_data_manifest *m = cm_data_iter_manifest(it);
+    if (t->cfg.kind == KERN_MODEL_MLP) {
+        if (m->format != CM_DATA_IDX_IMAGES)
+            return fail(err, errlen, CM_EINVAL, "%s: an mlp needs idx-images data, not %s", what,
+                        cm_data_format_name(m->format));
+        if ((size_t)m->rows * m->cols != (size_t)t->cfg.mlp.in_dim)
+            return fail(err, errlen, CM_EINVAL, "%s: images have %u x %u = %u pixels, model.inputs is %d",
+                        what, m->rows, m->cols, m->rows * m->cols, t->cfg.mlp.in_dim);
+        if ((int)m->classes > t->cfg.mlp.nclass)
+            return fail(err, errlen, CM_EINVAL, "%s: %u classes, model.classes is %d", what,
+                        m->classes, t->cfg.mlp.nclass);
+        return CM_OK;
+    }
+    if (m->format == CM_DATA_IDX_IMAGES)
+        return fail(err, errlen, CM_EINVAL, "%s: a transformer needs text or token data", what);
+    int dv = m->format == CM_DATA_TEXT_BYTES ? 256 : (int)m->vocab_size;
+    int need = dv + (t->cfg.kind == KERN_MODEL_ALBERT ? 1 : 0);
+    if (t->cfg.tfm.vocab < need)
+        return fail(err, errlen, CM_EINVAL,
+                    "%s: tokens go up to %d%s, so model.vocab must be at least %d", what, dv - 1,
+                    t->cfg.kind == KERN_MODEL_ALBERT ? " plus the [MASK] token" : "", need);
+    t->data_vocab = dv;
+    return CM_OK;
+}
+
+int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config *cfg,
+                       const char *config_text, size_t config_len, char *err, size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    t->config_text = config_text;
+    t->config_len = config_len;
+    t->mask_rng = cfg->seed ^ 0x6d61736bULL;
+    kern_cpu_set_threads(cfg->threads);
+    int rc = kern_backend_pick(cfg->device, &t->be);
+    if (rc)
+        return fail(err, errlen, rc, "device %s: %s", cfg->device, cm_strerror(rc));
+    if (t->be->dev != KERN_DEV_CPU && (rc = t->be->set_precision(cfg->precision)))
+        return fail(err, errlen, rc, "precision %s: %s", cfg->precision, cm_strerror(rc));
+    int mb = cfg->micro_batch;
+    if (cfg->kind == KERN_MODEL_MLP)
+        rc = kern_mlp_new(t->be, &cfg->mlp, mb, cfg->seed, &t->model);
+    else
+        rc = kern_tfm_new(t->be, &cfg->tfm, mb, cfg->seed, &t->model);
+    if (rc)
+        return fail(err, errlen, rc, "model: %s", cm_strerror(rc));
+    if ((rc = kern_optim_new(t->be, &cfg->opt, t->model->nparams, &t->opt)))
+        return fail(err, errlen, rc, "optimizer: %s", cm_strerror(rc));
+    if ((rc = open_data(t, cfg->train_manifest, CM_DATA_TRAIN, cfg->seed, &t->train, err,
+                        errlen)) ||
+        (rc = check_data(t, t->train, "data.train", err, errlen)))
+        return rc;
+    if (cfg->kind == KERN_MODEL_MLP) {
+        t->x = malloc(sizeof(float) * (size_t)mb * cfg->mlp.in_dim);
+        t->y = malloc(sizeof(int32_t) * (size_t)mb);
+        if (!t->x || !t->y)
+            return fail(err, errlen, CM_ENOMEM, "out of memory");
+    } else {
+        size_t T = (size_t)cfg->tfm.max_T;
+        t->raw = malloc(sizeof(int32_t) * (size_t)mb * (T + 1));
+        t->tokens = malloc(sizeof(int) * (size_t)mb * T);
+        t->targets = malloc(sizeof(int) * (size_t)mb * T);
+        if (!t->raw || !t->tokens || !t->targets)
+            return fail(err, errlen, CM_ENOMEM, "out of memory");
+    }
+    return CM_OK;
+}
+
+/* Turns n (T+1)-token windows into model inputs and targets: next-token
+ * pairs for GPT, masked positions for ALBERT. */
+static void make_lm_batch(struct agent_trainer *t, size_t n, uint64_t *rng)
+{
+    size_t T = (size_t)t->cfg.tfm.max_T;
+    for (size_t b = 0; b < n; b++)
+        for (size_t i = 0; i < T; i++) {
+            t->tokens[b * T + i] = t->raw[b * (T + 1) + i];
+            t->targets[b * T + i] = t->raw[b * (T + 1) + i + 1];
+        }
+    if (t->cfg.kind == KERN_MODEL_ALBERT)
+        kern_mlm_mask(t->tokens, t->targets, n * T, t->cfg.mask_prob, t->data_vocab,
+                      t->data_vocab, rng);
+}
+
+static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t *rng,
+                      struct kern_batch *kb)
+{
+    struct cm_data_batch db = {.capacity = (size_t)t->cfg.micro_batch};
+    if (t->cfg.kind == KERN_MODEL_MLP) {
+        db.x = t->x;
+        db.y = t->y;
+    } else {
+        db.tokens = t->raw;
+    }
+    int rc = cm_data_next_batch(it, &db);
+    if (rc)
+        return rc;
+    memset(kb, 0, sizeof *kb);
+    kb->B = (int)db.n;
+    if (db.n == 0)
+        return CM_OK;
+    if (t->cfg.kind == KERN_MODEL_MLP) {
+        kb->x = t->x;
+        kb->targets = t->y;
+    } else {
+        make_lm_batch(t, db.n, rng);
+        kb->T = t->cfg.tfm.max_T;
+        kb->tokens = t->tokens;
+        kb->targets = t->targets;
+    }
+    return CM_OK;
+}
+
+int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev)
+{
+    int nmicro = t->cfg.batch_size / t->cfg.micro_batch;
+    kern_model_zero_grad(t->model);
+    memset(ev, 0, sizeof *ev);
+    for (int i = 0; i < nmicro; i++) {
+        struct kern_batch kb;
+        int rc = next_batch(t, t->train, &t->mask_rng, &kb);
+        if (rc) {
+            struct cm_data_stats st;
+            cm_data_get_stats(t->train, &st);
+            CM_LOGE("train", "training data: %s (%s)", cm_strerror(rc), st.last_error);
+            return rc;
+        }
+        if (kb.B != t->cfg.micro_batch)
+            return CM_EIO;
+        if ((rc = kern_model_fwd_bwd(t->model, &kb, 1.0f / nmicro, ev)))
+            return rc;
+        t->samples += kb.B;
+    }
+    return CM_OK;
+}
+
+int agent_trainer_apply(struct agent_trainer *t, float *grad_norm, float *lr)
+{
+    return kern_optim_step(t->opt, t->model, grad_norm, lr);
+}
+
+int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct kern_eval *ev,
+                           char *err, size_t errlen)
+{
+    struct cm_data_iter *it = NULL;
+    memset(ev, 0, sizeof *ev);
+    if (!*t->cfg.eval_manifest)
+        return fail(err, errlen, CM_EINVAL, "no eval set configured");
+    int rc = open_data(t, t->cfg.eval_manifest, CM_DATA_EVAL, 0, &it, err, errlen);
+    if (rc)
+        return rc;
+    if ((rc = check_data(t, it, "data.eval", err, errlen)))
+        goto out;
+    /* a fixed masking stream, so successive evaluations see the same corruption */
+    uint64_t rng = 0x65766131ULL;
+    for (long n = 0; !max_batches || n < max_batches; n++) {
+        struct kern_batch kb;
+        if ((rc = next_batch(t, it, &rng, &kb))) {
+            struct cm_data_stats st;
+            cm_data_get_stats(it, &st);
+            rc = fail(err, errlen, rc, "eval data: %s (%s)", cm_strerror(rc), st.last_error);
+            goto out;
+        }
+        if (kb.B == 0)
+            break;
+        if ((rc = kern_model_eval(t->model, &kb, ev))) {
+            rc = fail(err, errlen, rc, "eval: %s", cm_strerror(rc));
+            goto out;
+        }
+    }
+out:
+    cm_data_close(it);
+    return rc;
+}
+
+static int ckpt_path(const struct agent_trainer *t, char *out, size_t n)
+{
+    int k = snprintf(out, n, "%s/latest.ckpt", t->cfg.ckpt_dir);
+    return (k < 0 || (size_t)k >= n) ? CM_EINVAL : CM_OK;
+}
+
+int agent_trainer_save(struct agent_trainer *t, char *err, size_t errlen)
+{
+    char path[AGENT_TRAIN_PATH_MAX + 32];
+    if (!*t->cfg.ckpt_dir || ckpt_path(t, path, sizeof path))
+        return fail(err, errlen, CM_EINVAL, "no checkpoint directory");
+    if (mkdir(t->cfg.ckpt_dir, 0755) && errno != EEXIST)
+        return fail(err, errlen, CM_EIO, "%s: %s", t->cfg.ckpt_dir, strerror(errno));
+    size_t n = t->model->nparams;
+    float *p = malloc(n * sizeof(float)), *m = malloc(n * sizeof(float));
+    float *v = malloc(n * sizeof(float));
+    int rc = CM_ENOMEM;
+    if (!p || !m || !v)
+        goto out;
+    if ((rc = kern_model_get_params(t->model, p)) ||
+        (rc = t->be->download(m, t->opt->m, n * sizeof(float))) ||
+        (rc = t->be->download(v, t->opt->v, n * sizeof(float))))
+        goto out;
+    struct cm_ckpt_buf bufs[2] = {{.name = "adam.m", .data = m, .count = n},
+                                  {.name = "adam.v", .data = v, .count = n}};
+    struct cm_ckpt c = {.step = (uint64_t)t->opt->step,
+                        .params = p,
+                        .n_params = n,
+                        .opt = bufs,
+                        .n_opt = 2,
+                        .rng = (uint8_t *)&t->mask_rng,
+                        .rng_len = sizeof t->mask_rng,
+                        .config = (char *)t->config_text,
+                        .config_len = (uint32_t)t->config_len};
+    rc = cm_ckpt_write(path, &c, NULL);
+out:
+    free(p);
+    free(m);
+    free(v);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    return CM_OK;
+}
+
+int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_t errlen)
+{
+    char path[AGENT_TRAIN_PATH_MAX + 32];
+    struct stat sb;
+    *resumed = 0;
+    if (!*t->cfg.ckpt_dir || ckpt_path(t, path, sizeof path) || stat(path, &sb))
+        return CM_OK;
+    struct cm_ckpt c;
+    int rc = cm_ckpt_read(path, &c);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    size_t n = t->model->nparams;
+    const struct cm_ckpt_buf *m = cm_ckpt_find(&c, "adam.m"), *v = cm_ckpt_find(&c, "adam.v");
+    if (c.n_params != n || !m || !v || m->count != n || v->count != n) {
+        rc = fail(err, errlen, CM_EINVAL,
+                  "%s: holds %llu parameters, this model has %zu (different config?)", path,
+                  (unsigned long long)c.n_params, n);
+        goto out;
+    }
+    if ((rc = kern_model_set_params(t->model, c.params)) ||
+        (rc = t->be->upload(t->opt->m, m->data, n * sizeof(float))) ||
+        (rc = t->be->upload(t->opt->v, v->data, n * sizeof(float)))) {
+        rc = fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+        goto out;
+    }
+    t->opt->step = (long)c.step;
+    if (c.rng_len == sizeof t->mask_rng)
+        memcpy(&t->mask_rng, c.rng, sizeof t->mask_rng);
+    *resumed = 1;
+    /* The stream restarts in a fresh order rather than replaying the
+     * examples the first run already consumed. */
+    cm_data_close(t->train);
+    t->train = NULL;
+    rc = open_data(t, t->cfg.train_manifest, CM_DATA_TRAIN, t->cfg.seed + c.step, &t->train, err,
+                   errlen);
+out:
+    cm_ckpt_cleanup(&c);
+    return rc;
+}
+
+void agent_trainer_cleanup(struct agent_trainer *t)
+{
+    cm_data_close(t->train);
+    kern_optim_free(t->opt);
+    kern_model_free(t->model);
+    free(t->x);
+    free(t->y);
+    free(t->raw);
+    free(t->tokens);
+    free(t->targets);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,64 @@
+/* The training loop's building blocks, shared by `train --local` and the
+ * collaborative agent: compute the gradient of one global batch (micro-batch
+ * accumulation into the model's flat gradient buffer), apply one optimizer
+ * step, evaluate, save and resume checkpoints. Collaborative training puts
+ * the all-reduce of the flat gradient between compute_grads and apply
+ * (seed 000_02cc6b5d62a616fc.txt §3, steps 3-5); local training calls them
+ * back to back, which makes it the reference the collaboration must match. */
+#ifndef AGENT_TRAINER_H
+#define AGENT_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/train/train_config.h"
+#include "data/data.h"
+#include "kern_backend.h"
+#include "kern_model.h"
+#include "kern_optim.h"
+
+struct agent_trainer {
+    struct agent_train_config cfg;
+    const char *config_text;        /* borrowed: stored in checkpoints */
+    size_t config_len;
+    const struct kern_backend *be;  /* borrowed */
+    struct kern_model *model;       /* owned */
+    struct kern_optim *opt;         /* owned */
+    struct cm_data_iter *train;     /* owned */
+    int data_vocab;                 /* text: token values are < data_vocab */
+    /* host batch buffers for one micro-batch */
+    float *x;
+    int32_t *y;
+    int32_t *raw;                   /* (mb, T+1) */
+    int *tokens, *targets;
+    uint64_t mask_rng;
+    double samples;                 /* examples consumed since start (this process) */
+};
+
+/* Builds backend, model, optimizer and the training data stream from cfg.
+ * err gets a message on failure. */
+int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config *cfg,
+                       const char *config_text, size_t config_len, char *err, size_t errlen);
+
+/* grads = gradient of the mean loss over the next batch_size examples
+ * (batch_size / micro_batch forward/backward passes). ev gets the sums. */
+int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev);
+
+/* One optimizer step from the gradient buffer (global step = t->opt->step). */
+int agent_trainer_apply(struct agent_trainer *t, float *grad_norm, float *lr);
+
+/* One pass over the eval set (at most max_batches micro-batches; 0 = all). */
+int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct kern_eval *ev,
+                           char *err, size_t errlen);
+
+/* Writes cfg.ckpt_dir/latest.ckpt atomically (params, adam.m, adam.v, step,
+ * RNG, config). */
+int agent_trainer_save(struct agent_trainer *t, char *err, size_t errlen);
+
+/* Loads cfg.ckpt_dir/latest.ckpt when it exists: *resumed = 1. A checkpoint
+ * of a different model shape is an error and changes nothing. */
+int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_t errlen);
+
+void agent_trainer_cleanup(struct agent_trainer *t);
+
+#endif

@@ -1,0 +1,795 @@
+/* The CUDA backend: every op of kern_backend.h on one GPU, cuBLAS for the
+ * matrix products and small kernels of our own for the rest. It is tested
+ * against the CPU reference (tests/unit/kernels/test_backends.c under
+ * `make test-gpu`); the kernels are written for clarity first, after the
+ * simple versions in llm.c's dev/cuda/ (one thread per output element or one
+ * block per row).
+ *
+ * Precision: tensors are fp32 in memory (so parameters, gradients and
+ * optimizer state are the fp32 master copies). Matrix products use cuBLAS's
+ * compute types: CUBLAS_COMPUTE_32F_FAST_16BF (default, bf16 tensor cores),
+ * _FAST_16F, _FAST_TF32 or plain 32F, chosen by set_precision.
+ *
+ * Errors: ops are asynchronous and return nothing; a failed launch or cuBLAS
+ * call is logged once and latched, and the next sync/download/upload returns
+ * CM_EDEVICE. Built only when nvcc is present (kernels/module.mk). */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+extern "C" {
+#include "cm_err.h"
+#include "cm_log.h"
+#include "kern_backend.h"
+}
+
+static cublasHandle_t g_blas;
+static cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+static int g_failed;
+static double *g_red;   /* device scratch for reductions */
+static int *g_flag;
+
+static void cuda_note(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess && !g_failed) {
+        CM_LOGE("cuda", "%s: %s", what, cudaGetErrorString(e));
+        g_failed = 1;
+    }
+}
+
+static void blas_note(cublasStatus_t s, const char *what)
+{
+    if (s != CUBLAS_STATUS_SUCCESS && !g_failed) {
+        CM_LOGE("cuda", "%s: cuBLAS status %d", what, (int)s);
+        g_failed = 1;
+    }
+}
+
+#define LAUNCH_CHECK(what) cuda_note(cudaGetLastError(), what)
+
+static int status(void)
+{
+    cuda_note(cudaGetLastError(), "kernel launch");
+    return g_failed ? CM_EDEVICE : CM_OK;
+}
+
+static unsigned blocks_for(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 65535u * 16u ? 65535u * 16u : (b ? b : 1));
+}
+
+/* ---- memory ---- */
+
+static int cu_alloc(size_t bytes, void **out)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 4);
+    if (e != cudaSuccess) {
+        CM_LOGE("cuda", "cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+        return CM_ENOMEM;
+    }
+    e = cudaMemset(p, 0, bytes ? bytes : 4);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        cuda_note(e, "cudaMemset");
+        return CM_EDEVICE;
+    }
+    *out = p;
+    return CM_OK;
+}
+
+static void cu_release(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+static int cu_upload(void *dst, const void *src, size_t bytes)
+{
+    cuda_note(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+    return status();
+}
+
+static int cu_download(void *dst, const void *src, size_t bytes)
+{
+    cuda_note(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download");
+    return status();
+}
+
+static int cu_copy(void *dst, const void *src, size_t bytes)
+{
+    cuda_note(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "copy");
+    return status();
+}
+
+static int cu_sync(void)
+{
+    cuda_note(cudaDeviceSynchronize(), "synchronize");
+    return status();
+}
+
+static int cu_set_precision(const char *mode)
+{
+    if (!strcmp(mode, "fp32"))
+        g_compute = CUBLAS_COMPUTE_32F;
+    else if (!strcmp(mode, "tf32"))
+        g_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    else if (!strcmp(mode, "bf16"))
+        g_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+    else if (!strcmp(mode, "fp16"))
+        g_compute = CUBLAS_COMPUTE_32F_FAST_16F;
+    else
+        return CM_EUNSUPPORTED;
+    return CM_OK;
+}
+
+/* ---- elementwise: x (n) ---- */
+
+__global__ void k_fill(float *x, float v, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = v;
+}
+
+__global__ void k_scale(float *x, float s, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+__global__ void k_axpy(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += a * x[i];
+}
+
+__global__ void k_add(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+/* block-level sum of squares, one double atomic per block */
+__global__ void k_sumsq(double *out, const float *x, size_t n)
+{
+    __shared__ double sh[256];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k)
+            sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        atomicAdd(out, sh[0]);
+}
+
+__global__ void k_nonfinite(int *flag, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        if (!isfinite(x[i]))
+            *flag = 1;
+}
+
+static void cu_fill(float *x, float v, size_t n)
+{
+    k_fill<<<blocks_for(n, 256), 256>>>(x, v, n);
+    LAUNCH_CHECK("fill");
+}
+
+static void cu_scale(float *x, float s, size_t n)
+{
+    k_scale<<<blocks_for(n, 256), 256>>>(x, s, n);
+    LAUNCH_CHECK("scale");
+}
+
+static void cu_axpy(float *y, float a, const float *x, size_t n)
+{
+    k_axpy<<<blocks_for(n, 256), 256>>>(y, a, x, n);
+    LAUNCH_CHECK("axpy");
+}
+
+static void cu_add(float *out, const float *a, const float *b, size_t n)
+{
+    k_add<<<blocks_for(n, 256), 256>>>(out, a, b, n);
+    LAUNCH_CHECK("add");
+}
+
+static double cu_sumsq(const float *x, size_t n)
+{
+    double h = 0.0;
+    cuda_note(cudaMemset(g_red, 0, sizeof(double)), "sumsq");
+    unsigned nb = blocks_for(n, 256);
+    if (nb > 1024)
+        nb = 1024;
+    k_sumsq<<<nb, 256>>>(g_red, x, n);
+    LAUNCH_CHECK("sumsq");
+    cuda_note(cudaMemcpy(&h, g_red, sizeof h, cudaMemcpyDeviceToHost), "sumsq");
+    return g_failed ? NAN : h;
+}
+
+static int cu_all_finite(const float *x, size_t n)
+{
+    int h = 0;
+    cuda_note(cudaMemset(g_flag, 0, sizeof(int)), "all_finite");
+    k_nonfinite<<<blocks_for(n, 256), 256>>>(g_flag, x, n);
+    LAUNCH_CHECK("all_finite");
+    cuda_note(cudaMemcpy(&h, g_flag, sizeof h, cudaMemcpyDeviceToHost), "all_finite");
+    return !h && !g_failed;
+}
+
+/* ---- dense ---- */
+
+/* out (N,OC) row i = bias */
+__global__ void k_bias_rows(float *out, const float *bias, int N, int OC)
+{
+    size_t n = (size_t)N * OC;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = bias[i % OC];
+}
+
+/* dbias (OC) += column sums of dout (N,OC); one thread per column */
+__global__ void k_colsum(float *dbias, const float *dout, int N, int OC)
+{
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC)
+        return;
+    float s = 0.0f;
+    for (int i = 0; i < N; i++)
+        s += dout[(size_t)i * OC + o];
+    dbias[o] += s;
+}
+
+/* Row-major A (M,K) is column-major A^T; the products below are the
+ * transposed forms of the row-major formulas in kern_backend.h. */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc, const char *what)
+{
+    const float one = 1.0f;
+    blas_note(cublasGemmEx(g_blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb,
+                           &beta, c, CUDA_R_32F, ldc, g_compute, CUBLAS_GEMM_DEFAULT),
+              what);
+}
+
+static void cu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N,
+                          int C, int OC)
+{
+    if (bias) {
+        k_bias_rows<<<blocks_for((size_t)N * OC, 256), 256>>>(out, bias, N, OC);
+        LAUNCH_CHECK("bias");
+    }
+    /* out^T (OC,N) = w (OC,C) . inp^T (C,N) */
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, inp, C, bias ? 1.0f : 0.0f, out, OC,
+         "matmul_fwd");
+}
+
+static void cu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
+                          const float *inp, const float *w, int N, int C, int OC)
+{
+    if (dinp) /* dinp^T (C,N) += w^T (C,OC) . dout^T (OC,N) */
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, C, "matmul_bwd dinp");
+    /* dw^T (C,OC) += inp^T (C,N) . dout (N,OC) */
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, C, "matmul_bwd dw");
+    if (dbias) {
+        k_colsum<<<(OC + 255) / 256, 256>>>(dbias, dout, N, OC);
+        LAUNCH_CHECK("matmul_bwd dbias");
+    }
+}
+
+/* ---- activations ---- */
+
+#define GELU_SCALE 0.7978845608028654f
+
+__global__ void k_relu_fwd(float *out, const float *inp, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+__global__ void k_relu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+__global__ void k_gelu_fwd(float *out, const float *inp, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        float th = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+        float local = 0.5f * (1.0f + th) + x * 0.5f * (1.0f - th * th) * GELU_SCALE *
+                                               (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += local * dout[i];
+    }
+}
+
+static void cu_relu_fwd(float *out, const float *inp, size_t n)
+{
+    k_relu_fwd<<<blocks_for(n, 256), 256>>>(out, inp, n);
+    LAUNCH_CHECK("relu_fwd");
+}
+
+static void cu_relu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    k_relu_bwd<<<blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK("relu_bwd");
+}
+
+static void cu_gelu_fwd(float *out, const float *inp, size_t n)
+{
+    k_gelu_fwd<<<blocks_for(n, 256), 256>>>(out, inp, n);
+    LAUNCH_CHECK("gelu_fwd");
+}
+
+static void cu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    k_gelu_bwd<<<blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK("gelu_bwd");
+}
+
+/* ---- block reductions ---- */
+
+__device__ float block_sum(float v, float *sh)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k)
+            sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v, float *sh)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k)
+            sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + k]);
+        __syncthreads();
+    }
+    float r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+#define ROW_THREADS 256
+
+/* ---- layer norm: one block per row ---- */
+
+__global__ void k_ln_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                         const float *b, int C)
+{
+    __shared__ float sh[ROW_THREADS];
+    const float *x = inp + (size_t)blockIdx.x * C;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        s += x[c];
+    float m = block_sum(s, sh) / C;
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        v += (x[c] - m) * (x[c] - m);
+    float r = rsqrtf(block_sum(v, sh) / C + 1e-5f);
+    float *o = out + (size_t)blockIdx.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = (x[c] - m) * r * w[c] + b[c];
+    if (threadIdx.x == 0) {
+        mean[blockIdx.x] = m;
+        rstd[blockIdx.x] = r;
+    }
+}
+
+__global__ void k_ln_bwd_x(float *dinp, const float *dout, const float *inp, const float *w,
+                           const float *mean, const float *rstd, int C)
+{
+    __shared__ float sh[ROW_THREADS];
+    size_t row = blockIdx.x;
+    const float *dy = dout + row * C, *x = inp + row * C;
+    float m = mean[row], r = rstd[row];
+    float a = 0.0f, bb = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float dn = w[c] * dy[c];
+        a += dn;
+        bb += dn * (x[c] - m) * r;
+    }
+    a = block_sum(a, sh) / C;
+    bb = block_sum(bb, sh) / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float nrm = (x[c] - m) * r;
+        dinp[row * C + c] += (w[c] * dy[c] - a - nrm * bb) * r;
+    }
+}
+
+/* dw, db (C): one thread per channel over all rows */
+__global__ void k_ln_bwd_w(float *dw, float *db, const float *dout, const float *inp,
+                           const float *mean, const float *rstd, int N, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float sw = 0.0f, sb = 0.0f;
+    for (int i = 0; i < N; i++) {
+        float dy = dout[(size_t)i * C + c];
+        sw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * dy;
+        sb += dy;
+    }
+    dw[c] += sw;
+    db[c] += sb;
+}
+
+static void cu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                             const float *w, const float *b, int N, int C)
+{
+    k_ln_fwd<<<N, ROW_THREADS>>>(out, mean, rstd, inp, w, b, C);
+    LAUNCH_CHECK("layernorm_fwd");
+}
+
+static void cu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean,
+                             const float *rstd, int N, int C)
+{
+    k_ln_bwd_x<<<N, ROW_THREADS>>>(dinp, dout, inp, w, mean, rstd, C);
+    k_ln_bwd_w<<<(C + 255) / 256, 256>>>(dw, db, dout, inp, mean, rstd, N, C);
+    LAUNCH_CHECK("layernorm_bwd");
+}
+
+/* ---- embeddings ---- */
+
+__global__ void k_embed_fwd(float *out, const int *tok, const float *wte, const float *wpe, int T,
+                            int C, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        out[i] = wte[(size_t)tok[bt] * C + c] + wpe[(size_t)t * C + c];
+    }
+}
+
+__global__ void k_embed_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int T,
+                            int C, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        atomicAdd(&dwte[(size_t)tok[bt] * C + c], dout[i]);
+        atomicAdd(&dwpe[(size_t)t * C + c], dout[i]);
+    }
+}
+
+static void cu_embed_fwd(float *out, const int *tok, const float *wte, const float *wpe, int B,
+                         int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    k_embed_fwd<<<blocks_for(n, 256), 256>>>(out, tok, wte, wpe, T, C, n);
+    LAUNCH_CHECK("embed_fwd");
+}
+
+static void cu_embed_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int B,
+                         int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    k_embed_bwd<<<blocks_for(n, 256), 256>>>(dwte, dwpe, dout, tok, T, C, n);
+    LAUNCH_CHECK("embed_bwd");
+}
+
+/* ---- attention: one block per (b, h, t) query row ----
+ * qkv (B,T,3C), out (B,T,C), preatt/att (B,NH,T,T). */
+
+__global__ void k_att_fwd(float *out, float *preatt, float *att, const float *qkv, int T, int C,
+                          int NH, int causal)
+{
+    __shared__ float sh[ROW_THREADS];
+    int t = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
+    int hs = C / NH;
+    size_t C3 = (size_t)3 * C;
+    float sc = rsqrtf((float)hs);
+    const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+    float *pre = preatt + (((size_t)b * NH + h) * T + t) * T;
+    float *a = att + (((size_t)b * NH + h) * T + t) * T;
+    int tend = causal ? t + 1 : T;
+    float mx = -INFINITY;
+    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
+        float v = 0.0f;
+        if (t2 < tend) {
+            const float *k = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
+            for (int i = 0; i < hs; i++)
+                v += q[i] * k[i];
+            v *= sc;
+            mx = fmaxf(mx, v);
+        }
+        pre[t2] = v;
+    }
+    mx = block_max(mx, sh);
+    float s = 0.0f;
+    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
+        float e = t2 < tend ? expf(pre[t2] - mx) : 0.0f;
+        a[t2] = e;
+        s += e;
+    }
+    float inv = 1.0f / block_sum(s, sh);
+    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
+        a[t2] *= inv;
+    __syncthreads();
+    float *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int t2 = 0; t2 < tend; t2++)
+            acc += a[t2] * qkv[((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C + i];
+        o[i] = acc;
+    }
+}
+
+/* Backward in two passes so no atomics are needed on dq: pass 1 (one block
+ * per query row) computes datt, dpreatt and dq; pass 2 (one block per key
+ * row t2) gathers dk and dv over the query rows that saw t2. */
+__global__ void k_att_bwd_q(float *dqkv, float *dpreatt, float *datt, const float *dout,
+                            const float *qkv, const float *att, int T, int C, int NH, int causal)
+{
+    __shared__ float sh[ROW_THREADS];
+    int t = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
+    int hs = C / NH;
+    size_t C3 = (size_t)3 * C;
+    float sc = rsqrtf((float)hs);
+    size_t row = (((size_t)b * NH + h) * T + t) * T;
+    const float *a = att + row;
+    float *da = datt + row, *dp = dpreatt + row;
+    const float *dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+    int tend = causal ? t + 1 : T;
+    float part = 0.0f;
+    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
+        float s = 0.0f;
+        if (t2 < tend) {
+            const float *v = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
+            for (int i = 0; i < hs; i++)
+                s += v[i] * dy[i];
+        }
+        da[t2] = s;
+        part += a[t2] * s;
+    }
+    float dot = block_sum(part, sh);
+    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
+        dp[t2] = t2 < tend ? a[t2] * (da[t2] - dot) : 0.0f;
+    __syncthreads();
+    float *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int t2 = 0; t2 < tend; t2++)
+            acc += dp[t2] * qkv[((size_t)b * T + t2) * C3 + (size_t)h * hs + C + i];
+        dq[i] += acc * sc;
+    }
+}
+
+__global__ void k_att_bwd_kv(float *dqkv, const float *dpreatt, const float *dout,
+                             const float *qkv, const float *att, int T, int C, int NH, int causal)
+{
+    int t2 = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
+    int hs = C / NH;
+    size_t C3 = (size_t)3 * C;
+    float sc = rsqrtf((float)hs);
+    int tstart = causal ? t2 : 0;
+    float *dk = dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
+    float *dv = dk + C;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+        float ak = 0.0f, av = 0.0f;
+        for (int t = tstart; t < T; t++) {
+            size_t row = (((size_t)b * NH + h) * T + t) * T;
+            ak += dpreatt[row + t2] * qkv[((size_t)b * T + t) * C3 + (size_t)h * hs + i];
+            av += att[row + t2] * dout[((size_t)b * T + t) * C + (size_t)h * hs + i];
+        }
+        dk[i] += ak * sc;
+        dv[i] += av;
+    }
+}
+
+static void cu_attention_fwd(float *out, float *preatt, float *att, const float *qkv, int B,
+                             int T, int C, int NH, int causal)
+{
+    k_att_fwd<<<B * NH * T, ROW_THREADS>>>(out, preatt, att, qkv, T, C, NH, causal);
+    LAUNCH_CHECK("attention_fwd");
+}
+
+static void cu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const float *dout,
+                             const float *qkv, const float *att, int B, int T, int C, int NH,
+                             int causal)
+{
+    k_att_bwd_q<<<B * NH * T, ROW_THREADS>>>(dqkv, dpreatt, datt, dout, qkv, att, T, C, NH,
+                                             causal);
+    k_att_bwd_kv<<<B * NH * T, 64>>>(dqkv, dpreatt, dout, qkv, att, T, C, NH, causal);
+    LAUNCH_CHECK("attention_bwd");
+}
+
+/* ---- cross-entropy: one block per row ---- */
+
+__global__ void k_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
+                           int V)
+{
+    __shared__ float sh[ROW_THREADS];
+    size_t row = blockIdx.x;
+    const float *l = logits + row * V;
+    float *p = probs + row * V;
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        mx = fmaxf(mx, l[v]);
+    mx = block_max(mx, sh);
+    float s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float e = expf(l[v] - mx);
+        p[v] = e;
+        s += e;
+    }
+    s = block_sum(s, sh);
+    float inv = 1.0f / s;
+    for (int v = threadIdx.x; v < V; v += blockDim.x)
+        p[v] *= inv;
+    if (threadIdx.x == 0) {
+        int tg = targets[row];
+        losses[row] = tg < 0 ? 0.0f : logf(s) + mx - l[tg];
+    }
+}
+
+__global__ void k_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
+                           int V, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / V;
+        int v = (int)(i % V), tg = targets[row];
+        if (tg >= 0)
+            dlogits[i] += (probs[i] - (v == tg ? 1.0f : 0.0f)) * dscale;
+    }
+}
+
+static void cu_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
+                        int N, int V)
+{
+    k_xent_fwd<<<N, ROW_THREADS>>>(losses, probs, logits, targets, V);
+    LAUNCH_CHECK("xent_fwd");
+}
+
+static void cu_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
+                        int N, int V)
+{
+    size_t n = (size_t)N * V;
+    k_xent_bwd<<<blocks_for(n, 256), 256>>>(dlogits, probs, targets, dscale, V, n);
+    LAUNCH_CHECK("xent_bwd");
+}
+
+/* ---- optimizers ---- */
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
+                        float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float mi = b1 * m[i] + (1.0f - b1) * g[i];
+        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+    }
+}
+
+__global__ void k_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
+                           float b1, float b2, float eps, float wd, float bc1, float bc2)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float mi = b1 * m[i] + (1.0f - b1) * g[i];
+        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        u[i] = (mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i];
+    }
+}
+
+static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                     float b2, float eps, float wd, int t)
+{
+    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
+    k_adamw<<<blocks_for(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    LAUNCH_CHECK("adamw");
+}
+
+static void cu_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
+                        float b1, float b2, float eps, float wd, int t)
+{
+    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
+    k_adam_dir<<<blocks_for(n, 256), 256>>>(u, p, g, m, v, n, b1, b2, eps, wd, bc1, bc2);
+    LAUNCH_CHECK("adam_dir");
+}
+
+static const struct kern_backend CUDA_BACKEND = {
+    "cuda",
+    KERN_DEV_CUDA,
+    cu_alloc,
+    cu_release,
+    cu_upload,
+    cu_download,
+    cu_copy,
+    cu_sync,
+    cu_set_precision,
+    cu_fill,
+    cu_scale,
+    cu_axpy,
+    cu_add,
+    cu_sumsq,
+    cu_all_finite,
+    cu_matmul_fwd,
+    cu_matmul_bwd,
+    cu_relu_fwd,
+    cu_relu_bwd,
+    cu_gelu_fwd,
+    cu_gelu_bwd,
+    cu_layernorm_fwd,
+    cu_layernorm_bwd,
+    cu_embed_fwd,
+    cu_embed_bwd,
+    cu_attention_fwd,
+    cu_attention_bwd,
+    cu_xent_fwd,
+    cu_xent_bwd,
+    cu_adamw,
+    cu_adam_dir,
+};
+
+/* Initializes device 0, cuBLAS and the reduction scratch once. */
+extern "C" int kern__cuda_backend(const struct kern_backend **out)
+{
+    static int state; /* 0 untried, 1 ready, <0 failed with that code */
+    if (state == 0) {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0) {
+            CM_LOGI("cuda", "no usable GPU: %s",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+            state = CM_EDEVICE;
+        } else if (cudaSetDevice(0) != cudaSuccess ||
+                   cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS ||
+                   cudaMalloc(&g_red, sizeof(double)) != cudaSuccess ||
+                   cudaMalloc(&g_flag, sizeof(int)) != cudaSuccess) {
+            CM_LOGE("cuda", "initialization failed: %s", cudaGetErrorString(cudaGetLastError()));
+            state = CM_EDEVICE;
+        } else {
+            cudaDeviceProp prop;
+            if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+                CM_LOGI("cuda", "device 0: %s (sm_%d%d, %.1f GiB)", prop.name, prop.major,
+                        prop.minor, prop.totalGlobalMem / 1073741824.0);
+            state = 1;
+        }
+    }
+    if (state < 0)
+        return state;
+    *out = &CUDA_BACKEND;
+    return CM_OK;
+}
