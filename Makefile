@@ -39,7 +39,7 @@ SANFLAGS := $(if $(SANITIZER),-fsanitize=$(SANITIZER) -fno-omit-frame-pointer -f
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-missing-field-initializers \
                -fno-strict-aliasing -pthread $(OPT) $(SANFLAGS) -MMD -MP
-CPPFLAGS_BASE := -I. -Icommon -Ikernels -I$(BUILD)/gen $(PKG_CFLAGS)
+CPPFLAGS_BASE := -I. -Icommon -Ikernels -Itests/harness -I$(BUILD)/gen $(PKG_CFLAGS)
 CFLAGS  = $(CFLAGS_BASE) $(EXTRA_CFLAGS)
 CPPFLAGS = $(CPPFLAGS_BASE) $(EXTRA_CPPFLAGS)
 LDFLAGS = -pthread $(SANFLAGS) $(EXTRA_LDFLAGS)

@@ -310,14 +310,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         /* Refuse an announced oversized body before reading any of it. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
+        int unexpected = 0;
         if (cl && st->route < srv->nroutes) {
             unsigned long long n = strtoull(cl, NULL, 10);
-            if (n > srv->routes[st->route].body_max)
+            if (n > 0 && srv->routes[st->route].body_max == 0)
+                unexpected = 1;
+            else if (n > srv->routes[st->route].body_max)
                 st->too_big = 1;
         }
-        if (st->too_big || atomic_load(&srv->draining)) {
+        if (unexpected || st->too_big || atomic_load(&srv->draining)) {
             struct coord_resp resp = {0};
-            if (st->too_big)
+            if (unexpected)
+                coord_resp_error(&resp, 400, "unexpected_body", "%s %s takes no request body",
+                                 method, srv->routes[st->route].pattern);
+            else if (st->too_big)
                 coord_resp_error(&resp, 413, "body_too_large", "the request body exceeds %zu bytes",
                                  srv->routes[st->route].body_max);
             else

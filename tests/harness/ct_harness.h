@@ -1,0 +1,83 @@
+/* Test harness for integration tests: real services, torn down even when a
+ * test fails or the test process dies.
+ *
+ *  - ct_pg_*: a PostgreSQL cluster in a temp dir on a free loopback port,
+ *    run as the unprivileged 'postgres' user when we are root (initdb
+ *    refuses root). The server is our child with PR_SET_PDEATHSIG, so it
+ *    dies with the test.
+ *  - ct_coord_*: the real crowdtrain-coordinator binary against it.
+ *  - ct_http: HTTPS requests with libcurl, verifying the coordinator's
+ *    self-signed certificate, returning status and parsed JSON.
+ *  - ct_run: runs a command with stdin text and captures its output. */
+#ifndef CT_HARNESS_H
+#define CT_HARNESS_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define CT_SKIP 77
+
+struct ct_pg {
+    char dir[256];
+    char url[256];
+    int port;
+    pid_t pid;
+};
+
+/* 0, CT_SKIP when PostgreSQL is not installed, or -1. */
+int ct_pg_start(struct ct_pg *pg);
+void ct_pg_stop(struct ct_pg *pg);
+/* Runs SQL through libpq; returns 0 on success. */
+int ct_pg_exec(struct ct_pg *pg, const char *sql);
+
+struct ct_coord {
+    char dir[256]; /* data dir */
+    char url[256]; /* https://127.0.0.1:PORT */
+    char ca[300];  /* its certificate, to verify it */
+    char log[300];
+    pid_t pid;
+    int own_dir;
+};
+
+/* Starts `crowdtrain-coordinator serve` with a fresh data dir (or `dir` when
+ * non-NULL, for restarts) and extra NULL-terminated args; waits until
+ * /api/v1/health answers 200 (20 s deadline). */
+int ct_coord_start(struct ct_coord *c, const char *db_url, const char *dir,
+                   const char *const *extra_args);
+/* Sends `sig` and waits up to 15 s (then SIGKILL). Returns the exit status
+ * (128+signal when killed by a signal). Keeps the data dir. */
+int ct_coord_stop(struct ct_coord *c, int sig);
+/* Stops if running and removes the data dir if the harness made it. */
+void ct_coord_cleanup(struct ct_coord *c);
+
+struct ct_resp {
+    long status;
+    json_t *json; /* NULL when the body is not JSON */
+    char *body;
+    size_t len;
+    int curl_error; /* nonzero: no HTTP response at all */
+};
+/* method GET/POST/PUT/PATCH/DELETE; body may be NULL; bearer may be NULL. */
+int ct_http(const struct ct_coord *c, const char *method, const char *path, const char *bearer,
+            const char *body, struct ct_resp *out);
+int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
+                const char *const *headers, const void *body, size_t body_len,
+                struct ct_resp *out);
+void ct_resp_free(struct ct_resp *r);
+
+/* Logs in with a password; returns a heap token or NULL. */
+char *ct_login(const struct ct_coord *c, const char *user, const char *password);
+/* crowdtrain-coordinator create-user ... with the password on stdin; 0 ok. */
+int ct_create_user(const char *db_url, const char *user, const char *role, const char *password);
+
+/* Path of a built binary (build/bin/NAME next to this test's build dir). */
+const char *ct_bin(const char *name);
+/* Runs argv with stdin_text (may be NULL); captures stdout+stderr into *out
+ * (heap, may be NULL); returns the exit status, 128+sig when signalled. */
+int ct_run(const char *const *argv, const char *stdin_text, char **out, int timeout_s);
+/* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
+int ct_tempdir(const char *tag, char *out, size_t cap);
+void ct_rmrf(const char *dir);
+
+#endif
