@@ -1,6 +1,7 @@
 /* crowdtrain-agent: the volunteer's program. Dispatches to subcommands; each
  * lives in its own file and is listed in the table below with a one-line
  * summary for --help. */
+#include <curl/curl.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,6 +15,8 @@ struct agent_cmd {
 
 /* One entry per subcommand, in the order --help shows them. */
 static const struct agent_cmd CMDS[] = {
+    {"login", agent_cmd_login, "log in to a coordinator (and get a pass with --run)"},
+    {"pass", agent_cmd_pass, "get, renew or show this peer's access pass for a run"},
     {"train", agent_cmd_train, "train a model in this process (--local --config FILE)"},
     {NULL, NULL, NULL},
 };
@@ -38,9 +41,14 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    for (const struct agent_cmd *c = CMDS; c->name; c++)
-        if (!strcmp(argv[1], c->name))
-            return c->run(argc - 1, argv + 1);
+    for (const struct agent_cmd *c = CMDS; c->name; c++) {
+        if (!strcmp(argv[1], c->name)) {
+            curl_global_init(CURL_GLOBAL_DEFAULT);
+            int rc = c->run(argc - 1, argv + 1);
+            curl_global_cleanup();
+            return rc;
+        }
+    }
     fprintf(stderr, "crowdtrain-agent: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

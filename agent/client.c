@@ -1,0 +1,177 @@
+/* libcurl client for the coordinator and the agent's state files (see
+ * client.h). */
+#include "agent/client.h"
+#include "cm_err.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define REPLY_MAX (4u << 20)
+
+struct rbuf {
+    char *p;
+    size_t len;
+    int overflow;
+};
+
+static size_t on_data(char *d, size_t sz, size_t n, void *ud)
+{
+    struct rbuf *b = ud;
+    size_t len = sz * n;
+    if (b->len + len > REPLY_MAX) {
+        b->overflow = 1;
+        return 0;
+    }
+    char *np = realloc(b->p, b->len + len + 1);
+    if (!np)
+        return 0;
+    b->p = np;
+    memcpy(b->p + b->len, d, len);
+    b->len += len;
+    b->p[b->len] = '\0';
+    return len;
+}
+
+int agent_request(const struct agent_client *c, const char *method, const char *path, json_t *body,
+                  struct agent_reply *out)
+{
+    out->status = 0;
+    out->json = NULL;
+    CURL *h = curl_easy_init();
+    if (!h)
+        return CM_ENOMEM;
+    char url[2048], auth[256];
+    snprintf(url, sizeof url, "%s%s", c->url, path);
+    struct curl_slist *hl = curl_slist_append(NULL, "Accept: application/json");
+    char *payload = NULL;
+    if (body) {
+        payload = json_dumps(body, JSON_COMPACT);
+        hl = curl_slist_append(hl, "Content-Type: application/json");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, payload ? payload : "{}");
+    }
+    if (c->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->token);
+        hl = curl_slist_append(hl, auth);
+    }
+    struct rbuf b = {0};
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https,http");
+    if (c->ca_cert)
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_cert);
+    CURLcode rc = curl_easy_perform(h);
+    int ret = CM_OK;
+    if (rc != CURLE_OK) {
+        fprintf(stderr, "error: %s %s: %s%s\n", method, url,
+                b.overflow ? "answer too large" : curl_easy_strerror(rc),
+                rc == CURLE_PEER_FAILED_VERIFICATION
+                    ? " (a self-signed coordinator needs --ca-cert <its tls-cert.pem>)"
+                    : "");
+        ret = rc == CURLE_OPERATION_TIMEDOUT ? CM_ETIMEOUT : CM_ECONN;
+    } else {
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
+        if (b.p)
+            out->json = json_loadb(b.p, b.len, 0, NULL);
+    }
+    free(b.p);
+    free(payload);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(h);
+    return ret;
+}
+
+void agent_reply_free(struct agent_reply *r)
+{
+    json_decref(r->json);
+    r->json = NULL;
+}
+
+void agent_reply_report(const char *what, const struct agent_reply *r)
+{
+    json_t *e = json_object_get(r->json, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    fprintf(stderr, "error: %s: %s (HTTP %ld)\n", what, msg ? msg : "unexpected answer", r->status);
+}
+
+int agent_state_dir(const char *flag, char *out, size_t cap)
+{
+    const char *env = getenv("CROWDTRAIN_CONFIG_DIR"), *xdg = getenv("XDG_CONFIG_HOME"),
+               *home = getenv("HOME");
+    if (flag)
+        snprintf(out, cap, "%s", flag);
+    else if (env && *env)
+        snprintf(out, cap, "%s", env);
+    else if (xdg && *xdg)
+        snprintf(out, cap, "%s/crowdtrain", xdg);
+    else if (home && *home)
+        snprintf(out, cap, "%s/.config/crowdtrain", home);
+    else {
+        fprintf(stderr, "error: no state directory: set --config-dir or HOME\n");
+        return CM_EINVAL;
+    }
+    /* Create parents as needed (e.g. ~/.config on a fresh account). */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", out);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(tmp, 0700);
+            *p = '/';
+        }
+    }
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "error: creating %s: %s\n", out, strerror(errno));
+        return CM_EIO;
+    }
+    return CM_OK;
+}
+
+int agent_state_write(const char *dir, const char *name, json_t *j)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "error: writing %s: %s\n", tmp, strerror(errno));
+        return CM_EIO;
+    }
+    int ok = json_dumpfd(j, fd, JSON_INDENT(2)) == 0 && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
+    if (close(fd) != 0)
+        ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        fprintf(stderr, "error: writing %s failed\n", path);
+        return CM_EIO;
+    }
+    return CM_OK;
+}
+
+json_t *agent_state_read(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (access(path, F_OK) != 0)
+        return NULL;
+    json_error_t e;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    if (!json_is_object(j)) {
+        fprintf(stderr, "error: %s is not a valid state file (%s); delete it and log in again\n",
+                path, e.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}

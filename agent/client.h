@@ -1,0 +1,38 @@
+/* The agent's side of the coordinator REST API: HTTPS requests with
+ * libcurl (deadlines, a size limit on answers, the coordinator's
+ * certificate pinned with --ca-cert when it is self-signed), and the
+ * agent's state directory (peer key, session, passes; all 0600). */
+#ifndef AGENT_CLIENT_H
+#define AGENT_CLIENT_H
+
+#include <jansson.h>
+
+struct agent_client {
+    char *url;     /* https://host:port, no trailing slash */
+    char *ca_cert; /* NULL: system CAs */
+    char *token;   /* bearer session, or NULL */
+};
+
+struct agent_reply {
+    long status;
+    json_t *json; /* owned; NULL when the answer was not JSON */
+};
+
+/* Performs one request (body may be NULL). Returns CM_OK when an HTTP answer
+ * came back (any status), or CM_ECONN/CM_ETIMEOUT with a message on stderr. */
+int agent_request(const struct agent_client *c, const char *method, const char *path,
+                  json_t *body, struct agent_reply *out);
+void agent_reply_free(struct agent_reply *r);
+/* Prints "error: <what>: <server message>" for a non-2xx reply. */
+void agent_reply_report(const char *what, const struct agent_reply *r);
+
+/* The state directory: --config-dir, else $CROWDTRAIN_CONFIG_DIR, else
+ * $XDG_CONFIG_HOME/crowdtrain, else ~/.config/crowdtrain. Created 0700. */
+int agent_state_dir(const char *flag, char *out, size_t cap);
+/* Writes a JSON file atomically with mode 0600. */
+int agent_state_write(const char *dir, const char *name, json_t *j);
+/* Reads a JSON object from dir/name (NULL when missing or malformed, with
+ * a message on stderr when malformed). */
+json_t *agent_state_read(const char *dir, const char *name);
+
+#endif
