@@ -14,7 +14,7 @@ as_pg() {
 }
 case $cmd in
 start)
-  port=${3:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 55432)}
+  port=${3:-}
   mkdir -p "$dir"
   [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
   chmod 700 "$dir"
@@ -22,9 +22,17 @@ start)
     as_pg "$bindir/initdb" -D "$dir/data" -A trust -U crowdtrain -E UTF8 --no-instructions >"$dir/initdb.log" 2>&1 ||
       { cat "$dir/initdb.log" >&2; exit 1; }
   fi
-  as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 30 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 ${PG_EXTRA_OPTS:-}" start >/dev/null ||
-    { cat "$dir/postgres.log" >&2; exit 1; }
+  # Without a port given, try random high ports until one is free.
+  started=0
+  for attempt in 1 2 3 4 5 6 7 8; do
+    p=${port:-$(shuf -i 20000-59999 -n 1)}
+    if as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 30 \
+         -o "-p $p -k $dir -c listen_addresses=127.0.0.1 ${PG_EXTRA_OPTS:-}" start >/dev/null; then
+      port=$p; started=1; break
+    fi
+    [ -n "$port" ] && break
+  done
+  [ "$started" -eq 1 ] || { cat "$dir/postgres.log" >&2; exit 1; }
   as_pg "$bindir/psql" -h 127.0.0.1 -p "$port" -U crowdtrain -d postgres -qAt \
     -c "SELECT 1 FROM pg_database WHERE datname = 'crowdtrain'" | grep -q 1 ||
     as_pg "$bindir/createdb" -h 127.0.0.1 -p "$port" -U crowdtrain crowdtrain
