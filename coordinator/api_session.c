@@ -217,7 +217,11 @@ void api_session_delete(struct coord_req *req, struct coord_resp *resp)
     const char *params[] = {(const char *)h};
     const int lens[] = {CM_SHA256_LEN};
     const int fmts[] = {1};
-    PGresult *r = coord_db_exec_bin(req->db, &S_SESSION_DEL, params, lens, fmts, NULL);
+    coord_session_forget(h);
+    struct coord_db_conn *db = coord_req_db(req, resp);
+    if (!db)
+        return;
+    PGresult *r = coord_db_exec_bin(db, &S_SESSION_DEL, params, lens, fmts, NULL);
     if (!r) {
         coord_resp_error(resp, 500, "internal", "could not end the session");
         return;

@@ -5,6 +5,8 @@
 #include "cm_log.h"
 
 #include <argon2.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +97,74 @@ int coord_session_create(struct coord_db_conn *db, int64_t user_id, long ttl_s, 
     return CM_OK;
 }
 
+/* A small cache of recently verified sessions, so hot paths (pass issuance,
+ * authenticated reads) skip one database round trip. An entry lives at most
+ * SESSION_CACHE_S seconds and never past the session's expiry; logging out
+ * through this coordinator evicts at once, through another coordinator of
+ * the same database within SESSION_CACHE_S. Direct-mapped by token hash. */
+#define SESSION_CACHE_S 5
+#define SESSION_CACHE_SLOTS 4096
+struct session_slot {
+    uint8_t hash[CM_SHA256_LEN];
+    struct coord_user user;
+    int64_t valid_until; /* monotonic seconds */
+};
+static struct session_slot g_sessions[SESSION_CACHE_SLOTS];
+static pthread_mutex_t g_sessions_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec;
+}
+
+static struct session_slot *slot_of(const uint8_t h[CM_SHA256_LEN])
+{
+    uint32_t i;
+    memcpy(&i, h, sizeof i);
+    return &g_sessions[i % SESSION_CACHE_SLOTS];
+}
+
+static int session_cached(const uint8_t h[CM_SHA256_LEN], struct coord_user *out)
+{
+    int hit = 0;
+    pthread_mutex_lock(&g_sessions_mu);
+    struct session_slot *s = slot_of(h);
+    if (s->valid_until > mono_s() && cm_ct_equal(s->hash, h, CM_SHA256_LEN)) {
+        *out = s->user;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&g_sessions_mu);
+    return hit;
+}
+
+static void session_remember(const uint8_t h[CM_SHA256_LEN], const struct coord_user *u,
+                             int64_t seconds_left)
+{
+    if (seconds_left <= 0)
+        return;
+    pthread_mutex_lock(&g_sessions_mu);
+    struct session_slot *s = slot_of(h);
+    memcpy(s->hash, h, CM_SHA256_LEN);
+    s->user = *u;
+    s->valid_until = mono_s() + (seconds_left < SESSION_CACHE_S ? seconds_left : SESSION_CACHE_S);
+    pthread_mutex_unlock(&g_sessions_mu);
+}
+
+void coord_session_forget(const uint8_t h[CM_SHA256_LEN])
+{
+    pthread_mutex_lock(&g_sessions_mu);
+    struct session_slot *s = slot_of(h);
+    if (cm_ct_equal(s->hash, h, CM_SHA256_LEN))
+        s->valid_until = 0;
+    pthread_mutex_unlock(&g_sessions_mu);
+}
+
 COORD_DB_STMT(S_SESSION_GET, 1,
-              "SELECT u.id, u.username, u.role FROM sessions s JOIN users u ON u.id = s.user_id "
+              "SELECT u.id, u.username, u.role, "
+              "extract(epoch from s.expires_at - now())::bigint "
+              "FROM sessions s JOIN users u ON u.id = s.user_id "
               "WHERE s.token_hash = $1 AND s.expires_at > now() AND NOT u.disabled");
 
 int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char *authz)
@@ -114,11 +182,15 @@ int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char
         coord_resp_error(resp, 401, "unauthenticated", "malformed bearer token");
         return 0;
     }
+    uint8_t h[CM_SHA256_LEN];
+    cm_sha256(tok, tl, h);
+    if (session_cached(h, &req->user)) {
+        req->authenticated = 1;
+        return 1;
+    }
     struct coord_db_conn *db = coord_req_db(req, resp);
     if (!db)
         return 0;
-    uint8_t h[CM_SHA256_LEN];
-    cm_sha256(tok, tl, h);
     const char *params[] = {(const char *)h};
     const int lens[] = {CM_SHA256_LEN};
     const int fmts[] = {1};
@@ -136,6 +208,7 @@ int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char
     snprintf(req->user.username, sizeof req->user.username, "%s", PQgetvalue(r, 0, 1));
     req->user.role = coord_role_parse(PQgetvalue(r, 0, 2));
     req->authenticated = 1;
+    session_remember(h, &req->user, strtoll(PQgetvalue(r, 0, 3), NULL, 10));
     PQclear(r);
     return 1;
 }

@@ -27,6 +27,9 @@ int coord_session_create(struct coord_db_conn *db, int64_t user_id, long ttl_s,
  * returns 1, or sets a 401 and returns 0. */
 int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char *authz);
 
+/* Evicts a session from this coordinator's short-lived session cache. */
+void coord_session_forget(const uint8_t hash[32]);
+
 /* Appends a row to the audit log (in the caller's transaction when open). */
 int coord_audit(struct coord_req *req, const char *action, const char *target, json_t *details);
 

@@ -27,3 +27,5 @@ $(COORD_BIN): $(BUILD)/obj/coordinator/main.o $(COORD_LIB) $(COMMON_LIB)
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+BENCHES += tests/bench/bench_coordinator.sh
