@@ -64,3 +64,20 @@ $(KERNELS_LIB): $(KERNELS_OBJS)
 	@mkdir -p $(@D)
 	@echo "  AR    $@  ($(KERN_BUILD_MSG))"
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+# ---- benchmarks (make bench) ----
+KERN_BENCH_BINS := $(BUILD)/tests/bench/bench_kernels $(BUILD)/tests/bench/bench_train_step
+$(KERN_BENCH_BINS): $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(KERNELS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(KERNELS_LIB) $(COMMON_LIB) $(LDLIBS)
+# bench_train.sh runs bench_train_step and PyTorch side by side.
+tests/bench/bench_train.sh: $(BUILD)/tests/bench/bench_train_step
+BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh
+
+# ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
+# Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.
+test-gpu:
+	$(Q)$(MAKE) --no-print-directory CUDA=1 $(BUILD)/tests/unit/kernels/test_backends
+	$(Q)CT_TEST_DEVICE=cuda CT_TEST_REQUIRE_GPU=1 ./scripts/run-tests.sh --suite gpu \
+	    $(BUILD)/tests/unit/kernels/test_backends

@@ -12,7 +12,7 @@ $(HARNESS_LIB): $(call objs_of,$(HARNESS_SRCS))
 
 # Libraries each unit-test area links, most dependent first.
 TEST_LIBS_common      = $(COMMON_LIB)
-TEST_LIBS_kernels     = $(KERNELS_LIB) $(COMMON_LIB)
+TEST_LIBS_kernels     = $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
 TEST_LIBS_coordinator = $(COORD_LIB) $(COMMON_LIB)
 TEST_LIBS_agent       = $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
 TEST_LIBS_p2p         = $(COMMON_LIB)

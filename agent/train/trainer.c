@@ -27,34 +27,19 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
-static int open_data(const struct agent_trainer *t, const char *manifest, enum cm_data_mode mode,
-                     uint64_t seed, struct cm_data_iter **it, char *err, size_t errlen)
-{
-    struct cm_data_options o;
-    cm_data_options_init(&o);
-    o.mode = mode;
-    o.shuffle_size = (size_t)t->cfg.shuffle_buffer;
-    if (t->cfg.kind != KERN_MODEL_MLP)
-        o.seq_len = (size_t)t->cfg.tfm.max_T;
-    int rc = cm_data_open_file(manifest, seed, &o, it);
-    if (rc)
-        return fail(err, errlen, rc, "%s: %s", manifest, cm_strerror(rc));
-    return CM_OK;
-}
-
 /* Checks that the data fits the model: image size and classes for the MLP,
  * token range for the transformers. */
-static int check_data(struct agent_trainer *t, struct cm_data_iter *it, const char *what,
+static int check_data(struct agent_trainer *t, const struct cm_data_manifest *m, const char *what,
                       char *err, size_t errlen)
 {
-    const struct cm_data_manifest *m = cm_data_iter_manifest(it);
     if (t->cfg.kind == KERN_MODEL_MLP) {
         if (m->format != CM_DATA_IDX_IMAGES)
             return fail(err, errlen, CM_EINVAL, "%s: an mlp needs idx-images data, not %s", what,
                         cm_data_format_name(m->format));
         if ((size_t)m->rows * m->cols != (size_t)t->cfg.mlp.in_dim)
-            return fail(err, errlen, CM_EINVAL, "%s: images have %u x %u = %u pixels, model.inputs is %d",
-                        what, m->rows, m->cols, m->rows * m->cols, t->cfg.mlp.in_dim);
+            return fail(err, errlen, CM_EINVAL,
+                        "%s: images have %u x %u = %u pixels, model.inputs is %d", what, m->rows,
+                        m->cols, m->rows * m->cols, t->cfg.mlp.in_dim);
         if ((int)m->classes > t->cfg.mlp.nclass)
             return fail(err, errlen, CM_EINVAL, "%s: %u classes, model.classes is %d", what,
                         m->classes, t->cfg.mlp.nclass);
@@ -69,6 +54,30 @@ static int check_data(struct agent_trainer *t, struct cm_data_iter *it, const ch
                     "%s: tokens go up to %d%s, so model.vocab must be at least %d", what, dv - 1,
                     t->cfg.kind == KERN_MODEL_ALBERT ? " plus the [MASK] token" : "", need);
     t->data_vocab = dv;
+    return CM_OK;
+}
+
+/* Loads and checks a manifest, then opens a stream over it. *man is owned
+ * by the caller and must outlive the iterator. */
+static int open_data(struct agent_trainer *t, const char *path, const char *what,
+                     enum cm_data_mode mode, uint64_t seed, struct cm_data_manifest **man,
+                     struct cm_data_iter **it, char *err, size_t errlen)
+{
+    char merr[256] = "";
+    int rc = cm_data_manifest_load(path, man, merr, sizeof merr);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s: %s", what, path, merr);
+    if ((rc = check_data(t, *man, what, err, errlen)))
+        return rc;
+    struct cm_data_options o;
+    cm_data_options_init(&o);
+    o.mode = mode;
+    o.shuffle_size = (size_t)t->cfg.shuffle_buffer;
+    if (t->cfg.kind != KERN_MODEL_MLP)
+        o.seq_len = (size_t)t->cfg.tfm.max_T;
+    rc = cm_data_open(*man, seed, &o, it);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s: %s", what, path, cm_strerror(rc));
     return CM_OK;
 }
 
@@ -95,9 +104,8 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
         return fail(err, errlen, rc, "model: %s", cm_strerror(rc));
     if ((rc = kern_optim_new(t->be, &cfg->opt, t->model->nparams, &t->opt)))
         return fail(err, errlen, rc, "optimizer: %s", cm_strerror(rc));
-    if ((rc = open_data(t, cfg->train_manifest, CM_DATA_TRAIN, cfg->seed, &t->train, err,
-                        errlen)) ||
-        (rc = check_data(t, t->train, "data.train", err, errlen)))
+    if ((rc = open_data(t, cfg->train_manifest, "data.train", CM_DATA_TRAIN, cfg->seed,
+                        &t->train_manifest, &t->train, err, errlen)))
         return rc;
     if (cfg->kind == KERN_MODEL_MLP) {
         t->x = malloc(sizeof(float) * (size_t)mb * cfg->mlp.in_dim);
@@ -191,13 +199,13 @@ int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct ker
                            char *err, size_t errlen)
 {
     struct cm_data_iter *it = NULL;
+    struct cm_data_manifest *man = NULL;
     memset(ev, 0, sizeof *ev);
     if (!*t->cfg.eval_manifest)
         return fail(err, errlen, CM_EINVAL, "no eval set configured");
-    int rc = open_data(t, t->cfg.eval_manifest, CM_DATA_EVAL, 0, &it, err, errlen);
+    int rc = open_data(t, t->cfg.eval_manifest, "data.eval", CM_DATA_EVAL, 0, &man, &it, err,
+                       errlen);
     if (rc)
-        return rc;
-    if ((rc = check_data(t, it, "data.eval", err, errlen)))
         goto out;
     /* a fixed masking stream, so successive evaluations see the same corruption */
     uint64_t rng = 0x65766131ULL;
@@ -218,6 +226,7 @@ int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct ker
     }
 out:
     cm_data_close(it);
+    cm_data_manifest_free(man);
     return rc;
 }
 
@@ -298,8 +307,10 @@ int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_
      * examples the first run already consumed. */
     cm_data_close(t->train);
     t->train = NULL;
-    rc = open_data(t, t->cfg.train_manifest, CM_DATA_TRAIN, t->cfg.seed + c.step, &t->train, err,
-                   errlen);
+    cm_data_manifest_free(t->train_manifest);
+    t->train_manifest = NULL;
+    rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN, t->cfg.seed + c.step,
+                   &t->train_manifest, &t->train, err, errlen);
 out:
     cm_ckpt_cleanup(&c);
     return rc;
@@ -308,6 +319,7 @@ out:
 void agent_trainer_cleanup(struct agent_trainer *t)
 {
     cm_data_close(t->train);
+    cm_data_manifest_free(t->train_manifest);
     kern_optim_free(t->opt);
     kern_model_free(t->model);
     free(t->x);

@@ -24,6 +24,7 @@ struct agent_trainer {
     const struct kern_backend *be;  /* borrowed */
     struct kern_model *model;       /* owned */
     struct kern_optim *opt;         /* owned */
+    struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */
     int data_vocab;                 /* text: token values are < data_vocab */
     /* host batch buffers for one micro-batch */

@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""PyTorch's CPU training step for the models bench_train_step.c times:
+   bench_train_torch.py mlp|gpt THREADS STEPS   -> "ms_per_step <float>"
+Same shapes, same batch, forward + backward + AdamW, fp32, with
+torch.set_num_threads(THREADS). The GPT mirrors kernels/kern_tfm.c (pre-LN,
+tanh-GELU, fused qkv, tied embedding)."""
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH, Fd):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc, self.fc2 = nn.Linear(C, Fd), nn.Linear(Fd, C)
+        self.NH = NH
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.NH
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.NH, hs).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+        att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+        y = (torch.softmax(att, -1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, V=256, T=64, L=2, C=128, NH=4, Fd=512):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.blocks = nn.ModuleList([Block(C, NH, Fd) for _ in range(L)])
+        self.lnf = nn.LayerNorm(C)
+
+    def forward(self, tok):
+        x = self.wte(tok) + self.wpe(torch.arange(tok.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.lnf(x) @ self.wte.weight.t()
+
+
+def main():
+    kind, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if kind == "mlp":
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                              nn.Linear(128, 10))
+        x, y = torch.randn(128, 784), torch.randint(0, 10, (128,))
+    else:
+        model = GPT()
+        x, y = torch.randint(0, 256, (32, 64)), torch.randint(0, 256, (32, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    for s in range(steps + 3):
+        if s == 3:
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+    print("ms_per_step %.3f" % ((time.perf_counter() - t0) / steps * 1e3))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,329 @@
+/* Every op of the selected backend against the CPU reference, plus a few
+ * full training steps of each model (ggml's test-backend-ops habit). The
+ * device comes from CT_TEST_DEVICE (default cuda). Without a CUDA build or a
+ * GPU the test is skipped, loudly (exit 77); `make test-gpu` sets
+ * CT_TEST_REQUIRE_GPU=1, which turns that skip into a failure. */
+/* ct-timeout: 300 */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "kern_backend.h"
+#include "kern_model.h"
+#include "kern_optim.h"
+
+static const struct kern_backend *dev, *cpu;
+static uint64_t rng = 7;
+
+static float *hrand(size_t n, float s)
+{
+    float *p = malloc(n * sizeof(float));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = s * kern_rng_normal(&rng);
+    return p;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(dev->alloc(bytes, &d), CM_OK);
+    assert_int_equal(dev->upload(d, h, bytes), CM_OK);
+    return d;
+}
+
+static void same(const char *what, const float *ref, const float *d_dev, size_t n, double tol)
+{
+    float *got = malloc(n * sizeof(float));
+    assert_non_null(got);
+    assert_int_equal(dev->download(got, d_dev, n * sizeof(float)), CM_OK);
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - ref[i]) <= tol * (1.0 + fabs(ref[i])))) {
+            print_error("%s: element %zu: %s %.7g, cpu %.7g\n", what, i, dev->name, got[i], ref[i]);
+            fail();
+        }
+    free(got);
+}
+
+/* Runs a (N,C)->(N,OC) matmul forward and backward on both backends. */
+static void test_matmul(void **state)
+{
+    (void)state;
+    int N = 37, C = 53, OC = 29;
+    float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 1), *b = hrand(OC, 1);
+    float *dout = hrand((size_t)N * OC, 1);
+    float *out = calloc((size_t)N * OC, 4), *dinp = calloc((size_t)N * C, 4);
+    float *dw = calloc((size_t)OC * C, 4), *db = calloc(OC, 4);
+    cpu->matmul_fwd(out, inp, w, b, N, C, OC);
+    cpu->matmul_bwd(dinp, dw, db, dout, inp, w, N, C, OC);
+    float *d_inp = up(inp, (size_t)N * C * 4), *d_w = up(w, (size_t)OC * C * 4), *d_b = up(b, OC * 4);
+    float *d_dout = up(dout, (size_t)N * OC * 4), *d_out = up(out, (size_t)N * OC * 4);
+    float *z = calloc((size_t)N * C + (size_t)OC * C, 4);
+    float *d_dinp = up(z, (size_t)N * C * 4), *d_dw = up(z, (size_t)OC * C * 4), *d_db = up(z, OC * 4);
+    const char *modes[] = {"fp32", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        if (dev->set_precision(modes[k]) == CM_EUNSUPPORTED && dev == cpu)
+            continue; /* the CPU self-check has fp32 only */
+        double tol = k ? 3e-2 : 1e-4; /* bf16 keeps 8 mantissa bits */
+        dev->fill(d_dinp, 0, (size_t)N * C);
+        dev->fill(d_dw, 0, (size_t)OC * C);
+        dev->fill(d_db, 0, OC);
+        dev->matmul_fwd(d_out, d_inp, d_w, d_b, N, C, OC);
+        dev->matmul_bwd(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+        same("matmul out", out, d_out, (size_t)N * OC, tol * sqrt(C));
+        same("matmul dinp", dinp, d_dinp, (size_t)N * C, tol * sqrt(OC));
+        same("matmul dw", dw, d_dw, (size_t)OC * C, tol * sqrt(N));
+        same("matmul dbias", db, d_db, OC, 1e-4 * sqrt(N));
+    }
+    assert_int_equal(dev->set_precision("fp32"), CM_OK);
+    float *all[] = {inp, w, b, dout, out, dinp, dw, db, z};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+    float *dall[] = {d_inp, d_w, d_b, d_dout, d_out, d_dinp, d_dw, d_db};
+    for (size_t i = 0; i < sizeof dall / sizeof dall[0]; i++)
+        dev->release(dall[i]);
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    size_t n = 5000;
+    float *x = hrand(n, 2), *g = hrand(n, 1), *o = calloc(n, 4), *d = calloc(n, 4);
+    float *d_x = up(x, n * 4), *d_g = up(g, n * 4), *d_o = up(o, n * 4), *d_d = up(d, n * 4);
+    for (int gelu = 0; gelu <= 1; gelu++) {
+        memset(d, 0, n * 4);
+        dev->fill(d_d, 0, n);
+        if (gelu) {
+            cpu->gelu_fwd(o, x, n);
+            cpu->gelu_bwd(d, x, g, n);
+            dev->gelu_fwd(d_o, d_x, n);
+            dev->gelu_bwd(d_d, d_x, d_g, n);
+        } else {
+            cpu->relu_fwd(o, x, n);
+            cpu->relu_bwd(d, x, g, n);
+            dev->relu_fwd(d_o, d_x, n);
+            dev->relu_bwd(d_d, d_x, d_g, n);
+        }
+        same(gelu ? "gelu fwd" : "relu fwd", o, d_o, n, 1e-5);
+        same(gelu ? "gelu bwd" : "relu bwd", d, d_d, n, 1e-5);
+    }
+    cpu->add(o, x, g, n);
+    dev->add(d_o, d_x, d_g, n);
+    same("add", o, d_o, n, 1e-6);
+    cpu->axpy(o, 0.5f, x, n);
+    dev->axpy(d_o, 0.5f, d_x, n);
+    same("axpy", o, d_o, n, 1e-6);
+    cpu->scale(o, -1.5f, n);
+    dev->scale(d_o, -1.5f, n);
+    same("scale", o, d_o, n, 1e-6);
+    double a = cpu->sumsq(x, n), b = dev->sumsq(d_x, n);
+    assert_true(fabs(a - b) <= 1e-6 * a);
+    assert_int_equal(dev->all_finite(d_x, n), 1);
+    x[1234] = NAN;
+    assert_int_equal(dev->upload(d_x, x, n * 4), CM_OK);
+    assert_int_equal(dev->all_finite(d_x, n), 0);
+    free(x); free(g); free(o); free(d);
+    dev->release(d_x); dev->release(d_g); dev->release(d_o); dev->release(d_d);
+}
+
+static void test_layernorm_xent(void **state)
+{
+    (void)state;
+    int N = 33, C = 300, V = 1000;
+    float *x = hrand((size_t)N * C, 2), *w = hrand(C, 1), *b = hrand(C, 1);
+    float *dy = hrand((size_t)N * C, 1);
+    float *o = calloc((size_t)N * C, 4), *mean = calloc(N, 4), *rstd = calloc(N, 4);
+    float *dx = calloc((size_t)N * C, 4), *dw = calloc(C, 4), *db = calloc(C, 4);
+    cpu->layernorm_fwd(o, mean, rstd, x, w, b, N, C);
+    cpu->layernorm_bwd(dx, dw, db, dy, x, w, mean, rstd, N, C);
+    float *d_x = up(x, (size_t)N * C * 4), *d_w = up(w, C * 4), *d_b = up(b, C * 4);
+    float *d_dy = up(dy, (size_t)N * C * 4), *d_o = up(o, (size_t)N * C * 4);
+    float *d_mean = up(mean, N * 4), *d_rstd = up(rstd, N * 4);
+    float *zero = calloc((size_t)N * C, 4);
+    float *d_dx = up(zero, (size_t)N * C * 4), *d_dw = up(zero, C * 4), *d_db = up(zero, C * 4);
+    dev->layernorm_fwd(d_o, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    dev->layernorm_bwd(d_dx, d_dw, d_db, d_dy, d_x, d_w, d_mean, d_rstd, N, C);
+    same("layernorm out", o, d_o, (size_t)N * C, 1e-4);
+    same("layernorm dx", dx, d_dx, (size_t)N * C, 1e-4);
+    same("layernorm dw", dw, d_dw, C, 1e-4);
+    same("layernorm db", db, d_db, C, 1e-4);
+    /* cross-entropy over V = 1000 classes, one ignored row */
+    float *lg = hrand((size_t)N * V, 3), *pr = calloc((size_t)N * V, 4), *ls = calloc(N, 4);
+    float *dl = calloc((size_t)N * V, 4);
+    int *tg = malloc(N * sizeof(int));
+    for (int i = 0; i < N; i++)
+        tg[i] = i == 5 ? -1 : (i * 37) % V;
+    cpu->xent_fwd(ls, pr, lg, tg, N, V);
+    cpu->xent_bwd(dl, pr, tg, 0.25f, N, V);
+    float *d_lg = up(lg, (size_t)N * V * 4), *d_pr = up(pr, (size_t)N * V * 4);
+    float *d_ls = up(ls, N * 4), *d_dl = up(dl, (size_t)N * V * 4);
+    int *d_tg = up(tg, N * sizeof(int));
+    dev->fill(d_dl, 0, (size_t)N * V);
+    dev->xent_fwd(d_ls, d_pr, d_lg, d_tg, N, V);
+    dev->xent_bwd(d_dl, d_pr, d_tg, 0.25f, N, V);
+    same("xent losses", ls, d_ls, N, 1e-5);
+    same("xent probs", pr, d_pr, (size_t)N * V, 1e-5);
+    same("xent dlogits", dl, d_dl, (size_t)N * V, 1e-5);
+    void *hp[] = {x, w, b, dy, o, mean, rstd, dx, dw, db, zero, lg, pr, ls, dl, tg};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        free(hp[i]);
+    void *dp[] = {d_x, d_w, d_b, d_dy, d_o, d_mean, d_rstd, d_dx, d_dw, d_db, d_lg, d_pr, d_ls,
+                  d_dl, d_tg};
+    for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+        dev->release(dp[i]);
+}
+
+static void test_embed_attention(void **state)
+{
+    (void)state;
+    int B = 3, T = 17, C = 24, NH = 3, V = 11;
+    size_t N = (size_t)B * T, A = (size_t)B * NH * T * T;
+    int *tok = malloc(N * sizeof(int));
+    for (size_t i = 0; i < N; i++)
+        tok[i] = (int)(i * 7 % V);
+    float *wte = hrand((size_t)V * C, 1), *wpe = hrand((size_t)T * C, 1), *e = calloc(N * C, 4);
+    float *dwte = calloc((size_t)V * C, 4), *dwpe = calloc((size_t)T * C, 4);
+    float *dy = hrand(N * C, 1);
+    cpu->embed_fwd(e, tok, wte, wpe, B, T, C);
+    cpu->embed_bwd(dwte, dwpe, dy, tok, B, T, C);
+    int *d_tok = up(tok, N * sizeof(int));
+    float *d_wte = up(wte, (size_t)V * C * 4), *d_wpe = up(wpe, (size_t)T * C * 4);
+    float *d_e = up(e, N * C * 4), *d_dy = up(dy, N * C * 4);
+    float *zero = calloc(A > N * 3 * C ? A : N * 3 * C, 4);
+    float *d_dwte = up(zero, (size_t)V * C * 4), *d_dwpe = up(zero, (size_t)T * C * 4);
+    dev->embed_fwd(d_e, d_tok, d_wte, d_wpe, B, T, C);
+    dev->embed_bwd(d_dwte, d_dwpe, d_dy, d_tok, B, T, C);
+    same("embed out", e, d_e, N * C, 1e-6);
+    same("embed dwte", dwte, d_dwte, (size_t)V * C, 1e-5);
+    same("embed dwpe", dwpe, d_dwpe, (size_t)T * C, 1e-5);
+    float *qkv = hrand(N * 3 * C, 1);
+    float *out = calloc(N * C, 4), *pre = calloc(A, 4), *att = calloc(A, 4);
+    float *dqkv = calloc(N * 3 * C, 4), *dpre = calloc(A, 4), *datt = calloc(A, 4);
+    float *d_qkv = up(qkv, N * 3 * C * 4), *d_out = up(zero, N * C * 4);
+    float *d_pre = up(zero, A * 4), *d_att = up(zero, A * 4), *d_dqkv = up(zero, N * 3 * C * 4);
+    float *d_dpre = up(zero, A * 4), *d_datt = up(zero, A * 4);
+    for (int causal = 0; causal <= 1; causal++) {
+        memset(dqkv, 0, N * 3 * C * 4);
+        dev->fill(d_dqkv, 0, N * 3 * C);
+        cpu->attention_fwd(out, pre, att, qkv, B, T, C, NH, causal);
+        cpu->attention_bwd(dqkv, dpre, datt, dy, qkv, att, B, T, C, NH, causal);
+        dev->attention_fwd(d_out, d_pre, d_att, d_qkv, B, T, C, NH, causal);
+        dev->attention_bwd(d_dqkv, d_dpre, d_datt, d_dy, d_qkv, d_att, B, T, C, NH, causal);
+        same("attention out", out, d_out, N * C, 1e-5);
+        same("attention att", att, d_att, A, 1e-5);
+        same("attention dqkv", dqkv, d_dqkv, N * 3 * C, 1e-4);
+    }
+    void *hp[] = {tok, wte, wpe, e, dwte, dwpe, dy, zero, qkv, out, pre, att, dqkv, dpre, datt};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        free(hp[i]);
+    void *dp[] = {d_tok, d_wte, d_wpe, d_e, d_dy, d_dwte, d_dwpe, d_qkv, d_out, d_pre, d_att,
+                  d_dqkv, d_dpre, d_datt};
+    for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+        dev->release(dp[i]);
+}
+
+/* Three AdamW steps of each model on both backends from the same start. */
+static void train_both(struct kern_model *mc, struct kern_model *md, const struct kern_batch *b,
+                       enum kern_opt_kind kind)
+{
+    float *p = malloc(mc->nparams * 4);
+    assert_non_null(p);
+    assert_int_equal(kern_model_get_params(mc, p), CM_OK);
+    assert_int_equal(kern_model_set_params(md, p), CM_OK);
+    struct kern_optim_config oc;
+    kern_optim_config_default(&oc);
+    oc.kind = kind;
+    oc.lr = 1e-3f;
+    oc.weight_decay = 0.01f;
+    oc.clip_norm = 1.0f;
+    struct kern_optim *oc_c = NULL, *oc_d = NULL;
+    assert_int_equal(kern_optim_new(cpu, &oc, mc->nparams, &oc_c), CM_OK);
+    assert_int_equal(kern_optim_new(dev, &oc, md->nparams, &oc_d), CM_OK);
+    for (int s = 0; s < 3; s++) {
+        struct kern_eval ec = {0}, ed = {0};
+        kern_model_zero_grad(mc);
+        kern_model_zero_grad(md);
+        assert_int_equal(kern_model_fwd_bwd(mc, b, 1.0f, &ec), CM_OK);
+        assert_int_equal(kern_model_fwd_bwd(md, b, 1.0f, &ed), CM_OK);
+        assert_true(fabs(ec.loss_sum - ed.loss_sum) <= 1e-4 * (1 + fabs(ec.loss_sum)));
+        assert_int_equal(kern_optim_step(oc_c, mc, NULL, NULL), CM_OK);
+        assert_int_equal(kern_optim_step(oc_d, md, NULL, NULL), CM_OK);
+    }
+    assert_int_equal(kern_model_get_params(mc, p), CM_OK);
+    same("params after 3 steps", p, md->params, mc->nparams, 2e-4);
+    kern_optim_free(oc_c);
+    kern_optim_free(oc_d);
+    free(p);
+}
+
+static void test_models(void **state)
+{
+    (void)state;
+    assert_int_equal(dev->set_precision("fp32"), CM_OK);
+    struct kern_mlp_config mc = {.in_dim = 50, .nhidden = 2, .hidden = {64, 32}, .nclass = 10};
+    struct kern_model *a = NULL, *b = NULL;
+    assert_int_equal(kern_mlp_new(cpu, &mc, 16, 3, &a), CM_OK);
+    assert_int_equal(kern_mlp_new(dev, &mc, 16, 3, &b), CM_OK);
+    float *x = hrand(16 * 50, 1);
+    int y[16];
+    for (int i = 0; i < 16; i++)
+        y[i] = i % 10;
+    struct kern_batch mb = {.B = 16, .x = x, .targets = y};
+    train_both(a, b, &mb, KERN_OPT_ADAMW);
+    kern_model_free(a);
+    kern_model_free(b);
+    free(x);
+    for (int kind = KERN_MODEL_GPT; kind <= KERN_MODEL_ALBERT; kind++) {
+        struct kern_tfm_config tc = {.kind = kind, .vocab = 40, .max_T = 16, .n_layer = 2,
+                                     .n_head = 4, .d_model = 32,
+                                     .d_embed = kind == KERN_MODEL_ALBERT ? 16 : 32, .d_ff = 64,
+                                     .share_layers = kind == KERN_MODEL_ALBERT};
+        assert_int_equal(kern_tfm_new(cpu, &tc, 4, 5, &a), CM_OK);
+        assert_int_equal(kern_tfm_new(dev, &tc, 4, 5, &b), CM_OK);
+        int tok[64], tgt[64];
+        for (int i = 0; i < 64; i++) {
+            tok[i] = (i * 13) % 40;
+            tgt[i] = (kind == KERN_MODEL_ALBERT && i % 4) ? -1 : (i * 7) % 40;
+        }
+        struct kern_batch tb = {.B = 4, .T = 16, .tokens = tok, .targets = tgt};
+        train_both(a, b, &tb, kind == KERN_MODEL_ALBERT ? KERN_OPT_LAMB : KERN_OPT_ADAMW);
+        kern_model_free(a);
+        kern_model_free(b);
+    }
+}
+
+int main(void)
+{
+    const char *want = getenv("CT_TEST_DEVICE");
+    const char *req = getenv("CT_TEST_REQUIRE_GPU");
+    int require = req && !strcmp(req, "1");
+    cpu = kern_backend_cpu();
+    kern_cpu_set_threads(2);
+    int rc = kern_backend_pick(want ? want : "cuda", &dev);
+    /* CT_TEST_DEVICE=cpu runs the CPU against itself: a check of this
+     * harness, not of a backend, and never the default. */
+    if (rc || (dev == cpu && !(want && !strcmp(want, "cpu")))) {
+        printf("no %s backend to compare with the CPU: %s\n", want ? want : "cuda",
+               kern_have_cuda_build() ? "no usable GPU" : "this build has no CUDA (CUDA=0 or no nvcc)");
+        if (require)
+            return 1;
+        printf("skipped: backend comparison needs a GPU (make test-gpu on a machine with one)\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_layernorm_xent),
+        cmocka_unit_test(test_embed_attention),
+        cmocka_unit_test(test_models),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

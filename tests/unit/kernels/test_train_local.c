@@ -1,0 +1,261 @@
+/* The training loop of `train --local` end to end on a tiny byte-level GPT
+ * and ALBERT: a text shard and its manifest are written to a temporary
+ * directory, the trainer runs a few dozen steps (loss on held-out text must
+ * drop), saves a checkpoint and a second trainer resumes from it with the
+ * same parameters. Bad configs (unknown field, wrong type, impossible sizes,
+ * a model that does not fit the data) are refused with a message naming the
+ * problem, and leave an existing checkpoint untouched. */
+/* ct-timeout: 300 */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/train/train_config.h"
+#include "agent/train/trainer.h"
+#include "cm_crypto.h"
+#include "cm_err.h"
+
+static char g_dir[256];
+
+static void write_file(const char *name, const void *data, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* A repetitive but not trivial text, so a tiny model learns it fast. */
+static void make_text_manifest(const char *mname, const char *fname, int variant)
+{
+    static const char *words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ",
+                                  "lazy ", "dog ", "and ", "runs ", "away. ", "\n"};
+    size_t cap = 40000, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    uint64_t s = 11 + (uint64_t)variant;
+    while (n + 16 < cap) {
+        const char *w = words[kern_rng_u64(&s) % 12];
+        memcpy(buf + n, w, strlen(w));
+        n += strlen(w);
+    }
+    write_file(fname, buf, n);
+    uint8_t h[32];
+    char hex[65], path[512], man[2048];
+    cm_sha256(buf, n, h);
+    cm_hex_encode(h, 32, hex);
+    snprintf(path, sizeof path, "%s/%s", g_dir, fname);
+    snprintf(man, sizeof man,
+             "{\"name\": \"t\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file://%s\", "
+             "\"size\": %zu, \"sha256\": \"%s\"}]}",
+             path, n, hex);
+    write_file(mname, man, strlen(man));
+    free(buf);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/ct-train-test-XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    make_text_manifest("train.json", "train.txt", 0);
+    make_text_manifest("eval.json", "eval.txt", 1);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *GPT_CFG =
+    "{\"model\": {\"type\": \"%s\", \"vocab\": 257, \"context\": 16, \"layers\": 2, \"heads\": 2,"
+    " \"d_model\": 32, \"d_ff\": 64%s},"
+    " \"optimizer\": {\"type\": \"%s\", \"lr\": %s, \"clip_norm\": 1.0},"
+    " \"schedule\": {\"type\": \"linear\", \"warmup_steps\": 5},"
+    " \"batch_size\": 16, \"micro_batch\": 8, \"steps\": 60, \"seed\": 3, \"device\": \"cpu\","
+    " \"data\": {\"train\": \"train.json\", \"eval\": \"eval.json\", \"shuffle_buffer\": 256},"
+    " \"eval\": {\"batches\": 8},"
+    " \"checkpoint\": {\"dir\": \"ck\", \"every\": 0}}";
+
+static void run_model(const char *type, const char *extra, const char *opt, const char *lr)
+{
+    char text[2048], err[512] = "";
+    snprintf(text, sizeof text, GPT_CFG, type, extra, opt, lr);
+    struct agent_train_config cfg;
+    assert_int_equal(agent_train_config_parse(text, strlen(text), g_dir, &cfg, err, sizeof err),
+                     CM_OK);
+    struct agent_trainer t;
+    if (agent_trainer_init(&t, &cfg, text, strlen(text), err, sizeof err)) {
+        print_error("init: %s\n", err);
+        fail();
+    }
+    struct kern_eval before, after, ev;
+    assert_int_equal(agent_trainer_evaluate(&t, cfg.eval_batches, &before, err, sizeof err), CM_OK);
+    assert_true(before.count > 0);
+    for (long s = 0; s < cfg.steps; s++) {
+        assert_int_equal(agent_trainer_compute_grads(&t, &ev), CM_OK);
+        assert_int_equal(agent_trainer_apply(&t, NULL, NULL), CM_OK);
+    }
+    assert_int_equal(agent_trainer_evaluate(&t, cfg.eval_batches, &after, err, sizeof err), CM_OK);
+    double lb = before.loss_sum / before.count, la = after.loss_sum / after.count;
+    print_message("%s: eval loss %.3f -> %.3f\n", type, lb, la);
+    /* ln(257) = 5.55 at the start; the word stream has far less entropy */
+    assert_true(la < lb - 1.0);
+    /* checkpoint, then resume into a fresh trainer */
+    assert_int_equal(agent_trainer_save(&t, err, sizeof err), CM_OK);
+    size_t n = t.model->nparams;
+    float *p1 = malloc(n * 4), *p2 = malloc(n * 4);
+    assert_non_null(p1);
+    assert_non_null(p2);
+    assert_int_equal(kern_model_get_params(t.model, p1), CM_OK);
+    struct agent_trainer t2;
+    assert_int_equal(agent_trainer_init(&t2, &cfg, text, strlen(text), err, sizeof err), CM_OK);
+    int resumed = 0;
+    assert_int_equal(agent_trainer_resume(&t2, &resumed, err, sizeof err), CM_OK);
+    assert_int_equal(resumed, 1);
+    assert_int_equal(t2.opt->step, cfg.steps);
+    assert_int_equal(kern_model_get_params(t2.model, p2), CM_OK);
+    assert_memory_equal(p1, p2, n * 4);
+    agent_trainer_cleanup(&t2);
+    agent_trainer_cleanup(&t);
+    free(p1);
+    free(p2);
+}
+
+static void test_gpt_learns_and_resumes(void **state)
+{
+    (void)state;
+    run_model("gpt", "", "adamw", "0.01");
+}
+
+static void test_albert_learns_and_resumes(void **state)
+{
+    (void)state;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s/ck/latest.ckpt", g_dir);
+    unlink(ck); /* the GPT test's checkpoint has another shape */
+    run_model("albert", ", \"d_embed\": 16, \"mask_prob\": 0.3", "lamb", "0.05");
+}
+
+/* Each bad config must fail with a message containing the given text. */
+static void test_bad_configs(void **state)
+{
+    (void)state;
+    static const struct { const char *json, *msg; } bad[] = {
+        {"{", "line"},
+        {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [3], \"classes\": 2},"
+         " \"steps\": 1, \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}, \"colour\": 1}",
+         "colour: unknown field"},
+        {"{\"model\": {\"type\": \"mlp\", \"inputs\": \"4\", \"hidden\": [3], \"classes\": 2},"
+         " \"steps\": 1, \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
+         "model.inputs: must be an integer"},
+        {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [0], \"classes\": 2},"
+         " \"steps\": 1, \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
+         "model.hidden[0]"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 3, \"d_model\": 32}, \"steps\": 1, \"batch_size\": 2,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "n_head must divide d_model"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 2, \"d_model\": 32}, \"steps\": 10, \"batch_size\": 6, \"micro_batch\": 4,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "does not divide"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 2, \"d_model\": 32}, \"steps\": 10, \"batch_size\": 4,"
+         " \"optimizer\": {\"type\": \"sgd\"}, \"data\": {\"train\": \"train.json\"}}",
+         "optimizer.type"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 2, \"d_model\": 32}, \"steps\": 10, \"batch_size\": 4,"
+         " \"schedule\": {\"type\": \"cosine\", \"warmup_steps\": 20},"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "warmup_steps"},
+        {"{\"model\": {\"type\": \"transformer\"}, \"steps\": 1, \"batch_size\": 2,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "not mlp, gpt or albert"},
+        {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [3], \"classes\": 2},"
+         " \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
+         "steps: missing"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 100000,"
+         " \"heads\": 2, \"d_model\": 32}, \"steps\": 1, \"batch_size\": 2,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "model.layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct agent_train_config cfg;
+        char err[512] = "";
+        int rc = agent_train_config_parse(bad[i].json, strlen(bad[i].json), g_dir, &cfg, err,
+                                          sizeof err);
+        if (rc == CM_OK || !strstr(err, bad[i].msg)) {
+            print_error("config %zu: rc %d, message '%s', expected '%s'\n", i, rc, err,
+                        bad[i].msg);
+            fail();
+        }
+    }
+}
+
+/* A model that does not fit its data is refused at init, before anything is
+ * written: an existing checkpoint stays byte-for-byte the same. */
+static void test_mismatch_leaves_checkpoint(void **state)
+{
+    (void)state;
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s/ck2", g_dir);
+    mkdir(ck, 0755);
+    write_file("ck2/latest.ckpt", "sentinel", 8);
+    static const char *cfgs[] = {
+        /* byte data but vocab 100 */
+        "{\"model\": {\"type\": \"gpt\", \"vocab\": 100, \"context\": 16, \"layers\": 1,"
+        " \"heads\": 2, \"d_model\": 16}, \"steps\": 5, \"batch_size\": 2, \"device\": \"cpu\","
+        " \"data\": {\"train\": \"train.json\"}, \"checkpoint\": {\"dir\": \"ck2\"}}",
+        /* an MLP on text */
+        "{\"model\": {\"type\": \"mlp\", \"inputs\": 784, \"hidden\": [8], \"classes\": 10},"
+        " \"steps\": 5, \"batch_size\": 2, \"device\": \"cpu\","
+        " \"data\": {\"train\": \"train.json\"}, \"checkpoint\": {\"dir\": \"ck2\"}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        struct agent_train_config cfg;
+        char err[512] = "";
+        assert_int_equal(
+            agent_train_config_parse(cfgs[i], strlen(cfgs[i]), g_dir, &cfg, err, sizeof err),
+            CM_OK);
+        struct agent_trainer t;
+        assert_int_not_equal(agent_trainer_init(&t, &cfg, cfgs[i], strlen(cfgs[i]), err, sizeof err),
+                             CM_OK);
+        print_message("refused as expected: %s\n", err);
+        assert_true(strstr(err, i == 0 ? "model.vocab" : "idx-images") != NULL);
+        agent_trainer_cleanup(&t);
+    }
+    char path[600], got[16] = "";
+    snprintf(path, sizeof path, "%s/ck2/latest.ckpt", g_dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(got, 1, sizeof got, f), 8);
+    fclose(f);
+    assert_memory_equal(got, "sentinel", 8);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt_learns_and_resumes),
+        cmocka_unit_test(test_albert_learns_and_resumes),
+        cmocka_unit_test(test_bad_configs),
+        cmocka_unit_test(test_mismatch_leaves_checkpoint),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
