@@ -170,6 +170,9 @@ int cm_ckpt_write(const char *path, const struct cm_ckpt *c, uint8_t sha256_out[
         return CM_ENOMEM;
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
     struct writer w = {.fd = mkostemp(tmp, O_CLOEXEC)};
+    /* mkstemp makes 0600; a checkpoint is no secret and other tools read it. */
+    if (w.fd >= 0 && fchmod(w.fd, 0644) != 0)
+        w.err = CM_EIO;
     if (w.fd < 0) {
         CM_LOGE("ckpt", "checkpoint %s: cannot create temporary file: %s", path, strerror(errno));
         free(tmp);

@@ -141,6 +141,12 @@ int cm_st_write(const char *path, const struct cm_st_export *t, size_t n,
     }
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
     int fd = mkostemp(tmp, O_CLOEXEC);
+    /* mkstemp makes 0600; an exported model is meant to be opened by other tools. */
+    if (fd >= 0 && fchmod(fd, 0644) != 0) {
+        close(fd);
+        unlink(tmp);
+        fd = -1;
+    }
     if (fd < 0) {
         CM_LOGE("safetensors", "%s: cannot create temporary file: %s", path, strerror(errno));
         free(tmp);
