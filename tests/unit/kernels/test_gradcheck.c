@@ -18,6 +18,7 @@
 
 #include "cm_err.h"
 #include "kern_backend.h"
+#include "kern_expert.h"
 #include "kern_model.h"
 
 static uint64_t g_rng = 12345;
@@ -380,6 +381,53 @@ static void test_albert_grad(void **state)
     tfm_check(KERN_MODEL_ALBERT, 0, "albert unshared");
 }
 
+/* ---- expert block: L = sum(y * R) ---- */
+enum { XPN = 3, XPC = 6, XPF = 10 };
+struct xp_ctx {
+    struct kern_expert *e;
+    float x[XPN * XPC], y[XPN * XPC], R[XPN * XPC];
+};
+
+static double xp_loss(void *p)
+{
+    struct xp_ctx *c = p;
+    assert_int_equal(kern_expert_forward(c->e, c->x, XPN, c->y), CM_OK);
+    return dot(c->y, c->R, XPN * XPC);
+}
+
+static void test_expert_grad(void **state)
+{
+    (void)state;
+    struct xp_ctx c;
+    assert_int_equal(kern_expert_new(kern_backend_cpu(), XPC, XPF, XPN, 5, &c.e), CM_OK);
+    struct kern_model *m = kern_expert_model(c.e);
+    randn(c.x, XPN * XPC, 1);
+    randn(c.R, XPN * XPC, 1);
+    /* general position for LayerNorm and biases */
+    float *p = m->params;
+    for (size_t i = 0; i < m->nparams; i++)
+        p[i] += 0.1f * kern_rng_normal(&g_rng);
+    float dx[XPN * XPC];
+    kern_model_zero_grad(m);
+    assert_int_equal(kern_expert_backward(c.e, c.x, c.R, XPN, dx), CM_OK);
+    fd_check("expert dx", xp_loss, &c, c.x, dx, XPN * XPC);
+    /* the CPU backend's parameters are host memory: perturb them in place */
+    float *g = malloc(m->nparams * sizeof(float));
+    assert_non_null(g);
+    assert_int_equal(kern_model_get_grads(m, g), CM_OK);
+    fd_check("expert params", xp_loss, &c, m->params, g, m->nparams);
+    /* a second backward accumulates */
+    assert_int_equal(kern_expert_backward(c.e, c.x, c.R, XPN, dx), CM_OK);
+    for (size_t i = 0; i < m->nparams; i++)
+        assert_float_equal(m->grads[i], 2 * g[i], 1e-4 * (1 + fabsf(g[i])));
+    /* garbage from a peer is refused */
+    c.x[4] = NAN;
+    assert_int_equal(kern_expert_forward(c.e, c.x, XPN, c.y), CM_EINVAL);
+    assert_int_equal(kern_expert_forward(c.e, c.R, XPN + 1, c.y), CM_EINVAL);
+    free(g);
+    kern_expert_free(c.e);
+}
+
 int main(void)
 {
     kern_cpu_set_threads(2);
@@ -388,7 +436,7 @@ int main(void)
         cmocka_unit_test(test_layernorm),    cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_attention),    cmocka_unit_test(test_xent),
         cmocka_unit_test(test_mlp_grad),     cmocka_unit_test(test_gpt_grad),
-        cmocka_unit_test(test_albert_grad),
+        cmocka_unit_test(test_albert_grad),  cmocka_unit_test(test_expert_grad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
