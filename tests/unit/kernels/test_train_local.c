@@ -249,6 +249,34 @@ static void test_mismatch_leaves_checkpoint(void **state)
     assert_memory_equal(got, "sentinel", 8);
 }
 
+/* The shipped example configs parse, and the reference sizes have the
+ * parameter counts the docs quote. Run from the repository root. */
+static void test_example_configs(void **state)
+{
+    (void)state;
+    static const struct { const char *file; size_t params; } ex[] = {
+        {"examples/fmnist-mlp.json", 235146},
+        {"examples/tiny-gpt-bytes.json", 437760},
+        {"examples/tiny-albert-bytes.json", 0},
+        {"examples/gpt2-small.json", 124439808},
+        {"examples/albert-large.json", 0},
+    };
+    for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
+        struct agent_train_config cfg;
+        char err[512] = "";
+        if (agent_train_config_load(ex[i].file, &cfg, err, sizeof err)) {
+            print_error("%s: %s\n", ex[i].file, err);
+            fail();
+        }
+        size_t n = cfg.kind == KERN_MODEL_MLP ? kern_mlp_param_count(&cfg.mlp)
+                                               : kern_tfm_param_count(&cfg.tfm);
+        if (ex[i].params)
+            assert_int_equal(n, ex[i].params);
+        /* manifests resolve next to the config */
+        assert_non_null(strstr(cfg.train_manifest, "examples/"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +284,7 @@ int main(void)
         cmocka_unit_test(test_albert_learns_and_resumes),
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_mismatch_leaves_checkpoint),
+        cmocka_unit_test(test_example_configs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
