@@ -9,7 +9,7 @@ PKGS="build-essential pkg-config clang llvm libclang-rt-14-dev
 libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libpq-dev
 postgresql postgresql-contrib libglpk-dev libcmocka-dev libopenblas-dev libuv1-dev
 libprotobuf-c-dev protobuf-c-compiler libargon2-dev wrk dataset-fashion-mnist zlib1g-dev
-iproute2 iptables procps curl ca-certificates openssl"
+iproute2 iptables procps curl ca-certificates openssl vim-runtime"
 
 # Extra packages only some targets need (browser tests, PyTorch fixtures).
 case "${1:-}" in
