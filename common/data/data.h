@@ -44,12 +44,20 @@ enum cm_data_compression {
 #define CM_DATA_MAX_SHARD_SIZE (1ull << 40) /* 1 TiB: a manifest field bound */
 #define CM_DATA_MAX_IMAGE_PIXELS (1u << 20)
 
-/* One file of a shard: where it is and what it must hash to. */
+#define CM_DATA_MAX_CHUNKS (1u << 20)
+
+/* One file of a shard: where it is and what it must hash to. With chunk
+ * hashes (text-bytes and tokens-u16, uncompressed only), the examples of
+ * each verified chunk are released while the rest of the file is still
+ * arriving; without them, the whole file is verified first. */
 struct cm_data_file {
     char *url;                          /* owned, NUL-terminated */
     uint64_t size;                      /* bytes as stored (compressed if gzip) */
     uint8_t sha256[32];                 /* of the stored bytes */
     enum cm_data_compression compression;
+    uint32_t chunk_size;                /* 0 = no chunk hashes */
+    uint32_t n_chunks;                  /* ceil(size / chunk_size) */
+    uint8_t (*chunk_sha256)[32];        /* owned, n_chunks hashes of consecutive chunks */
 };
 
 struct cm_data_shard {
@@ -184,8 +192,9 @@ int cm_data_open_file(const char *manifest_path, uint64_t seed,
                       const struct cm_data_options *o, struct cm_data_iter **out);
 
 /* Fills up to b->capacity examples (always exactly capacity in train mode).
- * In eval mode, b->n < capacity only at the end; b->n == 0 means the pass is
- * over. Errors: CM_ECHECKSUM / CM_EIO / CM_ETIMEOUT / CM_EPARSE when a shard
+ * In eval mode, b->n < capacity only at the end of the pass or just before
+ * an error (the good examples come first, the error on the next call);
+ * b->n == 0 means the pass is over. Errors: CM_ECHECKSUM / CM_EIO / CM_ETIMEOUT / CM_EPARSE when a shard
  * is rejected and cannot be skipped (eval mode, skip_bad_shards 0, or every
  * shard of an epoch rejected); the reason is in stats.last_error. After an
  * error the iterator stays failed. */

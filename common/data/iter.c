@@ -48,7 +48,17 @@ static uint64_t rng_below(uint64_t *s, uint64_t n)
     return splitmix64(s) % n;
 }
 
-/* ---- Queue items -------------------------------------------------------- */
+/* ---- Shard buffers and queue items -------------------------------------- */
+
+/* The decoded bytes of one shard, shared by the queue items that point into
+ * it (a chunked shard is released as several items). The last reference
+ * frees it and makes room for the producer to fetch another shard. */
+struct sbuf {
+    atomic_int refs;
+    struct cm_data_iter *it;
+    uint8_t *data;           /* decoded data file, or the raw file being filled (chunked) */
+    uint8_t *labels;         /* decoded labels file (idx only) */
+};
 
 enum item_kind { ITEM_SHARD, ITEM_END, ITEM_FATAL };
 
@@ -57,22 +67,13 @@ struct item {
     int rc;                  /* ITEM_FATAL */
     uint32_t shard;          /* index in the manifest */
     uint64_t epoch;
+    uint64_t k0;             /* index in the shard of the first example */
     uint64_t n;              /* examples */
-    uint8_t *data;           /* decoded data file (owned) */
-    uint8_t *labels;         /* decoded labels file (owned, idx only) */
-    const uint8_t *x;        /* images / bytes / little-endian uint16 tokens */
-    const uint8_t *y;        /* labels, idx only */
+    struct sbuf *sb;         /* one reference, ITEM_SHARD only */
+    const uint8_t *x;        /* first example: image / bytes / little-endian uint16 tokens */
+    const uint8_t *y;        /* first label, idx only */
     struct item *next;
 };
-
-static void item_free(struct item *t)
-{
-    if (!t)
-        return;
-    free(t->data);
-    free(t->labels);
-    free(t);
-}
 
 struct cm_data_iter {
     const struct cm_data_manifest *m;
@@ -81,15 +82,16 @@ struct cm_data_iter {
     uint64_t seed;
     size_t width;            /* pixels per image, or T+1 tokens per window */
     size_t rec_bytes;        /* bytes per record in the shuffle buffer */
+    size_t stride;           /* bytes from one example's start to the next in a shard */
     float lut[256];          /* pixel -> normalized float */
 
     /* producer/consumer queue */
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
-    pthread_cond_t cv_put, cv_get;
+    pthread_cond_t cv_room, cv_get;
     struct item *head, *tail;
-    unsigned queued;
+    unsigned live_shards;    /* shard buffers alive (queued, in use or downloading) */
     atomic_int stop;
 
     /* stats, under mu */
@@ -99,6 +101,7 @@ struct cm_data_iter {
     struct item *cur;
     uint64_t cur_pos;
     int failed;              /* sticky error */
+    int deferred;            /* eval: error to report after the examples before it */
     int ended;               /* eval: END seen */
     uint8_t *buf;            /* shuffle buffer: S records */
     uint64_t *buf_ids;
@@ -109,6 +112,41 @@ struct cm_data_iter {
     uint8_t *scratch;        /* one record (eval mode) */
     struct item *reserve;    /* an ITEM_FATAL/ENOMEM marker for when malloc fails */
 };
+
+static struct sbuf *sbuf_new(struct cm_data_iter *it)
+{
+    struct sbuf *sb = calloc(1, sizeof *sb);
+    if (!sb)
+        return NULL;
+    atomic_init(&sb->refs, 1);
+    sb->it = it;
+    pthread_mutex_lock(&it->mu);
+    it->live_shards++;
+    pthread_mutex_unlock(&it->mu);
+    return sb;
+}
+
+static void sbuf_unref(struct sbuf *sb)
+{
+    if (!sb || atomic_fetch_sub(&sb->refs, 1) != 1)
+        return;
+    struct cm_data_iter *it = sb->it;
+    free(sb->data);
+    free(sb->labels);
+    free(sb);
+    pthread_mutex_lock(&it->mu);
+    it->live_shards--;
+    pthread_cond_signal(&it->cv_room);
+    pthread_mutex_unlock(&it->mu);
+}
+
+static void item_free(struct item *t)
+{
+    if (!t)
+        return;
+    sbuf_unref(t->sb);
+    free(t);
+}
 
 void cm_data_options_init(struct cm_data_options *o)
 {
@@ -140,16 +178,147 @@ static void set_error(struct cm_data_iter *it, const char *fmt, ...)
     pthread_mutex_unlock(&it->mu);
 }
 
+/* ---- Queue --------------------------------------------------------------- */
+
+/* Never blocks: memory is bounded by the number of live shard buffers (see
+ * wait_for_room), and a chunked shard must be able to release examples
+ * from inside a transfer without stalling it. Returns -1 when closing (t is
+ * freed then). */
+static int queue_put(struct cm_data_iter *it, struct item *t)
+{
+    pthread_mutex_lock(&it->mu);
+    if (atomic_load(&it->stop)) {
+        pthread_mutex_unlock(&it->mu);
+        item_free(t);
+        return -1;
+    }
+    if (it->tail)
+        it->tail->next = t;
+    else
+        it->head = t;
+    it->tail = t;
+    pthread_cond_signal(&it->cv_get);
+    pthread_mutex_unlock(&it->mu);
+    return 0;
+}
+
+static struct item *queue_get(struct cm_data_iter *it)
+{
+    pthread_mutex_lock(&it->mu);
+    while (!it->head)
+        pthread_cond_wait(&it->cv_get, &it->mu);
+    struct item *t = it->head;
+    it->head = t->next;
+    if (!it->head)
+        it->tail = NULL;
+    pthread_mutex_unlock(&it->mu);
+    t->next = NULL;
+    return t;
+}
+
+static void put_marker(struct cm_data_iter *it, enum item_kind kind, int rc)
+{
+    struct item *t = calloc(1, sizeof *t);
+    if (t) {
+        t->kind = kind;
+        t->rc = rc;
+    } else {
+        /* The marker reserved at open time still tells the consumer to stop waiting. */
+        CM_LOGE("data", "out of memory in the shard thread");
+        t = it->reserve;
+        it->reserve = NULL;
+    }
+    queue_put(it, t);
+}
+
+/* Queues examples [k0, k0 + n) of a shard; x and y point at example k0. */
+static int push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shard,
+                         uint64_t epoch, uint64_t k0, uint64_t n, const uint8_t *x,
+                         const uint8_t *y)
+{
+    struct item *t = calloc(1, sizeof *t);
+    if (!t)
+        return CM_ENOMEM;
+    atomic_fetch_add(&sb->refs, 1);
+    *t = (struct item){.kind = ITEM_SHARD, .shard = shard, .epoch = epoch, .k0 = k0, .n = n,
+                       .sb = sb, .x = x, .y = y};
+    return queue_put(it, t) == 0 ? CM_OK : CM_ECLOSED;
+}
+
+/* ---- Chunked shards: release windows as chunks verify -------------------- */
+
+struct chunked {
+    struct sbuf *sb;
+    uint32_t shard;
+    uint64_t epoch;
+    uint32_t verified;       /* chunks verified so far */
+    uint64_t released;       /* windows queued so far */
+    uint64_t total;          /* windows in the whole shard, once known */
+    int header_ok;           /* tokens-u16: header parsed */
+};
+
+/* Queues the windows that lie entirely within the first `prefix` verified
+ * bytes and were not queued yet. Windows are a prefix property: window k
+ * needs tokens [kT, kT+T], so a longer verified prefix only adds windows. */
+static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f,
+                          struct chunked *ck, uint64_t prefix)
+{
+    size_t T = it->o.seq_len;
+    const uint8_t *base = ck->sb->data;
+    uint64_t avail;
+    if (it->m->format == CM_DATA_TOKENS_U16) {
+        if (prefix < CM_DATA_TOKENS_HEADER_BYTES)
+            return CM_OK;
+        if (!ck->header_ok) {
+            struct cm_data_tokens tk; /* reads the header only; checks it against the size */
+            int rc = cm_data_tokens_parse(base, f->size, &tk);
+            if (rc != CM_OK) {
+                set_error(it, "%s: not a valid llm.c token shard", f->url);
+                return rc;
+            }
+            ck->total = tk.count > T ? (tk.count - 1) / T : 0;
+            ck->header_ok = 1;
+        }
+        base += CM_DATA_TOKENS_HEADER_BYTES;
+        avail = (prefix - CM_DATA_TOKENS_HEADER_BYTES) / 2;
+    } else {
+        ck->total = f->size > T ? (f->size - 1) / T : 0;
+        avail = prefix;
+    }
+    uint64_t n = avail > T ? (avail - 1) / T : 0;
+    if (n > ck->total)
+        n = ck->total;
+    if (n <= ck->released)
+        return CM_OK;
+    if (it->m->format == CM_DATA_TOKENS_U16) {
+        for (uint64_t i = ck->released * T; i <= n * T; i++) {
+            unsigned v = base[2 * i] | (unsigned)base[2 * i + 1] << 8;
+            if (v >= it->m->vocab_size) {
+                set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", f->url,
+                          v, i, it->m->vocab_size);
+                return CM_ERANGE;
+            }
+        }
+    }
+    int rc = push_examples(it, ck->sb, ck->shard, ck->epoch, ck->released, n - ck->released,
+                           base + ck->released * it->stride, NULL);
+    if (rc == CM_OK)
+        ck->released = n;
+    return rc;
+}
+
 /* ---- Downloading one file ---------------------------------------------- */
 
 struct fetch {
     struct cm_data_iter *it;
     const struct cm_data_file *f;
-    uint8_t *buf;
+    uint8_t *buf;            /* f->size bytes, owned by the caller */
     uint64_t len;
     struct cm_sha256_ctx hash;
+    struct chunked *ck;      /* non-NULL: verify and release chunk by chunk */
     int too_big;
     int hash_err;
+    int chunk_rc;            /* a chunk failed to verify or to release */
 };
 
 static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
@@ -169,6 +338,29 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
     pthread_mutex_lock(&fe->it->mu);
     fe->it->st.bytes_downloaded += n;
     pthread_mutex_unlock(&fe->it->mu);
+    struct chunked *ck = fe->ck;
+    while (ck && ck->verified < fe->f->n_chunks) {
+        const struct cm_data_file *f = fe->f;
+        uint64_t start = (uint64_t)ck->verified * f->chunk_size;
+        uint64_t end = start + f->chunk_size < f->size ? start + f->chunk_size : f->size;
+        if (fe->len < end)
+            break;
+        uint8_t h[32];
+        cm_sha256(fe->buf + start, end - start, h);
+        if (!cm_ct_equal(h, f->chunk_sha256[ck->verified], 32)) {
+            set_error(fe->it, "shard %s: chunk %u (bytes %" PRIu64 "..%" PRIu64 ") SHA-256 "
+                      "mismatch; the rest of the shard is rejected", f->url, ck->verified, start,
+                      end);
+            fe->chunk_rc = CM_ECHECKSUM;
+            return 0;
+        }
+        ck->verified++;
+        int rc = release_prefix(fe->it, f, ck, end);
+        if (rc != CM_OK) {
+            fe->chunk_rc = rc;
+            return 0;
+        }
+    }
     return n;
 }
 
@@ -179,23 +371,17 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
     return atomic_load(&fe->it->stop) ? 1 : 0;
 }
 
-/* Downloads f into a new buffer and checks size and SHA-256. On success
- * *out (owned) holds exactly f->size bytes. */
+/* Downloads f into buf (f->size bytes, caller-owned) and checks size and
+ * SHA-256, and, with ck, every chunk as it completes. */
 static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
-                      uint8_t **out)
+                      uint8_t *buf, struct chunked *ck)
 {
-    struct fetch fe = {.it = it, .f = f};
-    fe.buf = malloc(f->size);
-    if (!fe.buf)
-        return CM_ENOMEM;
-    if (cm_sha256_init(&fe.hash) != CM_OK) {
-        free(fe.buf);
+    struct fetch fe = {.it = it, .f = f, .buf = buf, .ck = ck};
+    if (cm_sha256_init(&fe.hash) != CM_OK)
         return CM_ECRYPTO;
-    }
     CURL *c = curl_easy_init();
     if (!c) {
         cm_sha256_cleanup(&fe.hash);
-        free(fe.buf);
         return CM_ENOMEM;
     }
     char cerr[CURL_ERROR_SIZE] = "";
@@ -228,6 +414,8 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
     int rc = CM_OK;
     if (atomic_load(&it->stop)) {
         rc = CM_ECLOSED;
+    } else if (fe.chunk_rc) {
+        rc = fe.chunk_rc; /* already reported */
     } else if (fe.too_big) {
         set_error(it, "%s %s: more than the declared %" PRIu64 " bytes", what, f->url, f->size);
         rc = CM_ECHECKSUM;
@@ -253,18 +441,19 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
         if (rc == CM_OK && !cm_ct_equal(digest, f->sha256, 32)) {
             char hex[65];
             cm_hex_encode(digest, 32, hex);
-            set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what, f->url, hex);
+            if (ck && ck->released)
+                set_error(it, "%s %s: every chunk verified but the file's SHA-256 is %s: the "
+                          "manifest is inconsistent (%" PRIu64 " examples already used)", what,
+                          f->url, hex, ck->released);
+            else
+                set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what, f->url,
+                          hex);
             rc = CM_ECHECKSUM;
         }
     } else {
         cm_sha256_cleanup(&fe.hash);
     }
-    if (rc != CM_OK) {
-        free(fe.buf);
-        return rc;
-    }
-    *out = fe.buf;
-    return CM_OK;
+    return rc;
 }
 
 static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
@@ -275,23 +464,43 @@ static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
     }
 }
 
-/* Downloads, verifies and decompresses one file, retrying network failures. */
-static int fetch_file(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
-                      uint8_t **out, size_t *out_len)
+/* Downloads and verifies one file into buf, retrying network failures as
+ * long as none of its examples has been released (a retry restarts the
+ * file, and released examples must not come twice). */
+static int fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                          uint8_t *buf, struct chunked *ck)
 {
-    uint8_t *raw = NULL;
     int rc = CM_EIO;
     for (unsigned attempt = 0; attempt <= it->o.retries; attempt++) {
         if (attempt)
             sleep_unless_stopped(it, 500u * attempt);
         if (atomic_load(&it->stop))
             return CM_ECLOSED;
-        rc = fetch_once(it, f, what, &raw);
+        if (ck) {
+            ck->verified = 0;
+            ck->header_ok = 0;
+        }
+        rc = fetch_once(it, f, what, buf, ck);
         if (rc != CM_ETIMEOUT && rc != CM_ECONN && rc != CM_EIO)
             break;
+        if (ck && ck->released)
+            break;
     }
-    if (rc != CM_OK)
+    return rc;
+}
+
+/* Downloads, verifies and decompresses one whole file into a new buffer. */
+static int fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                       uint8_t **out, size_t *out_len)
+{
+    uint8_t *raw = malloc(f->size);
+    if (!raw)
+        return CM_ENOMEM;
+    int rc = fetch_retrying(it, f, what, raw, NULL);
+    if (rc != CM_OK) {
+        free(raw);
         return rc;
+    }
     if (f->compression == CM_DATA_COMP_GZIP) {
         uint8_t *dec = NULL;
         size_t dlen = 0;
@@ -311,20 +520,20 @@ static int fetch_file(struct cm_data_iter *it, const struct cm_data_file *f, con
     return CM_OK;
 }
 
-/* ---- Decoding a verified shard into an item ----------------------------- */
+/* ---- Decoding a whole verified shard ------------------------------------ */
 
-static int decode_shard(struct cm_data_iter *it, struct item *t, size_t dlen, size_t llen,
-                        const char *url)
+static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, size_t llen,
+                        const char *url, uint64_t *n, const uint8_t **x, const uint8_t **y)
 {
     const struct cm_data_manifest *m = it->m;
     int rc;
     if (m->format == CM_DATA_IDX_IMAGES) {
         struct cm_data_idx im, lb;
-        if ((rc = cm_data_idx_parse(t->data, dlen, &im)) != CM_OK) {
+        if ((rc = cm_data_idx_parse(sb->data, dlen, &im)) != CM_OK) {
             set_error(it, "%s: not a valid IDX images file", url);
             return rc;
         }
-        if ((rc = cm_data_idx_parse(t->labels, llen, &lb)) != CM_OK) {
+        if ((rc = cm_data_idx_parse(sb->labels, llen, &lb)) != CM_OK) {
             set_error(it, "%s: labels file is not a valid IDX file", url);
             return rc;
         }
@@ -342,15 +551,15 @@ static int decode_shard(struct cm_data_iter *it, struct item *t, size_t dlen, si
                           lb.data[i], i, m->classes);
                 return CM_ERANGE;
             }
-        t->n = im.dims[0];
-        t->x = im.data;
-        t->y = lb.data;
+        *n = im.dims[0];
+        *x = im.data;
+        *y = lb.data;
         return CM_OK;
     }
     uint64_t ntok;
     if (m->format == CM_DATA_TOKENS_U16) {
         struct cm_data_tokens tk;
-        if ((rc = cm_data_tokens_parse(t->data, dlen, &tk)) != CM_OK) {
+        if ((rc = cm_data_tokens_parse(sb->data, dlen, &tk)) != CM_OK) {
             set_error(it, "%s: not a valid llm.c token shard", url);
             return rc;
         }
@@ -362,106 +571,67 @@ static int decode_shard(struct cm_data_iter *it, struct item *t, size_t dlen, si
                 return CM_ERANGE;
             }
         }
-        t->x = tk.tokens;
+        *x = tk.tokens;
         ntok = tk.count;
     } else {
-        t->x = t->data;
+        *x = sb->data;
         ntok = dlen;
     }
     /* Windows of T+1 tokens at stride T: window k is tokens [kT, kT+T]. */
     size_t T = it->o.seq_len;
-    t->n = ntok > T ? (ntok - 1) / T : 0;
+    *n = ntok > T ? (ntok - 1) / T : 0;
+    *y = NULL;
     return CM_OK;
 }
 
-static struct item *load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, int *rc_out)
+/* Fetches, verifies and queues one shard. *released counts the examples
+ * queued (a chunked shard may queue some and then fail). */
+static int load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, uint64_t *released)
 {
     const struct cm_data_shard *s = &it->m->shards[idx];
-    struct item *t = calloc(1, sizeof *t);
-    if (!t) {
-        *rc_out = CM_ENOMEM;
-        return NULL;
-    }
-    t->kind = ITEM_SHARD;
-    t->shard = idx;
-    t->epoch = epoch;
-    size_t dlen = 0, llen = 0;
-    int rc = fetch_file(it, &s->data, "shard", &t->data, &dlen);
-    if (rc == CM_OK && s->labels.url)
-        rc = fetch_file(it, &s->labels, "labels", &t->labels, &llen);
-    if (rc == CM_OK)
-        rc = decode_shard(it, t, dlen, llen, s->data.url);
-    if (rc == CM_OK && s->examples && s->examples != t->n) {
-        set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64, s->data.url,
-                  t->n, s->examples);
-        rc = CM_EPARSE;
-    }
-    if (rc != CM_OK) {
-        item_free(t);
-        *rc_out = rc;
-        return NULL;
-    }
-    /* The compressed data is gone; keep only the decoded bytes. */
-    *rc_out = CM_OK;
-    return t;
-}
-
-/* ---- Queue ------------------------------------------------------------- */
-
-/* Returns 0, or -1 when the iterator is closing (t is freed then). */
-static int queue_put(struct cm_data_iter *it, struct item *t)
-{
-    pthread_mutex_lock(&it->mu);
-    while (it->queued >= it->o.prefetch_shards && !atomic_load(&it->stop))
-        pthread_cond_wait(&it->cv_put, &it->mu);
-    if (atomic_load(&it->stop)) {
-        pthread_mutex_unlock(&it->mu);
-        item_free(t);
-        return -1;
-    }
-    if (it->tail)
-        it->tail->next = t;
-    else
-        it->head = t;
-    it->tail = t;
-    it->queued++;
-    pthread_cond_signal(&it->cv_get);
-    pthread_mutex_unlock(&it->mu);
-    return 0;
-}
-
-static struct item *queue_get(struct cm_data_iter *it)
-{
-    pthread_mutex_lock(&it->mu);
-    while (!it->head)
-        pthread_cond_wait(&it->cv_get, &it->mu);
-    struct item *t = it->head;
-    it->head = t->next;
-    if (!it->head)
-        it->tail = NULL;
-    it->queued--;
-    pthread_cond_signal(&it->cv_put);
-    pthread_mutex_unlock(&it->mu);
-    t->next = NULL;
-    return t;
-}
-
-static void put_marker(struct cm_data_iter *it, enum item_kind kind, int rc)
-{
-    struct item *t = calloc(1, sizeof *t);
-    if (t) {
-        t->kind = kind;
-        t->rc = rc;
+    *released = 0;
+    struct sbuf *sb = sbuf_new(it);
+    if (!sb)
+        return CM_ENOMEM;
+    int rc;
+    if (s->data.chunk_size) {
+        struct chunked ck = {.sb = sb, .shard = idx, .epoch = epoch};
+        sb->data = malloc(s->data.size);
+        rc = sb->data ? fetch_retrying(it, &s->data, "shard", sb->data, &ck) : CM_ENOMEM;
+        *released = ck.released;
     } else {
-        /* The marker reserved at open time still tells the consumer to stop waiting. */
-        CM_LOGE("data", "out of memory in the shard thread");
-        t = it->reserve;
-        it->reserve = NULL;
+        size_t dlen = 0, llen = 0;
+        uint64_t n = 0;
+        const uint8_t *x = NULL, *y = NULL;
+        rc = fetch_whole(it, &s->data, "shard", &sb->data, &dlen);
+        if (rc == CM_OK && s->labels.url)
+            rc = fetch_whole(it, &s->labels, "labels", &sb->labels, &llen);
+        if (rc == CM_OK)
+            rc = decode_shard(it, sb, dlen, llen, s->data.url, &n, &x, &y);
+        if (rc == CM_OK && s->examples && s->examples != n) {
+            set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
+                      s->data.url, n, s->examples);
+            rc = CM_EPARSE;
+        }
+        if (rc == CM_OK && n > 0 && (rc = push_examples(it, sb, idx, epoch, 0, n, x, y)) == CM_OK)
+            *released = n;
     }
-    queue_put(it, t);
+    sbuf_unref(sb);
+    return rc;
 }
 
 /* ---- Producer thread ---------------------------------------------------- */
+
+/* Bounds memory: at most prefetch_shards shard buffers waiting or in use,
+ * plus the one being downloaded. */
+static int wait_for_room(struct cm_data_iter *it)
+{
+    pthread_mutex_lock(&it->mu);
+    while (it->live_shards > it->o.prefetch_shards && !atomic_load(&it->stop))
+        pthread_cond_wait(&it->cv_room, &it->mu);
+    pthread_mutex_unlock(&it->mu);
+    return atomic_load(&it->stop) ? -1 : 0;
+}
 
 static void shard_order(const struct cm_data_iter *it, uint64_t epoch, uint32_t *order)
 {
@@ -495,18 +665,21 @@ static void *producer(void *arg)
         shard_order(it, epoch, order);
         uint64_t usable = 0;
         int last_rc = CM_OK;
-        for (size_t k = 0; k < n && !atomic_load(&it->stop); k++) {
-            int rc;
-            struct item *t = load_shard(it, order[k], epoch, &rc);
-            if (rc == CM_ECLOSED)
+        for (size_t k = 0; k < n; k++) {
+            if (wait_for_room(it) != 0)
                 goto out;
+            uint64_t got = 0;
+            int rc = load_shard(it, order[k], epoch, &got);
+            if (rc == CM_ECLOSED || atomic_load(&it->stop))
+                goto out;
+            usable += got;
             pthread_mutex_lock(&it->mu);
-            if (t)
+            if (rc == CM_OK)
                 it->st.shards_ok++;
             else
                 it->st.shards_rejected++;
             pthread_mutex_unlock(&it->mu);
-            if (!t) {
+            if (rc != CM_OK) {
                 last_rc = rc;
                 if (it->o.mode == CM_DATA_EVAL || !it->o.skip_bad_shards) {
                     put_marker(it, ITEM_FATAL, rc);
@@ -514,19 +687,10 @@ static void *producer(void *arg)
                 }
                 CM_LOGW("data", "%s: skipping shard %u (%s)", it->m->name, order[k],
                         cm_strerror(rc));
-                continue;
-            }
-            usable += t->n;
-            if (t->n == 0) {
+            } else if (got == 0) {
                 CM_LOGW("data", "%s: shard %u holds no complete example", it->m->name, order[k]);
-                item_free(t);
-                continue;
             }
-            if (queue_put(it, t) != 0)
-                goto out;
         }
-        if (atomic_load(&it->stop))
-            break;
         if (it->o.mode == CM_DATA_EVAL) {
             put_marker(it, ITEM_END, CM_OK);
             break;
@@ -573,20 +737,19 @@ static int pull(struct cm_data_iter *it, uint8_t *rec, uint64_t *id, uint32_t *e
     }
     struct item *t = it->cur;
     uint64_t k = it->cur_pos++;
-    *id = (uint64_t)t->shard << 32 | k;
+    *id = (uint64_t)t->shard << 32 | (t->k0 + k);
     *epoch = (uint32_t)t->epoch;
+    const uint8_t *p = t->x + k * it->stride;
     if (it->m->format == CM_DATA_IDX_IMAGES) {
-        memcpy(rec, t->x + k * it->width, it->width);
+        memcpy(rec, p, it->width);
         rec[it->width] = t->y[k];
     } else {
         uint16_t *r = (uint16_t *)(void *)rec;
         size_t T = it->o.seq_len;
         if (it->m->format == CM_DATA_TEXT_BYTES) {
-            const uint8_t *p = t->x + k * T;
             for (size_t i = 0; i <= T; i++)
                 r[i] = p[i];
         } else {
-            const uint8_t *p = t->x + 2 * k * T;
             for (size_t i = 0; i <= T; i++)
                 r[i] = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
         }
@@ -634,6 +797,8 @@ int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b)
     b->n = 0;
     if (it->failed)
         return it->failed;
+    if (it->deferred)
+        return it->failed = it->deferred;
     int idx = it->m->format == CM_DATA_IDX_IMAGES;
     if (idx ? (!b->x && !b->y) : (!b->tokens && !b->tokens_u16))
         return CM_EINVAL;
@@ -647,8 +812,13 @@ int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b)
             if (rc == 1)
                 break;
             if (rc < 0) {
-                count_out(it, i, last_epoch);
-                return it->failed = rc;
+                /* Hand out the good examples already copied; fail on the next call. */
+                if (i == 0) {
+                    count_out(it, 0, last_epoch);
+                    return it->failed = rc;
+                }
+                it->deferred = rc;
+                break;
             }
             emit(it, it->scratch, id, ep, b, i);
             last_epoch = ep;
@@ -737,11 +907,13 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
     it->rng = splitmix64(&s);
     if (m->format == CM_DATA_IDX_IMAGES) {
         it->width = (size_t)m->rows * m->cols;
+        it->stride = it->width;
         it->rec_bytes = it->width + 1;
         for (int v = 0; v < 256; v++)
             it->lut[v] = ((float)v / 255.0f - m->mean) / m->std;
     } else {
         it->width = opt.seq_len + 1;
+        it->stride = m->format == CM_DATA_TOKENS_U16 ? 2 * opt.seq_len : opt.seq_len;
         it->rec_bytes = 2 * it->width;
     }
     size_t S = opt.mode == CM_DATA_TRAIN ? opt.shuffle_size : 0;
@@ -757,7 +929,7 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
         it->buf_epochs = malloc(S * sizeof *it->buf_epochs);
     }
     pthread_mutex_init(&it->mu, NULL);
-    pthread_cond_init(&it->cv_put, NULL);
+    pthread_cond_init(&it->cv_room, NULL);
     pthread_cond_init(&it->cv_get, NULL);
     if (!it->scratch || !it->reserve || (S && (!it->buf || !it->buf_ids || !it->buf_epochs))) {
         cm_data_close(it);
@@ -814,7 +986,7 @@ void cm_data_close(struct cm_data_iter *it)
         return;
     atomic_store(&it->stop, 1);
     pthread_mutex_lock(&it->mu);
-    pthread_cond_broadcast(&it->cv_put);
+    pthread_cond_broadcast(&it->cv_room);
     pthread_cond_broadcast(&it->cv_get);
     pthread_mutex_unlock(&it->mu);
     if (it->thread_started)
@@ -826,7 +998,7 @@ void cm_data_close(struct cm_data_iter *it)
     }
     item_free(it->cur);
     item_free(it->reserve);
-    pthread_cond_destroy(&it->cv_put);
+    pthread_cond_destroy(&it->cv_room);
     pthread_cond_destroy(&it->cv_get);
     pthread_mutex_destroy(&it->mu);
     free(it->buf);

@@ -101,10 +101,49 @@ static int get_real(json_t *obj, const char *key, const char *where, double lo, 
     return CM_OK;
 }
 
+/* Optional per-chunk hashes: "chunk_size" and "chunk_sha256" together. */
+static int parse_chunks(json_t *o, const char *where, struct cm_data_file *f, struct perr *e)
+{
+    json_t *cs = json_object_get(o, "chunk_size"), *ch = json_object_get(o, "chunk_sha256");
+    if (!cs && !ch)
+        return CM_OK;
+    if (!cs || !ch)
+        return fail(e, CM_EPARSE, "%s: chunk_size and chunk_sha256 go together", where);
+    uint64_t size = 0;
+    int rc = get_uint(o, "chunk_size", where, 1, 1024, 1u << 30, &size, e);
+    if (rc)
+        return rc;
+    if (f->compression != CM_DATA_COMP_NONE)
+        return fail(e, CM_EPARSE, "%s.chunk_size: chunk hashes need \"compression\": \"none\"",
+                    where);
+    uint64_t n = (f->size + size - 1) / size;
+    if (!json_is_array(ch))
+        return fail(e, CM_EPARSE, "%s.chunk_sha256: must be an array", where);
+    if (n > CM_DATA_MAX_CHUNKS || json_array_size(ch) != n)
+        return fail(e, CM_EPARSE, "%s.chunk_sha256: needs %llu hashes (size / chunk_size, "
+                    "rounded up, at most %u), has %zu", where, (unsigned long long)n,
+                    CM_DATA_MAX_CHUNKS, json_array_size(ch));
+    f->chunk_sha256 = malloc(n * sizeof *f->chunk_sha256);
+    if (!f->chunk_sha256)
+        return fail(e, CM_ENOMEM, "out of memory");
+    f->chunk_size = (uint32_t)size;
+    f->n_chunks = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *h = json_array_get(ch, i);
+        size_t got = 0;
+        if (!json_is_string(h) || json_string_length(h) != 64 ||
+            cm_hex_decode(json_string_value(h), 64, f->chunk_sha256[i], 32, &got) != CM_OK ||
+            got != 32)
+            return fail(e, CM_EPARSE, "%s.chunk_sha256[%zu]: must be 64 hexadecimal characters",
+                        where, i);
+    }
+    return CM_OK;
+}
+
 static int parse_file(json_t *o, const char *where, struct cm_data_file *f, struct perr *e)
 {
     static const char *const keys[] = {"url", "size", "sha256", "compression", "examples",
-                                       "labels", NULL};
+                                       "labels", "chunk_size", "chunk_sha256", NULL};
     if (!json_is_object(o))
         return fail(e, CM_EPARSE, "%s: must be an object", where);
     int rc = check_keys(o, keys, where, e);
@@ -146,6 +185,8 @@ static int parse_file(json_t *o, const char *where, struct cm_data_file *f, stru
             return fail(e, CM_EPARSE, "%s.compression: \"%.32s\" is not \"none\" or \"gzip\"",
                         where, json_string_value(c));
     }
+    if ((rc = parse_chunks(o, where, f, e)))
+        return rc;
     f->url = strdup(u);
     return f->url ? CM_OK : fail(e, CM_ENOMEM, "out of memory");
 }
@@ -299,6 +340,11 @@ int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest
                       "depend on the consumer's sequence length)", where);
             goto done;
         }
+        if (sh->data.chunk_size && m->format == CM_DATA_IDX_IMAGES) {
+            rc = fail(&e, CM_EPARSE, "%s.chunk_size: chunk hashes are for text-bytes and "
+                      "tokens-u16 (idx images need their labels file)", where);
+            goto done;
+        }
         json_t *lab = json_object_get(s, "labels");
         if (m->format == CM_DATA_IDX_IMAGES) {
             char lw[64];
@@ -308,7 +354,8 @@ int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest
                 goto done;
             }
             if (json_is_object(lab) &&
-                (json_object_get(lab, "labels") || json_object_get(lab, "examples"))) {
+                (json_object_get(lab, "labels") || json_object_get(lab, "examples") ||
+                 json_object_get(lab, "chunk_size") || json_object_get(lab, "chunk_sha256"))) {
                 rc = fail(&e, CM_EPARSE, "%s: only url, size, sha256, compression allowed", lw);
                 goto done;
             }
@@ -370,6 +417,8 @@ static void file_free(struct cm_data_file *f)
 {
     free(f->url);
     f->url = NULL;
+    free(f->chunk_sha256);
+    f->chunk_sha256 = NULL;
 }
 
 void cm_data_manifest_free(struct cm_data_manifest *m)

@@ -58,6 +58,17 @@ static void test_good_manifests(void **state)
     const char *txt = "{\"name\": \"t\", \"format\": \"text-bytes\", \"shards\": [" SHARD "]}";
     assert_int_equal(cm_data_manifest_parse(txt, strlen(txt), &m, err, sizeof err), CM_OK);
     assert_int_equal(m->vocab_size, 256);
+    assert_int_equal(m->shards[0].data.chunk_size, 0);
+    cm_data_manifest_free(m);
+
+    const char *ch = "{\"name\": \"t\", \"format\": \"text-bytes\", \"shards\": [{\"url\": "
+                     "\"file:///a\", \"size\": 2049, \"sha256\": \"" H64 "\", \"chunk_size\": 1024, "
+                     "\"chunk_sha256\": [\"" H64 "\", \"" H64 "\", \"ffffffffffffffffffffffffffffffff"
+                     "ffffffffffffffffffffffffffffffff\"]}]}";
+    assert_int_equal(cm_data_manifest_parse(ch, strlen(ch), &m, err, sizeof err), CM_OK);
+    assert_int_equal(m->shards[0].data.chunk_size, 1024);
+    assert_int_equal(m->shards[0].data.n_chunks, 3);
+    assert_int_equal(m->shards[0].data.chunk_sha256[2][31], 0xff);
     cm_data_manifest_free(m);
 }
 
@@ -147,6 +158,26 @@ static void test_bad_manifests(void **state)
          " \"classes\": 10}, \"shards\": [" SHARD "]}", CM_EPARSE, "shards[0].labels: missing"},
         {"{\"name\": \"a\", \"format\": \"text-bytes\", \"image\": {\"rows\": 2}, \"shards\": ["
          SHARD "]}", CM_EPARSE, "image: only allowed"},
+        /* chunk hashes */
+        {"{\"name\": \"a\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file:///a\", "
+         "\"size\": 2048, \"sha256\": \"" H64 "\", \"chunk_size\": 1024}]}", CM_EPARSE,
+         "shards[0]: chunk_size and chunk_sha256 go together"},
+        {"{\"name\": \"a\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file:///a\", "
+         "\"size\": 2049, \"sha256\": \"" H64 "\", \"chunk_size\": 1024, \"chunk_sha256\": [\""
+         H64 "\", \"" H64 "\"]}]}", CM_EPARSE, "shards[0].chunk_sha256: needs 3 hashes"},
+        {"{\"name\": \"a\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file:///a\", "
+         "\"size\": 2048, \"sha256\": \"" H64 "\", \"chunk_size\": 100, \"chunk_sha256\": []}]}",
+         CM_ERANGE, "shards[0].chunk_size: 100 is outside"},
+        {"{\"name\": \"a\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file:///a\", "
+         "\"size\": 1024, \"sha256\": \"" H64 "\", \"chunk_size\": 1024, \"chunk_sha256\": [\"x\"]}]}",
+         CM_EPARSE, "shards[0].chunk_sha256[0]: must be 64"},
+        {"{\"name\": \"a\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file:///a\", "
+         "\"size\": 1024, \"sha256\": \"" H64 "\", \"compression\": \"gzip\", \"chunk_size\": 1024, "
+         "\"chunk_sha256\": [\"" H64 "\"]}]}", CM_EPARSE, "compression\": \"none\""},
+        {"{\"name\": \"a\", \"format\": \"idx-images\", \"image\": {\"rows\": 2, \"cols\": 2,"
+         " \"classes\": 10}, \"shards\": [{\"url\": \"file:///a\", \"size\": 1024, \"sha256\": \""
+         H64 "\", \"chunk_size\": 1024, \"chunk_sha256\": [\"" H64 "\"], \"labels\": " SHARD "}]}",
+         CM_EPARSE, "shards[0].chunk_size: chunk hashes are for text-bytes"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct cm_data_manifest *m = (void *)0x1;

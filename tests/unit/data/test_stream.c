@@ -60,6 +60,20 @@ static uint8_t *token_shard(unsigned shard, size_t *len)
     return b;
 }
 
+/* A token shard of ntok tokens with values tok_value(shard, i) mod 65536. */
+static uint8_t *big_token_shard(unsigned shard, unsigned ntok, size_t *len)
+{
+    *len = 1024 + 2 * (size_t)ntok;
+    uint8_t *b = calloc(1, *len);
+    uint32_t hdr[3] = {20240520, 1, ntok};
+    memcpy(b, hdr, sizeof hdr);
+    for (unsigned i = 0; i < ntok; i++) {
+        uint16_t v = tok_value(shard, i);
+        memcpy(b + 1024 + 2 * (size_t)i, &v, 2);
+    }
+    return b;
+}
+
 static void write_file(const char *path, const void *p, size_t n)
 {
     FILE *fp = fopen(path, "wb");
@@ -82,6 +96,25 @@ static void add_entry(char *json, size_t cap, const char *url, const uint8_t *b,
     size_t l = strlen(json);
     snprintf(json + l, cap - l, "%s{\"url\": \"%s\", \"size\": %ld, \"sha256\": \"%s\"}",
              json[l - 1] == '[' ? "" : ", ", url, (long)n + size_delta, hex);
+}
+
+/* Like add_entry, with per-chunk hashes; chunk bad_chunk (or -1) gets a wrong one. */
+static void add_chunked_entry(char *json, size_t cap, const char *url, const uint8_t *b, size_t n,
+                              size_t chunk, int bad_chunk)
+{
+    add_entry(json, cap, url, b, n, 0, 0);
+    size_t l = strlen(json) - 1; /* overwrite the closing brace */
+    l += (size_t)snprintf(json + l, cap - l, ", \"chunk_size\": %zu, \"chunk_sha256\": [", chunk);
+    for (size_t off = 0, i = 0; off < n; off += chunk, i++) {
+        uint8_t h[32];
+        char hex[65];
+        cm_sha256(b + off, n - off < chunk ? n - off : chunk, h);
+        if ((int)i == bad_chunk)
+            h[0] ^= 1;
+        cm_hex_encode(h, 32, hex);
+        l += (size_t)snprintf(json + l, cap - l, "%s\"%s\"", i ? ", " : "", hex);
+    }
+    snprintf(json + l, cap - l, "]}");
 }
 
 static struct cm_data_manifest *finish(char *json, size_t cap)
@@ -309,7 +342,11 @@ static void test_hash_mismatch_rejected(void **state)
         opts(&o, CM_DATA_EVAL);
         assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
         b.capacity = 2 * PER;
+        /* Shard 0's examples first, then the error for shard 1. */
+        assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+        assert_int_equal(b.n, PER);
         assert_int_equal(cm_data_next_batch(it, &b), CM_ECHECKSUM);
+        assert_int_equal(b.n, 0);
         cm_data_get_stats(it, &st);
         assert_non_null(strstr(st.last_error, "declare"));
         cm_data_close(it);
@@ -579,6 +616,84 @@ static void test_http_first_batch_before_download_ends(void **state)
     free(bb);
 }
 
+/* With chunk hashes, the examples of verified chunks are handed out while
+ * the same shard is still downloading; a corrupt chunk stops the shard
+ * there, and the examples before it stay valid. */
+static void test_http_chunked_release(void **state)
+{
+    (void)state;
+    enum { NT = 4001, CH = 1024 }; /* 400 windows of T+1 tokens, 9 KiB, 9 chunks */
+    size_t la;
+    uint8_t *a = big_token_shard(3, NT, &la);
+    srv_start();
+    srv_add("/big.bin", a, la, R_STALL_HALF);
+    srv_add("/big2.bin", a, la, R_NORMAL);
+    char json[8192], url[128];
+    snprintf(json, sizeof json,
+             "{\"name\": \"c\", \"format\": \"tokens-u16\", \"vocab_size\": 65536, \"shards\": [");
+    http_url(url, sizeof url, "/big.bin");
+    add_chunked_entry(json, sizeof json, url, a, la, CH, -1);
+    struct cm_data_manifest *m = finish(json, sizeof json);
+    assert_int_equal(m->shards[0].data.n_chunks, (la + CH - 1) / CH);
+    struct cm_data_options o;
+    opts(&o, CM_DATA_EVAL);
+    struct cm_data_iter *it;
+    assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+    enum { B = 100 };
+    int32_t tok[B * (T + 1)];
+    uint64_t ids[B];
+    struct cm_data_batch b = {.capacity = B, .tokens = tok, .ids = ids};
+    /* The server has sent half of the shard and waits: 100 windows need
+     * 1024 + 2 * 1001 bytes, within the first 4 verified chunks. */
+    assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+    assert_int_equal(b.n, B);
+    pthread_mutex_lock(&S.mu);
+    int done = S.stalled_done;
+    pthread_mutex_unlock(&S.mu);
+    assert_false(done);
+    uint64_t seen = 0;
+    for (;;) {
+        for (size_t i = 0; i < b.n; i++) {
+            assert_int_equal(ids[i], seen); /* shard 0, windows in order */
+            for (unsigned j = 0; j <= T; j++)
+                assert_int_equal(tok[i * (T + 1) + j], tok_value(3, (unsigned)seen * T + j));
+            seen++;
+        }
+        if (seen == B)
+            srv_open_gate();
+        assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+        if (b.n == 0)
+            break;
+    }
+    assert_int_equal(seen, (NT - 1) / T);
+    cm_data_close(it);
+    cm_data_manifest_free(m);
+
+    /* Chunk 4 corrupt: windows wholly inside chunks 0..3 come through, then the error. */
+    snprintf(json, sizeof json,
+             "{\"name\": \"c\", \"format\": \"tokens-u16\", \"vocab_size\": 65536, \"shards\": [");
+    http_url(url, sizeof url, "/big2.bin");
+    add_chunked_entry(json, sizeof json, url, a, la, CH, 4);
+    m = finish(json, sizeof json);
+    assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+    uint64_t got = 0;
+    int rc;
+    while ((rc = cm_data_next_batch(it, &b)) == CM_OK && b.n > 0)
+        got += b.n;
+    assert_int_equal(rc, CM_ECHECKSUM);
+    /* 4 chunks = 4096 bytes = 1536 tokens after the header: windows 0..152. */
+    assert_int_equal(got, (4 * CH - 1024) / 2 / T - ((4 * CH - 1024) / 2 % T == 0));
+    struct cm_data_stats st;
+    cm_data_get_stats(it, &st);
+    assert_non_null(strstr(st.last_error, "chunk 4"));
+    assert_int_equal(st.shards_rejected, 1);
+    cm_data_close(it);
+    cm_data_manifest_free(m);
+    srv_open_gate();
+    srv_stop();
+    free(a);
+}
+
 /* A server that stops sending trips the low-speed deadline; a 404 and a
  * refused connection are errors too, each with its own code. */
 static void test_http_deadlines_and_errors(void **state)
@@ -690,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_hash_mismatch_rejected),
         cmocka_unit_test(test_all_shards_bad),
         cmocka_unit_test(test_http_first_batch_before_download_ends),
+        cmocka_unit_test(test_http_chunked_release),
         cmocka_unit_test(test_http_deadlines_and_errors),
         cmocka_unit_test(test_close_aborts_transfer),
     };
