@@ -73,7 +73,8 @@ $(KERN_BENCH_BINS): $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(KERNE
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(KERNELS_LIB) $(COMMON_LIB) $(LDLIBS)
 # bench_train.sh runs bench_train_step and PyTorch side by side.
 tests/bench/bench_train.sh: $(BUILD)/tests/bench/bench_train_step
-BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh
+tests/bench/bench_train_fmnist.sh: $(BUILD)/bin/crowdtrain-agent
+BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/bench/bench_train_fmnist.sh
 
 # ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
 # Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.
