@@ -427,6 +427,8 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
         case CURLE_COULDNT_CONNECT:
         case CURLE_COULDNT_RESOLVE_HOST: rc = CM_ECONN; break;
         case CURLE_FILE_COULDNT_READ_FILE: rc = CM_ENOTFOUND; break;
+        case CURLE_PEER_FAILED_VERIFICATION:
+        case CURLE_SSL_CACERT_BADFILE: rc = CM_EAUTH; break; /* not retried */
         default: rc = CM_EIO; break;
         }
         set_error(it, "%s %s: download failed: %s%s%s (HTTP %ld)", what, f->url,

@@ -13,13 +13,16 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,6 +31,7 @@
 #include "data/data.h"
 
 static char tmpdir[64];
+static pid_t tls_pid; /* openssl s_server of test_https, stopped in teardown if a test failed */
 
 static double now_s(void)
 {
@@ -753,6 +757,91 @@ static void test_http_deadlines_and_errors(void **state)
     free(a);
 }
 
+/* https through a real TLS server (openssl s_server -WWW serving the shard
+ * files): accepted with the test CA in ca_file, refused without it. */
+static void test_https(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+             "-nodes -keyout key.pem -out cert.pem -days 1 -subj /CN=localhost "
+             "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 >/dev/null 2>&1", tmpdir);
+    assert_int_equal(system(cmd), 0);
+    /* A free port: bind to 0, read it, release it for s_server. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    int port = ntohs(a.sin_port);
+    close(fd);
+    char accept_arg[64];
+    snprintf(accept_arg, sizeof accept_arg, "127.0.0.1:%d", port);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    tls_pid = pid;
+    if (pid == 0) {
+        if (chdir(tmpdir) != 0)
+            _exit(126);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execlp("openssl", "openssl", "s_server", "-accept", accept_arg, "-cert", "cert.pem",
+               "-key", "key.pem", "-WWW", "-quiet", (char *)NULL);
+        _exit(127);
+    }
+    int up = 0;
+    for (int i = 0; i < 100 && !up; i++) {
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        up = connect(c, (struct sockaddr *)&a, sizeof a) == 0;
+        close(c);
+        if (!up) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(up);
+    size_t len;
+    uint8_t *b0 = token_shard(0, &len);
+    char path[128], url[160], json[4096], ca[128];
+    snprintf(path, sizeof path, "%s/tls0.bin", tmpdir);
+    write_file(path, b0, len);
+    snprintf(url, sizeof url, "https://127.0.0.1:%d/tls0.bin", port);
+    snprintf(ca, sizeof ca, "%s/cert.pem", tmpdir);
+    snprintf(json, sizeof json,
+             "{\"name\": \"tls\", \"format\": \"tokens-u16\", \"vocab_size\": 65536, \"shards\": [");
+    add_entry(json, sizeof json, url, b0, len, 0, 0);
+    struct cm_data_manifest *m = finish(json, sizeof json);
+    struct cm_data_options o;
+    opts(&o, CM_DATA_EVAL);
+    o.retries = 0;
+    o.ca_file = ca;
+    struct cm_data_iter *it;
+    int32_t tok[PER * (T + 1)];
+    uint64_t ids[PER];
+    struct cm_data_batch b = {.capacity = PER, .tokens = tok, .ids = ids};
+    assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+    assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+    assert_int_equal(b.n, PER);
+    for (int i = 0; i < PER; i++)
+        check_window(tok + i * (T + 1), ids[i]);
+    cm_data_close(it);
+    /* Without our CA the self-signed certificate is refused. */
+    o.ca_file = NULL;
+    assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+    assert_int_equal(cm_data_next_batch(it, &b), CM_EAUTH);
+    struct cm_data_stats st;
+    cm_data_get_stats(it, &st);
+    assert_non_null(strstr(st.last_error, "certificate"));
+    cm_data_close(it);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    tls_pid = 0;
+    cm_data_manifest_free(m);
+    free(b0);
+}
+
 /* close() does not wait for a stalled transfer's deadline. */
 static void test_close_aborts_transfer(void **state)
 {
@@ -792,6 +881,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    if (tls_pid > 0) {
+        kill(tls_pid, SIGTERM);
+        waitpid(tls_pid, NULL, 0);
+    }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     return system(cmd) == 0 ? 0 : -1;
@@ -808,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_http_chunked_release),
         cmocka_unit_test(test_http_deadlines_and_errors),
         cmocka_unit_test(test_close_aborts_transfer),
+        cmocka_unit_test(test_https),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
