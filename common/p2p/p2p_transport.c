@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,8 +81,9 @@ struct p2p_ctx {
     int down_paused;
     uv_timer_t up_timer, down_timer, sweep_timer;
     int up_timer_armed, down_timer_armed, timers_open;
-    struct p2p_conn *conns;
+    struct p2p_conn *conns, *conns_tail; /* least recently active first */
     size_t nconns, max_conns;
+    uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */
     struct p2p_conn *wait_head, *wait_tail;
     uint32_t idle_ms, frame_ms;
     size_t max_queue;
@@ -239,6 +241,17 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
         return rc;
     }
     c->loop = cfg->loop;
+    if (!(c->rxbuf = malloc(RX_CHUNK))) {
+        p2p_auth_cleanup(&c->auth);
+        free(c);
+        return CM_ENOMEM;
+    }
+    /* libuv writes with write(2), which raises SIGPIPE when a peer has
+     * gone; a server must not die of that. Only the default disposition is
+     * changed, a handler the program installed is kept. */
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
     p2p_rate_init(&c->up, cfg->max_upload_mbps, now_ns());
     p2p_rate_init(&c->down, cfg->max_download_mbps, now_ns());
     c->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms : 60000;
@@ -270,6 +283,7 @@ static void ctx_timer_closed(uv_handle_t *hd)
     struct p2p_ctx *c = hd->data;
     if (--c->timers_open == 0) {
         p2p_auth_cleanup(&c->auth);
+        free(c->rxbuf);
         free(c);
     }
 }
@@ -411,6 +425,8 @@ static void conn_close(struct p2p_conn *c, int err)
         ctx->conns = c->cnext;
     if (c->cnext)
         c->cnext->cprev = c->cprev;
+    else
+        ctx->conns_tail = c->cprev;
     ctx->nconns--;
     if (!c->outgoing)
         h->n_inbound--;
@@ -432,11 +448,16 @@ static void conn_drop(struct p2p_conn *c, enum p2p_reject why, const char *detai
 /* Closes the least recently active idle connection of the process. */
 static int evict_one(struct p2p_ctx *ctx)
 {
+    /* The list is kept in activity order, so the first idle connection
+     * from the head is the least recently used one; the scan is bounded
+     * so a budget full of busy connections costs little. */
     struct p2p_conn *best = NULL;
-    for (struct p2p_conn *c = ctx->conns; c; c = c->cnext)
-        if (c->state == C_OPEN && c->n_pend == 0 && c->wq_bytes == 0 &&
-            (!best || c->last_active_ms < best->last_active_ms))
+    int scanned = 0;
+    for (struct p2p_conn *c = ctx->conns; c && scanned < 256; c = c->cnext, scanned++)
+        if (c->state == C_OPEN && c->n_pend == 0 && c->wq_bytes == 0 && c->rx_len == 0) {
             best = c;
+            break;
+        }
     if (!best)
         return CM_EBUSY;
     ctx->st.conns_evicted++;
@@ -463,14 +484,34 @@ static struct p2p_conn *conn_alloc(struct p2p_host *h, int outgoing)
     if (h->conns)
         h->conns->hprev = c;
     h->conns = c;
-    c->cnext = ctx->conns;
-    if (ctx->conns)
-        ctx->conns->cprev = c;
-    ctx->conns = c;
+    c->cprev = ctx->conns_tail;
+    if (ctx->conns_tail)
+        ctx->conns_tail->cnext = c;
+    else
+        ctx->conns = c;
+    ctx->conns_tail = c;
     ctx->nconns++;
     if (!outgoing)
         h->n_inbound++;
     return c;
+}
+
+/* Marks activity: the connection moves to the tail of the LRU list. */
+static void conn_touch(struct p2p_conn *c)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    c->last_active_ms = mono_ms();
+    if (ctx->conns_tail == c)
+        return;
+    if (c->cprev)
+        c->cprev->cnext = c->cnext;
+    else
+        ctx->conns = c->cnext;
+    c->cnext->cprev = c->cprev;
+    c->cprev = ctx->conns_tail;
+    c->cnext = NULL;
+    ctx->conns_tail->cnext = c;
+    ctx->conns_tail = c;
 }
 
 /* ---- writing ----------------------------------------------------------- */
@@ -597,7 +638,7 @@ static int conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
         c->wq_head = f;
     c->wq_tail = f;
     c->wq_bytes += len;
-    c->last_active_ms = mono_ms();
+    conn_touch(c);
     conn_flush(c);
     return CM_OK;
 }
@@ -613,6 +654,13 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
     if (p2p_rate_limited(&ctx->down)) {
         size_t avail = p2p_rate_available(&ctx->down, now_ns());
         want = avail < 1024 ? 1024 : avail > RX_CHUNK ? RX_CHUNK : avail;
+    }
+    if (c->rx_len == 0) {
+        /* Whole frames are handled straight from the shared buffer, so an
+         * idle connection holds no receive memory. */
+        buf->base = (char *)ctx->rxbuf;
+        buf->len = want;
+        return;
     }
     if (c->rx_cap - c->rx_len < want) {
         size_t ncap = c->rx_len + want;
@@ -676,7 +724,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (c->state != C_OPEN)
         return;
     ctx->st.bytes_received += (uint64_t)nread;
-    c->last_active_ms = mono_ms();
+    conn_touch(c);
     if (p2p_rate_limited(&ctx->down)) {
         p2p_rate_consume(&ctx->down, (size_t)nread);
         if (p2p_rate_available(&ctx->down, now_ns()) == 0) {
@@ -693,14 +741,23 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             }
         }
     }
-    if (c->rx_len == 0)
+    uint8_t *data;
+    size_t dlen;
+    int shared = buf->base == (char *)ctx->rxbuf;
+    if (shared) {
         c->frame_start_ms = mono_ms();
-    c->rx_len += (size_t)nread;
+        data = ctx->rxbuf;
+        dlen = (size_t)nread;
+    } else {
+        c->rx_len += (size_t)nread;
+        data = c->rx;
+        dlen = c->rx_len;
+    }
     size_t off = 0;
     while (c->state == C_OPEN) {
         const uint8_t *payload;
         size_t plen, used;
-        int rc = p2p_frame_next(c->rx + off, c->rx_len - off, &payload, &plen, &used);
+        int rc = p2p_frame_next(data + off, dlen - off, &payload, &plen, &used);
         if (rc == 1)
             break;
         if (rc < 0) {
@@ -716,12 +773,25 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->state != C_OPEN)
         return;
-    if (off) {
-        memmove(c->rx, c->rx + off, c->rx_len - off);
-        c->rx_len -= off;
+    size_t left = dlen - off;
+    if (shared) {
+        if (left) { /* keep the partial frame on the connection */
+            uint8_t *n = realloc(c->rx, left);
+            if (!n) {
+                conn_close(c, CM_ENOMEM);
+                return;
+            }
+            memcpy(n, data + off, left);
+            c->rx = n;
+            c->rx_cap = c->rx_len = left;
+        }
+        return;
     }
-    /* Keep the buffer small when idle. */
-    if (c->rx_len == 0 && c->rx_cap > 4 * RX_CHUNK) {
+    if (off) {
+        memmove(c->rx, c->rx + off, left);
+        c->rx_len = left;
+    }
+    if (c->rx_len == 0) {
         free(c->rx);
         c->rx = NULL;
         c->rx_cap = 0;

@@ -21,6 +21,9 @@
  * Large payloads travel as streams of chunks (p2p_stream_send), each chunk a
  * signed request, with a window of chunks in flight.
  *
+ * SIGPIPE: p2p_ctx_new() sets SIGPIPE to ignored when it has the default
+ * disposition (libuv writes with write(2); a vanished peer must not kill us).
+ *
  * Threading: everything here runs on the ctx's loop thread, except
  * p2p_auth_set_revoked() on ctx->auth. */
 #ifndef P2P_TRANSPORT_H

@@ -1,0 +1,901 @@
+/* Kademlia protocol on one node, on its loop thread (see dht_node.h):
+ * iterative lookups with alpha = 3 requests in flight over the k = 20
+ * closest candidates (seed 002_2b00836ea4b30f79.txt, Appendix B), the RPC
+ * handlers, bucket refresh, republishing and expiry purges. */
+#include "dht/dht_node_internal.h"
+#include "dht/dht_msg.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define MAX_CAND (3 * DHT_K)
+#define MAX_RESULT_RECORDS 1024
+#define MAX_OWN 4096
+#define VALUES_MAX_BYTES (256u * 1024u)
+#define VALUE_SOURCES_ENOUGH 3
+
+enum { CAND_NEW, CAND_INFLIGHT, CAND_DONE, CAND_FAILED };
+enum lk_kind { LK_NODE, LK_VALUE, LK_STORE };
+
+struct cand {
+    struct dht_contact c;
+    uint8_t state, hop;
+};
+
+struct dht__lookup {
+    struct dht__lookup *next, *prev;
+    struct dht_node *n;
+    enum lk_kind kind;
+    uint8_t target[DHT_ID_LEN];
+    struct cand cand[MAX_CAND];
+    size_t ncand;
+    int inflight, contacted, started, finished;
+    struct dht_record *recs;
+    size_t nrec, caprec;
+    int sources, value_hop;
+    struct dht_record store_rec;
+    int has_store_rec, store_inflight, stored, store_phase;
+    uv_timer_t start_timer;
+    dht_cb cb;
+    void *arg;
+};
+
+struct rpc_arg {
+    struct dht__lookup *lk;
+    uint8_t id[DHT_ID_LEN];
+};
+
+static void node_maybe_release(struct dht_node *n);
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static int contact_from_peer(const struct p2p_peer *p, struct dht_contact *c)
+{
+    memset(c, 0, sizeof *c);
+    if (!p->listen_port)
+        return CM_EINVAL;
+    memcpy(c->pub, p->pub, 32);
+    dht_id_of_pub(c->pub, c->id);
+    return dht_addr_from_sockaddr((const struct sockaddr *)&p->addr, &c->addr);
+}
+
+static void node_seen_peer(struct dht_node *n, const struct p2p_peer *p)
+{
+    struct dht_contact c;
+    if (contact_from_peer(p, &c) == CM_OK)
+        dht_table_seen(&n->table, &c, p2p_now_ms());
+}
+
+static int same_entry(const struct dht_record *a, const struct dht_record *b)
+{
+    if (a->subkey_len != b->subkey_len)
+        return 0;
+    if (a->subkey_len == 0)
+        return 1;
+    return !memcmp(a->author, b->author, 32) && !memcmp(a->subkey, b->subkey, a->subkey_len);
+}
+
+/* Merges r into the lookup's results: newest expiration per entry. */
+static void merge_record(struct dht__lookup *lk, const struct dht_record *r)
+{
+    for (size_t i = 0; i < lk->nrec; i++) {
+        if (same_entry(&lk->recs[i], r)) {
+            if (r->expires_ms > lk->recs[i].expires_ms) {
+                struct dht_record c;
+                if (dht_record_copy(&c, r) == CM_OK) {
+                    dht_record_cleanup(&lk->recs[i]);
+                    lk->recs[i] = c;
+                }
+            }
+            return;
+        }
+    }
+    if (lk->nrec >= MAX_RESULT_RECORDS)
+        return;
+    if (lk->nrec == lk->caprec) {
+        size_t nc = lk->caprec ? lk->caprec * 2 : 8;
+        struct dht_record *x = realloc(lk->recs, nc * sizeof *x);
+        if (!x)
+            return;
+        lk->recs = x;
+        lk->caprec = nc;
+    }
+    if (dht_record_copy(&lk->recs[lk->nrec], r) == CM_OK)
+        lk->nrec++;
+}
+
+static void add_cand(struct dht__lookup *lk, const struct dht_contact *c, int hop)
+{
+    if (!memcmp(c->id, lk->n->id, DHT_ID_LEN))
+        return;
+    for (size_t i = 0; i < lk->ncand; i++)
+        if (!memcmp(lk->cand[i].c.id, c->id, DHT_ID_LEN))
+            return;
+    if (lk->ncand == MAX_CAND &&
+        dht_id_cmp_dist(lk->target, c->id, lk->cand[MAX_CAND - 1].c.id) >= 0)
+        return;
+    size_t pos = lk->ncand < MAX_CAND ? lk->ncand : MAX_CAND - 1;
+    /* never drop a candidate with a request in flight: its answer is
+     * matched by id; the farthest such one just stays */
+    if (lk->ncand == MAX_CAND && lk->cand[pos].state == CAND_INFLIGHT)
+        return;
+    while (pos > 0 && dht_id_cmp_dist(lk->target, c->id, lk->cand[pos - 1].c.id) < 0) {
+        lk->cand[pos] = lk->cand[pos - 1];
+        pos--;
+    }
+    lk->cand[pos].c = *c;
+    lk->cand[pos].state = CAND_NEW;
+    lk->cand[pos].hop = (uint8_t)(hop > 255 ? 255 : hop);
+    if (lk->ncand < MAX_CAND)
+        lk->ncand++;
+}
+
+static struct cand *find_cand(struct dht__lookup *lk, const uint8_t *id)
+{
+    for (size_t i = 0; i < lk->ncand; i++)
+        if (!memcmp(lk->cand[i].c.id, id, DHT_ID_LEN))
+            return &lk->cand[i];
+    return NULL;
+}
+
+/* ---- lookups ----------------------------------------------------------- */
+
+static void lookup_pump(struct dht__lookup *lk);
+
+static void lookup_freed(uv_handle_t *h)
+{
+    struct dht__lookup *lk = h->data;
+    struct dht_node *n = lk->n;
+    free(lk);
+    node_maybe_release(n);
+}
+
+static void lookup_finish(struct dht__lookup *lk)
+{
+    struct dht_node *n = lk->n;
+    lk->finished = 1;
+    struct dht_result res = {0};
+    struct dht_contact closest[DHT_K];
+    size_t nc = 0;
+    int hops = 0;
+    for (size_t i = 0; i < lk->ncand && nc < DHT_K; i++)
+        if (lk->cand[i].state == CAND_DONE) {
+            if (nc == 0)
+                hops = lk->cand[i].hop;
+            closest[nc++] = lk->cand[i].c;
+        }
+    res.contacted = lk->contacted;
+    res.closest = closest;
+    res.nclosest = nc;
+    switch (lk->kind) {
+    case LK_NODE:
+        res.status = nc ? CM_OK : CM_ECONN;
+        res.hops = hops;
+        break;
+    case LK_VALUE:
+        res.status = lk->nrec ? CM_OK : CM_ENOTFOUND;
+        res.rec = lk->recs;
+        res.nrec = lk->nrec;
+        res.hops = lk->nrec ? lk->value_hop : hops;
+        break;
+    case LK_STORE:
+        res.status = lk->stored ? CM_OK : CM_ECONN;
+        res.stored = lk->stored;
+        res.hops = hops;
+        break;
+    }
+    if (n->closing)
+        res.status = CM_ECLOSED;
+    n->st.lookups++;
+    n->st.lookup_hops += (uint64_t)res.hops;
+    if (lk->cb)
+        lk->cb(lk->arg, &res);
+    for (size_t i = 0; i < lk->nrec; i++)
+        dht_record_cleanup(&lk->recs[i]);
+    free(lk->recs);
+    lk->recs = NULL;
+    if (lk->has_store_rec)
+        dht_record_cleanup(&lk->store_rec);
+    if (lk->prev)
+        lk->prev->next = lk->next;
+    else
+        n->lookups = lk->next;
+    if (lk->next)
+        lk->next->prev = lk->prev;
+    uv_close((uv_handle_t *)&lk->start_timer, lookup_freed);
+}
+
+static void store_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                       size_t len)
+{
+    struct rpc_arg *ra = arg;
+    struct dht__lookup *lk = ra->lk;
+    struct dht_node *n = lk->n;
+    struct dht_msg_store_result sr;
+    if (status == CM_OK && dht_msg_parse_store_result(body, len, &sr) == CM_OK && sr.n == 1 &&
+        (sr.status[0] == CM_OK || sr.status[0] == CM_ESTATE))
+        lk->stored++;
+    if (from)
+        node_seen_peer(n, from);
+    else if (status != CM_ECLOSED)
+        dht_table_failed(&n->table, ra->id);
+    free(ra);
+    if (--lk->store_inflight == 0)
+        lookup_finish(lk);
+}
+
+static void store_phase(struct dht__lookup *lk)
+{
+    struct dht_node *n = lk->n;
+    lk->store_phase = 1;
+    if (n->closing) {
+        lookup_finish(lk);
+        return;
+    }
+    const struct dht_record *rp = &lk->store_rec;
+    uint8_t *body;
+    size_t blen;
+    if (dht_msg_encode_store(&rp, 1, &body, &blen)) {
+        lookup_finish(lk);
+        return;
+    }
+    size_t done = 0;
+    const struct cand *kth = NULL;
+    for (size_t i = 0; i < lk->ncand && done < DHT_K; i++) {
+        struct cand *c = &lk->cand[i];
+        if (c->state != CAND_DONE)
+            continue;
+        done++;
+        kth = c;
+        struct rpc_arg *ra = malloc(sizeof *ra);
+        if (!ra)
+            break;
+        ra->lk = lk;
+        memcpy(ra->id, c->c.id, DHT_ID_LEN);
+        struct sockaddr_storage sa;
+        dht_addr_to_sockaddr(&c->c.addr, &sa);
+        if (p2p_request(n->host, (struct sockaddr *)&sa, c->c.pub, P2P_MSG_DHT_STORE, body, blen,
+                        n->rpc_timeout_ms, store_done, ra)) {
+            free(ra);
+            continue;
+        }
+        n->st.rpcs_sent++;
+        lk->store_inflight++;
+    }
+    free(body);
+    /* We keep a copy too when we are among the k closest ourselves. */
+    if (done < DHT_K || !kth || dht_id_cmp_dist(lk->target, n->id, kth->c.id) < 0)
+        if (dht_store_put(&n->store, &lk->store_rec, p2p_now_ms()) == CM_OK)
+            lk->stored++;
+    if (lk->store_inflight == 0)
+        lookup_finish(lk);
+}
+
+static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
+                            const uint8_t *body, size_t len)
+{
+    struct rpc_arg *ra = arg;
+    struct dht__lookup *lk = ra->lk;
+    struct dht_node *n = lk->n;
+    struct cand *c = find_cand(lk, ra->id);
+    lk->inflight--;
+    int hop = c ? c->hop : 1;
+    int ok = 0;
+    if (status == CM_OK && from) {
+        if (lk->kind == LK_VALUE) {
+            struct dht_msg_values v;
+            if (dht_msg_parse_values(body, len, &v) == CM_OK) {
+                ok = 1;
+                int64_t now = p2p_now_ms();
+                int found = 0;
+                for (size_t i = 0; i < v.r.n; i++) {
+                    const struct dht_record *r = &v.r.rec[i];
+                    if (memcmp(r->key, lk->target, DHT_ID_LEN) || r->expires_ms <= now ||
+                        dht_record_verify(r))
+                        continue; /* not ours, stale, or forged: ignored */
+                    merge_record(lk, r);
+                    found = 1;
+                }
+                if (found) {
+                    if (lk->sources == 0 || hop < lk->value_hop)
+                        lk->value_hop = hop;
+                    lk->sources++;
+                }
+                for (size_t i = 0; i < v.nodes.n; i++)
+                    add_cand(lk, &v.nodes.c[i], hop + 1);
+                dht_msg_values_cleanup(&v);
+            }
+        } else {
+            struct dht_msg_nodes nd;
+            if (dht_msg_parse_nodes(body, len, &nd) == CM_OK) {
+                ok = 1;
+                for (size_t i = 0; i < nd.n; i++)
+                    add_cand(lk, &nd.c[i], hop + 1);
+            }
+        }
+    }
+    c = find_cand(lk, ra->id); /* add_cand may have moved it */
+    if (ok) {
+        node_seen_peer(n, from);
+        if (c)
+            c->state = CAND_DONE;
+    } else {
+        n->st.rpcs_failed++;
+        if (c)
+            c->state = CAND_FAILED;
+        if (status != CM_ECLOSED)
+            dht_table_failed(&n->table, ra->id);
+    }
+    free(ra);
+    lookup_pump(lk);
+}
+
+static void lookup_pump(struct dht__lookup *lk)
+{
+    struct dht_node *n = lk->n;
+    if (lk->finished || lk->store_phase)
+        return;
+    int enough = lk->kind == LK_VALUE && lk->sources >= VALUE_SOURCES_ENOUGH;
+    if (!n->closing && !enough) {
+        uint8_t *body = NULL;
+        size_t blen = 0;
+        size_t considered = 0;
+        for (size_t i = 0; i < lk->ncand && lk->inflight < DHT_ALPHA; i++) {
+            struct cand *c = &lk->cand[i];
+            if (c->state == CAND_FAILED)
+                continue;
+            if (considered++ >= DHT_K)
+                break;
+            if (c->state != CAND_NEW)
+                continue;
+            if (!body && dht_msg_encode_find(lk->target, lk->kind == LK_VALUE, &body, &blen))
+                break;
+            struct rpc_arg *ra = malloc(sizeof *ra);
+            if (!ra)
+                break;
+            ra->lk = lk;
+            memcpy(ra->id, c->c.id, DHT_ID_LEN);
+            struct sockaddr_storage sa;
+            dht_addr_to_sockaddr(&c->c.addr, &sa);
+            uint32_t type = lk->kind == LK_VALUE ? P2P_MSG_DHT_FIND_VALUE : P2P_MSG_DHT_FIND_NODE;
+            if (p2p_request(n->host, (struct sockaddr *)&sa, c->c.pub, type, body, blen,
+                            n->rpc_timeout_ms, lookup_rpc_done, ra)) {
+                free(ra);
+                c->state = CAND_FAILED;
+                n->st.rpcs_failed++;
+                continue;
+            }
+            c->state = CAND_INFLIGHT;
+            lk->inflight++;
+            lk->contacted++;
+            n->st.rpcs_sent++;
+        }
+        free(body);
+    }
+    if (lk->inflight == 0) {
+        if (lk->kind == LK_STORE && !n->closing)
+            store_phase(lk);
+        else
+            lookup_finish(lk);
+    }
+}
+
+static void lookup_start_cb(uv_timer_t *t)
+{
+    struct dht__lookup *lk = t->data;
+    lk->started = 1;
+    lookup_pump(lk);
+}
+
+static int lookup_new(struct dht_node *n, enum lk_kind kind, const uint8_t target[DHT_ID_LEN],
+                      dht_cb cb, void *arg, struct dht__lookup **out)
+{
+    if (n->closing)
+        return CM_ECLOSED;
+    struct dht__lookup *lk = calloc(1, sizeof *lk);
+    if (!lk)
+        return CM_ENOMEM;
+    lk->n = n;
+    lk->kind = kind;
+    memcpy(lk->target, target, DHT_ID_LEN);
+    lk->cb = cb;
+    lk->arg = arg;
+    struct dht_contact init[DHT_K];
+    size_t ni = dht_table_closest(&n->table, target, init, DHT_K);
+    for (size_t i = 0; i < ni; i++)
+        add_cand(lk, &init[i], 1);
+    int bi = dht_id_bucket(n->id, target);
+    if (bi >= 0)
+        n->table.b[bi].last_lookup_ms = p2p_now_ms();
+    /* Start on the next loop turn so callbacks never run inside the call. */
+    uv_timer_init(p2p_ctx_loop(n->ctx), &lk->start_timer);
+    lk->start_timer.data = lk;
+    uv_timer_start(&lk->start_timer, lookup_start_cb, 0, 0);
+    lk->next = n->lookups;
+    if (n->lookups)
+        n->lookups->prev = lk;
+    n->lookups = lk;
+    if (out)
+        *out = lk;
+    return CM_OK;
+}
+
+int dht_find_node_async(struct dht_node *n, const uint8_t target[DHT_ID_LEN], dht_cb cb,
+                        void *arg)
+{
+    return lookup_new(n, LK_NODE, target, cb, arg, NULL);
+}
+
+int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
+{
+    if (!key || klen == 0)
+        return CM_EINVAL;
+    uint8_t id[DHT_ID_LEN];
+    dht_key_id(key, klen, id);
+    struct dht__lookup *lk;
+    int rc = lookup_new(n, LK_VALUE, id, cb, arg, &lk);
+    if (rc)
+        return rc;
+    /* Our own store counts as one source (hop 0). */
+    const struct dht_record *mine[DHT_MAX_VALUE_RECORDS];
+    size_t m = dht_store_get(&n->store, id, p2p_now_ms(), mine, DHT_MAX_VALUE_RECORDS);
+    for (size_t i = 0; i < m; i++)
+        merge_record(lk, mine[i]);
+    if (m) {
+        lk->sources = 1;
+        lk->value_hop = 0;
+    }
+    return CM_OK;
+}
+
+static int store_record_async(struct dht_node *n, const struct dht_record *r, dht_cb cb,
+                              void *arg)
+{
+    struct dht__lookup *lk;
+    int rc = lookup_new(n, LK_STORE, r->key, cb, arg, &lk);
+    if (rc)
+        return rc;
+    if (dht_record_copy(&lk->store_rec, r)) {
+        lk->cb = NULL; /* runs as a plain lookup and finishes silently */
+        lk->kind = LK_NODE;
+        return CM_ENOMEM;
+    }
+    lk->has_store_rec = 1;
+    return CM_OK;
+}
+
+static void own_remember(struct dht_node *n, const struct dht_record *r)
+{
+    size_t count = 0;
+    for (struct dht__own *o = n->own; o; o = o->next, count++)
+        if (!memcmp(o->rec.key, r->key, DHT_ID_LEN) && same_entry(&o->rec, r)) {
+            struct dht_record c;
+            if (dht_record_copy(&c, r) == CM_OK) {
+                dht_record_cleanup(&o->rec);
+                o->rec = c;
+            }
+            return;
+        }
+    if (count >= MAX_OWN)
+        return;
+    struct dht__own *o = calloc(1, sizeof *o);
+    if (!o || dht_record_copy(&o->rec, r)) {
+        free(o);
+        return;
+    }
+    o->next = n->own;
+    n->own = o;
+}
+
+int dht_put_async(struct dht_node *n, const void *key, size_t klen, const void *subkey,
+                  size_t sklen, const void *value, size_t vlen, int64_t expires_ms, dht_cb cb,
+                  void *arg)
+{
+    if (!key || klen == 0 || sklen > DHT_MAX_SUBKEY || vlen > DHT_MAX_VALUE ||
+        (vlen && !value) || (sklen && !subkey))
+        return CM_EINVAL;
+    int64_t now = p2p_now_ms();
+    if (expires_ms <= now)
+        return CM_EEXPIRED;
+    if (expires_ms > now + n->store.max_ttl_ms)
+        return CM_ERANGE;
+    struct dht_record r = {.subkey = (uint8_t *)subkey, .subkey_len = sklen,
+                           .value = (uint8_t *)value, .value_len = vlen, .expires_ms = expires_ms};
+    dht_key_id(key, klen, r.key);
+    int rc = dht_record_sign(&r, n->key);
+    if (rc)
+        return rc;
+    rc = store_record_async(n, &r, cb, arg);
+    if (rc == CM_OK)
+        own_remember(n, &r);
+    return rc;
+}
+
+/* ---- bootstrap --------------------------------------------------------- */
+
+struct boot {
+    struct dht_node *n;
+    int pending, ok;
+    dht_cb cb;
+    void *arg;
+    struct sockaddr_storage *addrs;
+};
+
+/* Joining (Kademlia, section 2.3 of Maymounkov & Mazieres): look up our
+ * own id, then fill every bucket farther away than our closest neighbour,
+ * so the table knows some nodes in every part of the id space; without
+ * this, lookups started from late joiners can stall far from the target in
+ * a large swarm. A full lookup per bucket costs about ten times the join
+ * itself; one FIND_NODE to the known contact nearest a random id of the
+ * bucket gets the same effect (that contact's k closest to the id), and the
+ * contacts it returns enter the table (failing ones leave it on first use). */
+struct join {
+    struct dht_node *n;
+    dht_cb cb;
+    void *arg;
+    int pending;
+    struct dht_result res;
+};
+
+static void join_finish(struct join *j)
+{
+    if (j->cb)
+        j->cb(j->arg, &j->res);
+    free(j);
+}
+
+static void join_probe_done(void *arg, int status, const struct p2p_peer *from,
+                            const uint8_t *body, size_t len)
+{
+    struct join *j = arg;
+    struct dht_node *n = j->n;
+    struct dht_msg_nodes nd;
+    if (status == CM_OK && from && dht_msg_parse_nodes(body, len, &nd) == CM_OK) {
+        node_seen_peer(n, from);
+        int64_t now = p2p_now_ms();
+        for (size_t i = 0; i < nd.n; i++)
+            dht_table_seen(&n->table, &nd.c[i], now);
+    }
+    j->res.contacted++;
+    if (--j->pending == 0)
+        join_finish(j);
+}
+
+static void join_self_done(void *arg, const struct dht_result *res)
+{
+    struct join *j = arg;
+    struct dht_node *n = j->n;
+    j->res.status = res->status;
+    j->res.hops = res->hops;
+    j->res.contacted = res->contacted;
+    if (res->status != CM_OK || res->nclosest == 0 || n->closing) {
+        join_finish(j);
+        return;
+    }
+    int nearest = dht_id_bucket(n->id, res->closest[0].id);
+    j->pending = 1;
+    for (int i = nearest + 1; i < 256; i++) {
+        uint8_t target[DHT_ID_LEN], *body;
+        size_t blen;
+        struct dht_contact c;
+        dht_id_random_in_bucket(n->id, i, target);
+        if (dht_table_closest(&n->table, target, &c, 1) != 1 ||
+            dht_msg_encode_find(target, 0, &body, &blen))
+            continue;
+        struct sockaddr_storage sa;
+        dht_addr_to_sockaddr(&c.addr, &sa);
+        if (p2p_request(n->host, (struct sockaddr *)&sa, c.pub, P2P_MSG_DHT_FIND_NODE, body, blen,
+                        n->rpc_timeout_ms, join_probe_done, j) == CM_OK) {
+            j->pending++;
+            n->st.rpcs_sent++;
+        }
+        free(body);
+    }
+    if (--j->pending == 0)
+        join_finish(j);
+}
+
+struct boot_ping {
+    struct boot *b;
+    size_t i;
+};
+
+static void boot_ping_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                           size_t len)
+{
+    struct boot_ping *bp = arg;
+    struct boot *b = bp->b;
+    struct dht_node *n = b->n;
+    (void)body, (void)len;
+    if (status == CM_OK && from) {
+        struct dht_contact c = {0};
+        memcpy(c.pub, from->pub, 32);
+        dht_id_of_pub(c.pub, c.id);
+        dht_addr_from_sockaddr((struct sockaddr *)&b->addrs[bp->i], &c.addr);
+        if (dht_table_seen(&n->table, &c, p2p_now_ms()) == CM_OK)
+            b->ok++;
+    } else {
+        char a[80];
+        p2p_addr_format((struct sockaddr *)&b->addrs[bp->i], a, sizeof a);
+        CM_LOGW("dht", "bootstrap peer %s: %s", a, cm_strerror(status));
+    }
+    free(bp);
+    if (--b->pending)
+        return;
+    int rc = CM_ECONN;
+    struct join *j = NULL;
+    if (b->ok && !n->closing && (j = calloc(1, sizeof *j))) {
+        j->n = n;
+        j->cb = b->cb;
+        j->arg = b->arg;
+        rc = dht_find_node_async(n, n->id, join_self_done, j);
+        if (rc)
+            free(j);
+    }
+    if (rc) {
+        struct dht_result res = {.status = n->closing ? CM_ECLOSED : rc};
+        if (b->cb)
+            b->cb(b->arg, &res);
+    }
+    free(b->addrs);
+    free(b);
+}
+
+int dht_bootstrap_async(struct dht_node *n, const struct sockaddr_storage *addrs, size_t naddrs,
+                        dht_cb cb, void *arg)
+{
+    if (naddrs == 0)
+        return CM_EINVAL;
+    struct boot *b = calloc(1, sizeof *b);
+    if (!b || !(b->addrs = malloc(naddrs * sizeof *addrs))) {
+        free(b);
+        return CM_ENOMEM;
+    }
+    memcpy(b->addrs, addrs, naddrs * sizeof *addrs);
+    b->n = n;
+    b->cb = cb;
+    b->arg = arg;
+    b->pending = 1; /* held until every ping is sent */
+    for (size_t i = 0; i < naddrs; i++) {
+        struct boot_ping *bp = malloc(sizeof *bp);
+        if (!bp)
+            break;
+        bp->b = b;
+        bp->i = i;
+        b->pending++;
+        if (p2p_request(n->host, (struct sockaddr *)&b->addrs[i], NULL, P2P_MSG_PING, NULL, 0,
+                        n->rpc_timeout_ms, boot_ping_done, bp)) {
+            b->pending--;
+            free(bp);
+        }
+    }
+    if (--b->pending == 0) {
+        free(b->addrs);
+        free(b);
+        return CM_ECONN;
+    }
+    return CM_OK;
+}
+
+int dht_node_add_contact(struct dht_node *n, const uint8_t pub[32], const struct sockaddr *addr)
+{
+    struct dht_contact c = {0};
+    memcpy(c.pub, pub, 32);
+    dht_id_of_pub(pub, c.id);
+    int rc = dht_addr_from_sockaddr(addr, &c.addr);
+    return rc ? rc : dht_table_seen(&n->table, &c, p2p_now_ms());
+}
+
+/* ---- serving ----------------------------------------------------------- */
+
+static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type,
+                      const uint8_t *body, size_t len, uint8_t **resp, size_t *rlen)
+{
+    struct dht_node *n = arg;
+    (void)h;
+    n->st.rpcs_served++;
+    node_seen_peer(n, from);
+    uint8_t target[DHT_ID_LEN];
+    struct dht_contact near[DHT_K];
+    switch (type) {
+    case P2P_MSG_DHT_FIND_NODE: {
+        if (dht_msg_parse_find(body, len, target))
+            return CM_EPARSE;
+        size_t nn = dht_table_closest(&n->table, target, near, DHT_K);
+        return dht_msg_encode_nodes(near, nn, resp, rlen);
+    }
+    case P2P_MSG_DHT_FIND_VALUE: {
+        if (dht_msg_parse_find(body, len, target))
+            return CM_EPARSE;
+        const struct dht_record *rec[DHT_MAX_VALUE_RECORDS];
+        size_t nr = dht_store_get(&n->store, target, p2p_now_ms(), rec, DHT_MAX_VALUE_RECORDS);
+        size_t nn = dht_table_closest(&n->table, target, near, DHT_K);
+        return dht_msg_encode_values(rec, nr, near, nn, VALUES_MAX_BYTES, resp, rlen);
+    }
+    case P2P_MSG_DHT_STORE: {
+        struct dht_msg_records st;
+        if (dht_msg_parse_store(body, len, &st))
+            return CM_EPARSE;
+        int32_t status[DHT_MAX_STORE_RECORDS];
+        int64_t now = p2p_now_ms();
+        for (size_t i = 0; i < st.n; i++)
+            status[i] = dht_record_verify(&st.rec[i]) ? CM_EBADSIG
+                                                      : dht_store_put(&n->store, &st.rec[i], now);
+        int rc = dht_msg_encode_store_result(status, st.n, resp, rlen);
+        dht_msg_records_cleanup(&st);
+        return rc;
+    }
+    default:
+        return CM_EUNSUPPORTED;
+    }
+}
+
+/* ---- maintenance ------------------------------------------------------- */
+
+void dht_node_refresh_now(struct dht_node *n)
+{
+    int64_t now = p2p_now_ms();
+    for (int i = 0; i < 256; i++) {
+        struct dht_bucket *b = &n->table.b[i];
+        if (b->n == 0 || now - b->last_lookup_ms < (int64_t)n->refresh_ms)
+            continue;
+        uint8_t target[DHT_ID_LEN];
+        dht_id_random_in_bucket(n->id, i, target);
+        if (dht_find_node_async(n, target, NULL, NULL) == CM_OK)
+            n->st.refreshes++;
+    }
+    n->last_refresh_ms = now;
+}
+
+void dht_node_republish_now(struct dht_node *n)
+{
+    int64_t now = p2p_now_ms();
+    struct dht__own **pp = &n->own;
+    while (*pp) {
+        struct dht__own *o = *pp;
+        if (o->rec.expires_ms <= now) {
+            *pp = o->next;
+            dht_record_cleanup(&o->rec);
+            free(o);
+            continue;
+        }
+        if (store_record_async(n, &o->rec, NULL, NULL) == CM_OK)
+            n->st.republished++;
+        pp = &o->next;
+    }
+    n->last_republish_ms = now;
+}
+
+static void node_timer_cb(uv_timer_t *t)
+{
+    struct dht_node *n = t->data;
+    int64_t now = p2p_now_ms();
+    if (now - n->last_purge_ms >= 60000 || now - n->last_purge_ms >= (int64_t)n->refresh_ms) {
+        dht_store_purge(&n->store, now);
+        n->last_purge_ms = now;
+    }
+    if (now - n->last_refresh_ms >= (int64_t)n->refresh_ms)
+        dht_node_refresh_now(n);
+    if (now - n->last_republish_ms >= (int64_t)n->republish_ms)
+        dht_node_republish_now(n);
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+int dht_node_new(struct p2p_ctx *ctx, const struct dht_config *cfg, struct dht_node **out)
+{
+    if (!ctx || !cfg->key || !cfg->token)
+        return CM_EINVAL;
+    struct dht_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return CM_ENOMEM;
+    n->ctx = ctx;
+    n->key = cfg->key;
+    dht_id_of_pub(cfg->key->pub, n->id);
+    n->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 3000;
+    n->refresh_ms = cfg->refresh_interval_ms ? cfg->refresh_interval_ms : 15 * 60 * 1000;
+    n->republish_ms = cfg->republish_interval_ms ? cfg->republish_interval_ms : 10 * 60 * 1000;
+    int64_t now = p2p_now_ms();
+    n->last_refresh_ms = n->last_republish_ms = n->last_purge_ms = now;
+    dht_table_init(&n->table, n->id, now);
+    int rc = dht_store_init(&n->store, cfg->max_records, 0, 0);
+    if (rc) {
+        free(n);
+        return rc;
+    }
+    struct p2p_host_config hc = {.key = cfg->key, .token = cfg->token,
+                                 .listen_ip = cfg->listen_ip, .listen_port = cfg->listen_port,
+                                 .advertise_port = cfg->advertise_port, .on_request = on_request,
+                                 .arg = n};
+    rc = p2p_host_new(ctx, &hc, &n->host);
+    if (rc) {
+        dht_store_cleanup(&n->store);
+        free(n);
+        return rc;
+    }
+    uint32_t period = n->refresh_ms < n->republish_ms ? n->refresh_ms : n->republish_ms;
+    period = period / 4 < 1000 ? 1000 : period / 4 > 15000 ? 15000 : period / 4;
+    uv_timer_init(p2p_ctx_loop(ctx), &n->timer);
+    n->timer.data = n;
+    /* Spread the timers of in-process swarms so they do not fire together. */
+    uint32_t jitter;
+    cm_random_bytes(&jitter, sizeof jitter);
+    uv_timer_start(&n->timer, node_timer_cb, period + jitter % period, period);
+    *out = n;
+    return CM_OK;
+}
+
+static void node_timer_closed(uv_handle_t *h)
+{
+    struct dht_node *n = h->data;
+    n->timer.data = NULL;
+    node_maybe_release(n);
+}
+
+static void node_maybe_release(struct dht_node *n)
+{
+    if (!n->closing || n->lookups || n->timer.data)
+        return;
+    dht_table_cleanup(&n->table);
+    dht_store_cleanup(&n->store);
+    for (struct dht__own *o = n->own, *x; o; o = x) {
+        x = o->next;
+        dht_record_cleanup(&o->rec);
+        free(o);
+    }
+    n->own = NULL;
+    if (!n->threaded)
+        free(n);
+}
+
+void dht_node_free(struct dht_node *n)
+{
+    if (!n || n->closing)
+        return;
+    n->closing = 1;
+    /* Fails every request in flight: lookups see CM_ECLOSED and finish. */
+    p2p_host_close(n->host);
+    n->host = NULL;
+    /* Lookups that had not started yet finish now. */
+    while (n->lookups) {
+        struct dht__lookup *lk = n->lookups;
+        uv_timer_stop(&lk->start_timer);
+        lookup_finish(lk);
+    }
+    uv_timer_stop(&n->timer);
+    uv_close((uv_handle_t *)&n->timer, node_timer_closed);
+}
+
+uint16_t dht_node_port(const struct dht_node *n)
+{
+    return n->host ? p2p_host_port(n->host) : 0;
+}
+
+const uint8_t *dht_node_id(const struct dht_node *n)
+{
+    return n->id;
+}
+
+struct p2p_host *dht_node_host(struct dht_node *n)
+{
+    return n->host;
+}
+
+void dht_node_get_stats(const struct dht_node *n, struct dht_node_stats *out)
+{
+    *out = n->st;
+    out->routing_contacts = n->table.count;
+    out->records = n->store.nrecords;
+    out->approx_bytes = sizeof *n + dht_table_bytes(&n->table) + dht_store_bytes(&n->store);
+}
+
+const struct dht_record *dht_result_plain(const struct dht_result *res)
+{
+    for (size_t i = 0; i < res->nrec; i++)
+        if (res->rec[i].subkey_len == 0)
+            return &res->rec[i];
+    return NULL;
+}

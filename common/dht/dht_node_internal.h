@@ -1,0 +1,49 @@
+/* Internal layout of struct dht_node, shared by dht_node.c (the in-loop
+ * protocol) and dht_service.c (the threaded wrapper). Not a public header. */
+#ifndef DHT_NODE_INTERNAL_H
+#define DHT_NODE_INTERNAL_H
+
+#include <pthread.h>
+#include <uv.h>
+
+#include "dht/dht_node.h"
+#include "dht/dht_store.h"
+#include "dht/dht_table.h"
+
+struct dht__own {
+    struct dht__own *next;
+    struct dht_record rec;
+};
+
+struct dht__lookup;
+struct dht__job;
+
+struct dht_node {
+    struct p2p_ctx *ctx;
+    struct p2p_host *host;
+    const struct cm_ed25519 *key;
+    uint8_t id[DHT_ID_LEN];
+    struct dht_table table;
+    struct dht_store store;
+    struct dht__own *own;
+    struct dht__lookup *lookups;
+    uint32_t rpc_timeout_ms, refresh_ms, republish_ms;
+    uv_timer_t timer;
+    int64_t last_refresh_ms, last_republish_ms, last_purge_ms;
+    int closing;
+    struct dht_node_stats st;
+    /* threaded mode */
+    int threaded;
+    pthread_t thread;
+    uv_loop_t loop;
+    uv_async_t async;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct dht__job *jobs;
+    int ready, start_rc, stopping;
+    struct cm_ed25519 *owned_key;
+    char **bootstrap;
+    size_t n_bootstrap;
+};
+
+#endif
