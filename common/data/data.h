@@ -200,6 +200,13 @@ int cm_data_open_file(const char *manifest_path, uint64_t seed,
  * error the iterator stays failed. */
 int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b);
 
+/* Draws and discards n examples, exactly as n next_batch calls' worth would
+ * (same errors). With the same manifest, seed and options the stream is
+ * deterministic, so a trainer resuming from a checkpoint taken after n
+ * examples can skip them and continue with the very examples it would have
+ * seen. */
+int cm_data_skip(struct cm_data_iter *it, uint64_t n);
+
 /* Shape of one example: values per x row (rows*cols) or tokens per window
  * (T+1). */
 size_t cm_data_example_width(const struct cm_data_iter *it);

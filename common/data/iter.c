@@ -854,6 +854,38 @@ int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b)
     return CM_OK;
 }
 
+int cm_data_skip(struct cm_data_iter *it, uint64_t n)
+{
+    if (!it)
+        return CM_EINVAL;
+    /* Draw into a small batch of ids only: emit() copies nothing else when
+     * the data pointers are NULL, but next_batch wants one of them set. */
+    enum { CHUNK = 256 };
+    uint64_t ids[CHUNK];
+    int32_t y[CHUNK];
+    uint16_t *tok = NULL;
+    struct cm_data_batch b = {.ids = ids};
+    if (it->m->format == CM_DATA_IDX_IMAGES) {
+        b.y = y;
+    } else {
+        tok = malloc(CHUNK * it->width * sizeof *tok);
+        if (!tok)
+            return CM_ENOMEM;
+        b.tokens_u16 = tok;
+    }
+    int rc = CM_OK;
+    while (n > 0) {
+        b.capacity = n < CHUNK ? (size_t)n : CHUNK;
+        if ((rc = cm_data_next_batch(it, &b)) != CM_OK)
+            break;
+        if (b.n == 0)
+            break; /* eval: the pass ended first */
+        n -= b.n;
+    }
+    free(tok);
+    return rc;
+}
+
 /* ---- Open / close -------------------------------------------------------- */
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;

@@ -294,6 +294,36 @@ static void test_shuffle_statistics(void **state)
     cm_data_manifest_free(m);
 }
 
+/* Skipping n examples lands exactly where n drawn examples would. */
+static void test_skip_resumes_stream(void **state)
+{
+    (void)state;
+    struct cm_data_manifest *m = token_dataset(NSH, -1, 0);
+    enum { N = 2 * TOTAL + 40 };
+    uint64_t *ids = calloc(N, 8);
+    uint32_t *ep = calloc(N, 4);
+    draw(m, 9, N, ids, ep);
+    for (uint64_t skip = 0; skip < N - 8; skip += 97) {
+        struct cm_data_options o;
+        opts(&o, CM_DATA_TRAIN);
+        struct cm_data_iter *it;
+        assert_int_equal(cm_data_open(m, 9, &o, &it), CM_OK);
+        assert_int_equal(cm_data_skip(it, skip), CM_OK);
+        uint64_t got[8];
+        int32_t tok[8 * (T + 1)];
+        struct cm_data_batch b = {.capacity = 8, .tokens = tok, .ids = got};
+        assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+        assert_memory_equal(got, ids + skip, sizeof got);
+        struct cm_data_stats st;
+        cm_data_get_stats(it, &st);
+        assert_int_equal(st.examples, skip + 8);
+        cm_data_close(it);
+    }
+    free(ids);
+    free(ep);
+    cm_data_manifest_free(m);
+}
+
 static void test_hash_mismatch_rejected(void **state)
 {
     (void)state;
@@ -895,6 +925,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_windows),
         cmocka_unit_test(test_shuffle_statistics),
+        cmocka_unit_test(test_skip_resumes_stream),
         cmocka_unit_test(test_hash_mismatch_rejected),
         cmocka_unit_test(test_all_shards_bad),
         cmocka_unit_test(test_http_first_batch_before_download_ends),
