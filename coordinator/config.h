@@ -24,6 +24,9 @@ struct coord_config {
     long login_window;
     long shutdown_grace_ms;
     char *log_level;
+    char *checkpoint_dir;
+    long checkpoint_keep;
+    long checkpoint_max_mb;
 };
 
 #endif

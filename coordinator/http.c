@@ -28,6 +28,12 @@ struct req_state {
     const char *params[COORD_MAX_PARAMS];
     char *param_buf;
     int nparams;
+    /* streamed routes */
+    struct coord_req req;
+    void *stream_ctx;
+    int stream_err;
+    int stream_done;
+    uint64_t streamed;
 };
 
 static double elapsed_since(const struct timespec *t0)
@@ -195,16 +201,34 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct coord_serve
         ctype = resp->content_type ? resp->content_type : "application/octet-stream";
     }
     if (!resp->status)
-        resp->status = body ? 200 : 204;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
-                                                                            : MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        free(body);
-        return MHD_NO;
+        resp->status = body || resp->has_fd ? 200 : 204;
+    struct MHD_Response *r;
+    if (resp->has_fd && !resp->json) {
+        r = MHD_create_response_from_fd64(resp->fd_len, resp->fd);
+        if (!r)
+            close(resp->fd);
+        resp->has_fd = 0;
+        if (!r)
+            return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                resp->content_type ? resp->content_type : "application/octet-stream");
+    } else {
+        if (resp->has_fd) {
+            close(resp->fd);
+            resp->has_fd = 0;
+        }
+        r = MHD_create_response_from_buffer(len, body ? body : (char *)"",
+                                            body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+        if (!r) {
+            free(body);
+            return MHD_NO;
+        }
+        if (body)
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     }
-    if (body)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    for (int i = 0; i < 2; i++)
+        if (resp->hdr_name[i][0])
+            MHD_add_response_header(r, resp->hdr_name[i], resp->hdr_value[i]);
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (resp->retry_after[0])
@@ -233,6 +257,37 @@ static void client_ip(struct MHD_Connection *conn, char *out, size_t cap)
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
 }
 
+static void init_req(struct coord_server *srv, struct MHD_Connection *conn, const char *method,
+                     const char *url, struct req_state *st, struct coord_req *req)
+{
+    memset(req, 0, sizeof *req);
+    req->srv = srv;
+    req->method = method;
+    req->path = url;
+    memcpy(req->params, st->params, sizeof req->params);
+    req->nparams = st->nparams;
+    req->conn_ = conn;
+    client_ip(conn, req->client_ip, sizeof req->client_ip);
+}
+
+/* Authenticates the bearer token when one is sent or the route needs one,
+ * and checks the route's roles. 1: go on; 0: resp holds the refusal. */
+static int authorize(struct MHD_Connection *conn, const struct coord_route *rt,
+                     struct coord_req *req, struct coord_resp *resp)
+{
+    const char *authz = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!authz && rt->roles == COORD_PUBLIC)
+        return 1;
+    if (!coord_auth_bearer(req, resp, authz))
+        return 0;
+    if (rt->roles != COORD_PUBLIC && !(rt->roles & req->user.role)) {
+        coord_resp_error(resp, 403, "forbidden", "the %s role may not do this",
+                         coord_role_name(req->user.role));
+        return 0;
+    }
+    return 1;
+}
+
 static void dispatch(struct coord_server *srv, struct MHD_Connection *conn, const char *method,
                      const char *url, struct req_state *st, struct coord_resp *resp)
 {
@@ -249,16 +304,10 @@ static void dispatch(struct coord_server *srv, struct MHD_Connection *conn, cons
                          rt->body_max);
         return;
     }
-    struct coord_req req = {0};
-    req.srv = srv;
-    req.method = method;
-    req.path = url;
-    memcpy(req.params, st->params, sizeof req.params);
-    req.nparams = st->nparams;
+    struct coord_req req;
+    init_req(srv, conn, method, url, st, &req);
     req.body = st->body;
     req.body_len = st->body_len;
-    req.conn_ = conn;
-    client_ip(conn, req.client_ip, sizeof req.client_ip);
 
     if (rt->json_body == 2 && st->body_len == 0) {
         req.json = json_object();
@@ -275,21 +324,74 @@ static void dispatch(struct coord_server *srv, struct MHD_Connection *conn, cons
         return;
     }
 
-    const char *authz = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (authz || rt->roles != COORD_PUBLIC) {
-        if (!coord_auth_bearer(&req, resp, authz))
-            goto done;
-        if (rt->roles != COORD_PUBLIC && !(rt->roles & req.user.role)) {
-            coord_resp_error(resp, 403, "forbidden", "the %s role may not do this",
-                             coord_role_name(req.user.role));
-            goto done;
-        }
-    }
-    rt->handler(&req, resp);
-done:
+    if (authorize(conn, rt, &req, resp))
+        rt->handler(&req, resp);
     if (req.db)
         coord_db_release(srv->db, req.db);
     json_decref(req.json);
+}
+
+static enum MHD_Result stream_begin(struct coord_server *srv, struct MHD_Connection *conn,
+                                   const char *method, const char *url, struct req_state *st)
+{
+    const struct coord_route *rt = &srv->routes[st->route];
+    struct coord_resp resp = {0};
+    init_req(srv, conn, method, url, st, &st->req);
+    if (authorize(conn, rt, &st->req, &resp))
+        st->stream_ctx = rt->stream->begin(&st->req, &resp);
+    /* Never hold a pool connection for the length of an upload. */
+    if (st->req.db) {
+        coord_db_release(srv->db, st->req.db);
+        st->req.db = NULL;
+    }
+    if (!st->stream_ctx && !resp.status)
+        coord_resp_error(&resp, 500, "internal", "could not start the upload");
+    if (resp.status) {
+        if (st->stream_ctx) {
+            rt->stream->abort(st->stream_ctx);
+            st->stream_ctx = NULL;
+        }
+        enum MHD_Result r = send_resp(conn, srv, st, &resp);
+        json_decref(resp.json);
+        free(resp.raw);
+        return r;
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result stream_continue(struct coord_server *srv, struct MHD_Connection *conn,
+                                      const char *upload, size_t *upload_size,
+                                      struct req_state *st)
+{
+    const struct coord_route *rt = &srv->routes[st->route];
+    if (st->status || !st->stream_ctx) { /* already refused: discard the rest */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        st->streamed += *upload_size;
+        if (!st->stream_err) {
+            if (st->streamed > rt->body_max)
+                st->stream_err = CM_ETOOBIG;
+            else
+                st->stream_err = rt->stream->chunk(st->stream_ctx, upload, *upload_size);
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    struct coord_resp resp = {0};
+    rt->stream->end(st->stream_ctx, &st->req, &resp, st->stream_err);
+    st->stream_ctx = NULL;
+    if (st->req.db) {
+        coord_db_release(srv->db, st->req.db);
+        st->req.db = NULL;
+    }
+    if (!resp.status && !resp.json)
+        coord_resp_error(&resp, 500, "internal", "the upload handler gave no answer");
+    enum MHD_Result r = send_resp(conn, srv, st, &resp);
+    json_decref(resp.json);
+    free(resp.raw);
+    return r;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -318,6 +420,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             else if (n > srv->routes[st->route].body_max)
                 st->too_big = 1;
         }
+        if (!unexpected && !st->too_big && !atomic_load(&srv->draining) &&
+            st->route < srv->nroutes && srv->routes[st->route].stream)
+            return stream_begin(srv, conn, method, url, st);
         if (unexpected || st->too_big || atomic_load(&srv->draining)) {
             struct coord_resp resp = {0};
             if (unexpected)
@@ -334,6 +439,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         return MHD_YES;
     }
+    if (st->stream_ctx || (st->route < srv->nroutes && srv->routes[st->route].stream))
+        return stream_continue(srv, conn, upload, upload_size, st);
     if (*upload_size) {
         size_t limit = st->route < srv->nroutes ? srv->routes[st->route].body_max : 0;
         if (!st->too_big && st->body_len + *upload_size > limit)
@@ -375,6 +482,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     struct req_state *st = *con_cls;
     if (!st)
         return;
+    if (st->stream_ctx) /* the client left mid-upload */
+        srv->routes[st->route].stream->abort(st->stream_ctx);
+    if (st->req.db)
+        coord_db_release(srv->db, st->req.db);
     coord_metrics_observe(srv->metrics, st->route, st->status ? st->status : 500,
                           elapsed_since(&st->start));
     free(st->body);

@@ -61,6 +61,12 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"shutdown-grace-ms", CM_OPT_INT, O(shutdown_grace_ms), "10000", "MS",
      "on SIGTERM, how long in-flight requests may take to finish", 0},
     {"log-level", CM_OPT_STR, O(log_level), "info", "LEVEL", "error, warn, info or debug", 0},
+    {"checkpoint-dir", CM_OPT_STR, O(checkpoint_dir), NULL, "DIR",
+     "where uploaded checkpoints are kept (default DATA-DIR/checkpoints); coordinators "
+     "sharing a database must share it", 0},
+    {"checkpoint-keep", CM_OPT_INT, O(checkpoint_keep), "3", "N", "newest checkpoints kept per run", 0},
+    {"checkpoint-max-mb", CM_OPT_INT, O(checkpoint_max_mb), "16384", "MB",
+     "largest checkpoint accepted", 0},
 };
 
 static const struct cm_cmd_spec SERVE = {
@@ -87,7 +93,9 @@ static int validate(const struct coord_config *c)
                   {"pass-ttl", c->pass_ttl, 60, 30L * 24 * 3600},
                   {"login-max-failures", c->login_max_failures, 1, 100000},
                   {"login-window", c->login_window, 1, 86400},
-                  {"shutdown-grace-ms", c->shutdown_grace_ms, 0, 600000}};
+                  {"shutdown-grace-ms", c->shutdown_grace_ms, 0, 600000},
+                  {"checkpoint-keep", c->checkpoint_keep, 1, 1000},
+                  {"checkpoint-max-mb", c->checkpoint_max_mb, 1, 1L << 24}};
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
             fprintf(stderr, "error: --%s must be %ld..%ld\n", ranges[i].name, ranges[i].lo,
@@ -198,6 +206,16 @@ static int cmd_serve(int argc, char **argv)
 
     if (mkdir(cfg.data_dir, 0700) != 0 && errno != EEXIST) {
         CM_LOGE("main", "creating data dir %s: %s", cfg.data_dir, strerror(errno));
+        goto out;
+    }
+    if (!cfg.checkpoint_dir) {
+        char d[4096];
+        snprintf(d, sizeof d, "%s/checkpoints", cfg.data_dir);
+        cfg.checkpoint_dir = strdup(d);
+    }
+    if (!cfg.checkpoint_dir || (mkdir(cfg.checkpoint_dir, 0700) != 0 && errno != EEXIST)) {
+        CM_LOGE("main", "creating checkpoint dir %s: %s", cfg.checkpoint_dir ? cfg.checkpoint_dir : "",
+                strerror(errno));
         goto out;
     }
     char keypath[4096];

@@ -31,5 +31,10 @@ const struct coord_route coord_routes[] = {
     {"POST", "/api/v1/runs/{}/passes/{}/revoke", api_passes_revoke, COORD_ROLE_ORGANIZER,
      BODY_SMALL, 2},
     {"GET", "/api/v1/runs/{}/revocations", api_revocations, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/runs/{}/checkpoints", api_checkpoints_list, COORD_ROLES_ANY, 0, 0},
+    {"GET", "/api/v1/runs/{}/checkpoints/{}", api_checkpoints_get, COORD_ROLES_ANY, 0, 0},
+    /* The size limit is --checkpoint-max-mb, enforced by the stream handler. */
+    {"PUT", "/api/v1/runs/{}/checkpoints/{}", NULL, COORD_ROLES_ANY, (size_t)1 << 50, 0,
+     &api_checkpoint_upload},
 };
 const size_t coord_nroutes = sizeof coord_routes / sizeof coord_routes[0];

@@ -65,6 +65,23 @@ struct coord_resp {
     const char *content_type; /* static string; default application/json */
     char retry_after[16];     /* Retry-After header value when set */
     char location[256];       /* Location header when set */
+    char hdr_name[2][40];     /* up to two extra headers */
+    char hdr_value[2][160];
+    int has_fd;               /* body is the file `fd` (taken over and closed), fd_len bytes */
+    int fd;
+    uint64_t fd_len;
+};
+
+/* Routes whose body is too large to hold in memory (checkpoints) stream it:
+ * begin runs as soon as the headers are in and the caller is authenticated
+ * (so nothing is read from a caller who may not upload); chunk receives the
+ * body piece by piece; end answers. abort runs instead of end when the client
+ * goes away mid-upload, and must leave nothing behind. */
+struct coord_stream_ops {
+    void *(*begin)(struct coord_req *req, struct coord_resp *resp);
+    int (*chunk)(void *ctx, const char *data, size_t len);
+    void (*end)(void *ctx, struct coord_req *req, struct coord_resp *resp, int chunk_err);
+    void (*abort)(void *ctx);
 };
 
 typedef void (*coord_handler)(struct coord_req *req, struct coord_resp *resp);
@@ -77,6 +94,7 @@ struct coord_route {
     size_t body_max;  /* 0: no body accepted */
     int json_body;    /* 1: body must be a JSON object (parsed into req->json);
                          2: the same, but an empty body counts as {} */
+    const struct coord_stream_ops *stream; /* non-NULL: streamed body, up to body_max */
 };
 
 /* Sets an error response {"error": {"code", "message"}}. */
