@@ -54,11 +54,14 @@ $(BUILD)/obj/%.cu.o: %.cu
 	$(if $(Q),@echo "  NVCC  $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# The backend flag is part of the object: rebuild kern_backend.o when it flips.
-$(BUILD)/obj/kernels/kern_backend.o: $(BUILD)/kernels-cuda-$(KERN_WITH_CUDA).stamp
-$(BUILD)/kernels-cuda-$(KERN_WITH_CUDA).stamp:
-	@mkdir -p $(@D)
-	$(Q)rm -f $(BUILD)/kernels-cuda-*.stamp && touch $@
+# The backend flag is part of kern_backend.o and of the archive's member
+# list: a file holding it is rewritten (new mtime) only when it flips, so a
+# CUDA=0 build after a CUDA=1 build (or back) rebuilds both. Done at parse
+# time because tests/module.mk's bare .SECONDARY would let a missing stamp
+# target count as up to date.
+KERN_CUDA_FLAG := $(BUILD)/kernels-cuda.flag
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(KERN_CUDA_FLAG) 2>/dev/null)" = "$(KERN_WITH_CUDA)" ] || echo $(KERN_WITH_CUDA) >$(KERN_CUDA_FLAG); })
+$(BUILD)/obj/kernels/kern_backend.o: $(KERN_CUDA_FLAG)
 
 $(KERNELS_LIB): $(KERNELS_OBJS)
 	@mkdir -p $(@D)
