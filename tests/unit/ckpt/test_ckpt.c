@@ -10,7 +10,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
@@ -312,6 +314,56 @@ static void test_stream_verifier(void **state)
     free(b);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* A figure, not a check beyond the round trip: 1M parameters with two
+ * AdamW buffers (12 MB), written (hash, fsync, rename) and read back
+ * (verify), against a plain write()+fsync() and read() of the same bytes
+ * in the same directory. */
+static void test_throughput_figure(void **state)
+{
+    (void)state;
+    enum { N = 1 << 20 };
+    float *p = malloc(3 * sizeof(float) * N);
+    for (size_t i = 0; i < 3 * (size_t)N; i++)
+        p[i] = (float)i * 1e-6f;
+    struct cm_ckpt_buf bufs[2] = {{"adam.m", p + N, N}, {"adam.v", p + 2 * N, N}};
+    struct cm_ckpt c = {.step = 1, .params = p, .n_params = N, .opt = bufs, .n_opt = 2};
+    char path[128], ref[128];
+    snprintf(path, sizeof path, "%s/big.ckpt", tmpdir);
+    snprintf(ref, sizeof ref, "%s/big.raw", tmpdir);
+    double t0 = now_s();
+    assert_int_equal(cm_ckpt_write(path, &c, NULL), CM_OK);
+    double tw = now_s() - t0;
+    t0 = now_s();
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_read(path, &r), CM_OK);
+    double tr = now_s() - t0;
+    assert_memory_equal(r.opt[1].data, p + 2 * N, 4 * (size_t)N);
+    cm_ckpt_cleanup(&r);
+    t0 = now_s();
+    int fd = open(ref, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_int_equal(write(fd, p, 12 * (size_t)N), 12 * (ssize_t)N);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+    double rw = now_s() - t0;
+    t0 = now_s();
+    fd = open(ref, O_RDONLY);
+    assert_int_equal(read(fd, p, 12 * (size_t)N), 12 * (ssize_t)N);
+    close(fd);
+    double rr = now_s() - t0;
+    double mb = 12.0 * N / 1e6;
+    printf("figure: checkpoint %.1f MB: write %.3f s (%.0f MB/s), plain write+fsync %.3f s, "
+           "ratio %.2f; read+verify %.3f s (%.0f MB/s), plain read %.3f s, ratio %.2f\n",
+           mb, tw, mb / tw, rw, tw / rw, tr, mb / tr, rr, tr / rr);
+    free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_file_leaves_old_state),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_stream_verifier),
+        cmocka_unit_test(test_throughput_figure),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
