@@ -1,13 +1,14 @@
-/* Dataset iterator: background shard streaming, verification, shuffle buffer.
+/* Dataset iterator: shard order, bounded queue, shuffle buffer, consumer.
  *
  * One producer thread per iterator walks the shards in a per-peer random
- * order (a new permutation each epoch, derived from the seed), downloads
- * each file of a shard with libcurl into memory while hashing it, and
- * releases the shard's examples only after its size and SHA-256 match the
- * manifest ("verify-then-release", docs/data.md explains why). Verified and
- * decoded shards wait in a bounded queue (prefetch_shards); the consumer
- * takes examples from the queue into a shuffle buffer of S examples and
- * draws random examples from it, replacing each with the next one to arrive
+ * order (a new permutation each epoch, derived from the seed) and has each
+ * file downloaded and verified by fetch.c: a shard's examples are released
+ * only after its size and SHA-256 match the manifest ("verify-then-release"),
+ * or chunk by chunk when the manifest carries chunk hashes (docs/data.md
+ * explains both). Verified shards wait in a queue whose memory is bounded by
+ * counting live shard buffers (prefetch_shards); the consumer takes examples
+ * from the queue into a shuffle buffer of S examples and draws random
+ * examples from it, replacing each with the next one to arrive
  * (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix H.3).
  *
  * Determinism: the producer is sequential and the queue keeps its order, so
@@ -31,6 +32,7 @@
 #include "cm_crypto.h"
 #include "cm_err.h"
 #include "cm_log.h"
+#include "data/data_internal.h"
 
 /* ---- Random numbers: splitmix64 (enough for shuffling, and seedable) ---- */
 
@@ -47,71 +49,6 @@ static uint64_t rng_below(uint64_t *s, uint64_t n)
     /* The modulo bias is below n / 2^64: negligible for buffer and shard counts. */
     return splitmix64(s) % n;
 }
-
-/* ---- Shard buffers and queue items -------------------------------------- */
-
-/* The decoded bytes of one shard, shared by the queue items that point into
- * it (a chunked shard is released as several items). The last reference
- * frees it and makes room for the producer to fetch another shard. */
-struct sbuf {
-    atomic_int refs;
-    struct cm_data_iter *it;
-    uint8_t *data;           /* decoded data file, or the raw file being filled (chunked) */
-    uint8_t *labels;         /* decoded labels file (idx only) */
-};
-
-enum item_kind { ITEM_SHARD, ITEM_END, ITEM_FATAL };
-
-struct item {
-    enum item_kind kind;
-    int rc;                  /* ITEM_FATAL */
-    uint32_t shard;          /* index in the manifest */
-    uint64_t epoch;
-    uint64_t k0;             /* index in the shard of the first example */
-    uint64_t n;              /* examples */
-    struct sbuf *sb;         /* one reference, ITEM_SHARD only */
-    const uint8_t *x;        /* first example: image / bytes / little-endian uint16 tokens */
-    const uint8_t *y;        /* first label, idx only */
-    struct item *next;
-};
-
-struct cm_data_iter {
-    const struct cm_data_manifest *m;
-    struct cm_data_manifest *owned_m;
-    struct cm_data_options o;
-    uint64_t seed;
-    size_t width;            /* pixels per image, or T+1 tokens per window */
-    size_t rec_bytes;        /* bytes per record in the shuffle buffer */
-    size_t stride;           /* bytes from one example's start to the next in a shard */
-    float lut[256];          /* pixel -> normalized float */
-
-    /* producer/consumer queue */
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_room, cv_get;
-    struct item *head, *tail;
-    unsigned live_shards;    /* shard buffers alive (queued, in use or downloading) */
-    atomic_int stop;
-
-    /* stats, under mu */
-    struct cm_data_stats st;
-
-    /* consumer state (consumer thread only) */
-    struct item *cur;
-    uint64_t cur_pos;
-    int failed;              /* sticky error */
-    int deferred;            /* eval: error to report after the examples before it */
-    int ended;               /* eval: END seen */
-    uint8_t *buf;            /* shuffle buffer: S records */
-    uint64_t *buf_ids;
-    uint32_t *buf_epochs;
-    size_t buf_count;
-    int buf_filled;
-    uint64_t rng;            /* shuffle-buffer draws */
-    uint8_t *scratch;        /* one record (eval mode) */
-    struct item *reserve;    /* an ITEM_FATAL/ENOMEM marker for when malloc fails */
-};
 
 static struct sbuf *sbuf_new(struct cm_data_iter *it)
 {
@@ -163,9 +100,7 @@ void cm_data_options_init(struct cm_data_options *o)
     o->skip_bad_shards = 1;
 }
 
-static void set_error(struct cm_data_iter *it, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void set_error(struct cm_data_iter *it, const char *fmt, ...)
+void cm_data__set_error(struct cm_data_iter *it, const char *fmt, ...)
 {
     char msg[sizeof it->st.last_error];
     va_list ap;
@@ -231,10 +166,9 @@ static void put_marker(struct cm_data_iter *it, enum item_kind kind, int rc)
     queue_put(it, t);
 }
 
-/* Queues examples [k0, k0 + n) of a shard; x and y point at example k0. */
-static int push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shard,
-                         uint64_t epoch, uint64_t k0, uint64_t n, const uint8_t *x,
-                         const uint8_t *y)
+int cm_data__push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shard,
+                           uint64_t epoch, uint64_t k0, uint64_t n, const uint8_t *x,
+                           const uint8_t *y)
 {
     struct item *t = calloc(1, sizeof *t);
     if (!t)
@@ -243,283 +177,6 @@ static int push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shar
     *t = (struct item){.kind = ITEM_SHARD, .shard = shard, .epoch = epoch, .k0 = k0, .n = n,
                        .sb = sb, .x = x, .y = y};
     return queue_put(it, t) == 0 ? CM_OK : CM_ECLOSED;
-}
-
-/* ---- Chunked shards: release windows as chunks verify -------------------- */
-
-struct chunked {
-    struct sbuf *sb;
-    uint32_t shard;
-    uint64_t epoch;
-    uint32_t verified;       /* chunks verified so far */
-    uint64_t released;       /* windows queued so far */
-    uint64_t total;          /* windows in the whole shard, once known */
-    int header_ok;           /* tokens-u16: header parsed */
-};
-
-/* Queues the windows that lie entirely within the first `prefix` verified
- * bytes and were not queued yet. Windows are a prefix property: window k
- * needs tokens [kT, kT+T], so a longer verified prefix only adds windows. */
-static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f,
-                          struct chunked *ck, uint64_t prefix)
-{
-    size_t T = it->o.seq_len;
-    const uint8_t *base = ck->sb->data;
-    uint64_t avail;
-    if (it->m->format == CM_DATA_TOKENS_U16) {
-        if (prefix < CM_DATA_TOKENS_HEADER_BYTES)
-            return CM_OK;
-        if (!ck->header_ok) {
-            struct cm_data_tokens tk; /* reads the header only; checks it against the size */
-            int rc = cm_data_tokens_parse(base, f->size, &tk);
-            if (rc != CM_OK) {
-                set_error(it, "%s: not a valid llm.c token shard", f->url);
-                return rc;
-            }
-            ck->total = tk.count > T ? (tk.count - 1) / T : 0;
-            ck->header_ok = 1;
-        }
-        base += CM_DATA_TOKENS_HEADER_BYTES;
-        avail = (prefix - CM_DATA_TOKENS_HEADER_BYTES) / 2;
-    } else {
-        ck->total = f->size > T ? (f->size - 1) / T : 0;
-        avail = prefix;
-    }
-    uint64_t n = avail > T ? (avail - 1) / T : 0;
-    if (n > ck->total)
-        n = ck->total;
-    if (n <= ck->released)
-        return CM_OK;
-    if (it->m->format == CM_DATA_TOKENS_U16) {
-        for (uint64_t i = ck->released * T; i <= n * T; i++) {
-            unsigned v = base[2 * i] | (unsigned)base[2 * i + 1] << 8;
-            if (v >= it->m->vocab_size) {
-                set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", f->url,
-                          v, i, it->m->vocab_size);
-                return CM_ERANGE;
-            }
-        }
-    }
-    int rc = push_examples(it, ck->sb, ck->shard, ck->epoch, ck->released, n - ck->released,
-                           base + ck->released * it->stride, NULL);
-    if (rc == CM_OK)
-        ck->released = n;
-    return rc;
-}
-
-/* ---- Downloading one file ---------------------------------------------- */
-
-struct fetch {
-    struct cm_data_iter *it;
-    const struct cm_data_file *f;
-    uint8_t *buf;            /* f->size bytes, owned by the caller */
-    uint64_t len;
-    struct cm_sha256_ctx hash;
-    struct chunked *ck;      /* non-NULL: verify and release chunk by chunk */
-    int too_big;
-    int hash_err;
-    int chunk_rc;            /* a chunk failed to verify or to release */
-};
-
-static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
-{
-    struct fetch *fe = ud;
-    size_t n = sz * nm;
-    if (n > fe->f->size - fe->len) {
-        fe->too_big = 1;
-        return 0; /* aborts the transfer: more bytes than the manifest declares */
-    }
-    memcpy(fe->buf + fe->len, p, n);
-    fe->len += n;
-    if (cm_sha256_update(&fe->hash, p, n) != CM_OK) {
-        fe->hash_err = 1;
-        return 0;
-    }
-    pthread_mutex_lock(&fe->it->mu);
-    fe->it->st.bytes_downloaded += n;
-    pthread_mutex_unlock(&fe->it->mu);
-    struct chunked *ck = fe->ck;
-    while (ck && ck->verified < fe->f->n_chunks) {
-        const struct cm_data_file *f = fe->f;
-        uint64_t start = (uint64_t)ck->verified * f->chunk_size;
-        uint64_t end = start + f->chunk_size < f->size ? start + f->chunk_size : f->size;
-        if (fe->len < end)
-            break;
-        uint8_t h[32];
-        cm_sha256(fe->buf + start, end - start, h);
-        if (!cm_ct_equal(h, f->chunk_sha256[ck->verified], 32)) {
-            set_error(fe->it, "shard %s: chunk %u (bytes %" PRIu64 "..%" PRIu64 ") SHA-256 "
-                      "mismatch; the rest of the shard is rejected", f->url, ck->verified, start,
-                      end);
-            fe->chunk_rc = CM_ECHECKSUM;
-            return 0;
-        }
-        ck->verified++;
-        int rc = release_prefix(fe->it, f, ck, end);
-        if (rc != CM_OK) {
-            fe->chunk_rc = rc;
-            return 0;
-        }
-    }
-    return n;
-}
-
-static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
-{
-    (void)dt, (void)dn, (void)ut, (void)un;
-    struct fetch *fe = ud;
-    return atomic_load(&fe->it->stop) ? 1 : 0;
-}
-
-/* Downloads f into buf (f->size bytes, caller-owned) and checks size and
- * SHA-256, and, with ck, every chunk as it completes. */
-static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
-                      uint8_t *buf, struct chunked *ck)
-{
-    struct fetch fe = {.it = it, .f = f, .buf = buf, .ck = ck};
-    if (cm_sha256_init(&fe.hash) != CM_OK)
-        return CM_ECRYPTO;
-    CURL *c = curl_easy_init();
-    if (!c) {
-        cm_sha256_cleanup(&fe.hash);
-        return CM_ENOMEM;
-    }
-    char cerr[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(c, CURLOPT_URL, f->url);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "file,http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
-    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &fe);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &fe);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, it->o.connect_timeout_s);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, it->o.low_speed_bytes);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, it->o.low_speed_time_s);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, it->o.transfer_timeout_s);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "crowdtrain-agent");
-    if (it->o.ca_file)
-        curl_easy_setopt(c, CURLOPT_CAINFO, it->o.ca_file);
-    CURLcode cr = curl_easy_perform(c);
-    long http = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
-    curl_easy_cleanup(c);
-
-    uint8_t digest[32];
-    int rc = CM_OK;
-    if (atomic_load(&it->stop)) {
-        rc = CM_ECLOSED;
-    } else if (fe.chunk_rc) {
-        rc = fe.chunk_rc; /* already reported */
-    } else if (fe.too_big) {
-        set_error(it, "%s %s: more than the declared %" PRIu64 " bytes", what, f->url, f->size);
-        rc = CM_ECHECKSUM;
-    } else if (fe.hash_err) {
-        rc = CM_ECRYPTO;
-    } else if (cr != CURLE_OK) {
-        switch (cr) {
-        case CURLE_OPERATION_TIMEDOUT: rc = CM_ETIMEOUT; break;
-        case CURLE_COULDNT_CONNECT:
-        case CURLE_COULDNT_RESOLVE_HOST: rc = CM_ECONN; break;
-        case CURLE_FILE_COULDNT_READ_FILE: rc = CM_ENOTFOUND; break;
-        case CURLE_PEER_FAILED_VERIFICATION:
-        case CURLE_SSL_CACERT_BADFILE: rc = CM_EAUTH; break; /* not retried */
-        default: rc = CM_EIO; break;
-        }
-        set_error(it, "%s %s: download failed: %s%s%s (HTTP %ld)", what, f->url,
-                  curl_easy_strerror(cr), *cerr ? ": " : "", cerr, http);
-    } else if (fe.len != f->size) {
-        set_error(it, "%s %s: got %" PRIu64 " bytes, the manifest declares %" PRIu64, what,
-                  f->url, fe.len, f->size);
-        rc = CM_ECHECKSUM;
-    }
-    if (rc == CM_OK) {
-        rc = cm_sha256_final(&fe.hash, digest);
-        if (rc == CM_OK && !cm_ct_equal(digest, f->sha256, 32)) {
-            char hex[65];
-            cm_hex_encode(digest, 32, hex);
-            if (ck && ck->released)
-                set_error(it, "%s %s: every chunk verified but the file's SHA-256 is %s: the "
-                          "manifest is inconsistent (%" PRIu64 " examples already used)", what,
-                          f->url, hex, ck->released);
-            else
-                set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what, f->url,
-                          hex);
-            rc = CM_ECHECKSUM;
-        }
-    } else {
-        cm_sha256_cleanup(&fe.hash);
-    }
-    return rc;
-}
-
-static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
-{
-    for (unsigned t = 0; t < ms && !atomic_load(&it->stop); t += 50) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* Downloads and verifies one file into buf, retrying network failures as
- * long as none of its examples has been released (a retry restarts the
- * file, and released examples must not come twice). */
-static int fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
-                          uint8_t *buf, struct chunked *ck)
-{
-    int rc = CM_EIO;
-    for (unsigned attempt = 0; attempt <= it->o.retries; attempt++) {
-        if (attempt)
-            sleep_unless_stopped(it, 500u * attempt);
-        if (atomic_load(&it->stop))
-            return CM_ECLOSED;
-        if (ck) {
-            ck->verified = 0;
-            ck->header_ok = 0;
-        }
-        rc = fetch_once(it, f, what, buf, ck);
-        if (rc != CM_ETIMEOUT && rc != CM_ECONN && rc != CM_EIO)
-            break;
-        if (ck && ck->released)
-            break;
-    }
-    return rc;
-}
-
-/* Downloads, verifies and decompresses one whole file into a new buffer. */
-static int fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
-                       uint8_t **out, size_t *out_len)
-{
-    uint8_t *raw = malloc(f->size);
-    if (!raw)
-        return CM_ENOMEM;
-    int rc = fetch_retrying(it, f, what, raw, NULL);
-    if (rc != CM_OK) {
-        free(raw);
-        return rc;
-    }
-    if (f->compression == CM_DATA_COMP_GZIP) {
-        uint8_t *dec = NULL;
-        size_t dlen = 0;
-        rc = cm_data_gunzip(raw, f->size, it->o.max_shard_bytes, &dec, &dlen);
-        free(raw);
-        if (rc != CM_OK) {
-            set_error(it, "%s %s: gzip data does not decompress: %s", what, f->url,
-                      cm_strerror(rc));
-            return rc;
-        }
-        *out = dec;
-        *out_len = dlen;
-        return CM_OK;
-    }
-    *out = raw;
-    *out_len = f->size;
-    return CM_OK;
 }
 
 /* ---- Decoding a whole verified shard ------------------------------------ */
@@ -532,24 +189,24 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
     if (m->format == CM_DATA_IDX_IMAGES) {
         struct cm_data_idx im, lb;
         if ((rc = cm_data_idx_parse(sb->data, dlen, &im)) != CM_OK) {
-            set_error(it, "%s: not a valid IDX images file", url);
+            cm_data__set_error(it, "%s: not a valid IDX images file", url);
             return rc;
         }
         if ((rc = cm_data_idx_parse(sb->labels, llen, &lb)) != CM_OK) {
-            set_error(it, "%s: labels file is not a valid IDX file", url);
+            cm_data__set_error(it, "%s: labels file is not a valid IDX file", url);
             return rc;
         }
         if (im.ndim != 3 || im.dims[1] != m->rows || im.dims[2] != m->cols) {
-            set_error(it, "%s: images are not (N, %u, %u)", url, m->rows, m->cols);
+            cm_data__set_error(it, "%s: images are not (N, %u, %u)", url, m->rows, m->cols);
             return CM_EPARSE;
         }
         if (lb.ndim != 1 || lb.dims[0] != im.dims[0]) {
-            set_error(it, "%s: %u labels for %u images", url, lb.dims[0], im.dims[0]);
+            cm_data__set_error(it, "%s: %u labels for %u images", url, lb.dims[0], im.dims[0]);
             return CM_EPARSE;
         }
         for (uint64_t i = 0; i < lb.count; i++)
             if (lb.data[i] >= m->classes) {
-                set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", url,
+                cm_data__set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", url,
                           lb.data[i], i, m->classes);
                 return CM_ERANGE;
             }
@@ -562,13 +219,13 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
     if (m->format == CM_DATA_TOKENS_U16) {
         struct cm_data_tokens tk;
         if ((rc = cm_data_tokens_parse(sb->data, dlen, &tk)) != CM_OK) {
-            set_error(it, "%s: not a valid llm.c token shard", url);
+            cm_data__set_error(it, "%s: not a valid llm.c token shard", url);
             return rc;
         }
         for (uint64_t i = 0; i < tk.count; i++) {
             unsigned v = tk.tokens[2 * i] | (unsigned)tk.tokens[2 * i + 1] << 8;
             if (v >= m->vocab_size) {
-                set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", url, v, i,
+                cm_data__set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", url, v, i,
                           m->vocab_size);
                 return CM_ERANGE;
             }
@@ -599,23 +256,23 @@ static int load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, uin
     if (s->data.chunk_size) {
         struct chunked ck = {.sb = sb, .shard = idx, .epoch = epoch};
         sb->data = malloc(s->data.size);
-        rc = sb->data ? fetch_retrying(it, &s->data, "shard", sb->data, &ck) : CM_ENOMEM;
+        rc = sb->data ? cm_data__fetch_retrying(it, &s->data, "shard", sb->data, &ck) : CM_ENOMEM;
         *released = ck.released;
     } else {
         size_t dlen = 0, llen = 0;
         uint64_t n = 0;
         const uint8_t *x = NULL, *y = NULL;
-        rc = fetch_whole(it, &s->data, "shard", &sb->data, &dlen);
+        rc = cm_data__fetch_whole(it, &s->data, "shard", &sb->data, &dlen);
         if (rc == CM_OK && s->labels.url)
-            rc = fetch_whole(it, &s->labels, "labels", &sb->labels, &llen);
+            rc = cm_data__fetch_whole(it, &s->labels, "labels", &sb->labels, &llen);
         if (rc == CM_OK)
             rc = decode_shard(it, sb, dlen, llen, s->data.url, &n, &x, &y);
         if (rc == CM_OK && s->examples && s->examples != n) {
-            set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
+            cm_data__set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
                       s->data.url, n, s->examples);
             rc = CM_EPARSE;
         }
-        if (rc == CM_OK && n > 0 && (rc = push_examples(it, sb, idx, epoch, 0, n, x, y)) == CM_OK)
+        if (rc == CM_OK && n > 0 && (rc = cm_data__push_examples(it, sb, idx, epoch, 0, n, x, y)) == CM_OK)
             *released = n;
     }
     sbuf_unref(sb);
@@ -700,7 +357,7 @@ static void *producer(void *arg)
         if (usable == 0) {
             /* An endless loop over shards that yield nothing would hang the trainer. */
             if (last_rc == CM_OK) {
-                set_error(it, "no shard holds a complete example (sequence length too long?)");
+                cm_data__set_error(it, "no shard holds a complete example (sequence length too long?)");
                 last_rc = CM_ERANGE;
             }
             put_marker(it, ITEM_FATAL, last_rc);
