@@ -1,0 +1,685 @@
+/* The adaptive-averaging linear program (seed 000_02cc6b5d62a616fc.txt,
+ * §3.2 problem (1), Appendix B problem (5) and fractions (6)), built and
+ * solved with GLPK.
+ *
+ * Model, with every rate divided by the gradient size G so that all rates
+ * are in "gradients per second" (= optimizer steps per second):
+ *
+ *   max xi
+ *   xi <= sum_i s_i c_i / B                               (compute)
+ *   xi <= sum_i g_ij              for every j with s_j > 0 (receive)
+ *   r_i <= a_ki + (1 - c_k) M_i   for aggregator i, k != i, s_k > 0
+ *   g_ij <= r_i                   for aggregator i, every j
+ *   sum_{k!=i} a_ki + sum_{j!=i} g_ji <= d_i / G            (download)
+ *   sum_{j!=i} a_ij + sum_{j!=i} g_ij <= u_i / G            (upload)
+ *   a_ij + g_ij <= t_ij / G       for measured pairs        (links)
+ *   0 <= c_i <= 1 (c_i = 0 when s_i = 0), a, g, r >= 0
+ *
+ * The O(n^3) family (4), g_ij <= a_ki + (1 - c_k) d_i for all i, j, k, is
+ * rewritten with one auxiliary variable r_i per aggregator (its aggregation
+ * rate, a_i = min_{k: c_k = 1} a_ki in §3.2): g_ij <= min_k(...) holds iff
+ * some r_i sits between them, so the model keeps O(n^2) rows. M_i bounds
+ * r_i from above and is large enough never to bind when c_k = 0 (the
+ * condition Appendix B puts on the d_i factor): returns from i to others
+ * cannot exceed u_i, and a local return never needs more than the compute
+ * rate sum s / B.
+ *
+ * Two choices the seed leaves open, made here:
+ *  - client-mode peers (no inbound connections, §3.3) cannot aggregate:
+ *    no a_ki, g_ij or r_i exist for them ("a_i = 0");
+ *  - peers that cannot compute (s_i = 0) neither send gradients nor need
+ *    the average: no a_ik, g_ji and no receive row for them (Appendix B:
+ *    such peers are excluded from the compute and network terms).
+ *
+ * The optimum of (5) is often not a unique point (when compute binds, any
+ * communication plan fast enough is optimal), so the solve is
+ * lexicographic: (1) max xi; (2) keeping xi, max the compute rate (prefer
+ * more contributing peers); (3) keeping both, max the network rate (the
+ * plan with the most communication headroom, which makes homogeneous peers
+ * split evenly). Each stage is GLPK's primal simplex; the first with the
+ * presolver, the next two warm-started from the previous optimal basis.
+ * GLPK's simplex is deterministic, so equal inputs give equal plans. */
+#include "sched/sched.h"
+
+#include <glpk.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define STAGE_KEEP 1e-6 /* relative slack when a stage's optimum becomes a bound */
+#define C_ONE 1e-6      /* c_i >= 1 - C_ONE counts as computing */
+
+static void seterr(char *err, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t cap, const char *fmt, ...)
+{
+    if (!err || !cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+}
+
+static int num_check(double v, double lo, double hi, int lo_open, const char *what, size_t i,
+                     char *err, size_t cap)
+{
+    if (!isfinite(v)) {
+        seterr(err, cap, "peer %zu: %s is not a finite number", i, what);
+        return CM_ENUMERIC;
+    }
+    if (v < lo || (lo_open && v == lo) || v > hi) {
+        seterr(err, cap, "peer %zu: %s = %g is outside %s%g, %g]", i, what, v, lo_open ? "(" : "[",
+               lo, hi);
+        return CM_ERANGE;
+    }
+    return CM_OK;
+}
+
+int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
+{
+    if (!p || (p->n && !p->peers)) {
+        seterr(err, cap, "no problem given");
+        return CM_EINVAL;
+    }
+    if (p->n == 0) {
+        seterr(err, cap, "no peers: a schedule needs at least one");
+        return CM_EINVAL;
+    }
+    if (p->n > SCHED_MAX_PEERS) {
+        seterr(err, cap, "%zu peers: at most %d per schedule", p->n, SCHED_MAX_PEERS);
+        return CM_ETOOBIG;
+    }
+    if (!isfinite(p->target_batch) || !isfinite(p->gradient_mbit)) {
+        seterr(err, cap, "target batch size and gradient size must be finite numbers");
+        return CM_ENUMERIC;
+    }
+    if (p->target_batch < 1 || p->target_batch > SCHED_MAX_BATCH) {
+        seterr(err, cap, "target batch size %g is outside [1, %g]", p->target_batch,
+               SCHED_MAX_BATCH);
+        return CM_ERANGE;
+    }
+    if (!(p->gradient_mbit > 0) || p->gradient_mbit > SCHED_MAX_GRADIENT_MBIT) {
+        seterr(err, cap, "gradient size %g Mbit is outside (0, %g]", p->gradient_mbit,
+               SCHED_MAX_GRADIENT_MBIT);
+        return CM_ERANGE;
+    }
+    double total_s = 0;
+    int any_inbound = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const struct sched_peer *q = &p->peers[i];
+        int rc;
+        if ((rc = num_check(q->samples_per_s, 0, SCHED_MAX_SAMPLES_PER_S, 0, "samples/s", i, err,
+                            cap)) ||
+            (rc = num_check(q->up_mbps, 0, SCHED_MAX_MBPS, 1, "upload Mbit/s", i, err, cap)) ||
+            (rc = num_check(q->down_mbps, 0, SCHED_MAX_MBPS, 1, "download Mbit/s", i, err, cap)))
+            return rc;
+        if (q->nlinks > SCHED_MAX_LINKS || (q->nlinks && !q->links)) {
+            seterr(err, cap, "peer %zu: %zu pair throughputs, at most %d", i, q->nlinks,
+                   SCHED_MAX_LINKS);
+            return q->nlinks > SCHED_MAX_LINKS ? CM_ETOOBIG : CM_EINVAL;
+        }
+        for (size_t l = 0; l < q->nlinks; l++) {
+            if (q->links[l].to >= p->n || q->links[l].to == i) {
+                seterr(err, cap, "peer %zu: pair throughput to an unknown peer or to itself", i);
+                return CM_EINVAL;
+            }
+            if ((rc = num_check(q->links[l].mbps, 0, SCHED_MAX_MBPS, 1, "pair Mbit/s", i, err,
+                                cap)))
+                return rc;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (!memcmp(p->peers[j].key, q->key, CM_ED25519_PUB_LEN)) {
+                seterr(err, cap, "peers %zu and %zu have the same public key", j, i);
+                return CM_EINVAL;
+            }
+        total_s += q->samples_per_s;
+        any_inbound |= q->inbound != 0;
+    }
+    if (!(total_s > 0)) {
+        seterr(err, cap, "no peer can compute gradients (every samples/s is 0)");
+        return CM_EINVAL;
+    }
+    if (!any_inbound) {
+        seterr(err, cap, "no peer accepts inbound connections: nobody can aggregate");
+        return CM_EINVAL;
+    }
+    return CM_OK;
+}
+
+/* Triplets for glp_load_matrix (1-based; index 0 unused). */
+struct trip {
+    int *ia, *ja;
+    double *ar;
+    size_t n, cap;
+};
+
+static int trip_add(struct trip *t, int row, int col, double v)
+{
+    if (t->n + 1 >= t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 4096;
+        int *ia = realloc(t->ia, nc * sizeof *ia);
+        if (ia)
+            t->ia = ia;
+        int *ja = realloc(t->ja, nc * sizeof *ja);
+        if (ja)
+            t->ja = ja;
+        double *ar = realloc(t->ar, nc * sizeof *ar);
+        if (ar)
+            t->ar = ar;
+        if (!ia || !ja || !ar)
+            return CM_ENOMEM;
+        t->cap = nc;
+    }
+    t->n++;
+    t->ia[t->n] = row;
+    t->ja[t->n] = col;
+    t->ar[t->n] = v;
+    return CM_OK;
+}
+
+/* GLPK reports errors by printing and then calling the error hook; the hook
+ * jumps back to the solve, which frees GLPK's environment (GLPK's
+ * documented recovery) instead of letting GLPK abort the process. Output is
+ * captured by a terminal hook rather than switched off with
+ * glp_term_out(GLP_OFF), because that would also drop the error message we
+ * log once. GLPK keeps its environment per thread; a mutex still serializes
+ * solves so one large solve does not multiply memory by the thread pool. */
+static pthread_mutex_t g_glpk_mu = PTHREAD_MUTEX_INITIALIZER;
+
+struct glpk_ctx {
+    jmp_buf jb;
+    char msg[256];
+    size_t len;
+};
+
+static int glpk_term(void *info, const char *s)
+{
+    struct glpk_ctx *g = info;
+    size_t n = strlen(s);
+    if (g->len + n >= sizeof g->msg) /* keep the most recent text */
+        g->len = 0;
+    if (n >= sizeof g->msg)
+        n = sizeof g->msg - 1;
+    memcpy(g->msg + g->len, s, n);
+    g->len += n;
+    g->msg[g->len] = 0;
+    return 1; /* suppress GLPK's own printing */
+}
+
+static void glpk_error(void *info)
+{
+    struct glpk_ctx *g = info;
+    longjmp(g->jb, 1);
+}
+
+struct model {
+    size_t n;
+    int xi;            /* column of xi */
+    int *c, *r, *h;    /* [n] columns (r, h: 0 when not an aggregator) */
+    int *a, *g;        /* [n*n] columns a[k*n+i], g[i*n+j]; 0 = absent */
+    int row_cmp;       /* xi - sum s c / B <= 0 */
+    double *scale_s;   /* [n] s_i / B */
+};
+
+static int simplex(glp_prob *lp, int presolve, int *iters)
+{
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.meth = GLP_PRIMAL;
+    parm.presolve = presolve ? GLP_ON : GLP_OFF;
+    int before = glp_get_it_cnt(lp);
+    int rc = glp_simplex(lp, &parm);
+    if (rc == GLP_EBADB || rc == GLP_ESING || rc == GLP_ECOND) {
+        /* A warm start from a basis the presolver did not hand back: start over. */
+        glp_adv_basis(lp, 0);
+        rc = glp_simplex(lp, &parm);
+    }
+    *iters += glp_get_it_cnt(lp) - before;
+    if (rc != 0) {
+        CM_LOGE("sched", "GLPK simplex failed (code %d)", rc);
+        return CM_EINTERNAL;
+    }
+    if (glp_get_status(lp) != GLP_OPT) {
+        CM_LOGE("sched", "GLPK found no optimum (status %d)", glp_get_status(lp));
+        return CM_EINTERNAL;
+    }
+    return CM_OK;
+}
+
+/* Fixes every c_i at 0 or 1 and solves max xi; *xi_out is the throughput of
+ * a plan peers can follow exactly. */
+static int solve_fixed(glp_prob *lp, const struct model *m, const unsigned char *on, int *it,
+                       double *xi_out)
+{
+    for (size_t i = 0; i < m->n; i++) {
+        double c = on[i] ? 1 : 0;
+        glp_set_col_bnds(lp, m->c[i], GLP_FX, c, c);
+    }
+    int rc = simplex(lp, 0, it);
+    if (rc == CM_OK)
+        *xi_out = glp_get_obj_val(lp);
+    return rc;
+}
+
+/* The relaxation 0 <= c_i <= 1 of Appendix B is not exact: a fractional c_k
+ * buys (1 - c_k) M_i of slack in every constraint (4) of peer k, so the LP
+ * optimum can have every c_k a little below 1, which as roles means nobody
+ * computes. Roles are therefore chosen among three binary candidates, each
+ * re-solved with c fixed (an exact LP then): the LP's c rounded down, rounded
+ * up, and every capable peer computing. The best throughput wins; ties go to
+ * the candidate with more computing peers (the order tried). Leaves lp
+ * solved for the winner. */
+static int round_roles(glp_prob *lp, const struct model *m, const struct sched_problem *p,
+                       int *it)
+{
+    size_t n = m->n;
+    unsigned char *cand = calloc(3 * n, 1);
+    if (!cand)
+        return CM_ENOMEM;
+    int distinct[3] = {1, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        double c = glp_get_col_prim(lp, m->c[i]);
+        int capable = p->peers[i].samples_per_s > 0;
+        cand[i] = (unsigned char)capable;                   /* all capable */
+        cand[n + i] = (unsigned char)(capable && c > C_ONE); /* rounded up */
+        cand[2 * n + i] = (unsigned char)(capable && c >= 1 - C_ONE); /* rounded down */
+    }
+    distinct[1] = memcmp(cand + n, cand, n) != 0;
+    distinct[2] = memcmp(cand + 2 * n, cand + n, n) != 0 && memcmp(cand + 2 * n, cand, n) != 0;
+    int best = -1, last = -1, rc = CM_OK;
+    double best_xi = -1;
+    for (int k = 0; k < 3; k++) {
+        if (!distinct[k])
+            continue;
+        double xi = 0;
+        if ((rc = solve_fixed(lp, m, cand + (size_t)k * n, it, &xi)) != CM_OK)
+            break;
+        last = k;
+        if (xi > best_xi * (1 + STAGE_KEEP)) {
+            best_xi = xi;
+            best = k;
+        }
+    }
+    if (rc == CM_OK && best != last) /* lp holds the last candidate solved */
+        rc = solve_fixed(lp, m, cand + (size_t)best * n, it, &best_xi);
+    free(cand);
+    return rc;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Builds (5) into lp. Runs under the GLPK error hook. */
+static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, double *tmin)
+{
+    size_t n = p->n;
+    const double G = p->gradient_mbit;
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        m->scale_s[i] = p->peers[i].samples_per_s / p->target_batch;
+        total += m->scale_s[i];
+    }
+    glp_set_obj_dir(lp, GLP_MAX);
+
+    /* Columns. */
+    m->xi = glp_add_cols(lp, 1);
+    glp_set_col_bnds(lp, m->xi, GLP_LO, 0, 0);
+    glp_set_obj_coef(lp, m->xi, 1);
+    for (size_t i = 0; i < n; i++) {
+        m->c[i] = glp_add_cols(lp, 1);
+        if (p->peers[i].samples_per_s > 0)
+            glp_set_col_bnds(lp, m->c[i], GLP_DB, 0, 1);
+        else
+            glp_set_col_bnds(lp, m->c[i], GLP_FX, 0, 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!p->peers[i].inbound)
+            continue;
+        double Mi = fmax(p->peers[i].up_mbps / G, total);
+        m->r[i] = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, m->r[i], GLP_DB, 0, Mi);
+        m->h[i] = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, m->h[i], GLP_LO, 0, 0);
+        for (size_t j = 0; j < n; j++) {
+            if (p->peers[j].samples_per_s > 0) {
+                m->g[i * n + j] = glp_add_cols(lp, 1);
+                glp_set_col_bnds(lp, m->g[i * n + j], GLP_LO, 0, 0);
+            }
+            if (j != i && p->peers[j].samples_per_s > 0) {
+                m->a[j * n + i] = glp_add_cols(lp, 1);
+                glp_set_col_bnds(lp, m->a[j * n + i], GLP_LO, 0, 0);
+            }
+        }
+    }
+
+    struct trip t = {0};
+    int rc = CM_OK;
+#define ADD(row, col, v)                                                                         \
+    do {                                                                                         \
+        if ((rc = trip_add(&t, (row), (col), (v))) != CM_OK)                                     \
+            goto out;                                                                            \
+    } while (0)
+    int row;
+
+    m->row_cmp = row = glp_add_rows(lp, 1);
+    glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
+    ADD(row, m->xi, 1);
+    for (size_t i = 0; i < n; i++)
+        if (m->scale_s[i] > 0)
+            ADD(row, m->c[i], -m->scale_s[i]);
+
+    /* receive: xi - sum_i h_i <= 0, and h_i <= g_ij for every receiver j */
+    row = glp_add_rows(lp, 1);
+    glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
+    ADD(row, m->xi, 1);
+    for (size_t i = 0; i < n; i++)
+        if (m->h[i])
+            ADD(row, m->h[i], -1);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n && m->h[i]; j++) {
+            if (!m->g[i * n + j])
+                continue;
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
+            ADD(row, m->h[i], 1);
+            ADD(row, m->g[i * n + j], -1);
+        }
+    /* seed 000, Appendix B, (4) through r_i: r_i - a_ki + M_i c_k <= M_i */
+    for (size_t i = 0; i < n; i++) {
+        if (!m->r[i])
+            continue;
+        double Mi = glp_get_col_ub(lp, m->r[i]);
+        for (size_t k = 0; k < n; k++) {
+            if (!m->a[k * n + i])
+                continue;
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, Mi);
+            ADD(row, m->r[i], 1);
+            ADD(row, m->a[k * n + i], -1);
+            ADD(row, m->c[k], Mi);
+        }
+        /* g_ij - r_i <= 0 */
+        for (size_t j = 0; j < n; j++) {
+            if (!m->g[i * n + j])
+                continue;
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
+            ADD(row, m->g[i * n + j], 1);
+            ADD(row, m->r[i], -1);
+        }
+    }
+    /* download and upload */
+    for (size_t i = 0; i < n; i++) {
+        size_t before = t.n;
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].down_mbps / G);
+        for (size_t k = 0; k < n; k++) {
+            if (k == i)
+                continue;
+            if (m->a[k * n + i])
+                ADD(row, m->a[k * n + i], 1);
+            if (m->g[k * n + i])
+                ADD(row, m->g[k * n + i], 1);
+        }
+        if (t.n == before)
+            glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
+        before = t.n;
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
+        for (size_t j = 0; j < n; j++) {
+            if (j == i)
+                continue;
+            if (m->a[i * n + j])
+                ADD(row, m->a[i * n + j], 1);
+            if (m->g[i * n + j])
+                ADD(row, m->g[i * n + j], 1);
+        }
+        if (t.n == before)
+            glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
+    }
+    /* measured pairs: a_ij + g_ij <= t_ij (the smallest report of a pair) */
+    for (size_t i = 0; i < n; i++)
+        for (size_t l = 0; l < p->peers[i].nlinks; l++) {
+            size_t j = p->peers[i].links[l].to;
+            tmin[i * n + j] = fmin(tmin[i * n + j], p->peers[i].links[l].mbps);
+        }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            if (!isfinite(tmin[i * n + j]) || (!m->a[i * n + j] && !m->g[i * n + j]))
+                continue;
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, tmin[i * n + j] / G);
+            if (m->a[i * n + j])
+                ADD(row, m->a[i * n + j], 1);
+            if (m->g[i * n + j])
+                ADD(row, m->g[i * n + j], 1);
+        }
+#undef ADD
+    glp_load_matrix(lp, (int)t.n, t.ia, t.ja, t.ar);
+out:
+    free(t.ia);
+    free(t.ja);
+    free(t.ar);
+    return rc;
+}
+
+/* Largest-remainder rounding of fractions to parts of SCHED_SHARE_TOTAL;
+ * ties go to the lower index, so the result is deterministic. */
+static void shares_round(struct sched_peer_plan *pl, size_t n)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        pl[i].share = (uint32_t)floor(pl[i].fraction * SCHED_SHARE_TOTAL);
+        sum += pl[i].share;
+    }
+    while (sum < SCHED_SHARE_TOTAL) {
+        size_t best = n;
+        double best_rem = -1;
+        for (size_t i = 0; i < n; i++) {
+            if (!(pl[i].fraction > 0))
+                continue;
+            double rem = pl[i].fraction * SCHED_SHARE_TOTAL - pl[i].share;
+            if (rem > best_rem) {
+                best_rem = rem;
+                best = i;
+            }
+        }
+        if (best == n)
+            break;
+        pl[best].share++;
+        sum++;
+    }
+}
+
+int sched_solve(const struct sched_problem *p, struct sched_solution *out, char *err, size_t cap)
+{
+    if (!out) {
+        seterr(err, cap, "no output given");
+        return CM_EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    int rc = sched_problem_check(p, err, cap);
+    if (rc != CM_OK)
+        return rc;
+    const size_t n = p->n;
+    const double G = p->gradient_mbit;
+    double t0 = now_ms();
+
+    struct model m = {.n = n};
+    m.c = calloc(n, sizeof *m.c);
+    m.r = calloc(n, sizeof *m.r);
+    m.h = calloc(n, sizeof *m.h);
+    m.a = calloc(n * n, sizeof *m.a);
+    m.g = calloc(n * n, sizeof *m.g);
+    m.scale_s = calloc(n, sizeof *m.scale_s);
+    double *tmin = malloc(n * n * sizeof *tmin);
+    double *volatile val = NULL;
+    out->peers = calloc(n, sizeof *out->peers);
+    if (!m.c || !m.r || !m.h || !m.a || !m.g || !m.scale_s || !tmin || !out->peers) {
+        rc = CM_ENOMEM;
+        seterr(err, cap, "out of memory for %zu peers", n);
+        goto done;
+    }
+    for (size_t i = 0; i < n * n; i++)
+        tmin[i] = INFINITY;
+
+    pthread_mutex_lock(&g_glpk_mu);
+    static __thread struct glpk_ctx gctx; /* static: survives the longjmp */
+    gctx.len = 0;
+    gctx.msg[0] = 0;
+    glp_prob *volatile lp = NULL;
+    volatile int iters = 0;
+    volatile int stage_rc = CM_OK;
+    if (setjmp(gctx.jb)) {
+        /* GLPK hit an internal error: everything it allocated goes with its environment. */
+        CM_LOGE("sched", "GLPK error: %s", gctx.msg[0] ? gctx.msg : "(no message)");
+        glp_free_env();
+        pthread_mutex_unlock(&g_glpk_mu);
+        rc = CM_EINTERNAL;
+        seterr(err, cap, "the LP solver failed");
+        goto done;
+    }
+    glp_term_hook(glpk_term, &gctx);
+    glp_error_hook(glpk_error, &gctx);
+    lp = glp_create_prob();
+    {
+        int it = 0;
+        stage_rc = build(lp, p, &m, tmin);
+        out->rows = glp_get_num_rows(lp);
+        out->cols = glp_get_num_cols(lp);
+        if (stage_rc == CM_OK) {
+            glp_scale_prob(lp, GLP_SF_AUTO);
+            /* Stage 1: problem (5). */
+            stage_rc = simplex(lp, 1, &it);
+        }
+        if (stage_rc == CM_OK) {
+            out->xi = glp_get_obj_val(lp);
+            stage_rc = round_roles(lp, &m, p, &it);
+        }
+        if (stage_rc == CM_OK) {
+            /* Last stage: keep the roles and their throughput, maximize the network rate
+             * (xi freed from the compute row) for the plan with the most headroom. */
+            double keep = glp_get_obj_val(lp);
+            glp_set_col_bnds(lp, m.xi, GLP_LO, keep * (1 - STAGE_KEEP), 0);
+            glp_set_row_bnds(lp, m.row_cmp, GLP_FR, 0, 0);
+            stage_rc = simplex(lp, 0, &it);
+        }
+        iters = it;
+        if (stage_rc == CM_OK) {
+            int ncols = glp_get_num_cols(lp);
+            val = malloc((size_t)(ncols + 1) * sizeof *val);
+            if (!val)
+                stage_rc = CM_ENOMEM;
+            else
+                for (int j = 1; j <= ncols; j++)
+                    val[j] = glp_get_col_prim(lp, j);
+        }
+    }
+    glp_delete_prob(lp);
+    lp = NULL;
+    glp_error_hook(NULL, NULL);
+    glp_term_hook(NULL, NULL);
+    pthread_mutex_unlock(&g_glpk_mu);
+    out->iterations = iters;
+    rc = stage_rc;
+    if (rc != CM_OK) {
+        seterr(err, cap, "the LP solver failed: %s", cm_strerror(rc));
+        goto done;
+    }
+
+    /* Roles, rates and the fractions of (6). */
+    out->n = n;
+    double compute = 0, hsum = 0, fsum = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct sched_peer_plan *pl = &out->peers[i];
+        pl->c = val[m.c[i]];
+        pl->compute = p->peers[i].samples_per_s > 0 && pl->c >= 1 - C_ONE;
+        if (pl->compute)
+            compute += m.scale_s[i];
+        pl->agg_mbps = m.r[i] ? val[m.r[i]] * G : 0;
+        double recv = 0, up = 0, down = 0;
+        for (size_t j = 0; j < n; j++) {
+            if (m.g[j * n + i])
+                recv += val[m.g[j * n + i]];
+            if (j == i)
+                continue;
+            if (m.a[i * n + j])
+                up += val[m.a[i * n + j]];
+            if (m.g[i * n + j])
+                up += val[m.g[i * n + j]];
+            if (m.a[j * n + i])
+                down += val[m.a[j * n + i]];
+            if (m.g[j * n + i])
+                down += val[m.g[j * n + i]];
+        }
+        pl->recv_mbps = recv * G;
+        pl->up_used_mbps = up * G;
+        pl->down_used_mbps = down * G;
+        if (m.h[i])
+            hsum += val[m.h[i]];
+    }
+    double fmaxv = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* (6): h_i = min_j g_ij, the rate at which aggregator i serves every receiver */
+        double f = m.h[i] ? val[m.h[i]] : 0;
+        out->peers[i].fraction = f > 0 ? f : 0;
+        fmaxv = fmax(fmaxv, out->peers[i].fraction);
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* Solver noise (values within the tolerances of a zero) is not a part. */
+        if (out->peers[i].fraction < 1e-6 * fmaxv)
+            out->peers[i].fraction = 0;
+        fsum += out->peers[i].fraction;
+    }
+    if (!(fsum > 0)) {
+        rc = CM_ESTATE;
+        seterr(err, cap, "the optimum averages nothing: no aggregator can reach every peer");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        out->peers[i].fraction /= fsum;
+    shares_round(out->peers, n);
+    out->compute_rate = compute;
+    out->network_rate = hsum;
+    out->steps_per_s = fmin(compute, hsum);
+    out->solve_ms = now_ms() - t0;
+
+done:
+    if (rc != CM_OK) {
+        free(out->peers);
+        out->peers = NULL;
+        out->n = 0;
+    }
+    free(val);
+    free(m.c);
+    free(m.r);
+    free(m.h);
+    free(m.a);
+    free(m.g);
+    free(m.scale_s);
+    free(tmin);
+    return rc;
+}
+
+void sched_solution_cleanup(struct sched_solution *s)
+{
+    if (!s)
+        return;
+    free(s->peers);
+    s->peers = NULL;
+    s->n = 0;
+}
