@@ -454,7 +454,7 @@ int cm_ckpt_read(const char *path, struct cm_ckpt *out)
     if (!path || !out)
         return CM_EINVAL;
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) {
         CM_LOGE("ckpt", "checkpoint %s: %s", path, strerror(errno));
         return errno == ENOENT ? CM_ENOTFOUND : CM_EIO;
@@ -624,10 +624,16 @@ int cm_ckpt_stream_final(struct cm_ckpt_stream *s, uint8_t file_sha256[32], uint
 
 int cm_ckpt_file_sha256(const char *path, uint8_t out[32], uint64_t *size)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) {
         CM_LOGE("ckpt", "%s: %s", path, strerror(errno));
         return errno == ENOENT ? CM_ENOTFOUND : CM_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        CM_LOGE("ckpt", "%s: not a regular file", path);
+        close(fd);
+        return CM_EIO;
     }
     struct cm_sha256_ctx h;
     if (cm_sha256_init(&h) != CM_OK) {

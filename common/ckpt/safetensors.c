@@ -350,7 +350,7 @@ int cm_st_load(const char *path, uint64_t max_bytes, struct cm_st_file *out)
     if (!path || !out)
         return CM_EINVAL;
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) {
         CM_LOGE("safetensors", "%s: %s", path, strerror(errno));
         return errno == ENOENT ? CM_ENOTFOUND : CM_EIO;

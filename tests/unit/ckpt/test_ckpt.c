@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -226,6 +227,14 @@ static void test_corrupt_file_leaves_old_state(void **state)
     snprintf(nodir, sizeof nodir, "%s/missing/x.ckpt", tmpdir);
     assert_int_equal(cm_ckpt_write(nodir, &f.c, NULL), CM_EIO);
     assert_int_equal(cm_ckpt_read(nodir, &r), CM_ENOTFOUND);
+    /* A FIFO (or anything but a regular file) is refused without blocking. */
+    char fifo[160];
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(cm_ckpt_read(fifo, &r), CM_EIO);
+    uint8_t h[32];
+    assert_int_equal(cm_ckpt_file_sha256(fifo, h, NULL), CM_EIO);
+    unlink(fifo);
 }
 
 static void test_limits(void **state)
