@@ -56,6 +56,8 @@
 
 #define STAGE_KEEP 1e-6 /* relative slack when a stage's optimum becomes a bound */
 #define C_ONE 1e-6      /* c_i >= 1 - C_ONE counts as computing */
+#define LOCAL_PASSES 2  /* passes of single-peer role flips after rounding */
+#define EXACT_ROLES 6   /* up to this many capable peers, try every role assignment */
 
 static void seterr(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -271,48 +273,132 @@ static int solve_fixed(glp_prob *lp, const struct model *m, const unsigned char 
     return rc;
 }
 
+/* Role search state: the best binary assignment so far and its throughput. */
+struct roles {
+    glp_prob *lp;
+    const struct model *m;
+    int *it;
+    size_t n;
+    unsigned char *best, *tmp;
+    double best_xi;
+    int lp_holds_best; /* the last solve was the best assignment */
+};
+
+static int roles_try(struct roles *r, const unsigned char *on)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++)
+        k += on[i];
+    if (!k)
+        return CM_OK;
+    double xi = 0;
+    int rc = solve_fixed(r->lp, r->m, on, r->it, &xi);
+    if (rc != CM_OK)
+        return rc;
+    r->lp_holds_best = 0;
+    if (xi > r->best_xi * (1 + STAGE_KEEP) + 1e-15) {
+        r->best_xi = xi;
+        if (r->best != on)
+            memcpy(r->best, on, r->n);
+        r->lp_holds_best = 1;
+    }
+    return CM_OK;
+}
+
+static const struct sched_problem *g_sort_p; /* under g_glpk_mu */
+static int by_upload_desc(const void *x, const void *y)
+{
+    size_t i = *(const size_t *)x, j = *(const size_t *)y;
+    double ui = g_sort_p->peers[i].up_mbps, uj = g_sort_p->peers[j].up_mbps;
+    if (ui != uj)
+        return ui > uj ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
 /* The relaxation 0 <= c_i <= 1 of Appendix B is not exact: a fractional c_k
  * buys (1 - c_k) M_i of slack in every constraint (4) of peer k, so the LP
- * optimum can have every c_k a little below 1, which as roles means nobody
- * computes. Roles are therefore chosen among three binary candidates, each
- * re-solved with c fixed (an exact LP then): the LP's c rounded down, rounded
- * up, and every capable peer computing. The best throughput wins; ties go to
- * the candidate with more computing peers (the order tried). Leaves lp
- * solved for the winner. */
+ * optimum can have several c_k strictly between 0 and 1 and say little about
+ * which peers should compute. Roles are therefore chosen among binary
+ * assignments, each re-solved with c fixed (an exact LP then, whose optimum
+ * is a plan peers can follow):
+ *  - with at most EXACT_ROLES capable peers, every assignment (exact);
+ *  - otherwise: every capable peer; the LP's c rounded up and down; the
+ *    k fastest uploaders for k on a geometric grid (a slow sender holds
+ *    every aggregator back, and so do two equally slow ones: single flips
+ *    cannot drop both); then single-peer flips from the best while they help.
+ * Candidates are tried from more computing peers to fewer and only a strict
+ * improvement replaces the best, so ties keep more peers computing. Leaves
+ * lp solved for the winner. */
 static int round_roles(glp_prob *lp, const struct model *m, const struct sched_problem *p,
                        int *it)
 {
-    size_t n = m->n;
-    unsigned char *cand = calloc(3 * n, 1);
-    if (!cand)
-        return CM_ENOMEM;
-    int distinct[3] = {1, 0, 0};
-    for (size_t i = 0; i < n; i++) {
-        double c = glp_get_col_prim(lp, m->c[i]);
-        int capable = p->peers[i].samples_per_s > 0;
-        cand[i] = (unsigned char)capable;                   /* all capable */
-        cand[n + i] = (unsigned char)(capable && c > C_ONE); /* rounded up */
-        cand[2 * n + i] = (unsigned char)(capable && c >= 1 - C_ONE); /* rounded down */
+    size_t n = m->n, nc = 0;
+    for (size_t i = 0; i < n; i++)
+        nc += p->peers[i].samples_per_s > 0;
+    struct roles r = {lp, m, it, n, calloc(n, 1), calloc(n, 1), -1, 0};
+    size_t *order = calloc(n, sizeof *order), *capable = calloc(n, sizeof *capable);
+    double *c = calloc(n, sizeof *c);
+    int rc = CM_OK;
+    if (!r.best || !r.tmp || !order || !capable || !c) {
+        rc = CM_ENOMEM;
+        goto out;
     }
-    distinct[1] = memcmp(cand + n, cand, n) != 0;
-    distinct[2] = memcmp(cand + 2 * n, cand + n, n) != 0 && memcmp(cand + 2 * n, cand, n) != 0;
-    int best = -1, last = -1, rc = CM_OK;
-    double best_xi = -1;
-    for (int k = 0; k < 3; k++) {
-        if (!distinct[k])
-            continue;
-        double xi = 0;
-        if ((rc = solve_fixed(lp, m, cand + (size_t)k * n, it, &xi)) != CM_OK)
-            break;
-        last = k;
-        if (xi > best_xi * (1 + STAGE_KEEP)) {
-            best_xi = xi;
-            best = k;
+    nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = glp_get_col_prim(lp, m->c[i]);
+        if (p->peers[i].samples_per_s > 0)
+            capable[nc++] = i;
+    }
+    if (nc <= EXACT_ROLES) {
+        for (unsigned mask = (1u << nc) - 1; mask > 0 && rc == CM_OK; mask--) {
+            memset(r.tmp, 0, n);
+            for (size_t k = 0; k < nc; k++)
+                r.tmp[capable[k]] = (unsigned char)((mask >> (nc - 1 - k)) & 1);
+            rc = roles_try(&r, r.tmp);
+        }
+        goto finish;
+    }
+    for (size_t i = 0; i < n; i++)
+        r.tmp[i] = p->peers[i].samples_per_s > 0;
+    if ((rc = roles_try(&r, r.tmp)) != CM_OK)
+        goto out;
+    for (int up = 1; up >= 0; up--) {
+        for (size_t i = 0; i < n; i++)
+            r.tmp[i] = p->peers[i].samples_per_s > 0 && (up ? c[i] > C_ONE : c[i] >= 1 - C_ONE);
+        if ((rc = roles_try(&r, r.tmp)) != CM_OK)
+            goto out;
+    }
+    memcpy(order, capable, nc * sizeof *order);
+    g_sort_p = p;
+    qsort(order, nc, sizeof *order, by_upload_desc);
+    for (size_t k = nc - nc / 8; k >= 1; k = k > 1 ? (k * 3) / 4 : 0) {
+        memset(r.tmp, 0, n);
+        for (size_t j = 0; j < k; j++)
+            r.tmp[order[j]] = 1;
+        if ((rc = roles_try(&r, r.tmp)) != CM_OK)
+            goto out;
+    }
+    for (int pass = 0, improved = 1; improved && pass < LOCAL_PASSES; pass++) {
+        improved = 0;
+        for (size_t k = 0; k < nc; k++) {
+            size_t i = order[k];
+            memcpy(r.tmp, r.best, n);
+            r.tmp[i] ^= 1;
+            double before = r.best_xi;
+            if ((rc = roles_try(&r, r.tmp)) != CM_OK)
+                goto out;
+            improved |= r.best_xi > before;
         }
     }
-    if (rc == CM_OK && best != last) /* lp holds the last candidate solved */
-        rc = solve_fixed(lp, m, cand + (size_t)best * n, it, &best_xi);
-    free(cand);
+finish:
+    if (rc == CM_OK && !r.lp_holds_best)
+        rc = solve_fixed(lp, m, r.best, it, &r.best_xi);
+out:
+    free(r.best);
+    free(r.tmp);
+    free(order);
+    free(capable);
+    free(c);
     return rc;
 }
 
