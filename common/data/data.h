@@ -136,7 +136,8 @@ struct cm_data_options {
     size_t shuffle_size;       /* S, examples in the shuffle buffer (default 10000) */
     size_t seq_len;            /* T for text/tokens: examples are T+1 tokens (required) */
     uint64_t max_shard_bytes;  /* stored and decoded size limit per shard file (512 MiB) */
-    unsigned prefetch_shards;  /* verified decoded shards queued ahead (default 2) */
+    unsigned prefetch_shards;  /* shard buffers held (queued or in use) besides the one
+                                  downloading: bounds memory (default 2) */
     long connect_timeout_s;    /* libcurl connect deadline (default 15) */
     long low_speed_bytes;      /* abort a transfer slower than this ... (default 1024 B/s) */
     long low_speed_time_s;     /* ... for this long (default 30 s) */

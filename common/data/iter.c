@@ -182,7 +182,8 @@ int cm_data__push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t sh
 /* ---- Decoding a whole verified shard ------------------------------------ */
 
 static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, size_t llen,
-                        const char *url, uint64_t *n, const uint8_t **x, const uint8_t **y)
+                        const char *url, const char *lurl, uint64_t *n, const uint8_t **x,
+                        const uint8_t **y)
 {
     const struct cm_data_manifest *m = it->m;
     int rc;
@@ -193,7 +194,7 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
             return rc;
         }
         if ((rc = cm_data_idx_parse(sb->labels, llen, &lb)) != CM_OK) {
-            cm_data__set_error(it, "%s: labels file is not a valid IDX file", url);
+            cm_data__set_error(it, "%s: not a valid IDX labels file", lurl);
             return rc;
         }
         if (im.ndim != 3 || im.dims[1] != m->rows || im.dims[2] != m->cols) {
@@ -206,7 +207,7 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
         }
         for (uint64_t i = 0; i < lb.count; i++)
             if (lb.data[i] >= m->classes) {
-                cm_data__set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", url,
+                cm_data__set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", lurl,
                           lb.data[i], i, m->classes);
                 return CM_ERANGE;
             }
@@ -266,7 +267,7 @@ static int load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, uin
         if (rc == CM_OK && s->labels.url)
             rc = cm_data__fetch_whole(it, &s->labels, "labels", &sb->labels, &llen);
         if (rc == CM_OK)
-            rc = decode_shard(it, sb, dlen, llen, s->data.url, &n, &x, &y);
+            rc = decode_shard(it, sb, dlen, llen, s->data.url, s->labels.url, &n, &x, &y);
         if (rc == CM_OK && s->examples && s->examples != n) {
             cm_data__set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
                       s->data.url, n, s->examples);

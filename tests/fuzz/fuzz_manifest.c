@@ -1,7 +1,7 @@
 /* libFuzzer target: dataset manifest parser (common/data/manifest.c).
  * Any input must be rejected cleanly or produce a manifest whose
  * invariants hold (at least one shard, URLs and names set, idx shards
- * paired with labels). */
+ * paired with labels, chunk hashes covering the file). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,6 +31,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!m->shards[i].data.url || m->shards[i].data.size == 0)
             __builtin_trap();
         if ((m->format == CM_DATA_IDX_IMAGES) != (m->shards[i].labels.url != NULL))
+            __builtin_trap();
+        const struct cm_data_file *f = &m->shards[i].data;
+        if (f->chunk_size && (!f->chunk_sha256 || f->n_chunks == 0 ||
+                              (uint64_t)f->n_chunks != (f->size + f->chunk_size - 1) / f->chunk_size))
             __builtin_trap();
     }
     cm_data_manifest_free(m);

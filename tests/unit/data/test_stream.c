@@ -215,6 +215,72 @@ static void test_text_windows(void **state)
     cm_data_manifest_free(m);
 }
 
+/* Synthetic IDX shards: pixel normalization from the manifest, labels
+ * paired in order, and the content checks (label range, declared count,
+ * image shape) rejecting a shard. */
+static void test_idx_shards(void **state)
+{
+    (void)state;
+    enum { N = 5, R = 2, C = 3 };
+    uint8_t img[16 + N * R * C] = {0, 0, 8, 3, 0, 0, 0, N, 0, 0, 0, R, 0, 0, 0, C};
+    uint8_t lab[8 + N] = {0, 0, 8, 1, 0, 0, 0, N};
+    for (int i = 0; i < N * R * C; i++)
+        img[16 + i] = (uint8_t)(i * 8);
+    for (int i = 0; i < N; i++)
+        lab[8 + i] = (uint8_t)(i % 3);
+    char ip[128], lp[128], iu[160], lu[160];
+    snprintf(ip, sizeof ip, "%s/img.idx", tmpdir);
+    snprintf(lp, sizeof lp, "%s/lab.idx", tmpdir);
+    write_file(ip, img, sizeof img);
+    write_file(lp, lab, sizeof lab);
+    snprintf(iu, sizeof iu, "file://%s", ip);
+    snprintf(lu, sizeof lu, "file://%s", lp);
+    uint8_t hi[32], hl[32];
+    char hexi[65], hexl[65];
+    cm_sha256(img, sizeof img, hi);
+    cm_sha256(lab, sizeof lab, hl);
+    cm_hex_encode(hi, 32, hexi);
+    cm_hex_encode(hl, 32, hexl);
+    struct {
+        int rows, classes, examples, rc;
+    } cases[] = {{R, 3, N, CM_OK}, {R, 2, N, CM_ERANGE}, {R, 3, N + 1, CM_EPARSE},
+                 {R + 1, 3, N, CM_EPARSE}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char json[2048];
+        snprintf(json, sizeof json,
+                 "{\"name\": \"img\", \"format\": \"idx-images\", \"image\": {\"rows\": %d, "
+                 "\"cols\": %d, \"classes\": %d, \"mean\": 0.5, \"std\": 0.25}, \"shards\": ["
+                 "{\"url\": \"%s\", \"size\": %zu, \"sha256\": \"%s\", \"examples\": %d, "
+                 "\"labels\": {\"url\": \"%s\", \"size\": %zu, \"sha256\": \"%s\"}}]}",
+                 cases[k].rows, C, cases[k].classes, iu, sizeof img, hexi, cases[k].examples, lu,
+                 sizeof lab, hexl);
+        struct cm_data_manifest *m = NULL;
+        char err[256];
+        assert_int_equal(cm_data_manifest_parse(json, strlen(json), &m, err, sizeof err), CM_OK);
+        struct cm_data_options o;
+        opts(&o, CM_DATA_EVAL);
+        struct cm_data_iter *it;
+        assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+        float x[8 * R * C];
+        int32_t y[8];
+        struct cm_data_batch b = {.capacity = 8, .x = x, .y = y};
+        int rc = cm_data_next_batch(it, &b);
+        assert_int_equal(rc, cases[k].rc);
+        if (rc == CM_OK) {
+            assert_int_equal(b.n, N);
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(y[i], i % 3);
+                for (int j = 0; j < R * C; j++) {
+                    float want = ((float)img[16 + i * R * C + j] / 255.0f - 0.5f) / 0.25f;
+                    assert_true(x[i * R * C + j] == want);
+                }
+            }
+        }
+        cm_data_close(it);
+        cm_data_manifest_free(m);
+    }
+}
+
 enum { NSH = 12, PER = (NTOK - 1) / T, TOTAL = NSH * PER };
 
 /* Draws `draws` examples; returns ids in order; checks each window. */
@@ -924,6 +990,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_windows),
+        cmocka_unit_test(test_idx_shards),
         cmocka_unit_test(test_shuffle_statistics),
         cmocka_unit_test(test_skip_resumes_stream),
         cmocka_unit_test(test_hash_mismatch_rejected),
