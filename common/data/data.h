@@ -146,6 +146,9 @@ struct cm_data_options {
     int skip_bad_shards;       /* train mode: skip a rejected shard and go on (default 1);
                                   eval mode always fails on a rejected shard */
     const char *ca_file;       /* https: CA bundle to trust instead of the system's (borrowed) */
+    const char *cache_dir;     /* verified shard cache, files named by SHA-256; NULL = none.
+                                  Later epochs (and runs) read shards from it, re-hashing
+                                  them; shards with chunk hashes are not cached (borrowed) */
 };
 
 /* Fills in the defaults above (mode TRAIN, seq_len 0). */
@@ -177,6 +180,7 @@ struct cm_data_stats {
     uint64_t shards_rejected;   /* shards refused (hash, size, format, download) */
     uint64_t bytes_downloaded;
     char last_error[256];       /* why the last shard was rejected, "" if none */
+    uint64_t cache_hits;        /* shard files read from cache_dir instead of downloaded */
 };
 
 struct cm_data_iter;

@@ -8,10 +8,15 @@
  * both modes). Every transfer has connect and low-speed deadlines, and the
  * progress callback aborts it when the iterator closes. */
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cm_crypto.h"
 #include "cm_err.h"
@@ -255,13 +260,98 @@ int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *
     return rc;
 }
 
+/* ---- Verified cache -------------------------------------------------------
+ * <cache_dir>/<sha256 hex of the stored bytes>: content-addressed, so one
+ * file serves every manifest listing the same bytes, and re-hashed on every
+ * read, so local corruption costs a download, never a bad example. */
+
+static void cache_path(const struct cm_data_iter *it, const struct cm_data_file *f, char *out,
+                       size_t cap)
+{
+    char hex[65];
+    cm_hex_encode(f->sha256, 32, hex);
+    snprintf(out, cap, "%s/%s", it->o.cache_dir, hex);
+}
+
+/* 1 when buf now holds the verified file from the cache. */
+static int cache_read(struct cm_data_iter *it, const struct cm_data_file *f, uint8_t *buf)
+{
+    char path[4200];
+    cache_path(it, f, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == f->size;
+    uint64_t got = 0;
+    while (ok && got < f->size) {
+        ssize_t k = pread(fd, buf + got, f->size - got > (1u << 30) ? (1u << 30) : f->size - got,
+                          (off_t)got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            ok = 0;
+        else
+            got += (uint64_t)k;
+    }
+    close(fd);
+    uint8_t h[32];
+    if (ok) {
+        cm_sha256(buf, f->size, h);
+        ok = cm_ct_equal(h, f->sha256, 32);
+        if (!ok)
+            CM_LOGW("data", "cache file %s is corrupt: downloading %s again", path, f->url);
+    }
+    if (ok) {
+        pthread_mutex_lock(&it->mu);
+        it->st.cache_hits++;
+        pthread_mutex_unlock(&it->mu);
+    }
+    return ok;
+}
+
+/* Best effort: a cache that cannot be written costs later downloads only. */
+static void cache_write(struct cm_data_iter *it, const struct cm_data_file *f, const uint8_t *buf)
+{
+    char path[4200], tmp[4220];
+    cache_path(it, f, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        CM_LOGW("data", "cache %s: %s", it->o.cache_dir, strerror(errno));
+        return;
+    }
+    uint64_t done = 0;
+    int ok = fchmod(fd, 0644) == 0;
+    while (ok && done < f->size) {
+        ssize_t k = write(fd, buf + done, f->size - done > (1u << 30) ? (1u << 30) : f->size - done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            ok = 0;
+        else
+            done += (uint64_t)k;
+    }
+    ok = ok && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        CM_LOGW("data", "cache %s: cannot store %s: %s", it->o.cache_dir, f->url, strerror(errno));
+        unlink(tmp);
+    }
+}
+
 int cm_data__fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f,
                          const char *what, uint8_t **out, size_t *out_len)
 {
     uint8_t *raw = malloc(f->size);
     if (!raw)
         return CM_ENOMEM;
-    int rc = cm_data__fetch_retrying(it, f, what, raw, NULL);
+    int rc = CM_OK;
+    if (!it->o.cache_dir || !cache_read(it, f, raw)) {
+        rc = cm_data__fetch_retrying(it, f, what, raw, NULL);
+        if (rc == CM_OK && it->o.cache_dir)
+            cache_write(it, f, raw);
+    }
     if (rc != CM_OK) {
         free(raw);
         return rc;

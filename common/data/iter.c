@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cm_crypto.h"
@@ -585,6 +586,13 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
                     m->name, i, s->data.url, opt.max_shard_bytes);
             return CM_ETOOBIG;
         }
+    }
+    if (opt.cache_dir) {
+        if (strlen(opt.cache_dir) > 4000)
+            return CM_EINVAL;
+        if (mkdir(opt.cache_dir, 0755) != 0 && errno != EEXIST)
+            CM_LOGW("data", "cache directory %s: %s (continuing without)", opt.cache_dir,
+                    strerror(errno));
     }
     pthread_once(&curl_once, curl_init_once);
     if (!curl_ok)

@@ -505,6 +505,7 @@ struct route {
     const uint8_t *body;
     size_t len;
     enum route_mode mode;
+    int hits;                /* requests served, under S.mu */
 };
 
 static struct srv {
@@ -556,10 +557,14 @@ static void *conn_main(void *arg)
     req[got] = '\0';
     char path[256] = "";
     sscanf(req, "GET %255s", path);
-    const struct route *r = NULL;
+    struct route *r = NULL;
+    pthread_mutex_lock(&S.mu);
     for (int i = 0; i < S.nroutes; i++)
         if (strcmp(S.routes[i].path, path) == 0)
             r = &S.routes[i];
+    if (r)
+        r->hits++;
+    pthread_mutex_unlock(&S.mu);
     char hdr[256];
     if (!r) {
         snprintf(hdr, sizeof hdr, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
@@ -634,7 +639,7 @@ static void srv_start(void)
 
 static void srv_add(const char *path, const uint8_t *body, size_t len, enum route_mode mode)
 {
-    S.routes[S.nroutes++] = (struct route){path, body, len, mode};
+    S.routes[S.nroutes++] = (struct route){path, body, len, mode, 0};
 }
 
 static void srv_open_gate(void)
@@ -792,6 +797,79 @@ static void test_http_chunked_release(void **state)
     srv_open_gate();
     srv_stop();
     free(a);
+}
+
+/* With cache_dir, later epochs read verified shards from disk: the server
+ * sees one request per shard; a corrupted cache file is downloaded again. */
+static void test_http_cache(void **state)
+{
+    (void)state;
+    enum { NC = 3 };
+    uint8_t *bufs[NC];
+    size_t lens[NC];
+    srv_start();
+    char json[8192], url[128], paths[NC][16];
+    snprintf(json, sizeof json,
+             "{\"name\": \"cache\", \"format\": \"tokens-u16\", \"vocab_size\": 65536, \"shards\": [");
+    for (int i = 0; i < NC; i++) {
+        bufs[i] = token_shard((unsigned)i, &lens[i]);
+        snprintf(paths[i], sizeof paths[i], "/c%d.bin", i);
+        srv_add(paths[i], bufs[i], lens[i], R_NORMAL);
+        http_url(url, sizeof url, paths[i]);
+        add_entry(json, sizeof json, url, bufs[i], lens[i], 0, 0);
+    }
+    struct cm_data_manifest *m = finish(json, sizeof json);
+    char cache[128];
+    snprintf(cache, sizeof cache, "%s/cache", tmpdir);
+    struct cm_data_options o;
+    opts(&o, CM_DATA_TRAIN);
+    o.shuffle_size = 4;
+    o.cache_dir = cache;
+    for (int run = 0; run < 2; run++) {
+        struct cm_data_iter *it;
+        assert_int_equal(cm_data_open(m, 1, &o, &it), CM_OK);
+        enum { B = 10 };
+        int32_t tok[B * (T + 1)];
+        uint64_t ids[B];
+        struct cm_data_batch b = {.capacity = B, .tokens = tok, .ids = ids};
+        for (int k = 0; k < 4 * NC * PER / B; k++) {
+            assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+            for (int i = 0; i < B; i++)
+                check_window(tok + i * (T + 1), ids[i]);
+        }
+        struct cm_data_stats st;
+        cm_data_get_stats(it, &st);
+        cm_data_close(it);
+        pthread_mutex_lock(&S.mu);
+        int h0 = S.routes[0].hits, h1 = S.routes[1].hits, h2 = S.routes[2].hits;
+        pthread_mutex_unlock(&S.mu);
+        if (run == 0) {
+            /* 4 epochs drawn, each shard fetched from the server once. */
+            assert_int_equal(h0, 1);
+            assert_int_equal(h1, 1);
+            assert_int_equal(h2, 1);
+            assert_true(st.cache_hits >= 2 * NC);
+            /* Corrupt shard 1's cache file: the next run must fetch it again. */
+            uint8_t h[32];
+            char hex[65], path[256];
+            cm_sha256(bufs[1], lens[1], h);
+            cm_hex_encode(h, 32, hex);
+            snprintf(path, sizeof path, "%s/%s", cache, hex);
+            FILE *fp = fopen(path, "r+b");
+            assert_non_null(fp);
+            fseek(fp, 1100, SEEK_SET);
+            fputc(0x55, fp);
+            fclose(fp);
+        } else {
+            assert_int_equal(h0, 1);
+            assert_int_equal(h1, 2);
+            assert_int_equal(h2, 1);
+        }
+    }
+    srv_stop();
+    cm_data_manifest_free(m);
+    for (int i = 0; i < NC; i++)
+        free(bufs[i]);
 }
 
 /* A server that stops sending trips the low-speed deadline; a 404 and a
@@ -997,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_all_shards_bad),
         cmocka_unit_test(test_http_first_batch_before_download_ends),
         cmocka_unit_test(test_http_chunked_release),
+        cmocka_unit_test(test_http_cache),
         cmocka_unit_test(test_http_deadlines_and_errors),
         cmocka_unit_test(test_close_aborts_transfer),
         cmocka_unit_test(test_https),
