@@ -4,7 +4,7 @@
 #
 #   make                 build everything (CPU; CUDA too when nvcc is found)
 #   make test            install missing Debian packages, build, run unit and
-#                        integration tests, then the unit tests under ASan+UBSan
+#                        integration tests, then both again under ASan+UBSan
 #   make demo            throwaway PostgreSQL + coordinator + agent(s)
 #   make bench           benchmarks, each printing a ratio against a reference
 #   make fuzz            build the libFuzzer targets (clang) and run each briefly
@@ -56,7 +56,7 @@ FUZZERS :=
 LDLIBS_EXTRA :=
 CLEAN_EXTRA :=
 
-.PHONY: all deps test unit integ unit-san demo bench fuzz test-gpu clean help
+.PHONY: all deps test unit integ unit-san integ-san demo bench fuzz test-gpu clean help
 all: bins tests
 
 help:
@@ -89,6 +89,7 @@ test: deps
 	  ./scripts/run-tests.sh --suite unit $(UNIT_TESTS) || rc=1; \
 	  ./scripts/run-tests.sh --suite integration $(INTEG_TESTS) || rc=1; \
 	  $(MAKE) --no-print-directory unit-san || rc=1; \
+	  $(MAKE) --no-print-directory integ-san || rc=1; \
 	  if [ $$rc -ne 0 ]; then echo "make test: FAILED"; else echo "make test: all suites passed"; fi; exit $$rc
 
 unit: $(UNIT_TESTS)
@@ -99,6 +100,10 @@ integ: bins $(INTEG_TESTS)
 
 unit-san:
 	$(Q)$(MAKE) --no-print-directory SANITIZER=address,undefined unit
+
+# The integration tests again, driving binaries built with ASan + UBSan.
+integ-san:
+	$(Q)$(MAKE) --no-print-directory SANITIZER=address,undefined integ
 
 demo: deps
 	$(Q)$(MAKE) --no-print-directory bins

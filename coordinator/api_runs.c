@@ -124,7 +124,7 @@ void api_runs_create(struct coord_req *req, struct coord_resp *resp)
         return;
     }
     json_t *cfg = json_object_get(j, "config");
-    char *cfg_s = json_dumps(cfg ? cfg : json_object(), JSON_COMPACT);
+    char *cfg_s = cfg ? json_dumps(cfg, JSON_COMPACT) : strdup("{}");
     char tbs[24], uid[24];
     snprintf(tbs, sizeof tbs, "%lld",
              (long long)json_integer_value(json_object_get(j, "target_batch_size")));

@@ -474,11 +474,26 @@ int ct_coord_stop(struct ct_coord *c, int sig)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-void ct_coord_cleanup(struct ct_coord *c)
+int ct_coord_cleanup(struct ct_coord *c)
 {
-    if (c->pid > 0)
-        ct_coord_stop(c, SIGKILL);
+    int rc = 0;
+    if (c->pid > 0) {
+        /* A graceful stop, so that sanitizer builds report leaks and errors
+         * through the exit status; the log is shown when it is not 0. */
+        int st = ct_coord_stop(c, SIGTERM);
+        if (st != 0) {
+            fprintf(stderr, "coordinator exited with status %d; its log %s:\n", st, c->log);
+            FILE *f = fopen(c->log, "r");
+            char line[1024];
+            while (f && fgets(line, sizeof line, f))
+                fputs(line, stderr);
+            if (f)
+                fclose(f);
+            rc = -1;
+        }
+    }
     if (c->own_dir && !getenv("CT_KEEP"))
         ct_rmrf(c->dir);
     c->own_dir = 0;
+    return rc;
 }

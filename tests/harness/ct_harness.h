@@ -45,11 +45,13 @@ struct ct_coord {
  * /api/v1/health answers 200 (20 s deadline). */
 int ct_coord_start(struct ct_coord *c, const char *db_url, const char *dir,
                    const char *const *extra_args);
-/* Sends `sig` and waits up to 15 s (then SIGKILL). Returns the exit status
+/* Sends `sig` (0: none, just wait) and waits up to 15 s (then SIGKILL). Returns the exit status
  * (128+signal when killed by a signal). Keeps the data dir. */
 int ct_coord_stop(struct ct_coord *c, int sig);
-/* Stops if running and removes the data dir if the harness made it. */
-void ct_coord_cleanup(struct ct_coord *c);
+/* Stops it gracefully if running (SIGTERM) and removes the data dir if the
+ * harness made it. Returns -1, after printing the coordinator's log, when it
+ * did not exit with status 0 (e.g. a sanitizer report). */
+int ct_coord_cleanup(struct ct_coord *c);
 
 struct ct_resp {
     long status;

@@ -47,13 +47,17 @@ static int setup(void **state)
     return 0;
 }
 
+/* cmocka does not count a failed group teardown in its exit status. */
+static int g_teardown_failed;
+
 static int teardown(void **state)
 {
     (void)state;
-    ct_coord_cleanup(&g_c);
+    int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_rmrf(g_dir);
-    return 0;
+    g_teardown_failed = rc != 0;
+    return rc;
 }
 
 static int agent(const char *stdin_text, char **out, const char *a1, const char *a2, const char *a3,
@@ -172,5 +176,6 @@ int main(void)
         cmocka_unit_test(test_login_and_pass),
         cmocka_unit_test(test_failures_are_clear),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed ? failed : g_teardown_failed;
 }

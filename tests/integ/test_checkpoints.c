@@ -52,16 +52,20 @@ static int setup(void **state)
     return g_org && g_vol && g_aud && g_out ? 0 : -1;
 }
 
+/* cmocka does not count a failed group teardown in its exit status. */
+static int g_teardown_failed;
+
 static int teardown(void **state)
 {
     (void)state;
-    ct_coord_cleanup(&g_c);
+    int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     free(g_org);
     free(g_vol);
     free(g_aud);
     free(g_out);
-    return 0;
+    g_teardown_failed = rc != 0;
+    return rc;
 }
 
 static long put_ckpt(const char *bearer, const char *step, const void *data, size_t len,
@@ -261,5 +265,6 @@ int main(void)
         cmocka_unit_test(test_bad_uploads_leave_nothing),
         cmocka_unit_test(test_disconnect_mid_upload),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed ? failed : g_teardown_failed;
 }

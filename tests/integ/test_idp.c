@@ -83,14 +83,18 @@ static int setup(void **state)
     return ct_coord_start(&g_c, g_pg.url, NULL, args);
 }
 
+/* cmocka does not count a failed group teardown in its exit status. */
+static int g_teardown_failed;
+
 static int teardown(void **state)
 {
     (void)state;
-    ct_coord_cleanup(&g_c);
+    int rc = ct_coord_cleanup(&g_c);
     if (g_idp)
         MHD_stop_daemon(g_idp);
     ct_pg_stop(&g_pg);
-    return 0;
+    g_teardown_failed = rc != 0;
+    return rc;
 }
 
 static char *provider_login(const char *token, long *status)
@@ -197,5 +201,6 @@ int main(void)
         cmocka_unit_test(test_provider_login_maps_to_account),
         cmocka_unit_test(test_provider_rejections),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed ? failed : g_teardown_failed;
 }
