@@ -150,6 +150,7 @@ static void lookup_freed(uv_handle_t *h)
     struct dht__lookup *lk = h->data;
     struct dht_node *n = lk->n;
     free(lk);
+    n->lookup_handles--;
     node_maybe_release(n);
 }
 
@@ -403,16 +404,28 @@ static int lookup_new(struct dht_node *n, enum lk_kind kind, const uint8_t targe
     memcpy(lk->target, target, DHT_ID_LEN);
     lk->cb = cb;
     lk->arg = arg;
-    struct dht_contact init[DHT_K];
-    size_t ni = dht_table_closest(&n->table, target, init, DHT_K);
+    /* Seed with up to 3k known contacts, not just k: when the k closest we
+     * know have all died, the lookup still has live ones to ask (FAILED
+     * candidates drop out of the k-window). Contacts that failed their last
+     * request are used only when nothing else is known. */
+    struct dht_contact *init = malloc(MAX_CAND * sizeof *init);
+    if (!init) {
+        free(lk);
+        return CM_ENOMEM;
+    }
+    size_t ni = dht_table_closest_ex(&n->table, target, init, MAX_CAND, 1);
+    if (ni < DHT_ALPHA)
+        ni = dht_table_closest(&n->table, target, init, MAX_CAND);
     for (size_t i = 0; i < ni; i++)
         add_cand(lk, &init[i], 1);
+    free(init);
     int bi = dht_id_bucket(n->id, target);
     if (bi >= 0)
         n->table.b[bi].last_lookup_ms = p2p_now_ms();
     /* Start on the next loop turn so callbacks never run inside the call. */
     uv_timer_init(p2p_ctx_loop(n->ctx), &lk->start_timer);
     lk->start_timer.data = lk;
+    n->lookup_handles++;
     uv_timer_start(&lk->start_timer, lookup_start_cb, 0, 0);
     lk->next = n->lookups;
     if (n->lookups)
@@ -704,7 +717,7 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
     case P2P_MSG_DHT_FIND_NODE: {
         if (dht_msg_parse_find(body, len, target))
             return CM_EPARSE;
-        size_t nn = dht_table_closest(&n->table, target, near, DHT_K);
+        size_t nn = dht_table_closest_ex(&n->table, target, near, DHT_K, 1);
         return dht_msg_encode_nodes(near, nn, resp, rlen);
     }
     case P2P_MSG_DHT_FIND_VALUE: {
@@ -712,7 +725,7 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
             return CM_EPARSE;
         const struct dht_record *rec[DHT_MAX_VALUE_RECORDS];
         size_t nr = dht_store_get(&n->store, target, p2p_now_ms(), rec, DHT_MAX_VALUE_RECORDS);
-        size_t nn = dht_table_closest(&n->table, target, near, DHT_K);
+        size_t nn = dht_table_closest_ex(&n->table, target, near, DHT_K, 1);
         return dht_msg_encode_values(rec, nr, near, nn, VALUES_MAX_BYTES, resp, rlen);
     }
     case P2P_MSG_DHT_STORE: {
@@ -837,7 +850,7 @@ static void node_timer_closed(uv_handle_t *h)
 
 static void node_maybe_release(struct dht_node *n)
 {
-    if (!n->closing || n->lookups || n->timer.data)
+    if (!n->closing || n->lookups || n->lookup_handles || n->timer.data)
         return;
     dht_table_cleanup(&n->table);
     dht_store_cleanup(&n->store);

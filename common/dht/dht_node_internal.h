@@ -27,6 +27,7 @@ struct dht_node {
     struct dht_store store;
     struct dht__own *own;
     struct dht__lookup *lookups;
+    size_t lookup_handles; /* lookups whose timer handle is not closed yet */
     uint32_t rpc_timeout_ms, refresh_ms, republish_ms;
     uv_timer_t timer;
     int64_t last_refresh_ms, last_republish_ms, last_purge_ms;
@@ -35,15 +36,12 @@ struct dht_node {
     /* threaded mode */
     int threaded;
     pthread_t thread;
-    uv_loop_t loop;
+    uv_loop_t *uvloop;
     uv_async_t async;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct dht__job *jobs;
     int ready, start_rc, stopping;
-    struct cm_ed25519 *owned_key;
-    char **bootstrap;
-    size_t n_bootstrap;
 };
 
 #endif

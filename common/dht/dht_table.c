@@ -86,7 +86,7 @@ void dht_table_failed(struct dht_table *t, const uint8_t id[DHT_ID_LEN])
         return;
     }
     b->c[i].fails++;
-    if (b->nrepl == 0 && b->c[i].fails < 3)
+    if (b->nrepl == 0 && b->c[i].fails < 2)
         return;
     memmove(&b->c[i], &b->c[i + 1], (size_t)(b->n - i - 1) * sizeof *b->c);
     b->n--;
@@ -100,6 +100,12 @@ void dht_table_failed(struct dht_table *t, const uint8_t id[DHT_ID_LEN])
 size_t dht_table_closest(const struct dht_table *t, const uint8_t target[DHT_ID_LEN],
                          struct dht_contact *out, size_t max)
 {
+    return dht_table_closest_ex(t, target, out, max, 0);
+}
+
+size_t dht_table_closest_ex(const struct dht_table *t, const uint8_t target[DHT_ID_LEN],
+                            struct dht_contact *out, size_t max, int healthy_only)
+{
     /* Insertion into a sorted array of at most max: the table holds at
      * most a few hundred contacts, so this stays cheap. */
     size_t n = 0;
@@ -107,6 +113,8 @@ size_t dht_table_closest(const struct dht_table *t, const uint8_t target[DHT_ID_
         const struct dht_bucket *b = &t->b[bi];
         for (int i = 0; i < b->n; i++) {
             const struct dht_contact *c = &b->c[i];
+            if (healthy_only && c->fails)
+                continue;
             if (n == max && dht_id_cmp_dist(target, c->id, out[n - 1].id) >= 0)
                 continue;
             size_t pos = n < max ? n : max - 1;

@@ -2,7 +2,7 @@
  * Appendix B): 256 buckets by XOR distance from our id, at most k = 20
  * contacts each in least-recently-seen order, plus a replacement cache of
  * up to k newer contacts per bucket. A contact that fails to answer is
- * replaced by the newest live replacement (or dropped after 3 failures when
+ * replaced by the newest live replacement (or dropped after 2 failures when
  * there is none), instead of pinging the oldest on every insert. */
 #ifndef DHT_TABLE_H
 #define DHT_TABLE_H
@@ -34,6 +34,10 @@ void dht_table_failed(struct dht_table *t, const uint8_t id[DHT_ID_LEN]);
 /* Up to max contacts closest to target, nearest first; returns how many. */
 size_t dht_table_closest(const struct dht_table *t, const uint8_t target[DHT_ID_LEN],
                          struct dht_contact *out, size_t max);
+/* Same, skipping contacts that failed their last request: what a node
+ * tells others, so a dead peer stops spreading through FIND_NODE answers. */
+size_t dht_table_closest_ex(const struct dht_table *t, const uint8_t target[DHT_ID_LEN],
+                            struct dht_contact *out, size_t max, int healthy_only);
 size_t dht_table_bytes(const struct dht_table *t);
 
 #endif

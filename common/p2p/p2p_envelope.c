@@ -228,7 +228,8 @@ int p2p_auth_set_revoked(struct p2p_auth *a, const char *const *pass_ids, size_t
             return CM_ENOMEM;
         }
     }
-    qsort(list, n, sizeof *list, cmp_str);
+    if (n)
+        qsort(list, n, sizeof *list, cmp_str);
     pthread_mutex_lock(&a->rev_mu);
     if (generated_at < a->rev_generated_at) {
         pthread_mutex_unlock(&a->rev_mu);
