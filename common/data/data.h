@@ -5,8 +5,8 @@
  * iterator streams the shards through libcurl (file://, http://, https://)
  * in a background thread, each peer in its own random order derived from its
  * seed, verifies every shard's size and SHA-256 before any of its examples
- * are released (verify-then-release, bounded by max_shard_bytes), decodes
- * it, and feeds the examples through a shuffle buffer of S examples from
+ * are released (verify-then-release, bounded by max_shard_bytes; or chunk
+ * by chunk when the manifest lists chunk hashes), decodes it, and feeds the examples through a shuffle buffer of S examples from
  * which batches are drawn (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix
  * H.3). After the last shard the order is reshuffled and a new epoch starts:
  * the training stream never ends. The eval mode reads the shards in manifest
@@ -199,10 +199,12 @@ int cm_data_open_file(const char *manifest_path, uint64_t seed,
 /* Fills up to b->capacity examples (always exactly capacity in train mode).
  * In eval mode, b->n < capacity only at the end of the pass or just before
  * an error (the good examples come first, the error on the next call);
- * b->n == 0 means the pass is over. Errors: CM_ECHECKSUM / CM_EIO / CM_ETIMEOUT / CM_EPARSE when a shard
- * is rejected and cannot be skipped (eval mode, skip_bad_shards 0, or every
- * shard of an epoch rejected); the reason is in stats.last_error. After an
- * error the iterator stays failed. */
+ * b->n == 0 means the pass is over. Errors, when a shard is rejected and
+ * cannot be skipped (eval mode, skip_bad_shards 0, or no shard of an epoch
+ * yielded an example): CM_ECHECKSUM (size or hash), CM_EPARSE / CM_ERANGE
+ * (content), CM_ETIMEOUT / CM_ECONN / CM_EIO / CM_ENOTFOUND (download),
+ * CM_EAUTH (TLS certificate), CM_ETOOBIG (gunzip limit); the reason is in
+ * stats.last_error. After an error the iterator stays failed. */
 int cm_data_next_batch(struct cm_data_iter *it, struct cm_data_batch *b);
 
 /* Draws and discards n examples, exactly as n next_batch calls' worth would
