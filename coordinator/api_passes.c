@@ -7,6 +7,7 @@
  * public. */
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
+#include "coordinator/backbone.h"
 #include "coordinator/metrics.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -55,14 +56,17 @@ static json_t *coordinator_keys(struct coord_req *req)
     return out;
 }
 
-static json_t *bootstrap_list(const struct coord_config *cfg)
+/* Configured bootstrap peers first, then the backbone nodes of the run. */
+static json_t *bootstrap_list(struct coord_req *req)
 {
-    json_t *a = json_array();
+    const struct coord_config *cfg = req->srv->cfg;
+    json_t *a = coord_backbone_bootstrap(req);
     if (!cfg->bootstrap)
         return a;
     char *copy = strdup(cfg->bootstrap), *save = NULL;
+    size_t at = 0;
     for (char *t = copy ? strtok_r(copy, ", ", &save) : NULL; t; t = strtok_r(NULL, ", ", &save))
-        json_array_append_new(a, json_string(t));
+        json_array_insert_new(a, at++, json_string(t));
     free(copy);
     return a;
 }
@@ -148,7 +152,7 @@ void api_passes_create(struct coord_req *req, struct coord_resp *resp)
                     json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:s, s:s, s:I, s:I}", "pass_id",
                               c.pass_id, "access_token", tok, "coordinator_public_key", pub,
                               "kid", req->srv->kid, "coordinator_keys", coordinator_keys(req),
-                              "bootstrap", bootstrap_list(cfg), "username", c.username, "run",
+                              "bootstrap", bootstrap_list(req), "username", c.username, "run",
                               c.run, "issued_at", (json_int_t)iat, "expires_at", (json_int_t)exp));
     free(tok);
 }

@@ -27,6 +27,9 @@ struct coord_config {
     char *checkpoint_dir;
     long checkpoint_keep;
     long checkpoint_max_mb;
+    long dht_port;
+    char *dht_listen_ip;
+    char *dht_advertise;
 };
 
 #endif

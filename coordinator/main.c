@@ -5,6 +5,7 @@
  * Options come from flags, CROWDTRAIN_* environment variables and an
  * optional config file, in that precedence (common/cm_opts.h). */
 #include "coordinator/auth.h"
+#include "coordinator/backbone.h"
 #include "coordinator/config.h"
 #include "coordinator/db.h"
 #include "coordinator/metrics.h"
@@ -67,6 +68,14 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"checkpoint-keep", CM_OPT_INT, O(checkpoint_keep), "3", "N", "newest checkpoints kept per run", 0},
     {"checkpoint-max-mb", CM_OPT_INT, O(checkpoint_max_mb), "16384", "MB",
      "largest checkpoint accepted", 0},
+    {"dht-port", CM_OPT_INT, O(dht_port), "31400", "PORT",
+     "first port of the per-run DHT backbone nodes (one port per open run, counting up); "
+     "0 = ephemeral ports, -1 = run no backbone", 0},
+    {"dht-listen-ip", CM_OPT_STR, O(dht_listen_ip), "0.0.0.0", "IP",
+     "address the backbone nodes listen on", 0},
+    {"dht-advertise", CM_OPT_STR, O(dht_advertise), NULL, "HOST",
+     "host peers reach the backbone nodes at (default: the --public-url or --listen host, "
+     "else 127.0.0.1)", 0},
 };
 
 static const struct cm_cmd_spec SERVE = {
@@ -95,7 +104,8 @@ static int validate(const struct coord_config *c)
                   {"login-window", c->login_window, 1, 86400},
                   {"shutdown-grace-ms", c->shutdown_grace_ms, 0, 600000},
                   {"checkpoint-keep", c->checkpoint_keep, 1, 1000},
-                  {"checkpoint-max-mb", c->checkpoint_max_mb, 1, 1L << 24}};
+                  {"checkpoint-max-mb", c->checkpoint_max_mb, 1, 1L << 24},
+                  {"dht-port", c->dht_port, -1, 65535}};
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
             fprintf(stderr, "error: --%s must be %ld..%ld\n", ranges[i].name, ranges[i].lo,
@@ -190,6 +200,7 @@ static int cmd_serve(int argc, char **argv)
     }
     int status = 1;
     struct coord_server srv = {0};
+    struct coord_backbone *backbone = NULL;
     srv.cfg = &cfg;
     srv.routes = coord_routes;
     srv.nroutes = coord_nroutes;
@@ -242,9 +253,23 @@ static int cmd_serve(int argc, char **argv)
     PQfinish(pg);
     pg = NULL;
 
+    if (!cfg.dht_advertise) {
+        char adv[256] = "127.0.0.1";
+        const char *pu = cfg.public_url ? strstr(cfg.public_url, "://") : NULL;
+        if (pu) {
+            pu += 3;
+            size_t hl = strcspn(pu, ":/");
+            if (hl > 0 && hl < sizeof adv)
+                snprintf(adv, sizeof adv, "%.*s", (int)hl, pu);
+        } else if (host[0] && strcmp(host, "0.0.0.0") != 0) {
+            snprintf(adv, sizeof adv, "%s", host);
+        }
+        cfg.dht_advertise = strdup(adv);
+    }
     if ((rc = coord_db_pool_new(cfg.database_url, (int)cfg.db_pool, (int)cfg.db_timeout_ms,
                                 (int)cfg.db_timeout_ms, &srv.db)) != CM_OK ||
         (rc = coord_metrics_new(srv.nroutes, &srv.metrics)) != CM_OK ||
+        (rc = coord_backbone_start(&srv, &backbone)) != CM_OK ||
         (rc = coord_http_start(&srv)) != CM_OK)
         goto out;
 
@@ -259,6 +284,8 @@ static int cmd_serve(int argc, char **argv)
     sigwait(&set, &sig);
     CM_LOGI("main", "%s received: finishing in-flight requests", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     coord_http_stop(&srv, (int)cfg.shutdown_grace_ms);
+    coord_backbone_stop(backbone);
+    backbone = NULL;
     CM_LOGI("main", "stopped");
     status = 0;
 out:
@@ -266,6 +293,7 @@ out:
         PQfinish(pg);
     if (srv.daemon)
         coord_http_stop(&srv, 0);
+    coord_backbone_stop(backbone);
     coord_db_pool_free(srv.db);
     coord_metrics_free(srv.metrics);
     cm_ed25519_cleanup(&srv.signing_key);

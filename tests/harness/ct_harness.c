@@ -146,6 +146,20 @@ int ct_pg_exec(struct ct_pg *pg, const char *sql)
     return ok ? 0 : -1;
 }
 
+int ct_pg_scalar(struct ct_pg *pg, const char *sql, long *out)
+{
+    PGconn *c = PQconnectdb(pg->url);
+    PGresult *r = PQstatus(c) == CONNECTION_OK ? PQexec(c, sql) : NULL;
+    int ok = r && PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    if (ok)
+        *out = atol(PQgetvalue(r, 0, 0));
+    else
+        fprintf(stderr, "ct_pg_scalar: %s", PQerrorMessage(c));
+    PQclear(r);
+    PQfinish(c);
+    return ok ? 0 : -1;
+}
+
 int ct_pg_start(struct ct_pg *pg)
 {
     memset(pg, 0, sizeof *pg);
@@ -409,8 +423,8 @@ int ct_coord_start(struct ct_coord *c, const char *db_url, const char *dir,
     unlink(urlfile);
     const char *argv[48] = {ct_bin("crowdtrain-coordinator"), "serve", "--database-url", db_url,
                             "--listen", "127.0.0.1:0", "--data-dir", c->dir, "--threads", "4",
-                            "--db-pool", "8"};
-    int n = 12;
+                            "--db-pool", "8", "--dht-port", "0", "--dht-listen-ip", "127.0.0.1"};
+    int n = 16;
     for (const char *const *p = extra; p && *p && n < 46; p++)
         argv[n++] = *p;
     argv[n] = NULL;

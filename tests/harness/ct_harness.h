@@ -30,6 +30,8 @@ int ct_pg_start(struct ct_pg *pg);
 void ct_pg_stop(struct ct_pg *pg);
 /* Runs SQL through libpq; returns 0 on success. */
 int ct_pg_exec(struct ct_pg *pg, const char *sql);
+/* Runs a query returning one integer; returns 0 on success. */
+int ct_pg_scalar(struct ct_pg *pg, const char *sql, long *out);
 
 struct ct_coord {
     char dir[256]; /* data dir */

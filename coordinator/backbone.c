@@ -1,0 +1,351 @@
+/* DHT backbone nodes run by the coordinator, one per open run (see
+ * backbone.h). The manager thread has its own database connection, so it
+ * never competes with request handlers for the pool. */
+#include "coordinator/backbone.h"
+#include "cm_err.h"
+#include "cm_log.h"
+#include "dht/dht_node.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BB_PERIOD_S 5
+#define BB_TOKEN_TTL_S (7L * 24 * 3600)
+#define BB_RENEW_BEFORE_S (24L * 3600)
+#define BB_FRESH_S 30 /* a backbone row older than this is not handed out */
+#define BB_PORT_TRIES 100
+
+struct bb_node {
+    int64_t run_id;
+    char run[CM_NAME_MAX + 1];
+    struct dht_node *node;
+    int64_t token_exp;
+    char address[300];
+    struct bb_node *next;
+};
+
+struct coord_backbone {
+    struct coord_server *srv;
+    struct cm_ed25519 key;
+    char listen_ip[64];
+    char advertise[256];
+    long port_base; /* 0: ephemeral */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    PGconn *pg;
+    struct bb_node *nodes;
+};
+
+static PGresult *q(PGconn *pg, const char *sql, int n, const char *const *params)
+{
+    PGresult *r = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        CM_LOGW("backbone", "%s", PQerrorMessage(pg));
+        PQclear(r);
+        return NULL;
+    }
+    return r;
+}
+
+static int coord_keys(PGconn *pg, uint8_t keys[P2P_MAX_COORD_KEYS][CM_ED25519_PUB_LEN], size_t *n)
+{
+    PGresult *r = q(pg, "SELECT encode(public_key, 'hex') FROM signing_keys ORDER BY created_at DESC", 0, NULL);
+    if (!r)
+        return CM_EDB;
+    *n = 0;
+    for (int i = 0; i < PQntuples(r) && *n < P2P_MAX_COORD_KEYS; i++) {
+        size_t got = 0;
+        const char *h = PQgetvalue(r, i, 0);
+        if (cm_hex_decode(h, strlen(h), keys[*n], CM_ED25519_PUB_LEN, &got) == CM_OK &&
+            got == CM_ED25519_PUB_LEN)
+            (*n)++;
+    }
+    PQclear(r);
+    return *n ? CM_OK : CM_ENOTFOUND;
+}
+
+static int start_node(struct coord_backbone *b, int64_t run_id, const char *run, struct bb_node **out)
+{
+    struct coord_server *srv = b->srv;
+    uint8_t keys[P2P_MAX_COORD_KEYS][CM_ED25519_PUB_LEN];
+    size_t nkeys = 0;
+    int rc = coord_keys(b->pg, keys, &nkeys);
+    if (rc != CM_OK)
+        return rc;
+    struct cm_pass_claims c = {0};
+    snprintf(c.username, sizeof c.username, "_coordinator");
+    snprintf(c.run, sizeof c.run, "%s", run);
+    snprintf(c.pass_id, sizeof c.pass_id, "bb-%s-%lld", srv->kid, (long long)run_id);
+    memcpy(c.peer_public_key, b->key.pub, CM_ED25519_PUB_LEN);
+    c.issued_at = (int64_t)time(NULL);
+    c.expires_at = c.issued_at + BB_TOKEN_TTL_S;
+    char *tok = NULL;
+    if ((rc = cm_token_sign(&srv->signing_key, &c, &tok)) != CM_OK)
+        return rc;
+
+    /* Other coordinators' backbone nodes of this run, to join one DHT. */
+    char rid[24];
+    snprintf(rid, sizeof rid, "%lld", (long long)run_id);
+    const char *p[] = {rid, srv->kid};
+    PGresult *r = q(b->pg,
+                    "SELECT address FROM dht_backbones WHERE run_id = $1 AND kid <> $2 AND "
+                    "updated_at > now() - make_interval(secs => 30)",
+                    2, p);
+    const char *boot[16];
+    size_t nboot = 0;
+    for (int i = 0; r && i < PQntuples(r) && nboot < 16; i++)
+        boot[nboot++] = PQgetvalue(r, i, 0);
+
+    struct dht_config cfg = {0};
+    cfg.key = &b->key;
+    cfg.token = tok;
+    cfg.listen_ip = b->listen_ip;
+    cfg.ctx.auth.run = run;
+    cfg.ctx.auth.coord_keys = (const uint8_t(*)[CM_ED25519_PUB_LEN])keys;
+    cfg.ctx.auth.n_coord_keys = nkeys;
+    cfg.bootstrap = boot;
+    cfg.n_bootstrap = nboot;
+    struct dht_node *node = NULL;
+    for (int i = 0; i < (b->port_base ? BB_PORT_TRIES : 1); i++) {
+        cfg.listen_port = b->port_base ? (uint16_t)(b->port_base + i) : 0;
+        if (b->port_base + i > 65535)
+            break;
+        rc = dht_node_start(&cfg, &node);
+        if (rc == CM_OK)
+            break;
+    }
+    PQclear(r);
+    free(tok);
+    if (rc != CM_OK) {
+        CM_LOGE("backbone", "could not start the DHT node of run %s: %s", run, cm_strerror(rc));
+        return rc;
+    }
+    struct bb_node *bn = calloc(1, sizeof *bn);
+    if (!bn) {
+        dht_node_stop(node);
+        return CM_ENOMEM;
+    }
+    bn->run_id = run_id;
+    snprintf(bn->run, sizeof bn->run, "%s", run);
+    bn->node = node;
+    bn->token_exp = c.expires_at;
+    snprintf(bn->address, sizeof bn->address, strchr(b->advertise, ':') ? "[%s]:%u" : "%s:%u",
+             b->advertise, dht_node_port(node));
+    CM_LOGI("backbone", "DHT node of run %s listening, advertised as %s", run, bn->address);
+    *out = bn;
+    return CM_OK;
+}
+
+static void publish(struct coord_backbone *b, struct bb_node *n)
+{
+    char rid[24], pub[2 * CM_ED25519_PUB_LEN + 1];
+    snprintf(rid, sizeof rid, "%lld", (long long)n->run_id);
+    cm_hex_encode(b->key.pub, CM_ED25519_PUB_LEN, pub);
+    const char *p[] = {rid, b->srv->kid, n->address, pub};
+    PGresult *r = q(b->pg,
+                    "INSERT INTO dht_backbones (run_id, kid, address, public_key) "
+                    "VALUES ($1, $2, $3, decode($4, 'hex')) ON CONFLICT (run_id, kid) DO UPDATE "
+                    "SET address = EXCLUDED.address, public_key = EXCLUDED.public_key, updated_at = now()",
+                    4, p);
+    PQclear(r);
+    /* The run's revocation list, for this node's receivers. */
+    r = q(b->pg,
+          "SELECT id::text FROM passes WHERE run_id = $1 AND revoked_at IS NOT NULL AND expires_at > now()",
+          1, p);
+    if (!r)
+        return;
+    size_t cnt = (size_t)PQntuples(r);
+    const char **ids = calloc(cnt ? cnt : 1, sizeof *ids);
+    if (ids) {
+        for (size_t i = 0; i < cnt; i++)
+            ids[i] = PQgetvalue(r, (int)i, 0);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        p2p_auth_set_revoked(p2p_ctx_auth(dht_node_ctx(n->node)), ids, cnt,
+                             (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+        free(ids);
+    }
+    PQclear(r);
+}
+
+static void unpublish(struct coord_backbone *b, struct bb_node *n)
+{
+    char rid[24];
+    snprintf(rid, sizeof rid, "%lld", (long long)n->run_id);
+    const char *p[] = {rid, b->srv->kid};
+    PQclear(q(b->pg, "DELETE FROM dht_backbones WHERE run_id = $1 AND kid = $2", 2, p));
+}
+
+static void sync_nodes(struct coord_backbone *b)
+{
+    if (PQstatus(b->pg) != CONNECTION_OK)
+        PQreset(b->pg);
+    PGresult *r = q(b->pg, "SELECT id, name FROM runs WHERE status = 'open' ORDER BY id", 0, NULL);
+    if (!r)
+        return;
+    int64_t now = (int64_t)time(NULL);
+    /* stop nodes of runs that closed, and nodes whose token needs renewing */
+    for (struct bb_node **pp = &b->nodes; *pp;) {
+        struct bb_node *n = *pp;
+        int open = 0;
+        for (int i = 0; i < PQntuples(r); i++)
+            open |= strtoll(PQgetvalue(r, i, 0), NULL, 10) == n->run_id;
+        if (open && n->token_exp - now > BB_RENEW_BEFORE_S) {
+            pp = &n->next;
+            continue;
+        }
+        CM_LOGI("backbone", "stopping the DHT node of run %s (%s)", n->run,
+                open ? "renewing its token" : "run no longer open");
+        unpublish(b, n);
+        dht_node_stop(n->node);
+        *pp = n->next;
+        free(n);
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        int64_t id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+        struct bb_node *n = b->nodes;
+        while (n && n->run_id != id)
+            n = n->next;
+        if (n)
+            continue;
+        if (start_node(b, id, PQgetvalue(r, i, 1), &n) == CM_OK) {
+            n->next = b->nodes;
+            b->nodes = n;
+        }
+    }
+    PQclear(r);
+    for (struct bb_node *n = b->nodes; n; n = n->next)
+        publish(b, n);
+}
+
+static void *manager(void *arg)
+{
+    struct coord_backbone *b = arg;
+    pthread_mutex_lock(&b->mu);
+    while (!b->stop) {
+        pthread_mutex_unlock(&b->mu);
+        sync_nodes(b);
+        pthread_mutex_lock(&b->mu);
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += BB_PERIOD_S;
+        while (!b->stop && pthread_cond_timedwait(&b->cv, &b->mu, &dl) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&b->mu);
+    for (struct bb_node *n = b->nodes, *x; n; n = x) {
+        x = n->next;
+        unpublish(b, n);
+        dht_node_stop(n->node);
+        free(n);
+    }
+    b->nodes = NULL;
+    return NULL;
+}
+
+int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)
+{
+    const struct coord_config *cfg = srv->cfg;
+    *out = NULL;
+    if (cfg->dht_port < 0)
+        return CM_OK;
+    struct coord_backbone *b = calloc(1, sizeof *b);
+    if (!b)
+        return CM_ENOMEM;
+    b->srv = srv;
+    b->port_base = cfg->dht_port;
+    snprintf(b->listen_ip, sizeof b->listen_ip, "%s", cfg->dht_listen_ip);
+    snprintf(b->advertise, sizeof b->advertise, "%s", cfg->dht_advertise);
+    char keypath[4200];
+    snprintf(keypath, sizeof keypath, "%s/dht-ed25519.pem", cfg->data_dir);
+    int rc = cm_ed25519_load_or_create(&b->key, keypath, NULL);
+    if (rc == CM_OK)
+        rc = coord_db_connect(cfg->database_url, 30000, &b->pg);
+    if (rc != CM_OK) {
+        cm_ed25519_cleanup(&b->key);
+        free(b);
+        return rc;
+    }
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    /* The first pass runs here, so nodes exist before the API serves passes. */
+    sync_nodes(b);
+    if (pthread_create(&b->th, NULL, manager, b) != 0) {
+        PQfinish(b->pg);
+        cm_ed25519_cleanup(&b->key);
+        free(b);
+        return CM_EIO;
+    }
+    *out = b;
+    return CM_OK;
+}
+
+void coord_backbone_stop(struct coord_backbone *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stop = 1;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->th, NULL);
+    PQfinish(b->pg);
+    cm_ed25519_cleanup(&b->key);
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b);
+}
+
+/* A tiny per-run cache of the bootstrap list, so pass issuance stays one
+ * statement in the common case. */
+#define BOOT_CACHE_SLOTS 64
+#define BOOT_CACHE_S 2
+struct boot_slot {
+    char run[CM_NAME_MAX + 1];
+    json_t *list;
+    time_t at;
+};
+static struct boot_slot g_boot[BOOT_CACHE_SLOTS];
+static pthread_mutex_t g_boot_mu = PTHREAD_MUTEX_INITIALIZER;
+
+COORD_DB_STMT(S_BOOT, 1,
+              "SELECT b.address FROM dht_backbones b JOIN runs r ON r.id = b.run_id "
+              "WHERE r.name = $1 AND b.updated_at > now() - make_interval(secs => 30) "
+              "ORDER BY b.kid");
+
+json_t *coord_backbone_bootstrap(struct coord_req *req)
+{
+    const char *run = req->params[0];
+    uint8_t h[CM_SHA256_LEN];
+    cm_sha256(run, strlen(run), h);
+    struct boot_slot *s = &g_boot[h[0] % BOOT_CACHE_SLOTS];
+    time_t now = time(NULL);
+    pthread_mutex_lock(&g_boot_mu);
+    if (s->list && !strcmp(s->run, run) && now - s->at < BOOT_CACHE_S) {
+        json_t *out = json_deep_copy(s->list);
+        pthread_mutex_unlock(&g_boot_mu);
+        return out;
+    }
+    pthread_mutex_unlock(&g_boot_mu);
+    json_t *a = json_array();
+    const char *p[] = {run};
+    PGresult *r = req->db ? coord_db_exec(req->db, &S_BOOT, p, NULL) : NULL;
+    for (int i = 0; r && i < PQntuples(r); i++)
+        json_array_append_new(a, json_string(PQgetvalue(r, i, 0)));
+    PQclear(r);
+    pthread_mutex_lock(&g_boot_mu);
+    json_decref(s->list);
+    s->list = json_deep_copy(a);
+    snprintf(s->run, sizeof s->run, "%s", run);
+    s->at = now;
+    pthread_mutex_unlock(&g_boot_mu);
+    return a;
+}

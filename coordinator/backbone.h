@@ -1,0 +1,29 @@
+/* The coordinator's DHT backbone (seed 000 §3.3, H.4; seed 002 §3.3): for
+ * every open run, a Kademlia node in its own thread that new peers bootstrap
+ * from. A manager thread keeps the set in step with the runs table every
+ * few seconds: starts nodes for newly opened runs (bootstrapping from the
+ * other coordinators' nodes of the same run), stops them for runs no longer
+ * open, feeds each node's receivers the run's revocation list, re-mints the
+ * nodes' own access tokens before they expire, and records the nodes'
+ * addresses in dht_backbones so that every coordinator's passes list them.
+ *
+ * The nodes use their own Ed25519 key (DATA-DIR/dht-ed25519.pem), not the
+ * coordinator's signing key, and a token the coordinator signs for it with
+ * username "_coordinator". */
+#ifndef COORD_BACKBONE_H
+#define COORD_BACKBONE_H
+
+#include "coordinator/server.h"
+
+struct coord_backbone;
+
+/* Starts the manager (which starts the nodes). CM_OK also when the DHT is
+ * disabled (--dht-port -1): then *out is NULL. */
+int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out);
+void coord_backbone_stop(struct coord_backbone *b);
+
+/* The run's fresh backbone addresses ("host:port"), from every coordinator
+ * of the database, as a JSON array (owned by the caller). Cached briefly. */
+json_t *coord_backbone_bootstrap(struct coord_req *req);
+
+#endif
