@@ -1,0 +1,161 @@
+/* Bandwidth caps. The token bucket alone over a simulated clock, then real
+ * loopback transfers: a 6 MB stream through a process capped at 16 Mbit/s
+ * upload, and one into a process capped at 16 Mbit/s download; the measured
+ * rate (all bytes on the wire, envelopes included) must be within 5% of the
+ * cap, which is what benchmarks rely on to emulate home connections. */
+/* ct-timeout: 120 */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "p2p/p2p_rate.h"
+#include "p2p/p2p_transport.h"
+#include "tests/harness/p2p_testkit.h"
+
+static void test_bucket(void **state)
+{
+    (void)state;
+    struct p2p_rate r;
+    p2p_rate_init(&r, 8.0, 0); /* 1 MB/s, burst 20 KB */
+    uint64_t t = 0;
+    size_t sent = 0;
+    /* Send as fast as allowed for 10 simulated seconds in 1 ms ticks. */
+    for (int i = 0; i < 10000; i++) {
+        t += 1000000;
+        size_t a = p2p_rate_available(&r, t);
+        if (a) {
+            size_t n = a > 3000 ? 3000 : a;
+            p2p_rate_consume(&r, n);
+            sent += n;
+        }
+    }
+    double rate = (double)sent / 10.0;
+    assert_true(fabs(rate - 1e6) / 1e6 < 0.01);
+    /* Debt: one big write blocks until paid back. */
+    p2p_rate_init(&r, 8.0, 0);
+    p2p_rate_consume(&r, 1000000);
+    assert_int_equal(p2p_rate_available(&r, 500000000ull), 0);
+    assert_true(p2p_rate_wait_ms(&r, 1, 500000000ull) >= 480);
+    p2p_rate_init(&r, 0, 0);
+    assert_false(p2p_rate_limited(&r));
+    assert_int_equal(p2p_rate_wait_ms(&r, 1000000, 0), 0);
+}
+
+struct side {
+    struct p2p_ctx *ctx;
+    struct p2p_host *h;
+    struct p2p_tk_peer peer;
+    size_t got;
+};
+
+static int on_chunk(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint64_t sid,
+                    uint64_t off, uint64_t total, const uint8_t *data, size_t len, int last)
+{
+    struct side *s = arg;
+    (void)h, (void)from, (void)sid, (void)off, (void)total, (void)data, (void)last;
+    s->got += len;
+    return 0;
+}
+
+struct done {
+    int done, status;
+};
+
+static void on_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *b,
+                    size_t l)
+{
+    struct done *d = arg;
+    (void)from, (void)b, (void)l;
+    d->done = 1;
+    d->status = status;
+}
+
+/* Streams `len` bytes from a process with caps (up_a, down_a) to one with
+ * (up_b, down_b); returns the measured Mbit/s of the capped direction. */
+static double transfer(double up_a, double down_b, size_t len)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct p2p_tk tk;
+    assert_int_equal(p2p_tk_init(&tk, "caps"), 0);
+    struct side a = {0}, b = {0};
+    assert_int_equal(p2p_tk_peer_new(&tk, "a", "1", 600, &a.peer), 0);
+    assert_int_equal(p2p_tk_peer_new(&tk, "b", "2", 600, &b.peer), 0);
+    struct p2p_ctx_config ca = {.loop = &loop, .max_upload_mbps = up_a,
+                                .auth = p2p_tk_auth_config(&tk)};
+    struct p2p_ctx_config cb = {.loop = &loop, .max_download_mbps = down_b,
+                                .auth = p2p_tk_auth_config(&tk)};
+    assert_int_equal(p2p_ctx_new(&ca, &a.ctx), 0);
+    assert_int_equal(p2p_ctx_new(&cb, &b.ctx), 0);
+    struct p2p_host_config ha = {.key = &a.peer.key, .token = a.peer.token,
+                                 .listen_ip = "127.0.0.1", .arg = &a};
+    struct p2p_host_config hb = {.key = &b.peer.key, .token = b.peer.token,
+                                 .listen_ip = "127.0.0.1", .on_chunk = on_chunk, .arg = &b};
+    assert_int_equal(p2p_host_new(a.ctx, &ha, &a.h), 0);
+    assert_int_equal(p2p_host_new(b.ctx, &hb, &b.h), 0);
+    uint8_t *data = calloc(1, len);
+    char s[64];
+    struct sockaddr_storage addr;
+    snprintf(s, sizeof s, "127.0.0.1:%u", p2p_host_port(b.h));
+    p2p_addr_parse(s, &addr);
+    struct done d = {0};
+    uint64_t t0 = uv_hrtime();
+    assert_int_equal(p2p_stream_send(a.h, (struct sockaddr *)&addr, b.peer.key.pub, 1, data, len,
+                                     64 * 1024, 8, 30000, on_done, &d),
+                     0);
+    while (!d.done)
+        uv_run(&loop, UV_RUN_ONCE);
+    double secs = (double)(uv_hrtime() - t0) / 1e9;
+    assert_int_equal(d.status, 0);
+    assert_int_equal(b.got, len);
+    struct p2p_stats sa, sb;
+    p2p_ctx_stats(a.ctx, &sa);
+    p2p_ctx_stats(b.ctx, &sb);
+    double bytes = up_a > 0 ? (double)sa.bytes_sent : (double)sb.bytes_received;
+    double mbps = bytes * 8 / secs / 1e6;
+    printf("transfer: %zu payload bytes, %.0f wire bytes in %.3f s = %.2f Mbit/s\n", len, bytes,
+           secs, mbps);
+    free(data);
+    p2p_host_close(a.h);
+    p2p_host_close(b.h);
+    p2p_ctx_free(a.ctx);
+    p2p_ctx_free(b.ctx);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    p2p_tk_peer_cleanup(&a.peer);
+    p2p_tk_peer_cleanup(&b.peer);
+    p2p_tk_cleanup(&tk);
+    return mbps;
+}
+
+static void test_upload_cap(void **state)
+{
+    (void)state;
+    double m = transfer(16.0, 0, 6u << 20);
+    assert_true(fabs(m - 16.0) / 16.0 < 0.05);
+}
+
+static void test_download_cap(void **state)
+{
+    (void)state;
+    double m = transfer(0, 16.0, 6u << 20);
+    assert_true(fabs(m - 16.0) / 16.0 < 0.05);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bucket),
+        cmocka_unit_test(test_upload_cap),
+        cmocka_unit_test(test_download_cap),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,146 @@
+/* The revocation list: the pure parser (good documents, every malformed
+ * shape, another run's list), and the libcurl fetch against a tiny local
+ * HTTP server (libmicrohttpd): a good list is installed into p2p_auth, an
+ * error status, a wrong run or a server slower than the deadline leave the
+ * previous list in place. */
+/* ct-timeout: 60 */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cm_err.h"
+#include "p2p/p2p_revoke.h"
+#include "tests/harness/p2p_testkit.h"
+
+static void test_parse(void **state)
+{
+    (void)state;
+    struct p2p_revocations r;
+    const char *good = "{\"run\":\"fm\",\"generated_at\":100,\"revoked\":["
+                       "{\"pass_id\":\"17\",\"revoked_at\":90,\"expires_at\":200},"
+                       "{\"pass_id\":\"abc\",\"revoked_at\":91,\"expires_at\":300}]}";
+    assert_int_equal(p2p_revocations_parse(good, strlen(good), "fm", &r), 0);
+    assert_int_equal(r.n, 2);
+    assert_string_equal(r.pass_ids[0], "17");
+    assert_int_equal(r.generated_at, 100);
+    p2p_revocations_cleanup(&r);
+    assert_int_equal(p2p_revocations_parse(good, strlen(good), "other", &r), CM_EAUTH);
+    const char *bad[] = {
+        "",
+        "[]",
+        "{\"run\":\"fm\",\"generated_at\":1}",
+        "{\"run\":\"fm\",\"generated_at\":\"1\",\"revoked\":[]}",
+        "{\"run\":\"fm\",\"generated_at\":1,\"revoked\":[{\"pass_id\":17,\"revoked_at\":1,"
+        "\"expires_at\":2}]}",
+        "{\"run\":\"fm\",\"generated_at\":1,\"revoked\":[{\"pass_id\":\"\",\"revoked_at\":1,"
+        "\"expires_at\":2}]}",
+        "{\"run\":\"fm\",\"generated_at\":1,\"revoked\":[{\"pass_id\":\"1\"}]}",
+        "{\"run\":\"fm\",\"generated_at\":1,\"revoked\":[{\"pass_id\":"
+        "\"0123456789012345678901234567890123456789x\",\"revoked_at\":1,\"expires_at\":2}]}",
+        "{\"run\":\"fm\",\"run\":\"fm\",\"generated_at\":1,\"revoked\":[]}",
+        "{\"run\":\"fm\",\"generated_at\":1,\"revoked\":[]} trailing",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_not_equal(p2p_revocations_parse(bad[i], strlen(bad[i]), "fm", &r), 0);
+        assert_int_equal(r.n, 0);
+    }
+}
+
+struct srv {
+    int status, delay_ms;
+    const char *body;
+    int hits;
+};
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls)
+{
+    struct srv *s = cls;
+    (void)method, (void)version, (void)upload, (void)upload_size, (void)con_cls;
+    s->hits++;
+    if (s->delay_ms)
+        usleep((useconds_t)s->delay_ms * 1000);
+    const char *body = strcmp(url, "/api/v1/runs/fm/revocations") ? "{}" : s->body;
+    int st = strcmp(url, "/api/v1/runs/fm/revocations") ? 404 : s->status;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body,
+                                                             MHD_RESPMEM_MUST_COPY);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)st, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static void test_fetch(void **state)
+{
+    (void)state;
+    struct srv s = {.status = 200,
+                    .body = "{\"run\":\"fm\",\"generated_at\":100,\"revoked\":["
+                            "{\"pass_id\":\"7\",\"revoked_at\":90,\"expires_at\":4000000000}]}"};
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                                            handler, &s, MHD_OPTION_END);
+    assert_non_null(d);
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/", info->port);
+    struct p2p_tk tk;
+    assert_int_equal(p2p_tk_init(&tk, "fm"), 0);
+    struct p2p_auth_config ac = p2p_tk_auth_config(&tk);
+    struct p2p_auth auth;
+    assert_int_equal(p2p_auth_init(&auth, &ac), 0);
+    struct p2p_revoke_config rc = {.coordinator_url = url, .run = "fm", .timeout_ms = 2000};
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), 0);
+    assert_true(p2p_auth_is_revoked(&auth, "7"));
+    assert_false(p2p_auth_is_revoked(&auth, "8"));
+
+    /* Failures keep the list in place. */
+    s.status = 500;
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), CM_EPROTO);
+    assert_true(p2p_auth_is_revoked(&auth, "7"));
+    s.status = 200;
+    struct p2p_revoke_config other = rc;
+    other.run = "zz"; /* 404 from the server */
+    assert_int_equal(p2p_revoke_fetch(&auth, &other), CM_EPROTO);
+    s.body = "{\"run\":\"other\",\"generated_at\":200,\"revoked\":[]}";
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), CM_EAUTH);
+    assert_true(p2p_auth_is_revoked(&auth, "7"));
+    s.body = "{\"run\":\"fm\",\"generated_at\":300,\"revoked\":[]}";
+    s.delay_ms = 1500;
+    rc.timeout_ms = 300;
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), CM_ETIMEOUT);
+    assert_true(p2p_auth_is_revoked(&auth, "7"));
+    /* An older list than the one in place is ignored. */
+    s.delay_ms = 0;
+    rc.timeout_ms = 2000;
+    s.body = "{\"run\":\"fm\",\"generated_at\":50,\"revoked\":[]}";
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), 0);
+    assert_true(p2p_auth_is_revoked(&auth, "7"));
+    /* The refresher installs a newer (empty) list and keeps polling. */
+    s.body = "{\"run\":\"fm\",\"generated_at\":400,\"revoked\":[]}";
+    rc.interval_s = 1;
+    struct p2p_revoke_refresher *r;
+    int hits0 = s.hits;
+    assert_int_equal(p2p_revoke_refresher_start(&auth, &rc, &r), 0);
+    assert_false(p2p_auth_is_revoked(&auth, "7"));
+    usleep(1300 * 1000);
+    p2p_revoke_refresher_stop(r);
+    assert_true(s.hits >= hits0 + 2);
+    /* Nothing listens here: a connection error. */
+    rc.coordinator_url = "http://127.0.0.1:1";
+    assert_int_equal(p2p_revoke_fetch(&auth, &rc), CM_ECONN);
+    p2p_auth_cleanup(&auth);
+    p2p_tk_cleanup(&tk);
+    MHD_stop_daemon(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parse), cmocka_unit_test(test_fetch)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
