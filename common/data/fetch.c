@@ -146,9 +146,18 @@ static int on_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, cu
 static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
                       uint8_t *buf, struct chunked *ck)
 {
-    struct fetch fe = {.it = it, .f = f, .buf = buf, .ck = ck};
+    /* A chunked file resumes after its verified chunks: their bytes are in
+     * buf already, and only the whole-file hash has to catch up on them. */
+    uint64_t resume = ck ? (uint64_t)ck->verified * f->chunk_size : 0;
+    if (resume > f->size)
+        resume = f->size;
+    struct fetch fe = {.it = it, .f = f, .buf = buf, .ck = ck, .len = resume};
     if (cm_sha256_init(&fe.hash) != CM_OK)
         return CM_ECRYPTO;
+    if (resume && cm_sha256_update(&fe.hash, buf, resume) != CM_OK) {
+        cm_sha256_cleanup(&fe.hash);
+        return CM_ECRYPTO;
+    }
     CURL *c = curl_easy_init();
     if (!c) {
         cm_sha256_cleanup(&fe.hash);
@@ -175,6 +184,8 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
     curl_easy_setopt(c, CURLOPT_USERAGENT, "crowdtrain-agent");
     if (it->o.ca_file)
         curl_easy_setopt(c, CURLOPT_CAINFO, it->o.ca_file);
+    if (resume)
+        curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)resume);
     CURLcode cr = curl_easy_perform(c);
     long http = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
@@ -197,6 +208,7 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
         case CURLE_COULDNT_CONNECT:
         case CURLE_COULDNT_RESOLVE_HOST: rc = CM_ECONN; break;
         case CURLE_FILE_COULDNT_READ_FILE: rc = CM_ENOTFOUND; break;
+        case CURLE_RANGE_ERROR: rc = CM_EUNSUPPORTED; break; /* cannot resume: not retried */
         case CURLE_PEER_FAILED_VERIFICATION:
         case CURLE_SSL_CACERT_BADFILE: rc = CM_EAUTH; break; /* not retried */
         default: rc = CM_EIO; break;
@@ -236,8 +248,10 @@ static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
     }
 }
 
-/* A retry restarts the file, so it happens only while none of its examples
- * has been released: released examples must not come twice. */
+/* A whole file restarts from its first byte. A chunked file resumes after
+ * its last verified chunk (an HTTP range request), so windows already
+ * released never come twice; a server that cannot serve ranges ends the
+ * shard there (CM_EUNSUPPORTED). */
 int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *f,
                             const char *what, uint8_t *buf, struct chunked *ck)
 {
@@ -247,14 +261,11 @@ int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *
             sleep_unless_stopped(it, 500u * attempt);
         if (atomic_load(&it->stop))
             return CM_ECLOSED;
-        if (ck) {
-            ck->verified = 0;
-            ck->header_ok = 0;
-        }
+        if (attempt && ck && ck->verified)
+            CM_LOGI("data", "%s %s: resuming after %u verified chunks", what, f->url,
+                    ck->verified);
         rc = fetch_once(it, f, what, buf, ck);
         if (rc != CM_ETIMEOUT && rc != CM_ECONN && rc != CM_EIO)
-            break;
-        if (ck && ck->released)
             break;
     }
     return rc;

@@ -498,7 +498,10 @@ static void test_all_shards_bad(void **state)
 
 /* ---- Loopback HTTP server ------------------------------------------------- */
 
-enum route_mode { R_NORMAL, R_STALL_HALF, R_HANG };
+/* R_DROP_HALF: the first request gets half the body and a closed connection;
+ * later ones honour "Range: bytes=N-" (206). R_DROP_NORANGE: the same first,
+ * then always the whole body (200), as a server without range support. */
+enum route_mode { R_NORMAL, R_STALL_HALF, R_HANG, R_DROP_HALF, R_DROP_NORANGE };
 
 struct route {
     const char *path;
@@ -520,6 +523,7 @@ static struct srv {
     int nroutes;
     pthread_t conns[64];
     int nconns;
+    long range_start;        /* start of the last Range request, -1 if none */
 } S;
 
 static void send_all(int fd, const void *p, size_t n)
@@ -558,13 +562,42 @@ static void *conn_main(void *arg)
     char path[256] = "";
     sscanf(req, "GET %255s", path);
     struct route *r = NULL;
+    long range = -1;
+    const char *rh = strstr(req, "Range: bytes=");
+    if (rh)
+        range = strtol(rh + 13, NULL, 10);
+    int hits = 0;
     pthread_mutex_lock(&S.mu);
     for (int i = 0; i < S.nroutes; i++)
         if (strcmp(S.routes[i].path, path) == 0)
             r = &S.routes[i];
     if (r)
-        r->hits++;
+        hits = ++r->hits;
+    if (rh)
+        S.range_start = range;
     pthread_mutex_unlock(&S.mu);
+    if (r && (r->mode == R_DROP_HALF || r->mode == R_DROP_NORANGE)) {
+        char h[256];
+        if (hits == 1) {
+            snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n", r->len);
+            send_all(fd, h, strlen(h));
+            send_all(fd, r->body, r->len / 2);
+        } else if (r->mode == R_DROP_HALF && range >= 0 && (size_t)range < r->len) {
+            snprintf(h, sizeof h, "HTTP/1.1 206 Partial Content\r\nContent-Length: %zu\r\n"
+                     "Content-Range: bytes %ld-%zu/%zu\r\nConnection: close\r\n\r\n",
+                     r->len - (size_t)range, range, r->len - 1, r->len);
+            send_all(fd, h, strlen(h));
+            send_all(fd, r->body + range, r->len - (size_t)range);
+        } else {
+            snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n", r->len);
+            send_all(fd, h, strlen(h));
+            send_all(fd, r->body, r->len);
+        }
+        close(fd);
+        return NULL;
+    }
     char hdr[256];
     if (!r) {
         snprintf(hdr, sizeof hdr, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
@@ -624,6 +657,7 @@ static void *accept_main(void *arg)
 static void srv_start(void)
 {
     memset(&S, 0, sizeof S);
+    S.range_start = -1;
     pthread_mutex_init(&S.mu, NULL);
     pthread_cond_init(&S.cv, NULL);
     S.lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -795,6 +829,69 @@ static void test_http_chunked_release(void **state)
     cm_data_close(it);
     cm_data_manifest_free(m);
     srv_open_gate();
+    srv_stop();
+    free(a);
+}
+
+/* A connection that drops mid-shard: a chunked shard resumes after its last
+ * verified chunk with a range request, and every window arrives exactly
+ * once; a server without range support ends the shard where it broke. */
+static void test_http_chunked_resume(void **state)
+{
+    (void)state;
+    enum { NT = 4001, CH = 1024 };
+    size_t la;
+    uint8_t *a = big_token_shard(5, NT, &la);
+    srv_start();
+    srv_add("/drop.bin", a, la, R_DROP_HALF);
+    srv_add("/norange.bin", a, la, R_DROP_NORANGE);
+    const char *paths[] = {"/drop.bin", "/norange.bin"};
+    for (int k = 0; k < 2; k++) {
+        char json[8192], url[128];
+        snprintf(json, sizeof json, "{\"name\": \"r\", \"format\": \"tokens-u16\", "
+                 "\"vocab_size\": 65536, \"shards\": [");
+        http_url(url, sizeof url, paths[k]);
+        add_chunked_entry(json, sizeof json, url, a, la, CH, -1);
+        struct cm_data_manifest *m = finish(json, sizeof json);
+        struct cm_data_options o;
+        opts(&o, CM_DATA_EVAL);
+        o.retries = 2;
+        struct cm_data_iter *it;
+        assert_int_equal(cm_data_open(m, 0, &o, &it), CM_OK);
+        enum { B = 64 };
+        int32_t tok[B * (T + 1)];
+        uint64_t ids[B];
+        struct cm_data_batch b = {.capacity = B, .tokens = tok, .ids = ids};
+        uint64_t seen = 0;
+        int rc;
+        while ((rc = cm_data_next_batch(it, &b)) == CM_OK && b.n > 0)
+            for (size_t i = 0; i < b.n; i++, seen++) {
+                assert_int_equal(ids[i], seen);
+                for (unsigned j = 0; j <= T; j++)
+                    assert_int_equal(tok[i * (T + 1) + j], tok_value(5, (unsigned)seen * T + j));
+            }
+        pthread_mutex_lock(&S.mu);
+        int hits = S.routes[k].hits;
+        long range = S.range_start;
+        pthread_mutex_unlock(&S.mu);
+        /* Half of 9026 bytes = 4513: chunks 0..3 verified, resume at 4096. */
+        assert_int_equal(range, 4 * CH);
+        if (k == 0) {
+            assert_int_equal(rc, CM_OK);
+            assert_int_equal(seen, (NT - 1) / T);
+            assert_int_equal(hits, 2);
+        } else {
+            assert_int_equal(rc, CM_EUNSUPPORTED);
+            assert_int_equal(seen, ((4 * CH - 1024) / 2 - 1) / T); /* windows in 4 chunks: 153 */
+            assert_int_equal(hits, 2);
+        }
+        struct cm_data_stats st;
+        cm_data_get_stats(it, &st);
+        /* The refused 200 body is never written: curl stops at the status. */
+        assert_int_equal(st.bytes_downloaded, k == 0 ? la / 2 + (la - 4 * CH) : la / 2);
+        cm_data_close(it);
+        cm_data_manifest_free(m);
+    }
     srv_stop();
     free(a);
 }
@@ -1075,6 +1172,7 @@ int main(void)
         cmocka_unit_test(test_all_shards_bad),
         cmocka_unit_test(test_http_first_batch_before_download_ends),
         cmocka_unit_test(test_http_chunked_release),
+        cmocka_unit_test(test_http_chunked_resume),
         cmocka_unit_test(test_http_cache),
         cmocka_unit_test(test_http_deadlines_and_errors),
         cmocka_unit_test(test_close_aborts_transfer),
