@@ -40,6 +40,9 @@ struct agent_train_config {
     char ckpt_dir[AGENT_TRAIN_PATH_MAX]; /* "" = no checkpoints */
     long ckpt_every;
     int resume;                     /* continue from ckpt_dir/latest.ckpt when present */
+    uint64_t data_seed;             /* not from JSON: the data order's seed; 0 = seed.
+                                       Collaborative peers share `seed` (identical
+                                       initial weights) but each streams its own order. */
 };
 
 /* Parses config text. Relative paths (manifests, checkpoint dir) are taken

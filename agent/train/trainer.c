@@ -104,7 +104,8 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
         return fail(err, errlen, rc, "model: %s", cm_strerror(rc));
     if ((rc = kern_optim_new(t->be, &cfg->opt, t->model->nparams, &t->opt)))
         return fail(err, errlen, rc, "optimizer: %s", cm_strerror(rc));
-    if ((rc = open_data(t, cfg->train_manifest, "data.train", CM_DATA_TRAIN, cfg->seed,
+    if ((rc = open_data(t, cfg->train_manifest, "data.train", CM_DATA_TRAIN,
+                        cfg->data_seed ? cfg->data_seed : cfg->seed,
                         &t->train_manifest, &t->train, err, errlen)))
         return rc;
     if (cfg->kind == KERN_MODEL_MLP) {
@@ -309,7 +310,8 @@ int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_
     t->train = NULL;
     cm_data_manifest_free(t->train_manifest);
     t->train_manifest = NULL;
-    rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN, t->cfg.seed + c.step,
+    rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN,
+                   (t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed) + c.step,
                    &t->train_manifest, &t->train, err, errlen);
 out:
     cm_ckpt_cleanup(&c);
