@@ -25,9 +25,14 @@
  *
  * Failures (every wait has a deadline): a sender silent for stall_ms, or not
  * finished by the deadline, is dropped and the weights renormalize over the
- * senders heard from; a sender of bad data (non-finite values, norm above
- * max_norm, wrong sizes, inconsistent weight, undecodable payload) is
- * excluded and reported. An aggregator that cannot be reached for stall_ms
+ * senders heard from; a sender of bad data (non-finite values, chunk norm
+ * above max_norm, wrong sizes, inconsistent weight, undecodable payload) is
+ * excluded and reported. Every chunk is validated before it is summed, so a
+ * bad chunk never enters a sum; from then on the sender's chunks are refused
+ * and every chunk it had not delivered is averaged without its weight
+ * (chunks it delivered before, each validated, keep it: the report lists it
+ * under `partial`, as hivemind's reducer does for a sender that fails
+ * part-way). An aggregator that cannot be reached for stall_ms
  * (or by the deadline) leaves its part un-averaged: the buffer keeps the
  * local values for that part. Data for a round this engine has not started
  * is refused with CM_EBUSY and the sender retries until its own deadline
@@ -125,8 +130,10 @@ struct ar_part_report {
     size_t offset, len;  /* elements of the flat buffer */
     int averaged;        /* 1: the buffer holds the group average for the whole part */
     int status;          /* CM_OK, or why not averaged (CM_ETIMEOUT, CM_ECONN, ...) */
-    double weight;       /* total weight of the senders counted in every chunk */
-    double weight_max;   /* largest weight of one chunk: above `weight` when a
+    double weight;       /* total weight counted in the lightest chunk (the
+                            weight the part was averaged with, when no sender
+                            left part-way through) */
+    double weight_max;   /* weight of the heaviest chunk: above `weight` when a
                             sender was dropped or excluded part-way through */
     uint64_t counted;    /* senders counted in every chunk */
     uint64_t partial;    /* senders counted in some chunks only */
@@ -181,7 +188,7 @@ struct ar_round_config {
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */
     unsigned window;              /* chunk messages in flight per peer; 0: 4 */
-    double max_norm;              /* bound on the L2 norm of one sender's part; 0: 1e9 */
+    double max_norm;              /* bound on the L2 norm of one received chunk; 0: 1e9 */
     double max_weight;            /* bound on a sender's weight; 0: 1e12 */
     ar_done_cb done;              /* called exactly once, never inside ar_round_start */
     void *arg;

@@ -1,0 +1,61 @@
+/* Averaging messages (common/ar/ar.proto): pure, bounded parsers and
+ * builders, separate from any I/O so each parser has a round-trip test and a
+ * libFuzzer target (tests/fuzz/fuzz_ar_msg.c). A parsed message borrows its
+ * byte fields from the decoder's storage until its _cleanup. */
+#ifndef AR_MSG_H
+#define AR_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ar/ar.h"
+
+struct ar_data_msg {
+    uint8_t round[AR_ROUND_ID_LEN];
+    uint32_t part, chunk;
+    double weight;
+    uint32_t encoding, count;
+    const uint8_t *payload;
+    size_t payload_len;
+    int has_round; /* parse: round/part/chunk are valid even on failure */
+    void *pb_;
+};
+
+struct ar_fetch_msg {
+    uint8_t round[AR_ROUND_ID_LEN];
+    uint32_t part, chunk;
+};
+
+struct ar_result_msg {
+    uint8_t round[AR_ROUND_ID_LEN];
+    uint32_t part, chunk;
+    double weight;
+    uint64_t counted, dropped, excluded;
+    size_t n_exclusions;
+    struct ar_exclusion exclusions[AR_MAX_MEMBERS]; /* .part is left 0 */
+    uint32_t encoding, count;
+    const uint8_t *payload;
+    size_t payload_len;
+    void *pb_;
+};
+
+/* Parsers. CM_EPARSE: not a message of that type, round id not 32 bytes,
+ * unknown encoding, too many exclusions or a bad member/reason in them, a
+ * weight that is not finite and >= 0 (Result only). CM_ERANGE: count 0 or
+ * above AR_CHUNK_MAX, or payload length not the encoded size of count
+ * values (a length that lies). On CM_OK call the matching _cleanup.
+ * ar_data_parse sets has_round (with round, part, chunk) whenever the round
+ * id decoded, even if a later field failed, so the receiver can attribute a
+ * bad chunk to its sender; nothing needs cleaning up after a failure. */
+int ar_data_parse(const uint8_t *buf, size_t len, struct ar_data_msg *m);
+void ar_data_cleanup(struct ar_data_msg *m);
+int ar_fetch_parse(const uint8_t *buf, size_t len, struct ar_fetch_msg *m);
+int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m);
+void ar_result_cleanup(struct ar_result_msg *m);
+
+/* Builders: *out is heap memory the caller frees. The payload is copied. */
+int ar_data_build(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);
+int ar_fetch_build(const struct ar_fetch_msg *m, uint8_t **out, size_t *out_len);
+int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_len);
+
+#endif

@@ -1,0 +1,13 @@
+# common/ar/: the averaging engine. Its wire schema (ar.proto) is compiled
+# with protoc-c into $(BUILD)/gen/ar/ and joins libct_common, like p2p's.
+AR_PROTO := common/ar/ar.proto
+AR_GEN_C := $(BUILD)/gen/ar/ar.pb-c.c
+AR_GEN_H := $(BUILD)/gen/ar/ar.pb-c.h
+COMMON_GEN_SRCS += $(AR_GEN_C)
+
+$(AR_GEN_C) $(AR_GEN_H) &: $(AR_PROTO)
+	@mkdir -p $(BUILD)/gen
+	$(if $(Q),@echo "  PROTOC $<")
+	$(Q)protoc-c --proto_path=common --c_out=$(BUILD)/gen $<
+
+$(call objs_of,$(wildcard common/ar/*.c tests/unit/ar/*.c tests/fuzz/fuzz_ar_*.c tests/bench/bench_ar*.c)): | $(AR_GEN_H)
