@@ -1,6 +1,7 @@
 /* libcurl client for the coordinator and the agent's state files (see
  * client.h). */
 #include "agent/client.h"
+#include "cm_crypto.h"
 #include "cm_err.h"
 
 #include <curl/curl.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -174,4 +176,164 @@ json_t *agent_state_read(const char *dir, const char *name)
         return NULL;
     }
     return j;
+}
+
+int agent_file_sha256(const char *path, char hex[65])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CM_EIO;
+    struct cm_sha256_ctx s;
+    int rc = cm_sha256_init(&s);
+    char buf[65536];
+    size_t n;
+    while (rc == CM_OK && (n = fread(buf, 1, sizeof buf, f)) > 0)
+        rc = cm_sha256_update(&s, buf, n);
+    if (ferror(f))
+        rc = CM_EIO;
+    fclose(f);
+    uint8_t h[CM_SHA256_LEN];
+    if (rc == CM_OK)
+        rc = cm_sha256_final(&s, h);
+    else
+        cm_sha256_cleanup(&s);
+    if (rc == CM_OK)
+        cm_hex_encode(h, sizeof h, hex);
+    return rc;
+}
+
+struct dl {
+    FILE *f;
+    char sha[65];
+};
+
+static size_t dl_write(char *d, size_t sz, size_t n, void *ud)
+{
+    struct dl *x = ud;
+    return fwrite(d, sz, n, x->f) * sz;
+}
+
+static size_t dl_header(char *d, size_t sz, size_t n, void *ud)
+{
+    struct dl *x = ud;
+    size_t len = sz * n;
+    static const char H[] = "x-checkpoint-sha256:";
+    if (len > sizeof H && strncasecmp(d, H, sizeof H - 1) == 0) {
+        const char *v = d + sizeof H - 1;
+        while (*v == ' ')
+            v++;
+        size_t vl = strcspn(v, "\r\n");
+        if (vl == 64)
+            snprintf(x->sha, sizeof x->sha, "%.64s", v);
+    }
+    return len;
+}
+
+static void common_opts(CURL *h, const struct agent_client *c, const char *url, struct curl_slist *hl)
+{
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    /* large transfers: no total timeout, but abort when slower than 1 KiB/s for 60 s */
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https,http");
+    if (c->ca_cert)
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_cert);
+}
+
+int agent_download_file(const struct agent_client *c, const char *path, const char *dest,
+                        long *status, char sha_hex[65])
+{
+    *status = 0;
+    char url[2048], auth[256], part[4200];
+    snprintf(url, sizeof url, "%s%s", c->url, path);
+    snprintf(part, sizeof part, "%s.part", dest);
+    struct dl x = {fopen(part, "wb"), ""};
+    if (!x.f)
+        return CM_EIO;
+    CURL *h = curl_easy_init();
+    struct curl_slist *hl = NULL;
+    if (c->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->token);
+        hl = curl_slist_append(hl, auth);
+    }
+    common_opts(h, c, url, hl);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, dl_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &x);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, dl_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &x);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(h);
+    int ok = fflush(x.f) == 0 && fsync(fileno(x.f)) == 0;
+    ok = fclose(x.f) == 0 && ok;
+    if (cc != CURLE_OK) {
+        fprintf(stderr, "error: GET %s: %s\n", url, curl_easy_strerror(cc));
+        unlink(part);
+        return CM_ECONN;
+    }
+    if (*status != 200) {
+        unlink(part);
+        return CM_OK;
+    }
+    char got[65];
+    if (!ok || !x.sha[0] || agent_file_sha256(part, got) != CM_OK || strcmp(got, x.sha) != 0) {
+        fprintf(stderr, "error: %s: the download does not match its announced SHA-256\n", url);
+        unlink(part);
+        return CM_ECHECKSUM;
+    }
+    if (rename(part, dest) != 0) {
+        unlink(part);
+        return CM_EIO;
+    }
+    snprintf(sha_hex, 65, "%s", got);
+    return CM_OK;
+}
+
+int agent_upload_file(const struct agent_client *c, const char *path, const char *src,
+                      const char *sha_hex, struct agent_reply *out)
+{
+    out->status = 0;
+    out->json = NULL;
+    FILE *f = fopen(src, "rb");
+    if (!f)
+        return CM_EIO;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        fclose(f);
+        return CM_EIO;
+    }
+    char url[2048], auth[256], shah[128];
+    snprintf(url, sizeof url, "%s%s", c->url, path);
+    snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", sha_hex);
+    struct curl_slist *hl = curl_slist_append(NULL, shah);
+    hl = curl_slist_append(hl, "Content-Type: application/octet-stream");
+    if (c->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", c->token);
+        hl = curl_slist_append(hl, auth);
+    }
+    CURL *h = curl_easy_init();
+    struct rbuf b = {0};
+    common_opts(h, c, url, hl);
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_READDATA, f);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)st.st_size);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(h);
+    fclose(f);
+    if (b.p)
+        out->json = json_loadb(b.p, b.len, 0, NULL);
+    free(b.p);
+    if (cc != CURLE_OK) {
+        fprintf(stderr, "error: PUT %s: %s\n", url, curl_easy_strerror(cc));
+        return CM_ECONN;
+    }
+    return CM_OK;
 }

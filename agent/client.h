@@ -36,3 +36,14 @@ int agent_state_write(const char *dir, const char *name, json_t *j);
 json_t *agent_state_read(const char *dir, const char *name);
 
 #endif
+
+/* Streams GET path into dest (written to dest.part, fsync'ed, renamed);
+ * fills sha_hex from the X-Checkpoint-SHA256 header and verifies the file
+ * against it. *status is the HTTP status (404: nothing there). */
+int agent_download_file(const struct agent_client *c, const char *path, const char *dest,
+                        long *status, char sha_hex[65]);
+/* Streams src as the PUT body with "X-Checkpoint-SHA256: sha_hex". */
+int agent_upload_file(const struct agent_client *c, const char *path, const char *src,
+                      const char *sha_hex, struct agent_reply *out);
+/* SHA-256 of a file, as 64 hex digits. */
+int agent_file_sha256(const char *path, char hex[65]);

@@ -6,6 +6,7 @@
 
 int agent_cmd_login(int argc, char **argv);
 int agent_cmd_pass(int argc, char **argv);
+int agent_cmd_join(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
 
 #endif

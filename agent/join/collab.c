@@ -1,0 +1,192 @@
+/* Progress and round records and the collaboration estimate (see collab.h). */
+#include "agent/join/collab.h"
+#include "cm_err.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_STEP (1LL << 50)
+#define MAX_SAMPLES 1e15
+#define MAX_SPS 1e9
+
+int collab_progress_encode(const struct collab_progress *p, char *out, size_t cap)
+{
+    int n = snprintf(out, cap,
+                     "{\"v\":1,\"step\":%lld,\"samples\":%.0f,\"sps\":%.3f,\"t\":%lld,\"addr\":\"%s\","
+                     "\"client\":%d,\"aux\":%d}",
+                     (long long)p->step, p->samples, p->sps, (long long)p->t_ms, p->addr,
+                     p->client ? 1 : 0, p->aux ? 1 : 0);
+    return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
+}
+
+int collab_announce_encode(const struct collab_announce *a, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d}",
+                     a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0);
+    return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
+}
+
+static json_t *load(const void *buf, size_t len)
+{
+    if (len == 0 || len > COLLAB_RECORD_MAX)
+        return NULL;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL);
+    if (!json_is_object(j) || json_integer_value(json_object_get(j, "v")) != 1 ||
+        !json_is_integer(json_object_get(j, "v"))) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int num(json_t *j, const char *k, double lo, double hi, double *out)
+{
+    json_t *v = json_object_get(j, k);
+    if (!json_is_number(v))
+        return 0;
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return 0;
+    *out = x;
+    return 1;
+}
+
+static int flag(json_t *j, const char *k, int *out)
+{
+    json_t *v = json_object_get(j, k);
+    if (!json_is_integer(v) || (json_integer_value(v) != 0 && json_integer_value(v) != 1))
+        return 0;
+    *out = (int)json_integer_value(v);
+    return 1;
+}
+
+/* "ip:port" or "" (client mode): printable, no quotes, bounded. */
+static int addr(json_t *j, char out[COLLAB_ADDR_MAX])
+{
+    json_t *v = json_object_get(j, "addr");
+    if (!json_is_string(v) || json_string_length(v) >= COLLAB_ADDR_MAX)
+        return 0;
+    const char *s = json_string_value(v);
+    for (const char *c = s; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') || (*c >= 'A' && *c <= 'F') ||
+              *c == '.' || *c == ':' || *c == '[' || *c == ']'))
+            return 0;
+    snprintf(out, COLLAB_ADDR_MAX, "%s", s);
+    return 1;
+}
+
+static int only_keys(json_t *j, const char *const *keys, size_t n)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
+        size_t i = 0;
+        while (i < n && strcmp(keys[i], k))
+            i++;
+        if (i == n)
+            return 0;
+    }
+    return 1;
+}
+
+int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out)
+{
+    static const char *const keys[] = {"v", "step", "samples", "sps", "t", "addr", "client", "aux"};
+    memset(out, 0, sizeof *out);
+    json_t *j = load(buf, len);
+    if (!j)
+        return CM_EPARSE;
+    double step = 0, t = 0;
+    int ok = only_keys(j, keys, 8) && num(j, "step", 0, (double)MAX_STEP, &step) &&
+             step == floor(step) && num(j, "samples", 0, MAX_SAMPLES, &out->samples) &&
+             num(j, "sps", 0, MAX_SPS, &out->sps) && num(j, "t", 0, 9e15, &t) && addr(j, out->addr) &&
+             flag(j, "client", &out->client) && flag(j, "aux", &out->aux);
+    json_decref(j);
+    if (!ok)
+        return CM_EPARSE;
+    out->step = (int64_t)step;
+    out->t_ms = (int64_t)t;
+    return CM_OK;
+}
+
+int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out)
+{
+    static const char *const keys[] = {"v", "w", "addr", "agg", "sends"};
+    memset(out, 0, sizeof *out);
+    json_t *j = load(buf, len);
+    if (!j)
+        return CM_EPARSE;
+    int ok = only_keys(j, keys, 5) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
+             addr(j, out->addr) && flag(j, "agg", &out->agg) && flag(j, "sends", &out->sends);
+    json_decref(j);
+    /* an aggregator needs an address; a sender needs a weight */
+    if (!ok || (out->agg && !out->addr[0]) || (out->sends && out->weight <= 0))
+        return CM_EPARSE;
+    return CM_OK;
+}
+
+void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, int64_t now_ms,
+                     int64_t fresh_ms, double target, struct collab_view *out)
+{
+    memset(out, 0, sizeof *out);
+    out->max_step = step;
+    for (size_t i = 0; i < n; i++) {
+        /* tolerate clocks up to fresh_ms ahead of ours */
+        if (p[i].t_ms < now_ms - fresh_ms || p[i].t_ms > now_ms + fresh_ms)
+            continue;
+        out->peers++;
+        if (p[i].step > out->max_step)
+            out->max_step = p[i].step;
+        if (p[i].step != step || p[i].aux)
+            continue;
+        out->at_step++;
+        out->samples += p[i].samples;
+        out->sps += p[i].sps;
+    }
+    if (out->samples >= target)
+        out->eta_s = 0;
+    else
+        out->eta_s = out->sps > 0 ? (target - out->samples) / out->sps : INFINITY;
+}
+
+static int by_pub(const void *a, const void *b)
+{
+    return memcmp(((const struct collab_announce *)a)->pub, ((const struct collab_announce *)b)->pub,
+                  CM_ED25519_PUB_LEN);
+}
+
+size_t collab_canonical(struct collab_announce *a, size_t n)
+{
+    if (n < 2)
+        return n;
+    /* keep the first of duplicates: stable order needs an index tiebreak */
+    qsort(a, n, sizeof *a, by_pub);
+    size_t w = 1;
+    for (size_t i = 1; i < n; i++)
+        if (memcmp(a[i].pub, a[w - 1].pub, CM_ED25519_PUB_LEN) != 0)
+            a[w++] = a[i];
+    return w;
+}
+
+size_t collab_checkpoint_uploader(const struct collab_announce *a, size_t n, int64_t step)
+{
+    size_t best = n;
+    uint8_t best_h[CM_SHA256_LEN];
+    for (size_t i = 0; i < n; i++) {
+        if (!a[i].sends)
+            continue;
+        uint8_t buf[8 + CM_ED25519_PUB_LEN], h[CM_SHA256_LEN];
+        for (int b = 0; b < 8; b++)
+            buf[b] = (uint8_t)((uint64_t)step >> (56 - 8 * b));
+        memcpy(buf + 8, a[i].pub, CM_ED25519_PUB_LEN);
+        cm_sha256(buf, sizeof buf, h);
+        if (best == n || memcmp(h, best_h, sizeof h) < 0) {
+            best = i;
+            memcpy(best_h, h, sizeof h);
+        }
+    }
+    return best;
+}

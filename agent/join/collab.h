@@ -1,0 +1,72 @@
+/* The collaboration's shared state as each peer sees it through the DHT
+ * (seed 000_02cc6b5d62a616fc.txt §3.1, "Synchronous large-batch training":
+ * peers publish their progress; everyone estimates when the collaboration
+ * reaches the target batch size; then the peers of that step form a group
+ * and average).
+ *
+ * Two kinds of DHT records, both dictionary entries authored and signed by
+ * the peer (so nobody can overwrite another's):
+ *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"}
+ *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends"}
+ * The parsers are pure, strict and bounded (network input; fuzzed). */
+#ifndef AGENT_COLLAB_H
+#define AGENT_COLLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cm_crypto.h"
+
+#define COLLAB_RECORD_MAX 512
+#define COLLAB_ADDR_MAX 64
+
+struct collab_progress {
+    uint8_t pub[CM_ED25519_PUB_LEN]; /* author, from the DHT record */
+    int64_t step;                    /* optimizer steps done */
+    double samples;                  /* samples accumulated toward step + 1 */
+    double sps;                      /* recent samples per second */
+    int64_t t_ms;                    /* when it was measured (author's clock) */
+    char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
+    int client, aux;                 /* client mode; aggregate-only auxiliary peer */
+};
+
+struct collab_announce {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    double weight;  /* samples it contributes (0 for aux peers) */
+    char addr[COLLAB_ADDR_MAX];
+    int agg, sends;
+};
+
+/* Encoders write a NUL-terminated record into out (COLLAB_RECORD_MAX). */
+int collab_progress_encode(const struct collab_progress *p, char *out, size_t cap);
+int collab_announce_encode(const struct collab_announce *a, char *out, size_t cap);
+/* Parsers: CM_EPARSE on anything malformed, out of range or unknown. The
+ * author key is not in the bytes: the caller copies it from the record. */
+int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out);
+int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out);
+
+struct collab_view {
+    int64_t max_step;      /* highest step any fresh peer reports */
+    size_t peers;          /* fresh peers */
+    size_t at_step;        /* fresh peers at `step` (compute peers) */
+    double samples;        /* samples accumulated at `step` by fresh peers (reported) */
+    double sps;            /* their total throughput */
+    double eta_s;          /* estimated seconds until `target` (0 when reached) */
+};
+
+/* Summarizes fresh records (t_ms within fresh_ms of now, by the reader's
+ * clock, tolerating skew) for the peers at `step`. */
+void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, int64_t now_ms,
+                     int64_t fresh_ms, double target, struct collab_view *out);
+
+/* Orders announcements canonically (by public key) so every member builds
+ * the same member list; drops duplicates by key, keeping the first. Returns
+ * the new count. */
+size_t collab_canonical(struct collab_announce *a, size_t n);
+
+/* The peer that uploads the checkpoint of `step`: the member whose
+ * SHA-256(step || pub) is smallest, so the choice is deterministic and
+ * rotates. Returns its index, or n when n == 0. */
+size_t collab_checkpoint_uploader(const struct collab_announce *a, size_t n, int64_t step);
+
+#endif

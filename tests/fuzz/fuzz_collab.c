@@ -1,0 +1,26 @@
+/* libFuzzer target for the DHT records of collaborative training (progress
+ * and round announcements), which every peer reads from other peers. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "agent/join/collab.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct collab_progress p;
+    struct collab_announce a;
+    char rec[COLLAB_RECORD_MAX];
+    if (collab_progress_parse(data, size, &p) == 0) {
+        if (p.step < 0 || p.samples < 0 || strlen(p.addr) >= COLLAB_ADDR_MAX)
+            __builtin_trap();
+        /* what parses re-encodes and parses to the same values */
+        struct collab_progress q;
+        if (collab_progress_encode(&p, rec, sizeof rec) != 0 ||
+            collab_progress_parse(rec, strlen(rec), &q) != 0 || q.step != p.step)
+            __builtin_trap();
+    }
+    if (collab_announce_parse(data, size, &a) == 0 && a.agg && !a.addr[0])
+        __builtin_trap();
+    return 0;
+}

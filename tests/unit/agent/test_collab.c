@@ -1,0 +1,143 @@
+/* Unit tests for agent/join/collab.c: progress and round records round-trip
+ * and reject malformed input; the collaboration estimate counts only fresh
+ * peers at the step; member lists are canonical; the checkpoint uploader is
+ * deterministic and rotates. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "agent/join/collab.h"
+#include "cm_err.h"
+
+static void test_progress_roundtrip(void **state)
+{
+    (void)state;
+    struct collab_progress p = {0}, q;
+    p.step = 42;
+    p.samples = 1536;
+    p.sps = 812.5;
+    p.t_ms = 1795346795123LL;
+    strcpy(p.addr, "127.0.0.1:4000");
+    p.aux = 1;
+    char rec[COLLAB_RECORD_MAX];
+    assert_int_equal(collab_progress_encode(&p, rec, sizeof rec), CM_OK);
+    assert_int_equal(collab_progress_parse(rec, strlen(rec), &q), CM_OK);
+    assert_int_equal(q.step, 42);
+    assert_true(q.samples == 1536);
+    assert_true(fabs(q.sps - 812.5) < 1e-9);
+    assert_int_equal(q.t_ms, p.t_ms);
+    assert_string_equal(q.addr, "127.0.0.1:4000");
+    assert_int_equal(q.aux, 1);
+    assert_int_equal(q.client, 0);
+}
+
+static void test_progress_rejects(void **state)
+{
+    (void)state;
+    const char *bad[] = {
+        "",
+        "{}",
+        "[1]",
+        "{\"v\":2,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":-1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":1.5,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":1,\"samples\":-3,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":1,\"samples\":1e300,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"<script>\",\"client\":0,\"aux\":0}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":2,\"aux\":0}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0,\"x\":1}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0}",
+    };
+    struct collab_progress q;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (collab_progress_parse(bad[i], strlen(bad[i]), &q) != CM_EPARSE)
+            fail_msg("accepted: %s", bad[i]);
+    char big[COLLAB_RECORD_MAX + 10];
+    memset(big, ' ', sizeof big);
+    assert_int_equal(collab_progress_parse(big, sizeof big, &q), CM_EPARSE);
+}
+
+static void test_announce(void **state)
+{
+    (void)state;
+    struct collab_announce a = {0}, b;
+    a.weight = 128;
+    a.agg = 1;
+    a.sends = 1;
+    strcpy(a.addr, "[::1]:9000");
+    char rec[COLLAB_RECORD_MAX];
+    assert_int_equal(collab_announce_encode(&a, rec, sizeof rec), CM_OK);
+    assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
+    assert_true(b.weight == 128);
+    assert_string_equal(b.addr, "[::1]:9000");
+    /* an aggregator without an address, a sender without weight */
+    const char *bad[] = {"{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":1,\"sends\":1}",
+                         "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1}"};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(collab_announce_parse(bad[i], strlen(bad[i]), &b), CM_EPARSE);
+    const char *aux = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0}";
+    assert_int_equal(collab_announce_parse(aux, strlen(aux), &b), CM_OK);
+}
+
+static void test_estimate(void **state)
+{
+    (void)state;
+    struct collab_progress p[4] = {0};
+    int64_t now = 1000000;
+    p[0].step = 5, p[0].samples = 100, p[0].sps = 50, p[0].t_ms = now - 100;
+    p[1].step = 5, p[1].samples = 200, p[1].sps = 50, p[1].t_ms = now - 200;
+    p[2].step = 5, p[2].samples = 999, p[2].sps = 50, p[2].t_ms = now - 60000; /* stale */
+    p[3].step = 6, p[3].samples = 10, p[3].sps = 10, p[3].t_ms = now;           /* ahead */
+    struct collab_view v;
+    collab_estimate(p, 4, 5, now, 15000, 400, &v);
+    assert_int_equal(v.peers, 3);
+    assert_int_equal(v.at_step, 2);
+    assert_true(v.samples == 300);
+    assert_int_equal(v.max_step, 6);
+    assert_true(fabs(v.eta_s - 1.0) < 1e-9); /* 100 more at 100/s */
+    collab_estimate(p, 2, 5, now, 15000, 300, &v);
+    assert_true(v.eta_s == 0);
+}
+
+static void test_canonical_and_uploader(void **state)
+{
+    (void)state;
+    struct collab_announce a[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        memset(a[i].pub, 0, 32);
+        a[i].pub[0] = (uint8_t)(50 - i * 10);
+        a[i].sends = 1;
+    }
+    a[4].pub[0] = a[1].pub[0]; /* duplicate key */
+    size_t n = collab_canonical(a, 5);
+    assert_int_equal(n, 4);
+    for (size_t i = 1; i < n; i++)
+        assert_true(memcmp(a[i - 1].pub, a[i].pub, 32) < 0);
+    size_t u1 = collab_checkpoint_uploader(a, n, 100);
+    assert_true(u1 < n);
+    assert_int_equal(collab_checkpoint_uploader(a, n, 100), u1);
+    int differs = 0;
+    for (int64_t s = 101; s < 120; s++)
+        differs |= collab_checkpoint_uploader(a, n, s) != u1;
+    assert_true(differs); /* the duty rotates */
+    a[u1].sends = 0;      /* aggregate-only peers never upload */
+    assert_int_not_equal(collab_checkpoint_uploader(a, n, 100), u1);
+    assert_int_equal(collab_checkpoint_uploader(a, 0, 1), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_progress_roundtrip),
+        cmocka_unit_test(test_progress_rejects),
+        cmocka_unit_test(test_announce),
+        cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_canonical_and_uploader),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
