@@ -6,6 +6,7 @@
 #include "p2p/p2p_transport.h"
 #include "p2p/p2p.pb-c.h"
 #include "p2p/p2p_frame.h"
+#include "p2p/p2p_msg.h"
 #include "p2p/p2p_rate.h"
 
 #include <arpa/inet.h>
@@ -853,15 +854,12 @@ static int serve_builtin(struct p2p_conn *c, const struct p2p_peer *pe, uint32_t
     if (type == P2P_MSG_STREAM_CHUNK) {
         if (!h->on_chunk)
             return CM_EUNSUPPORTED;
-        Ctp2p__StreamChunk *ch = ctp2p__stream_chunk__unpack(NULL, len, body);
-        if (!ch)
+        struct p2p_chunk ch;
+        if (p2p_chunk_parse(body, len, &ch))
             return CM_EPARSE;
-        int rc = CM_EPARSE;
-        if (ch->data.len <= P2P_STREAM_CHUNK_MAX && ch->offset <= ch->total_len &&
-            ch->data.len <= ch->total_len - ch->offset)
-            rc = h->on_chunk(h->arg, h, pe, ch->stream_id, ch->offset, ch->total_len,
-                             ch->data.data, ch->data.len, ch->last);
-        ctp2p__stream_chunk__free_unpacked(ch, NULL);
+        int rc = h->on_chunk(h->arg, h, pe, ch.stream_id, ch.offset, ch.total_len, ch.data, ch.len,
+                             ch.last);
+        p2p_chunk_cleanup(&ch);
         return rc;
     }
     if (!h->on_request)
