@@ -1,0 +1,132 @@
+/* Internal state of the averaging engine, shared by ar_engine.c (engine,
+ * host, message dispatch, partition, round ids) and ar_round.c (one round:
+ * aggregator, sender and puller sides). Not part of the public API. */
+#ifndef AR_INTERNAL_H
+#define AR_INTERNAL_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "ar/ar.h"
+#include "ar/ar_msg.h"
+
+#define AR__TICK_MS 5
+#define AR__BACKOFF_MIN_MS 5
+#define AR__BACKOFF_MAX_MS 50
+
+/* Chunk states on the sender (out) and puller (in) sides. */
+enum { AR__C_TODO = 0, AR__C_FLIGHT, AR__C_DONE, AR__C_RETRY };
+/* Sender states as the aggregator sees them. */
+enum { AR__S_ACTIVE = 0, AR__S_DONE, AR__S_DROPPED, AR__S_EXCLUDED };
+/* Round phases. */
+enum { AR__P_RUNNING = 0, AR__P_LINGER, AR__P_DEAD };
+
+struct ar__sender {
+    int state;
+    int reason;
+    int has_weight;
+    double weight;
+    size_t n_recv;
+    int64_t last_ms;
+};
+
+/* My part, when I aggregate. */
+struct ar__agg {
+    size_t part, offset, len, n_chunks, n_final;
+    double *sum;        /* len: weighted sums, freed once every chunk is final */
+    uint64_t *recv;     /* per chunk: senders summed in */
+    double *cw;         /* per chunk: their total weight */
+    uint8_t *final;     /* per chunk: 0 open, 1 averaged, 2 failed (no sender heard) */
+    uint64_t *served;   /* per chunk: members that fetched it */
+    uint8_t *res;       /* encoded averaged chunks, chunk c at c * enc_chunk */
+    uint64_t senders, pullers, dropped, excluded;
+    struct ar__sender snd[AR_MAX_MEMBERS];
+    size_t n_excl;
+    struct ar_exclusion excl[AR_MAX_MEMBERS];
+};
+
+/* A remote part: my sending of it (out) and my fetching of its average (in). */
+struct ar__link {
+    size_t n_chunks;
+    /* out */
+    uint8_t *ost;
+    size_t onext, oacked;
+    unsigned oflight;
+    int odone, ostatus;
+    int64_t oretry_at, olast_ms;
+    uint32_t obackoff;
+    /* in */
+    uint8_t *ist;
+    float *stage;
+    size_t inext, igot;
+    unsigned iflight;
+    int idone, istatus, iblocked;
+    int64_t iretry_at, ilast_ms;
+    uint32_t ibackoff;
+    double wmin, wmax;
+    uint64_t cand, cor, dropped, excluded;
+};
+
+struct ar_round {
+    struct ar_engine *e;
+    struct ar_round *next;
+    uint8_t id[AR_ROUND_ID_LEN];
+    int phase, timer_closed, done_called;
+    unsigned refs; /* request callbacks still to come */
+    struct ar_member members[AR_MAX_MEMBERS];
+    size_t n_members, me;
+    int i_send, i_pull;
+    float *buf;
+    size_t n;
+    double weight, max_norm, max_weight;
+    int comp;
+    uint32_t chunk, deadline_ms, stall_ms, linger_ms;
+    unsigned window;
+    size_t enc_chunk; /* encoded bytes of one full chunk */
+    size_t n_parts;
+    uint32_t owner[AR_MAX_MEMBERS];
+    size_t off[AR_MAX_MEMBERS], len[AR_MAX_MEMBERS];
+    int my_part; /* -1: I do not aggregate */
+    struct ar__agg agg;
+    struct ar__link link[AR_MAX_MEMBERS];
+    float *scratch; /* chunk floats, for decoding */
+    uint8_t *encbuf; /* enc_chunk bytes, for encoding */
+    int64_t t0, deadline_at, linger_until;
+    double ms_send, ms_reduce, ms_fetch;
+    uint64_t bytes_sent, bytes_received, chunks_sent, chunks_received;
+    struct ar_part_report reports[AR_MAX_MEMBERS];
+    size_t n_excl;
+    struct ar_exclusion excl[AR_MAX_MEMBERS * 4];
+    uv_timer_t timer;
+    ar_done_cb done;
+    void *arg;
+};
+
+struct ar_engine {
+    struct p2p_ctx *ctx;
+    struct p2p_host *host;
+    const struct cm_ed25519 *key;
+    int listening;
+    struct ar_round *rounds;
+    uint8_t (*finished)[AR_ROUND_ID_LEN];
+    size_t fin_cap, fin_len, fin_pos;
+};
+
+int64_t ar__mono_ms(void);
+struct ar_round *ar__engine_find(struct ar_engine *e, const uint8_t id[AR_ROUND_ID_LEN]);
+int ar__engine_finished(const struct ar_engine *e, const uint8_t id[AR_ROUND_ID_LEN]);
+void ar__engine_unlink(struct ar_engine *e, struct ar_round *r);
+int ar__member_of(const struct ar_round *r, const uint8_t pub[CM_ED25519_PUB_LEN]);
+
+/* Request handlers of a round (ar_round.c); `sender` is the member index of
+ * the authenticated peer. */
+/* m was parsed with status parse_rc; on failure only m->part/chunk (from
+ * has_round) are meaningful. body_len counts the received bytes. */
+int ar__round_on_data(struct ar_round *r, int sender, const struct ar_data_msg *m, int parse_rc,
+                      size_t body_len);
+int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
+                       size_t body_len, uint8_t **resp, size_t *rlen);
+/* Ends a round at once (engine shutdown or cancel): done runs with status. */
+void ar__round_kill(struct ar_round *r, int status);
+
+#endif

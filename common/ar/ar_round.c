@@ -1,0 +1,971 @@
+/* One averaging round (ar.h): the butterfly all-reduce of seed
+ * 000_02cc6b5d62a616fc.txt, section 3.2 ("everyone partitions their local
+ * gradients and sends each partition to the corresponding peer ... receiver
+ * nodes accumulate the gradients from all senders and return the average";
+ * "a reducer can aggregate one chunk of gradients while downloading the next
+ * chunk and distributing the previous one"), inside one group (Appendix C),
+ * with the failure rules of DESIGN.md step 4.
+ *
+ * Three roles run concurrently on the loop, all driven by responses and by
+ * one timer per round (retries, stalls, deadline):
+ *   aggregator  validates each received chunk, sums it weighted into its
+ *               part at once, finalizes a chunk when every sender still in
+ *               the round delivered it, and serves the encoded average;
+ *   sender      streams each remote part to its aggregator, a window of
+ *               chunks in flight per aggregator, all aggregators at once;
+ *   puller      fetches the averaged chunks of each remote part (only those
+ *               its own chunk was acknowledged for: earlier they cannot be
+ *               ready) into a staging area and commits the part whole.
+ * A request callback holds a reference on the round, so a round that ended
+ * is freed only after its last callback. */
+#include "ar/ar_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ar/ar_codec.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define BIT(i) (1ull << (i))
+
+enum { REQ_DATA, REQ_FETCH };
+
+struct ar__req {
+    struct ar_round *r;
+    int kind;
+    size_t k, c, bytes;
+};
+
+static void round_tick(uv_timer_t *t);
+static void check_done(struct ar_round *r);
+
+static size_t n_chunks_of(const struct ar_round *r, size_t len)
+{
+    return len / r->chunk + (len % r->chunk != 0);
+}
+
+static size_t chunk_len(const struct ar_round *r, size_t k, size_t c)
+{
+    size_t lo = c * r->chunk, n = r->len[k] - lo;
+    return n < r->chunk ? n : r->chunk;
+}
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+static void round_free(struct ar_round *r)
+{
+    free(r->agg.sum);
+    free(r->agg.recv);
+    free(r->agg.cw);
+    free(r->agg.final);
+    free(r->agg.served);
+    free(r->agg.res);
+    for (size_t k = 0; k < r->n_parts; k++) {
+        free(r->link[k].ost);
+        free(r->link[k].ist);
+        free(r->link[k].stage);
+    }
+    free(r->scratch);
+    free(r->encbuf);
+    free(r);
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+    struct ar_round *r = h->data;
+    r->timer_closed = 1;
+    if (r->refs == 0)
+        round_free(r);
+}
+
+/* Drops a callback's reference; returns 1 when the round is dead (and maybe
+ * freed): the caller must not touch it then. */
+static int unref(struct ar_round *r)
+{
+    r->refs--;
+    if (r->phase != AR__P_DEAD)
+        return 0;
+    if (r->refs == 0 && r->timer_closed)
+        round_free(r);
+    return 1;
+}
+
+static void release(struct ar_round *r)
+{
+    if (r->phase == AR__P_DEAD)
+        return;
+    r->phase = AR__P_DEAD;
+    ar__engine_unlink(r->e, r);
+    uv_timer_stop(&r->timer);
+    uv_close((uv_handle_t *)&r->timer, timer_closed);
+}
+
+/* ---- reports ----------------------------------------------------------- */
+
+static void add_excl(struct ar_round *r, uint32_t member, uint32_t part, int reason)
+{
+    for (size_t i = 0; i < r->n_excl; i++)
+        if (r->excl[i].member == member && r->excl[i].part == part)
+            return;
+    if (r->n_excl < sizeof r->excl / sizeof r->excl[0])
+        r->excl[r->n_excl++] = (struct ar_exclusion){member, part, reason};
+}
+
+static int own_part_ok(const struct ar_round *r)
+{
+    const struct ar__agg *a = &r->agg;
+    if (a->n_final != a->n_chunks)
+        return 0;
+    for (size_t c = 0; c < a->n_chunks; c++)
+        if (a->final[c] != 1)
+            return 0;
+    return 1;
+}
+
+static void fill_reports(struct ar_round *r, int kill_status, int *status, size_t *n_avg)
+{
+    *status = CM_OK;
+    *n_avg = 0;
+    for (size_t k = 0; k < r->n_parts; k++) {
+        struct ar_part_report *p = &r->reports[k];
+        memset(p, 0, sizeof *p);
+        p->aggregator = r->owner[k];
+        p->offset = r->off[k];
+        p->len = r->len[k];
+        if ((int)k == r->my_part) {
+            const struct ar__agg *a = &r->agg;
+            uint64_t all = ~0ull, any = 0;
+            double wmin = a->n_chunks ? INFINITY : 0, wmax = 0;
+            for (size_t c = 0; c < a->n_chunks; c++) {
+                all &= a->recv[c];
+                any |= a->recv[c];
+                wmin = a->cw[c] < wmin ? a->cw[c] : wmin;
+                wmax = a->cw[c] > wmax ? a->cw[c] : wmax;
+            }
+            p->averaged = own_part_ok(r);
+            p->status = p->averaged ? CM_OK
+                        : a->n_final != a->n_chunks ? (kill_status ? kill_status : CM_ETIMEOUT)
+                                                    : CM_ENOTFOUND;
+            p->weight = wmin;
+            p->weight_max = wmax;
+            p->counted = a->n_chunks ? all : 0;
+            p->partial = any & ~p->counted;
+            p->dropped = a->dropped;
+            p->excluded = a->excluded;
+        } else if (r->i_pull) {
+            const struct ar__link *L = &r->link[k];
+            p->averaged = L->idone && L->istatus == CM_OK;
+            p->status = p->averaged ? CM_OK
+                        : !L->idone     ? (kill_status ? kill_status : CM_ETIMEOUT)
+                                        : L->istatus;
+            p->weight = L->n_chunks ? L->wmin : 0;
+            p->weight_max = L->wmax;
+            p->counted = L->n_chunks ? L->cand : 0;
+            p->partial = L->cor & ~p->counted;
+            p->dropped = L->dropped;
+            p->excluded = L->excluded;
+        } else {
+            /* An aggregate-only member holds no copy of the other parts. */
+            p->status = CM_OK;
+            continue;
+        }
+        if (p->averaged)
+            (*n_avg)++;
+        else if (*status == CM_OK)
+            *status = p->status ? p->status : CM_EINTERNAL;
+    }
+    if (kill_status)
+        *status = kill_status;
+}
+
+static void finish(struct ar_round *r, int kill_status)
+{
+    if (r->done_called)
+        return;
+    r->done_called = 1;
+    struct ar_result res;
+    memset(&res, 0, sizeof res);
+    fill_reports(r, kill_status, &res.status, &res.n_averaged);
+    for (size_t i = 0; i < r->agg.n_excl && r->my_part >= 0; i++)
+        add_excl(r, r->agg.excl[i].member, (uint32_t)r->my_part, r->agg.excl[i].reason);
+    memcpy(res.round_id, r->id, AR_ROUND_ID_LEN);
+    res.n_parts = r->n_parts;
+    res.parts = r->reports;
+    res.n_excluded = r->n_excl;
+    res.excluded = r->excl;
+    res.bytes_sent = r->bytes_sent;
+    res.bytes_received = r->bytes_received;
+    res.chunks_sent = r->chunks_sent;
+    res.chunks_received = r->chunks_received;
+    res.ms_send = r->ms_send;
+    res.ms_reduce = r->ms_reduce;
+    res.ms_fetch = r->ms_fetch;
+    res.ms_total = (double)(ar__mono_ms() - r->t0);
+    r->phase = kill_status ? AR__P_DEAD : AR__P_LINGER;
+    r->linger_until = ar__mono_ms() + r->linger_ms;
+    r->done(r->arg, &res);
+}
+
+void ar__round_kill(struct ar_round *r, int status)
+{
+    if (r->phase == AR__P_RUNNING)
+        finish(r, status);
+    r->phase = AR__P_LINGER; /* so release() runs its full path */
+    release(r);
+}
+
+void ar_round_cancel(struct ar_round *r)
+{
+    if (r && r->phase == AR__P_RUNNING)
+        ar__round_kill(r, CM_ECLOSED);
+}
+
+/* ---- aggregator -------------------------------------------------------- */
+
+static int excl_status(int reason)
+{
+    switch (reason) {
+    case AR_EXCL_NONFINITE:
+    case AR_EXCL_NORM:
+        return CM_ENUMERIC;
+    case AR_EXCL_SIZE:
+        return CM_ERANGE;
+    case AR_EXCL_WEIGHT:
+        return CM_EINVAL;
+    default:
+        return CM_EPARSE;
+    }
+}
+
+static void finalize_scan(struct ar_round *r);
+
+/* Excludes sender s from my part and answers with the matching status. */
+static int exclude(struct ar_round *r, int s, int reason)
+{
+    struct ar__agg *a = &r->agg;
+    struct ar__sender *sd = &a->snd[s];
+    if (sd->state != AR__S_EXCLUDED) {
+        CM_LOGW("ar", "round step part %zu: member %d excluded (%s)", a->part, s,
+                ar_excl_reason_name(reason));
+        sd->state = AR__S_EXCLUDED;
+        sd->reason = reason;
+        a->excluded |= BIT(s);
+        if (a->n_excl < AR_MAX_MEMBERS)
+            a->excl[a->n_excl++] = (struct ar_exclusion){(uint32_t)s, (uint32_t)a->part, reason};
+        finalize_scan(r);
+    }
+    return excl_status(reason);
+}
+
+static void drop_sender(struct ar_round *r, int s)
+{
+    struct ar__agg *a = &r->agg;
+    if (a->snd[s].state != AR__S_ACTIVE)
+        return;
+    CM_LOGI("ar", "part %zu: sender %d dropped (silent or late)", a->part, s);
+    a->snd[s].state = AR__S_DROPPED;
+    a->dropped |= BIT(s);
+    finalize_scan(r);
+}
+
+/* The whole part is final: release the sums; the owner's own buffer gets
+ * exactly the bytes the others fetch, so every member ends bit-identical. */
+static void agg_complete(struct ar_round *r)
+{
+    struct ar__agg *a = &r->agg;
+    free(a->sum);
+    a->sum = NULL;
+    r->ms_reduce = (double)(ar__mono_ms() - r->t0);
+    if (!r->buf || !own_part_ok(r))
+        return;
+    for (size_t c = 0; c < a->n_chunks; c++) {
+        size_t cnt = chunk_len(r, a->part, c);
+        ar_codec_decode(r->comp, a->res + c * r->enc_chunk, ar_codec_size(r->comp, cnt), cnt,
+                        r->buf + a->offset + c * r->chunk);
+    }
+}
+
+static void finalize_chunk(struct ar_round *r, size_t c)
+{
+    struct ar__agg *a = &r->agg;
+    if (a->final[c])
+        return;
+    for (size_t s = 0; s < r->n_members; s++)
+        if ((a->senders & BIT(s)) && a->snd[s].state == AR__S_ACTIVE && !(a->recv[c] & BIT(s)))
+            return; /* still waiting for s */
+    size_t cnt = chunk_len(r, a->part, c);
+    double w = a->cw[c];
+    if (!(w > 0)) {
+        a->final[c] = 2; /* nobody's gradient arrived for this chunk */
+    } else {
+        const double *sum = a->sum + c * r->chunk;
+        for (size_t i = 0; i < cnt; i++)
+            r->scratch[i] = (float)(sum[i] / w);
+        ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
+        a->final[c] = 1;
+    }
+    if (++a->n_final == a->n_chunks)
+        agg_complete(r);
+}
+
+static void finalize_scan(struct ar_round *r)
+{
+    for (size_t c = 0; c < r->agg.n_chunks; c++)
+        finalize_chunk(r, c);
+}
+
+/* Validates one chunk of sender s, then sums it in: a bad chunk never
+ * enters the sum. */
+static int agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t cnt, double w)
+{
+    struct ar__agg *a = &r->agg;
+    struct ar__sender *sd = &a->snd[s];
+    if (!sd->has_weight) {
+        if (!isfinite(w) || w <= 0 || w > r->max_weight)
+            return exclude(r, s, AR_EXCL_WEIGHT);
+        sd->has_weight = 1;
+        sd->weight = w;
+    } else if (w != sd->weight) {
+        return exclude(r, s, AR_EXCL_WEIGHT);
+    }
+    double ss = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        if (!isfinite(x[i]))
+            return exclude(r, s, AR_EXCL_NONFINITE);
+        ss += (double)x[i] * (double)x[i];
+    }
+    if (!(sqrt(ss) <= r->max_norm))
+        return exclude(r, s, AR_EXCL_NORM);
+    double *sum = a->sum + c * r->chunk;
+    for (size_t i = 0; i < cnt; i++)
+        sum[i] += w * (double)x[i];
+    a->recv[c] |= BIT(s);
+    a->cw[c] += w;
+    sd->last_ms = ar__mono_ms();
+    if (++sd->n_recv == a->n_chunks)
+        sd->state = AR__S_DONE;
+    finalize_chunk(r, c);
+    return CM_OK;
+}
+
+int ar__round_on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc,
+                      size_t body_len)
+{
+    struct ar__agg *a = &r->agg;
+    r->bytes_received += body_len;
+    if (r->phase != AR__P_RUNNING)
+        return CM_ESTATE;
+    if (r->my_part < 0 || m->part != (uint32_t)r->my_part)
+        return CM_EINVAL;
+    if (!(a->senders & BIT(s)) || s == (int)r->me)
+        return CM_EPERM;
+    struct ar__sender *sd = &a->snd[s];
+    if (sd->state == AR__S_EXCLUDED)
+        return excl_status(sd->reason);
+    if (sd->state == AR__S_DROPPED)
+        return CM_ETIMEOUT;
+    if (prc)
+        return exclude(r, s, prc == CM_ERANGE ? AR_EXCL_SIZE : AR_EXCL_MALFORMED);
+    if (m->chunk >= a->n_chunks || m->count != chunk_len(r, a->part, m->chunk))
+        return exclude(r, s, AR_EXCL_SIZE);
+    if ((int)m->encoding != r->comp)
+        return exclude(r, s, AR_EXCL_MALFORMED);
+    if (a->recv[m->chunk] & BIT(s))
+        return CM_OK; /* a retry after a lost answer: already summed */
+    if (a->final[m->chunk])
+        return CM_ESTATE;
+    int drc = ar_codec_decode(r->comp, m->payload, m->payload_len, m->count, r->scratch);
+    if (drc)
+        return exclude(r, s, drc == CM_ENUMERIC ? AR_EXCL_NONFINITE : AR_EXCL_MALFORMED);
+    r->chunks_received++;
+    return agg_accept(r, s, m->chunk, r->scratch, m->count, m->weight);
+}
+
+int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
+                       size_t body_len, uint8_t **resp, size_t *rlen)
+{
+    struct ar__agg *a = &r->agg;
+    r->bytes_received += body_len;
+    if (r->phase == AR__P_DEAD)
+        return CM_ESTATE;
+    if (r->my_part < 0 || m->part != (uint32_t)r->my_part || m->chunk >= a->n_chunks)
+        return CM_EINVAL;
+    size_t c = m->chunk;
+    if (a->final[c] == 0)
+        return CM_EBUSY; /* not averaged yet: ask again */
+    if (a->final[c] == 2)
+        return CM_ENOTFOUND;
+    struct ar_result_msg out;
+    memset(&out, 0, sizeof out);
+    memcpy(out.round, r->id, AR_ROUND_ID_LEN);
+    out.part = (uint32_t)a->part;
+    out.chunk = (uint32_t)c;
+    out.weight = a->cw[c];
+    out.counted = a->recv[c];
+    out.dropped = a->dropped;
+    out.excluded = a->excluded;
+    out.n_exclusions = a->n_excl;
+    memcpy(out.exclusions, a->excl, a->n_excl * sizeof a->excl[0]);
+    out.encoding = (uint32_t)r->comp;
+    out.count = (uint32_t)chunk_len(r, a->part, c);
+    out.payload = a->res + c * r->enc_chunk;
+    out.payload_len = ar_codec_size(r->comp, out.count);
+    int rc = ar_result_build(&out, resp, rlen);
+    if (rc)
+        return rc;
+    a->served[c] |= BIT(member);
+    r->bytes_sent += *rlen;
+    r->chunks_sent++;
+    return CM_OK;
+}
+
+/* ---- sender side ------------------------------------------------------- */
+
+static void give_up_out(struct ar_round *r, size_t k, int status)
+{
+    struct ar__link *L = &r->link[k];
+    if (L->odone)
+        return;
+    if (status)
+        CM_LOGI("ar", "part %zu: stop sending to member %u: %s", k, r->owner[k],
+                cm_strerror(status));
+    L->odone = 1;
+    L->ostatus = status;
+}
+
+static void data_cb(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                    size_t len);
+
+static int send_data(struct ar_round *r, size_t k, size_t c)
+{
+    struct ar__link *L = &r->link[k];
+    size_t cnt = chunk_len(r, k, c);
+    int rc = ar_codec_encode(r->comp, r->buf + r->off[k] + c * r->chunk, cnt, r->encbuf,
+                             r->enc_chunk);
+    if (rc)
+        return rc;
+    struct ar_data_msg m;
+    memset(&m, 0, sizeof m);
+    memcpy(m.round, r->id, AR_ROUND_ID_LEN);
+    m.part = (uint32_t)k;
+    m.chunk = (uint32_t)c;
+    m.weight = r->weight;
+    m.encoding = (uint32_t)r->comp;
+    m.count = (uint32_t)cnt;
+    m.payload = r->encbuf;
+    m.payload_len = ar_codec_size(r->comp, cnt);
+    uint8_t *body;
+    size_t blen;
+    if ((rc = ar_data_build(&m, &body, &blen)))
+        return rc;
+    struct ar__req *q = malloc(sizeof *q);
+    if (!q) {
+        free(body);
+        return CM_ENOMEM;
+    }
+    *q = (struct ar__req){r, REQ_DATA, k, c, blen};
+    const struct ar_member *mb = &r->members[r->owner[k]];
+    rc = p2p_request(r->e->host, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_DATA, body,
+                     blen, r->stall_ms, data_cb, q);
+    free(body);
+    if (rc) {
+        free(q);
+        return rc;
+    }
+    r->refs++;
+    L->oflight++;
+    L->ost[c] = AR__C_FLIGHT;
+    return CM_OK;
+}
+
+static int retryable(int rc)
+{
+    return rc == CM_EBUSY || rc == CM_ECONN || rc == CM_ETIMEOUT || rc == CM_ECLOSED ||
+           rc == CM_EPROTO || rc == CM_EAUTH;
+}
+
+static void out_backoff(struct ar__link *L, size_t c)
+{
+    L->ost[c] = AR__C_RETRY;
+    L->oretry_at = ar__mono_ms() + L->obackoff;
+    L->obackoff = L->obackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->obackoff * 2;
+}
+
+static void out_pump(struct ar_round *r, size_t k)
+{
+    struct ar__link *L = &r->link[k];
+    if (L->odone || ar__mono_ms() < L->oretry_at)
+        return;
+    size_t scan = 0;
+    while (!L->odone && L->oflight < r->window) {
+        size_t c = L->n_chunks;
+        while (scan < L->onext && L->ost[scan] != AR__C_RETRY)
+            scan++;
+        if (scan < L->onext)
+            c = scan;
+        else if (L->onext < L->n_chunks)
+            c = L->onext++;
+        if (c == L->n_chunks)
+            break;
+        int rc = send_data(r, k, c);
+        if (rc) {
+            if (!retryable(rc) || r->e->host == NULL) {
+                give_up_out(r, k, rc);
+            } else {
+                out_backoff(L, c);
+            }
+            break;
+        }
+    }
+}
+
+static void data_cb(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                    size_t len)
+{
+    struct ar__req *q = arg;
+    struct ar_round *r = q->r;
+    size_t k = q->k, c = q->c, bytes = q->bytes;
+    (void)body, (void)len;
+    free(q);
+    if (unref(r))
+        return;
+    struct ar__link *L = &r->link[k];
+    L->oflight--;
+    if (L->odone)
+        goto out;
+    int64_t now = ar__mono_ms();
+    if (status == CM_OK && from) {
+        L->ost[c] = AR__C_DONE;
+        L->olast_ms = now;
+        L->obackoff = AR__BACKOFF_MIN_MS;
+        r->bytes_sent += bytes;
+        r->chunks_sent++;
+        if (++L->oacked == L->n_chunks)
+            give_up_out(r, k, CM_OK);
+    } else if (from && status != CM_EBUSY) {
+        give_up_out(r, k, status); /* excluded, dropped, finished: stop */
+    } else if (now - L->olast_ms > (int64_t)r->stall_ms) {
+        give_up_out(r, k, status ? status : CM_ETIMEOUT);
+    } else {
+        out_backoff(L, c); /* not started there yet, or a transport error */
+    }
+    if (status && from && status != CM_EBUSY)
+        CM_LOGI("ar", "member %u refused chunk %zu of part %zu: %s", r->owner[k], c, k,
+                cm_strerror(status));
+    out_pump(r, k);
+out:
+    check_done(r);
+}
+
+/* ---- puller side ------------------------------------------------------- */
+
+static void give_up_in(struct ar_round *r, size_t k, int status)
+{
+    struct ar__link *L = &r->link[k];
+    if (L->idone)
+        return;
+    if (status)
+        CM_LOGI("ar", "part %zu (member %u) not averaged: %s", k, r->owner[k],
+                cm_strerror(status));
+    L->idone = 1;
+    L->istatus = status;
+    give_up_out(r, k, L->odone ? L->ostatus : status);
+}
+
+static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                     size_t len);
+
+static int send_fetch(struct ar_round *r, size_t k, size_t c)
+{
+    struct ar_fetch_msg m;
+    memcpy(m.round, r->id, AR_ROUND_ID_LEN);
+    m.part = (uint32_t)k;
+    m.chunk = (uint32_t)c;
+    uint8_t *body;
+    size_t blen;
+    int rc = ar_fetch_build(&m, &body, &blen);
+    if (rc)
+        return rc;
+    struct ar__req *q = malloc(sizeof *q);
+    if (!q) {
+        free(body);
+        return CM_ENOMEM;
+    }
+    *q = (struct ar__req){r, REQ_FETCH, k, c, blen};
+    const struct ar_member *mb = &r->members[r->owner[k]];
+    rc = p2p_request(r->e->host, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_FETCH, body,
+                     blen, r->stall_ms, fetch_cb, q);
+    free(body);
+    if (rc) {
+        free(q);
+        return rc;
+    }
+    r->refs++;
+    r->bytes_sent += blen;
+    r->link[k].iflight++;
+    r->link[k].ist[c] = AR__C_FLIGHT;
+    return CM_OK;
+}
+
+static void in_backoff(struct ar__link *L, size_t c)
+{
+    L->ist[c] = AR__C_RETRY;
+    L->iretry_at = ar__mono_ms() + L->ibackoff;
+    L->ibackoff = L->ibackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->ibackoff * 2;
+}
+
+/* A chunk can be ready only once the aggregator has my own copy of it. */
+static int fetchable(const struct ar_round *r, const struct ar__link *L, size_t c)
+{
+    return !r->i_send || L->odone || L->ost[c] == AR__C_DONE;
+}
+
+static void in_pump(struct ar_round *r, size_t k)
+{
+    struct ar__link *L = &r->link[k];
+    if (L->idone || ar__mono_ms() < L->iretry_at)
+        return;
+    /* While the aggregator answers "not yet", one probe at a time. */
+    unsigned limit = L->iblocked ? 1 : r->window;
+    size_t scan = 0;
+    while (!L->idone && L->iflight < limit) {
+        size_t c = L->n_chunks;
+        while (scan < L->inext && L->ist[scan] != AR__C_RETRY)
+            scan++;
+        if (scan < L->inext)
+            c = scan++;
+        else if (L->inext < L->n_chunks && fetchable(r, L, L->inext))
+            c = L->inext++;
+        if (c == L->n_chunks)
+            break;
+        int rc = send_fetch(r, k, c);
+        if (rc) {
+            if (!retryable(rc))
+                give_up_in(r, k, rc);
+            else
+                in_backoff(L, c);
+            break;
+        }
+    }
+}
+
+/* Checks and stages one averaged chunk; CM_OK or why the part is lost. */
+static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *body, size_t len)
+{
+    struct ar__link *L = &r->link[k];
+    struct ar_result_msg m;
+    int rc = ar_result_parse(body, len, &m);
+    if (rc)
+        return CM_EPROTO;
+    size_t cnt = chunk_len(r, k, c);
+    if (memcmp(m.round, r->id, AR_ROUND_ID_LEN) || m.part != k || m.chunk != c ||
+        (int)m.encoding != r->comp || m.count != cnt) {
+        ar_result_cleanup(&m);
+        return CM_EPROTO;
+    }
+    float *dst = L->stage + c * r->chunk;
+    rc = ar_codec_decode(r->comp, m.payload, m.payload_len, cnt, dst);
+    for (size_t i = 0; !rc && i < cnt; i++)
+        if (!isfinite(dst[i]))
+            rc = CM_ENUMERIC; /* an aggregator's garbage never reaches the buffer */
+    if (!rc) {
+        L->wmin = m.weight < L->wmin ? m.weight : L->wmin;
+        L->wmax = m.weight > L->wmax ? m.weight : L->wmax;
+        L->cand &= m.counted;
+        L->cor |= m.counted;
+        L->dropped |= m.dropped;
+        L->excluded |= m.excluded;
+        for (size_t i = 0; i < m.n_exclusions; i++)
+            add_excl(r, m.exclusions[i].member, (uint32_t)k, m.exclusions[i].reason);
+        r->chunks_received++;
+    }
+    ar_result_cleanup(&m);
+    return rc ? CM_EPROTO : CM_OK;
+}
+
+static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                     size_t len)
+{
+    struct ar__req *q = arg;
+    struct ar_round *r = q->r;
+    size_t k = q->k, c = q->c;
+    free(q);
+    if (unref(r))
+        return;
+    struct ar__link *L = &r->link[k];
+    L->iflight--;
+    if (L->idone)
+        goto out;
+    int64_t now = ar__mono_ms();
+    if (from) {
+        r->bytes_received += len;
+        L->ilast_ms = now; /* the aggregator is alive */
+    }
+    if (status == CM_OK && from) {
+        int rc = take_result(r, k, c, body, len);
+        if (rc) {
+            give_up_in(r, k, rc);
+            goto out;
+        }
+        L->ist[c] = AR__C_DONE;
+        L->iblocked = 0;
+        L->ibackoff = AR__BACKOFF_MIN_MS;
+        if (++L->igot == L->n_chunks) {
+            /* The whole part arrived: commit it at once. */
+            memcpy(r->buf + r->off[k], L->stage, r->len[k] * sizeof(float));
+            give_up_in(r, k, CM_OK);
+        }
+    } else if (from && status == CM_EBUSY) {
+        L->iblocked = 1;
+        in_backoff(L, c);
+    } else if (from) {
+        give_up_in(r, k, status);
+    } else if (now - L->ilast_ms > (int64_t)r->stall_ms) {
+        give_up_in(r, k, status ? status : CM_ETIMEOUT);
+    } else {
+        in_backoff(L, c);
+    }
+    in_pump(r, k);
+out:
+    check_done(r);
+}
+
+/* ---- progress ---------------------------------------------------------- */
+
+static void check_done(struct ar_round *r)
+{
+    if (r->phase != AR__P_RUNNING)
+        return;
+    int64_t now = ar__mono_ms();
+    int outs = 1, ins = 1;
+    for (size_t k = 0; k < r->n_parts; k++) {
+        if ((int)k == r->my_part)
+            continue;
+        if (r->i_send && !r->link[k].odone)
+            outs = 0;
+        if (r->i_pull && !r->link[k].idone)
+            ins = 0;
+    }
+    if (outs && r->ms_send == 0)
+        r->ms_send = (double)(now - r->t0);
+    if (ins && r->ms_fetch == 0)
+        r->ms_fetch = (double)(now - r->t0);
+    if (outs && ins && (r->my_part < 0 || r->agg.n_final == r->agg.n_chunks))
+        finish(r, 0);
+}
+
+static int all_served(const struct ar_round *r)
+{
+    const struct ar__agg *a = &r->agg;
+    for (size_t c = 0; c < a->n_chunks; c++)
+        if (a->final[c] == 1 && (a->served[c] & a->pullers & ~a->excluded) !=
+                                    (a->pullers & ~a->excluded))
+            return 0;
+    return 1;
+}
+
+static void round_tick(uv_timer_t *t)
+{
+    struct ar_round *r = t->data;
+    int64_t now = ar__mono_ms();
+    if (r->phase == AR__P_LINGER) {
+        if (r->my_part < 0 || now >= r->linger_until || all_served(r))
+            release(r);
+        return;
+    }
+    if (r->phase != AR__P_RUNNING)
+        return;
+    struct ar__agg *a = &r->agg;
+    int late = now >= r->deadline_at;
+    if (r->my_part >= 0)
+        for (size_t s = 0; s < r->n_members; s++)
+            if ((a->senders & BIT(s)) && a->snd[s].state == AR__S_ACTIVE && s != r->me &&
+                (late || now - a->snd[s].last_ms > (int64_t)r->stall_ms))
+                drop_sender(r, (int)s);
+    for (size_t k = 0; k < r->n_parts && r->phase == AR__P_RUNNING; k++) {
+        if ((int)k == r->my_part)
+            continue;
+        struct ar__link *L = &r->link[k];
+        if (r->i_send && !L->odone &&
+            (late || (L->oflight == 0 && now - L->olast_ms > (int64_t)r->stall_ms)))
+            give_up_out(r, k, CM_ETIMEOUT);
+        if (r->i_pull && !L->idone &&
+            (late || (L->iflight == 0 && now - L->ilast_ms > (int64_t)r->stall_ms)))
+            give_up_in(r, k, CM_ETIMEOUT);
+        if (r->i_send)
+            out_pump(r, k);
+        if (r->i_pull)
+            in_pump(r, k);
+    }
+    check_done(r);
+}
+
+/* ---- start ------------------------------------------------------------- */
+
+static int check_config(const struct ar_engine *e, const struct ar_round_config *c)
+{
+    if (!c->members || c->n_members == 0 || c->n_members > AR_MAX_MEMBERS ||
+        c->my_index >= c->n_members || c->n == 0 || c->n > SIZE_MAX / 16 || !c->done ||
+        c->group_id_len > AR_GROUP_ID_MAX || (c->group_id_len && !c->group_id))
+        return CM_EINVAL;
+    if (c->comp != AR_COMP_NONE && c->comp != AR_COMP_FP16 && c->comp != AR_COMP_Q8)
+        return CM_EINVAL;
+    if (c->chunk_elems && (c->chunk_elems % AR_Q8_BLOCK || c->chunk_elems > AR_CHUNK_MAX))
+        return CM_EINVAL;
+    if (c->max_norm < 0 || c->max_weight < 0 || isnan(c->max_norm) || isnan(c->max_weight))
+        return CM_EINVAL;
+    const struct ar_member *me = &c->members[c->my_index];
+    if (memcmp(me->pub, e->key->pub, CM_ED25519_PUB_LEN))
+        return CM_EINVAL;
+    if (me->sends) {
+        double mw = c->max_weight > 0 ? c->max_weight : 1e12;
+        if (!c->buf || !isfinite(c->weight) || c->weight <= 0 || c->weight > mw)
+            return CM_EINVAL;
+    }
+    if (me->fraction > 0 && !e->listening)
+        return CM_EINVAL; /* a client-mode peer cannot be reached to aggregate */
+    int senders = 0;
+    for (size_t i = 0; i < c->n_members; i++) {
+        const struct ar_member *m = &c->members[i];
+        senders += m->sends != 0;
+        for (size_t j = 0; j < i; j++)
+            if (!memcmp(c->members[j].pub, m->pub, CM_ED25519_PUB_LEN))
+                return CM_EINVAL;
+        if (m->fraction > 0 && i != c->my_index && m->addr.ss_family != AF_INET &&
+            m->addr.ss_family != AF_INET6)
+            return CM_EINVAL;
+    }
+    return senders ? CM_OK : CM_EINVAL;
+}
+
+static int alloc_round(struct ar_round *r)
+{
+    r->scratch = malloc(r->chunk * sizeof(float));
+    r->encbuf = malloc(r->enc_chunk);
+    if (!r->scratch || !r->encbuf)
+        return CM_ENOMEM;
+    if (r->my_part >= 0) {
+        struct ar__agg *a = &r->agg;
+        size_t nc = a->n_chunks ? a->n_chunks : 1;
+        a->sum = calloc(a->len ? a->len : 1, sizeof(double));
+        a->recv = calloc(nc, sizeof *a->recv);
+        a->cw = calloc(nc, sizeof *a->cw);
+        a->final = calloc(nc, 1);
+        a->served = calloc(nc, sizeof *a->served);
+        a->res = malloc(nc * r->enc_chunk);
+        if (!a->sum || !a->recv || !a->cw || !a->final || !a->served || !a->res)
+            return CM_ENOMEM;
+    }
+    for (size_t k = 0; k < r->n_parts; k++) {
+        struct ar__link *L = &r->link[k];
+        if ((int)k == r->my_part)
+            continue;
+        size_t nc = L->n_chunks ? L->n_chunks : 1;
+        if (r->i_send && !(L->ost = calloc(nc, 1)))
+            return CM_ENOMEM;
+        if (r->i_pull && (!(L->ist = calloc(nc, 1)) ||
+                          !(L->stage = malloc((r->len[k] ? r->len[k] : 1) * sizeof(float)))))
+            return CM_ENOMEM;
+    }
+    return CM_OK;
+}
+
+int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struct ar_round **out)
+{
+    if (!e || !cfg || !e->host)
+        return CM_EINVAL;
+    int rc = check_config(e, cfg);
+    if (rc)
+        return rc;
+    struct ar_round *r = calloc(1, sizeof *r);
+    if (!r)
+        return CM_ENOMEM;
+    r->e = e;
+    if ((rc = ar_round_id(cfg, r->id)))
+        goto fail;
+    if (ar__engine_find(e, r->id) || ar__engine_finished(e, r->id)) {
+        rc = CM_EEXISTS;
+        goto fail;
+    }
+    memcpy(r->members, cfg->members, cfg->n_members * sizeof *cfg->members);
+    r->n_members = cfg->n_members;
+    r->me = cfg->my_index;
+    r->i_send = r->i_pull = cfg->members[r->me].sends != 0;
+    r->buf = cfg->buf;
+    r->n = cfg->n;
+    r->weight = cfg->weight;
+    r->comp = cfg->comp;
+    r->chunk = cfg->chunk_elems ? cfg->chunk_elems : AR_CHUNK_DEFAULT;
+    r->deadline_ms = cfg->deadline_ms ? cfg->deadline_ms : 60000;
+    r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
+    r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;
+    r->window = cfg->window ? cfg->window : 4;
+    r->max_norm = cfg->max_norm > 0 ? cfg->max_norm : 1e9;
+    r->max_weight = cfg->max_weight > 0 ? cfg->max_weight : 1e12;
+    r->enc_chunk = ar_codec_size(r->comp, r->chunk);
+    r->done = cfg->done;
+    r->arg = cfg->arg;
+    if ((rc = ar_partition(r->members, r->n_members, r->n, AR_ALIGN, &r->n_parts, r->owner,
+                           r->off, r->len)))
+        goto fail;
+    r->my_part = -1;
+    for (size_t k = 0; k < r->n_parts; k++) {
+        struct ar__link *L = &r->link[k];
+        L->n_chunks = n_chunks_of(r, r->len[k]);
+        L->wmin = INFINITY;
+        L->cand = ~0ull;
+        L->obackoff = L->ibackoff = AR__BACKOFF_MIN_MS;
+        if (r->owner[k] == r->me)
+            r->my_part = (int)k;
+    }
+    r->t0 = ar__mono_ms();
+    r->deadline_at = r->t0 + r->deadline_ms;
+    if (r->my_part >= 0) {
+        struct ar__agg *a = &r->agg;
+        a->part = (size_t)r->my_part;
+        a->offset = r->off[a->part];
+        a->len = r->len[a->part];
+        a->n_chunks = n_chunks_of(r, a->len);
+        for (size_t s = 0; s < r->n_members; s++) {
+            a->snd[s].last_ms = r->t0;
+            if (r->members[s].sends)
+                a->senders |= BIT(s);
+        }
+        a->pullers = a->senders & ~BIT(r->me);
+    }
+    if ((rc = alloc_round(r)))
+        goto fail;
+    for (size_t k = 0; k < r->n_parts; k++) {
+        struct ar__link *L = &r->link[k];
+        L->olast_ms = L->ilast_ms = r->t0;
+        if (L->n_chunks == 0 && (int)k != r->my_part) /* an empty part: nothing to move */
+            L->odone = L->idone = 1;
+    }
+    uv_timer_init(p2p_ctx_loop(e->ctx), &r->timer);
+    r->timer.data = r;
+    r->next = e->rounds;
+    e->rounds = r;
+    /* My own share of my part is summed at once, through the same checks. */
+    if (r->my_part >= 0) {
+        struct ar__agg *a = &r->agg;
+        if (r->i_send)
+            for (size_t c = 0; c < a->n_chunks && a->snd[r->me].state == AR__S_ACTIVE; c++)
+                agg_accept(r, (int)r->me, c, r->buf + a->offset + c * r->chunk,
+                           chunk_len(r, a->part, c), r->weight);
+        if (a->n_chunks == 0)
+            agg_complete(r);
+        else
+            finalize_scan(r);
+    }
+    /* The first tick (next loop turn) starts the transfers, so done never
+     * runs inside this call. */
+    uv_timer_start(&r->timer, round_tick, 0, AR__TICK_MS);
+    if (out)
+        *out = r;
+    return CM_OK;
+fail:
+    round_free(r);
+    return rc;
+}
