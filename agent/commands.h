@@ -8,5 +8,6 @@ int agent_cmd_login(int argc, char **argv);
 int agent_cmd_pass(int argc, char **argv);
 int agent_cmd_join(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
+int agent_cmd_dht(int argc, char **argv);
 
 #endif
