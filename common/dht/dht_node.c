@@ -267,8 +267,9 @@ static void store_phase(struct dht__lookup *lk)
         lk->store_inflight++;
     }
     free(body);
-    /* We keep a copy too when we are among the k closest ourselves. */
-    if (done < DHT_K || !kth || dht_id_cmp_dist(lk->target, n->id, kth->c.id) < 0)
+    /* We keep a copy too when we are among the k closest ourselves (and
+     * serve others: a client-mode node's copy would help nobody). */
+    if (n->serving && (done < DHT_K || !kth || dht_id_cmp_dist(lk->target, n->id, kth->c.id) < 0))
         if (dht_store_put(&n->store, &lk->store_rec, p2p_now_ms()) == CM_OK)
             lk->stored++;
     if (lk->store_inflight == 0)
@@ -807,6 +808,7 @@ int dht_node_new(struct p2p_ctx *ctx, const struct dht_config *cfg, struct dht_n
         return CM_ENOMEM;
     n->ctx = ctx;
     n->key = cfg->key;
+    n->serving = cfg->listen_ip != NULL;
     dht_id_of_pub(cfg->key->pub, n->id);
     n->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 3000;
     n->refresh_ms = cfg->refresh_interval_ms ? cfg->refresh_interval_ms : 15 * 60 * 1000;

@@ -32,6 +32,7 @@ struct dht_node {
     uv_timer_t timer;
     int64_t last_refresh_ms, last_republish_ms, last_purge_ms;
     int closing;
+    int serving; /* listens: holds records for others */
     struct dht_node_stats st;
     /* threaded mode */
     int threaded;
