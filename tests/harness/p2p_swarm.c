@@ -31,10 +31,15 @@ int p2p_swarm_init(struct p2p_swarm *s, size_t n, const struct p2p_swarm_opts *o
         return CM_ERANGE;
     }
     uv_loop_init(&s->loop);
-    int rc = p2p_tk_init(&s->tk, "swarm");
-    if (rc)
-        return rc;
-    struct p2p_ctx_config cc = {.loop = &s->loop, .auth = p2p_tk_auth_config(&s->tk),
+    int rc;
+    if (o && o->tk) {
+        s->tk = o->tk;
+    } else {
+        if ((rc = p2p_tk_init(&s->own_tk, "swarm")))
+            return rc;
+        s->tk = &s->own_tk;
+    }
+    struct p2p_ctx_config cc = {.loop = &s->loop, .auth = p2p_tk_auth_config(s->tk),
                                 .max_upload_mbps = o ? o->up_mbps : 0,
                                 .max_download_mbps = o ? o->down_mbps : 0,
                                 /* one listener per node, the rest for connections */
@@ -44,19 +49,21 @@ int p2p_swarm_init(struct p2p_swarm *s, size_t n, const struct p2p_swarm_opts *o
     if ((rc = p2p_ctx_new(&cc, &s->ctx)))
         return rc;
     s->n = n;
+    snprintf(s->listen_ip, sizeof s->listen_ip, "%s", o && o->listen_ip ? o->listen_ip : "127.0.0.1");
     s->peers = calloc(n, sizeof *s->peers);
     s->nodes = calloc(n, sizeof *s->nodes);
     s->alive = calloc(n, sizeof *s->alive);
     if (!s->peers || !s->nodes || !s->alive)
         return CM_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        char user[32], pid[32];
-        snprintf(user, sizeof user, "peer%zu", i);
-        snprintf(pid, sizeof pid, "%zu", i);
-        if ((rc = p2p_tk_peer_new(&s->tk, user, pid, 3600, &s->peers[i])))
+        char user[64], pid[64];
+        const char *pre = o && o->name_prefix ? o->name_prefix : "peer";
+        snprintf(user, sizeof user, "%.20s%zu", pre, i);
+        snprintf(pid, sizeof pid, "%.20s%zu", pre, i);
+        if ((rc = p2p_tk_peer_new(s->tk, user, pid, 3600, &s->peers[i])))
             return rc;
         struct dht_config dc = {.key = &s->peers[i].key, .token = s->peers[i].token,
-                                .listen_ip = "127.0.0.1",
+                                .listen_ip = o && o->listen_ip ? o->listen_ip : "127.0.0.1",
                                 .rpc_timeout_ms = o && o->rpc_timeout_ms ? o->rpc_timeout_ms : 2000,
                                 .refresh_interval_ms = o ? o->refresh_ms : 0,
                                 .republish_interval_ms = o ? o->republish_ms : 0};
@@ -89,25 +96,36 @@ int p2p_swarm_run_until(struct p2p_swarm *s, const int *counter, int target, int
     return *counter >= target ? 0 : CM_ETIMEOUT;
 }
 
-int p2p_swarm_join(struct p2p_swarm *s, size_t batch)
+static int join_from(struct p2p_swarm *s, const struct sockaddr_storage *boot, size_t first,
+                     size_t batch)
 {
     if (!batch)
         batch = 32;
-    struct sockaddr_storage boot;
-    char a[64];
-    snprintf(a, sizeof a, "127.0.0.1:%u", dht_node_port(s->nodes[0]));
-    p2p_addr_parse(a, &boot);
     struct join_state j = {0};
     int started = 0;
-    for (size_t i = 1; i < s->n; i++) {
-        if (dht_bootstrap_async(s->nodes[i], &boot, 1, join_cb, &j) == CM_OK)
+    for (size_t i = first; i < s->n; i++) {
+        if (dht_bootstrap_async(s->nodes[i], boot, 1, join_cb, &j) == CM_OK)
             started++;
         if ((size_t)started - (size_t)j.done >= batch)
             p2p_swarm_run_until(s, &j.done, started - (int)batch / 2, 60000);
     }
     if (p2p_swarm_run_until(s, &j.done, started, 120000))
         return CM_ETIMEOUT;
-    return j.ok == (int)s->n - 1 ? CM_OK : CM_ECONN;
+    return j.ok == (int)(s->n - first) ? CM_OK : CM_ECONN;
+}
+
+int p2p_swarm_join(struct p2p_swarm *s, size_t batch)
+{
+    struct sockaddr_storage boot;
+    char a[80];
+    snprintf(a, sizeof a, "%s:%u", s->listen_ip, dht_node_port(s->nodes[0]));
+    p2p_addr_parse(a, &boot);
+    return join_from(s, &boot, 1, batch);
+}
+
+int p2p_swarm_join_addr(struct p2p_swarm *s, const struct sockaddr_storage *boot, size_t batch)
+{
+    return join_from(s, boot, 0, batch);
 }
 
 void p2p_swarm_kill(struct p2p_swarm *s, size_t i)
@@ -132,5 +150,6 @@ void p2p_swarm_cleanup(struct p2p_swarm *s)
     free(s->peers);
     free(s->nodes);
     free(s->alive);
-    p2p_tk_cleanup(&s->tk);
+    if (s->tk == &s->own_tk)
+        p2p_tk_cleanup(&s->own_tk);
 }

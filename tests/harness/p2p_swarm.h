@@ -13,12 +13,13 @@
 
 struct p2p_swarm {
     uv_loop_t loop;
-    struct p2p_tk tk;
+    struct p2p_tk own_tk, *tk;
     struct p2p_ctx *ctx;
     size_t n;
     struct p2p_tk_peer *peers;
     struct dht_node **nodes; /* NULL once killed */
     int *alive;
+    char listen_ip[64];
 };
 
 struct p2p_swarm_opts {
@@ -26,6 +27,9 @@ struct p2p_swarm_opts {
     uint32_t refresh_ms, republish_ms;
     size_t join_batch;         /* nodes joining at once; 0: 32 */
     double up_mbps, down_mbps;
+    const char *listen_ip;     /* NULL: 127.0.0.1 */
+    struct p2p_tk *tk;         /* coordinator to mint passes with; NULL: a new one */
+    const char *name_prefix;   /* user names, so swarms in other processes differ */
 };
 
 /* Raises RLIMIT_NOFILE to the hard limit; returns the new soft limit. */
@@ -33,6 +37,8 @@ size_t p2p_swarm_raise_fd_limit(void);
 int p2p_swarm_init(struct p2p_swarm *s, size_t n, const struct p2p_swarm_opts *o);
 /* Every node but the first bootstraps from node 0. */
 int p2p_swarm_join(struct p2p_swarm *s, size_t batch);
+/* Every node (node 0 included) bootstraps from an outside address. */
+int p2p_swarm_join_addr(struct p2p_swarm *s, const struct sockaddr_storage *boot, size_t batch);
 void p2p_swarm_kill(struct p2p_swarm *s, size_t i);
 void p2p_swarm_cleanup(struct p2p_swarm *s);
 /* Runs the loop until *counter >= target or timeout; returns 0 if reached. */
