@@ -71,6 +71,7 @@ struct ar_round {
     struct ar_engine *e;
     struct ar_round *next;
     uint8_t id[AR_ROUND_ID_LEN];
+    uint64_t step;
     int phase, timer_closed, done_called;
     unsigned refs; /* request callbacks still to come */
     struct ar_member members[AR_MAX_MEMBERS];

@@ -247,8 +247,8 @@ static int exclude(struct ar_round *r, int s, int reason)
     struct ar__agg *a = &r->agg;
     struct ar__sender *sd = &a->snd[s];
     if (sd->state != AR__S_EXCLUDED) {
-        CM_LOGW("ar", "round step part %zu: member %d excluded (%s)", a->part, s,
-                ar_excl_reason_name(reason));
+        CM_LOGW("ar", "step %llu part %zu: member %d excluded (%s)", (unsigned long long)r->step,
+                a->part, s, ar_excl_reason_name(reason));
         sd->state = AR__S_EXCLUDED;
         sd->reason = reason;
         a->excluded |= BIT(s);
@@ -892,6 +892,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     memcpy(r->members, cfg->members, cfg->n_members * sizeof *cfg->members);
     r->n_members = cfg->n_members;
     r->me = cfg->my_index;
+    r->step = cfg->step;
     r->i_send = r->i_pull = cfg->members[r->me].sends != 0;
     r->buf = cfg->buf;
     r->n = cfg->n;
