@@ -373,7 +373,7 @@ int agent_train_config_load(const char *path, struct agent_train_config *out, ch
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, errlen, CM_EIO, "%s: %s", path, strerror(errno));
+        return fail(err, errlen, CM_EIO, "%s", strerror(errno));
     size_t cap = 1 << 20;
     char *buf = malloc(cap + 1);
     if (!buf) {
@@ -385,11 +385,11 @@ int agent_train_config_load(const char *path, struct agent_train_config *out, ch
     fclose(f);
     if (rderr) {
         free(buf);
-        return fail(err, errlen, CM_EIO, "%s: read error", path);
+        return fail(err, errlen, CM_EIO, "read error");
     }
     if (n > cap) {
         free(buf);
-        return fail(err, errlen, CM_ETOOBIG, "%s: larger than 1 MiB", path);
+        return fail(err, errlen, CM_ETOOBIG, "larger than 1 MiB");
     }
     char base[AGENT_TRAIN_PATH_MAX];
     snprintf(base, sizeof base, "%s", path);

@@ -15,9 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "agent/commands.h"
 #include "agent/train/train_config.h"
 #include "agent/train/trainer.h"
 #include "cm_crypto.h"
@@ -277,6 +279,76 @@ static void test_example_configs(void **state)
     }
 }
 
+/* Runs `crowdtrain-agent train ARGS...` in this process with stdout sent to
+ * a file; returns the exit status and the output (malloc'd). */
+static int run_cmd(char **out, int argc, char **argv)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/cmd.out", g_dir);
+    fflush(stdout);
+    int saved = dup(1);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int rc = agent_cmd_train(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    *out = calloc(1, 1 << 16);
+    assert_non_null(*out);
+    size_t n = fread(*out, 1, (1 << 16) - 1, f);
+    (*out)[n] = 0;
+    fclose(f);
+    return rc;
+}
+
+/* The command itself: usage errors exit 2, a bad config 1, a short run 0
+ * with progress lines, a final evaluation and a checkpoint. */
+static void test_command(void **state)
+{
+    (void)state;
+    char cfgpath[512], text[2048], *out = NULL;
+    snprintf(text, sizeof text, GPT_CFG, "gpt", "", "adamw", "0.01");
+    /* another checkpoint dir, so earlier tests' files do not resume */
+    char *ck = strstr(text, "\"dir\": \"ck\"");
+    assert_non_null(ck);
+    memcpy(ck, "\"dir\": \"c3\"", 11);
+    write_file("cmd.json", text, strlen(text));
+    snprintf(cfgpath, sizeof cfgpath, "%s/cmd.json", g_dir);
+
+    char *a1[] = {"train", "--config", cfgpath, NULL}; /* no --local */
+    assert_int_equal(run_cmd(&out, 3, a1), 2);
+    free(out);
+    char *a2[] = {"train", "--local", "--config", cfgpath, "--device", "tpu", NULL};
+    assert_int_equal(run_cmd(&out, 6, a2), 2);
+    free(out);
+    char *a3[] = {"train", "--local", "--config", "/nonexistent/cfg.json", NULL};
+    assert_int_equal(run_cmd(&out, 4, a3), 1);
+    free(out);
+    char *a4[] = {"train", "--local", "--config", cfgpath, "--steps", "4", "--threads", "1", NULL};
+    assert_int_equal(run_cmd(&out, 8, a4), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "train: gpt model, "));
+    assert_non_null(strstr(out, "step 4/4 | loss "));
+    assert_non_null(strstr(out, "samples/s | ETA "));
+    assert_non_null(strstr(out, "eval after: loss "));
+    free(out);
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/c3/latest.ckpt", g_dir);
+    struct stat sb;
+    assert_int_equal(stat(ckpt, &sb), 0);
+    /* a second run resumes at step 4 and goes on to 6 */
+    char *a5[] = {"train", "--local", "--config", cfgpath, "--steps", "6", NULL};
+    assert_int_equal(run_cmd(&out, 6, a5), 0);
+    assert_non_null(strstr(out, "resumed from"));
+    assert_non_null(strstr(out, "at step 4"));
+    assert_non_null(strstr(out, "step 6/6 | loss "));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_mismatch_leaves_checkpoint),
         cmocka_unit_test(test_example_configs),
+        cmocka_unit_test(test_command),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
