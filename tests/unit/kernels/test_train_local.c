@@ -279,6 +279,36 @@ static void test_example_configs(void **state)
     }
 }
 
+/* The reference must be reproducible: two runs of the same config (same
+ * seed, same thread count) end with bit-identical parameters. */
+static void test_deterministic(void **state)
+{
+    (void)state;
+    char text[2048], err[512] = "";
+    snprintf(text, sizeof text, GPT_CFG, "gpt", "", "adamw", "0.01");
+    struct agent_train_config cfg;
+    assert_int_equal(agent_train_config_parse(text, strlen(text), g_dir, &cfg, err, sizeof err),
+                     CM_OK);
+    float *p[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++) {
+        struct agent_trainer t;
+        struct kern_eval ev;
+        assert_int_equal(agent_trainer_init(&t, &cfg, text, strlen(text), err, sizeof err), CM_OK);
+        for (int s = 0; s < 5; s++) {
+            assert_int_equal(agent_trainer_compute_grads(&t, &ev), CM_OK);
+            assert_int_equal(agent_trainer_apply(&t, NULL, NULL), CM_OK);
+        }
+        p[r] = malloc(t.model->nparams * sizeof(float));
+        assert_non_null(p[r]);
+        assert_int_equal(kern_model_get_params(t.model, p[r]), CM_OK);
+        if (r == 1)
+            assert_memory_equal(p[0], p[1], t.model->nparams * sizeof(float));
+        agent_trainer_cleanup(&t);
+    }
+    free(p[0]);
+    free(p[1]);
+}
+
 /* Runs `crowdtrain-agent train ARGS...` in this process with stdout sent to
  * a file; returns the exit status and the output (malloc'd). */
 static int run_cmd(char **out, int argc, char **argv)
@@ -357,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_mismatch_leaves_checkpoint),
         cmocka_unit_test(test_example_configs),
+        cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_command),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
