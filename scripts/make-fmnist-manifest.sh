@@ -15,6 +15,9 @@ case "$split" in
   *) echo "usage: $0 train|test [DIR]" >&2; exit 2 ;;
 esac
 dir=$(cd "$dir" && pwd)
+case "$dir" in
+  *'"'*|*'\'*|*' '*) echo "$0: $dir: quotes, backslashes or spaces would need escaping in JSON and URLs" >&2; exit 1 ;;
+esac
 img="$dir/$prefix-images-idx3-ubyte.gz"
 lab="$dir/$prefix-labels-idx1-ubyte.gz"
 for f in "$img" "$lab"; do

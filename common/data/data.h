@@ -183,6 +183,9 @@ struct cm_data_stats {
     uint64_t cache_hits;        /* shard files read from cache_dir instead of downloaded */
 };
 
+/* An iterator has one consumer: next_batch, skip, get_stats and close are
+ * called from one thread (the training loop); the download thread inside
+ * is the iterator's own business. */
 struct cm_data_iter;
 
 /* Opens an iterator over manifest m (borrowed: it must outlive the iterator)
