@@ -241,16 +241,35 @@ __global__ void k_bias_rows(float *out, const float *bias, int N, int OC)
         out[i] = bias[i % OC];
 }
 
-/* dbias (OC) += column sums of dout (N,OC); one thread per column */
+/* Column reductions over N rows (bias and LayerNorm weight gradients).
+ * Block (32, 8) covers 32 adjacent columns (coalesced reads); grid.y splits
+ * the rows so a (16k x 768) reduction uses the whole GPU rather than 3
+ * blocks; the per-block partial sums meet in one atomicAdd per column. */
+#define COL_TX 32
+#define COL_TY 8
+
+static dim3 col_grid(int N, int C)
+{
+    int gy = (N + 255) / 256;
+    return dim3((C + COL_TX - 1) / COL_TX, gy > 1024 ? 1024 : (gy ? gy : 1));
+}
+
+/* dbias (OC) += column sums of dout (N,OC) */
 __global__ void k_colsum(float *dbias, const float *dout, int N, int OC)
 {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= OC)
-        return;
+    __shared__ float sh[COL_TY][COL_TX];
+    int o = blockIdx.x * COL_TX + threadIdx.x;
     float s = 0.0f;
-    for (int i = 0; i < N; i++)
-        s += dout[(size_t)i * OC + o];
-    dbias[o] += s;
+    if (o < OC)
+        for (int i = blockIdx.y * COL_TY + threadIdx.y; i < N; i += gridDim.y * COL_TY)
+            s += dout[(size_t)i * OC + o];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < OC) {
+        for (int k = 1; k < COL_TY; k++)
+            s += sh[k][threadIdx.x];
+        atomicAdd(&dbias[o], s);
+    }
 }
 
 /* Row-major A (M,K) is column-major A^T; the products below are the
@@ -284,7 +303,7 @@ static void cu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dou
     /* dw^T (C,OC) += inp^T (C,N) . dout (N,OC) */
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dw, C, "matmul_bwd dw");
     if (dbias) {
-        k_colsum<<<(OC + 255) / 256, 256>>>(dbias, dout, N, OC);
+        k_colsum<<<col_grid(N, OC), dim3(COL_TX, COL_TY)>>>(dbias, dout, N, OC);
         LAUNCH_CHECK("matmul_bwd dbias");
     }
 }
@@ -429,21 +448,30 @@ __global__ void k_ln_bwd_x(float *dinp, const float *dout, const float *inp, con
     }
 }
 
-/* dw, db (C): one thread per channel over all rows */
+/* dw, db (C): column reductions laid out like k_colsum */
 __global__ void k_ln_bwd_w(float *dw, float *db, const float *dout, const float *inp,
                            const float *mean, const float *rstd, int N, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
+    __shared__ float shw[COL_TY][COL_TX], shb[COL_TY][COL_TX];
+    int c = blockIdx.x * COL_TX + threadIdx.x;
     float sw = 0.0f, sb = 0.0f;
-    for (int i = 0; i < N; i++) {
-        float dy = dout[(size_t)i * C + c];
-        sw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * dy;
-        sb += dy;
+    if (c < C)
+        for (int i = blockIdx.y * COL_TY + threadIdx.y; i < N; i += gridDim.y * COL_TY) {
+            float dy = dout[(size_t)i * C + c];
+            sw += (inp[(size_t)i * C + c] - mean[i]) * rstd[i] * dy;
+            sb += dy;
+        }
+    shw[threadIdx.y][threadIdx.x] = sw;
+    shb[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int k = 1; k < COL_TY; k++) {
+            sw += shw[k][threadIdx.x];
+            sb += shb[k][threadIdx.x];
+        }
+        atomicAdd(&dw[c], sw);
+        atomicAdd(&db[c], sb);
     }
-    dw[c] += sw;
-    db[c] += sb;
 }
 
 static void cu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
@@ -458,7 +486,7 @@ static void cu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dou
                              const float *rstd, int N, int C)
 {
     k_ln_bwd_x<<<N, ROW_THREADS>>>(dinp, dout, inp, w, mean, rstd, C);
-    k_ln_bwd_w<<<(C + 255) / 256, 256>>>(dw, db, dout, inp, mean, rstd, N, C);
+    k_ln_bwd_w<<<col_grid(N, C), dim3(COL_TX, COL_TY)>>>(dw, db, dout, inp, mean, rstd, N, C);
     LAUNCH_CHECK("layernorm_bwd");
 }
 
