@@ -58,6 +58,8 @@ struct pending {
 struct p2p_conn {
     uv_tcp_t tcp;
     uv_connect_t creq;
+    uv_shutdown_t sreq;
+    int connected, graceful;
     struct p2p_host *h;
     int outgoing;
     enum conn_state state;
@@ -394,6 +396,13 @@ static void wait_remove(struct p2p_ctx *ctx, struct p2p_conn *c)
     c->wnext = NULL;
 }
 
+static void conn_shutdown_done(uv_shutdown_t *req, int status)
+{
+    struct p2p_conn *c = req->data;
+    (void)status;
+    uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+}
+
 static void conn_close(struct p2p_conn *c, int err)
 {
     if (c->state == C_CLOSING)
@@ -431,6 +440,14 @@ static void conn_close(struct p2p_conn *c, int err)
     ctx->nconns--;
     if (!c->outgoing)
         h->n_inbound--;
+    /* Graceful (host shutdown): writes already handed to the kernel are
+     * delivered, then FIN, then close. Otherwise close at once. */
+    if (c->graceful && c->connected) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->sreq.data = c;
+        if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, conn_shutdown_done) == 0)
+            return;
+    }
     uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
 }
 
@@ -971,6 +988,7 @@ static void on_connection(uv_stream_t *srv, int status)
         return;
     }
     c->state = C_OPEN;
+    c->connected = 1;
     int len = sizeof c->remote;
     uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
     ctx->st.conns_accepted++;
@@ -1050,8 +1068,10 @@ void p2p_host_close(struct p2p_host *h)
         return;
     h->closing = 1;
     h->ctx->nhosts--;
-    while (h->conns)
+    while (h->conns) {
+        h->conns->graceful = 1;
         conn_close(h->conns, CM_ECLOSED);
+    }
     if (h->listening) {
         h->listening = 0;
         uv_close((uv_handle_t *)&h->listener, listener_closed);
@@ -1096,6 +1116,7 @@ static void on_connect(uv_connect_t *req, int status)
         return;
     }
     c->state = C_OPEN;
+    c->connected = 1;
     uv_tcp_nodelay(&c->tcp, 1);
     read_start(c);
     conn_flush(c);

@@ -435,6 +435,47 @@ static void test_flood(void **state)
     assert_int_equal(honest_echo(e), 0);
 }
 
+/* A started frame that never completes and an idle connection are both
+ * closed by the server's sweep (timeouts shortened here). */
+static void test_slow_and_idle(void **state)
+{
+    struct env *e = *state;
+    struct p2p_ctx *ctx;
+    struct p2p_ctx_config cc = {.loop = &e->loop, .auth = p2p_tk_auth_config(&e->tk),
+                                .idle_timeout_ms = 300, .frame_timeout_ms = 300};
+    assert_int_equal(p2p_ctx_new(&cc, &ctx), 0);
+    struct p2p_host *h;
+    struct p2p_host_config hc = {.key = &e->a.key, .token = e->a.token, .listen_ip = "127.0.0.1",
+                                 .on_request = echo, .arg = e};
+    assert_int_equal(p2p_host_new(ctx, &hc, &h), 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons(p2p_host_port(h))};
+    int slow = socket(AF_INET, SOCK_STREAM, 0), idle = socket(AF_INET, SOCK_STREAM, 0);
+    assert_int_equal(connect(slow, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(slow, "CT\1\0\0\0\0\x20", 8, MSG_NOSIGNAL), 8);
+    uint64_t before = p2p_auth_rejects(p2p_ctx_auth(ctx), P2P_REJ_MALFORMED);
+    int64_t end = p2p_now_ms() + 3000;
+    int closed_slow = 0, closed_idle = 0;
+    char b[16];
+    while (p2p_now_ms() < end && !(closed_slow && closed_idle)) {
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        if (!closed_slow && recv(slow, b, sizeof b, MSG_DONTWAIT) == 0)
+            closed_slow = 1;
+        if (!closed_idle && recv(idle, b, sizeof b, MSG_DONTWAIT) == 0)
+            closed_idle = 1;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(closed_slow);
+    assert_true(closed_idle);
+    assert_int_equal(p2p_auth_rejects(p2p_ctx_auth(ctx), P2P_REJ_MALFORMED), before + 1);
+    close(slow);
+    close(idle);
+    p2p_host_close(h);
+    p2p_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -444,6 +485,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rejections, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flood, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slow_and_idle, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
