@@ -531,119 +531,177 @@ static void cu_embed_bwd(float *dwte, float *dwpe, const float *dout, const int 
     LAUNCH_CHECK("embed_bwd");
 }
 
-/* ---- attention: one block per (b, h, t) query row ----
- * qkv (B,T,3C), out (B,T,C), preatt/att (B,NH,T,T). */
+/* ---- attention ----
+ * The products go to cuBLAS as strided batched GEMMs over the B*NH heads,
+ * after llm.c's train_gpt2.cu (attention_forward / attention_backward):
+ * permute qkv (B,T,3C) into q, k, v (B,NH,T,hs); preatt = q k^T / sqrt(hs);
+ * att = softmax (causal mask for GPT); y = att v; unpermute to (B,T,C).
+ * Backward runs the same steps in reverse. The permuted copies live in a
+ * grow-only scratch buffer owned by the backend. */
 
-__global__ void k_att_fwd(float *out, float *preatt, float *att, const float *qkv, int T, int C,
-                          int NH, int causal)
+static float *g_att_scratch;
+static size_t g_att_scratch_n;
+
+/* Returns scratch for n floats, or NULL (error latched). */
+static float *att_scratch(size_t n)
+{
+    if (n <= g_att_scratch_n)
+        return g_att_scratch;
+    if (g_att_scratch)
+        cudaFree(g_att_scratch);
+    g_att_scratch = NULL;
+    g_att_scratch_n = 0;
+    cudaError_t e = cudaMalloc(&g_att_scratch, n * sizeof(float));
+    if (e != cudaSuccess) {
+        cuda_note(e, "attention scratch");
+        g_att_scratch = NULL;
+        return NULL;
+    }
+    g_att_scratch_n = n;
+    return g_att_scratch;
+}
+
+/* q, k, v (B,NH,T,hs) <- qkv (B,T,3C) */
+__global__ void k_permute(float *q, float *k, float *v, const float *qkv, int B, int T, int NH,
+                          int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % hs);
+        int t = (int)(idx / hs % T);
+        int h = (int)(idx / ((size_t)hs * T) % NH);
+        int b = (int)(idx / ((size_t)hs * T * NH));
+        size_t src = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + i;
+        q[idx] = qkv[src];
+        k[idx] = qkv[src + C];
+        v[idx] = qkv[src + 2 * C];
+    }
+}
+
+/* out (B,T,C) <- y (B,NH,T,hs) */
+__global__ void k_unpermute(float *out, const float *y, int B, int T, int NH, int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % hs);
+        int t = (int)(idx / hs % T);
+        int h = (int)(idx / ((size_t)hs * T) % NH);
+        int b = (int)(idx / ((size_t)hs * T * NH));
+        out[((size_t)b * T + t) * C + (size_t)h * hs + i] = y[idx];
+    }
+}
+
+/* dy (B,NH,T,hs) <- dout (B,T,C) */
+__global__ void k_permute_dout(float *dy, const float *dout, int B, int T, int NH, int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % hs);
+        int t = (int)(idx / hs % T);
+        int h = (int)(idx / ((size_t)hs * T) % NH);
+        int b = (int)(idx / ((size_t)hs * T * NH));
+        dy[idx] = dout[((size_t)b * T + t) * C + (size_t)h * hs + i];
+    }
+}
+
+/* dqkv (B,T,3C) += dq, dk, dv (B,NH,T,hs) */
+__global__ void k_scatter_dqkv(float *dqkv, const float *dq, const float *dk, const float *dv,
+                               int B, int T, int NH, int hs)
+{
+    size_t n = (size_t)B * NH * T * hs;
+    int C = NH * hs;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % hs);
+        int t = (int)(idx / hs % T);
+        int h = (int)(idx / ((size_t)hs * T) % NH);
+        int b = (int)(idx / ((size_t)hs * T * NH));
+        size_t dst = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + i;
+        dqkv[dst] += dq[idx];
+        dqkv[dst + C] += dk[idx];
+        dqkv[dst + 2 * C] += dv[idx];
+    }
+}
+
+/* att (rows of T) = softmax(pre) over positions 0..tend-1, 0 beyond; masked
+ * pre entries are zeroed too, as on the CPU. One block per row. */
+__global__ void k_softmax_rows(float *att, float *pre, int T, int causal)
 {
     __shared__ float sh[ROW_THREADS];
-    int t = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-    int hs = C / NH;
-    size_t C3 = (size_t)3 * C;
-    float sc = rsqrtf((float)hs);
-    const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-    float *pre = preatt + (((size_t)b * NH + h) * T + t) * T;
-    float *a = att + (((size_t)b * NH + h) * T + t) * T;
-    int tend = causal ? t + 1 : T;
+    size_t row = blockIdx.x;
+    int t = (int)(row % T), tend = causal ? t + 1 : T;
+    float *p = pre + row * T, *a = att + row * T;
     float mx = -INFINITY;
-    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
-        float v = 0.0f;
-        if (t2 < tend) {
-            const float *k = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
-            for (int i = 0; i < hs; i++)
-                v += q[i] * k[i];
-            v *= sc;
-            mx = fmaxf(mx, v);
-        }
-        pre[t2] = v;
-    }
+    for (int j = threadIdx.x; j < tend; j += blockDim.x)
+        mx = fmaxf(mx, p[j]);
     mx = block_max(mx, sh);
     float s = 0.0f;
-    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
-        float e = t2 < tend ? expf(pre[t2] - mx) : 0.0f;
-        a[t2] = e;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        float e = j < tend ? expf(p[j] - mx) : 0.0f;
+        a[j] = e;
         s += e;
+        if (j >= tend)
+            p[j] = 0.0f;
     }
     float inv = 1.0f / block_sum(s, sh);
-    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
-        a[t2] *= inv;
-    __syncthreads();
-    float *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int t2 = 0; t2 < tend; t2++)
-            acc += a[t2] * qkv[((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C + i];
-        o[i] = acc;
-    }
+    for (int j = threadIdx.x; j < tend; j += blockDim.x)
+        a[j] *= inv;
 }
 
-/* Backward in two passes so no atomics are needed on dq: pass 1 (one block
- * per query row) computes datt, dpreatt and dq; pass 2 (one block per key
- * row t2) gathers dk and dv over the query rows that saw t2. */
-__global__ void k_att_bwd_q(float *dqkv, float *dpreatt, float *datt, const float *dout,
-                            const float *qkv, const float *att, int T, int C, int NH, int causal)
+/* dpre = att * (datt - sum(att * datt)) per row, 0 beyond tend */
+__global__ void k_softmax_bwd_rows(float *dpre, const float *datt, const float *att, int T,
+                                   int causal)
 {
     __shared__ float sh[ROW_THREADS];
-    int t = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-    int hs = C / NH;
-    size_t C3 = (size_t)3 * C;
-    float sc = rsqrtf((float)hs);
-    size_t row = (((size_t)b * NH + h) * T + t) * T;
-    const float *a = att + row;
-    float *da = datt + row, *dp = dpreatt + row;
-    const float *dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
-    int tend = causal ? t + 1 : T;
+    size_t row = blockIdx.x;
+    int t = (int)(row % T), tend = causal ? t + 1 : T;
+    const float *a = att + row * T, *da = datt + row * T;
+    float *dp = dpre + row * T;
     float part = 0.0f;
-    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x) {
-        float s = 0.0f;
-        if (t2 < tend) {
-            const float *v = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
-            for (int i = 0; i < hs; i++)
-                s += v[i] * dy[i];
-        }
-        da[t2] = s;
-        part += a[t2] * s;
-    }
+    for (int j = threadIdx.x; j < tend; j += blockDim.x)
+        part += a[j] * da[j];
     float dot = block_sum(part, sh);
-    for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
-        dp[t2] = t2 < tend ? a[t2] * (da[t2] - dot) : 0.0f;
-    __syncthreads();
-    float *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int t2 = 0; t2 < tend; t2++)
-            acc += dp[t2] * qkv[((size_t)b * T + t2) * C3 + (size_t)h * hs + C + i];
-        dq[i] += acc * sc;
-    }
+    for (int j = threadIdx.x; j < T; j += blockDim.x)
+        dp[j] = j < tend ? a[j] * (da[j] - dot) : 0.0f;
 }
 
-__global__ void k_att_bwd_kv(float *dqkv, const float *dpreatt, const float *dout,
-                             const float *qkv, const float *att, int T, int C, int NH, int causal)
+/* C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch (column-major view) */
+static void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                         float alpha, const float *a, int lda, long long sa, const float *b,
+                         int ldb, long long sb, float beta, float *c, int ldc, long long sc,
+                         int batch, const char *what)
 {
-    int t2 = blockIdx.x % T, h = (blockIdx.x / T) % NH, b = blockIdx.x / (T * NH);
-    int hs = C / NH;
-    size_t C3 = (size_t)3 * C;
-    float sc = rsqrtf((float)hs);
-    int tstart = causal ? t2 : 0;
-    float *dk = dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
-    float *dv = dk + C;
-    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
-        float ak = 0.0f, av = 0.0f;
-        for (int t = tstart; t < T; t++) {
-            size_t row = (((size_t)b * NH + h) * T + t) * T;
-            ak += dpreatt[row + t2] * qkv[((size_t)b * T + t) * C3 + (size_t)h * hs + i];
-            av += att[row + t2] * dout[((size_t)b * T + t) * C + (size_t)h * hs + i];
-        }
-        dk[i] += ak * sc;
-        dv[i] += av;
-    }
+    blas_note(cublasGemmStridedBatchedEx(g_blas, ta, tb, m, n, k, &alpha, a, CUDA_R_32F, lda, sa,
+                                         b, CUDA_R_32F, ldb, sb, &beta, c, CUDA_R_32F, ldc, sc,
+                                         batch, g_compute, CUBLAS_GEMM_DEFAULT),
+              what);
 }
 
 static void cu_attention_fwd(float *out, float *preatt, float *att, const float *qkv, int B,
                              int T, int C, int NH, int causal)
 {
-    k_att_fwd<<<B * NH * T, ROW_THREADS>>>(out, preatt, att, qkv, T, C, NH, causal);
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * T * C;
+    float *buf = att_scratch(4 * n);
+    if (!buf)
+        return;
+    float *q = buf, *k = buf + n, *v = buf + 2 * n, *y = buf + 3 * n;
+    long long sT = (long long)T * hs, sTT = (long long)T * T;
+    k_permute<<<blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
+    /* preatt (T,T) row-major per head = q (T,hs) k^T / sqrt(hs) */
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f / sqrtf((float)hs), k, hs, sT, q, hs,
+                 sT, 0.0f, preatt, T, sTT, BH, "attention q.k");
+    k_softmax_rows<<<BH * T, ROW_THREADS>>>(att, preatt, T, causal);
+    /* y (T,hs) = att (T,T) v (T,hs) */
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, hs, sT, att, T, sTT, 0.0f, y, hs,
+                 sT, BH, "attention att.v");
+    k_unpermute<<<blocks_for(n, 256), 256>>>(out, y, B, T, NH, hs);
     LAUNCH_CHECK("attention_fwd");
 }
 
@@ -651,9 +709,31 @@ static void cu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const flo
                              const float *qkv, const float *att, int B, int T, int C, int NH,
                              int causal)
 {
-    k_att_bwd_q<<<B * NH * T, ROW_THREADS>>>(dqkv, dpreatt, datt, dout, qkv, att, T, C, NH,
-                                             causal);
-    k_att_bwd_kv<<<B * NH * T, 64>>>(dqkv, dpreatt, dout, qkv, att, T, C, NH, causal);
+    int hs = C / NH, BH = B * NH;
+    size_t n = (size_t)B * T * C;
+    float *buf = att_scratch(7 * n);
+    if (!buf)
+        return;
+    float *q = buf, *k = buf + n, *v = buf + 2 * n, *dy = buf + 3 * n;
+    float *dq = buf + 4 * n, *dk = buf + 5 * n, *dv = buf + 6 * n;
+    long long sT = (long long)T * hs, sTT = (long long)T * T;
+    float sc = 1.0f / sqrtf((float)hs);
+    k_permute<<<blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
+    k_permute_dout<<<blocks_for(n, 256), 256>>>(dy, dout, B, T, NH, hs);
+    /* datt (T,T) = dy (T,hs) v^T */
+    gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, hs, sT, dy, hs, sT, 0.0f, datt, T,
+                 sTT, BH, "attention datt");
+    /* dv (T,hs) = att^T (T,T) dy (T,hs) */
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, hs, sT, att, T, sTT, 0.0f, dv, hs,
+                 sT, BH, "attention dv");
+    k_softmax_bwd_rows<<<BH * T, ROW_THREADS>>>(dpreatt, datt, att, T, causal);
+    /* dq (T,hs) = dpre (T,T) k (T,hs) / sqrt(hs) */
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, sc, k, hs, sT, dpreatt, T, sTT, 0.0f, dq, hs,
+                 sT, BH, "attention dq");
+    /* dk (T,hs) = dpre^T (T,T) q (T,hs) / sqrt(hs) */
+    gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, sc, q, hs, sT, dpreatt, T, sTT, 0.0f, dk, hs,
+                 sT, BH, "attention dk");
+    k_scatter_dqkv<<<blocks_for(n, 256), 256>>>(dqkv, dq, dk, dv, B, T, NH, hs);
     LAUNCH_CHECK("attention_bwd");
 }
 
