@@ -34,7 +34,9 @@ KERN_WITH_CUDA := 0
 endif
 
 # OpenMP for the CPU backend's loops.
-$(KERNELS_OBJS): EXTRA_CFLAGS += -fopenmp
+# override: `make fuzz` passes EXTRA_CFLAGS on the command line, which would
+# otherwise replace this instead of adding to it.
+$(KERNELS_OBJS): override EXTRA_CFLAGS += -fopenmp
 LDLIBS_EXTRA += -lopenblas -fopenmp
 
 ifeq ($(KERN_WITH_CUDA),1)
@@ -42,7 +44,7 @@ CUDA_ARCH_FLAGS ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,
 NVCCFLAGS := -O2 -std=c++17 $(CUDA_ARCH_FLAGS) -I. -Icommon -Ikernels -Xcompiler -Wall,-Werror,-fPIC \
              -MMD -MP
 KERNELS_OBJS += $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(KERNELS_CU_SRCS))
-$(BUILD)/obj/kernels/kern_backend.o: EXTRA_CPPFLAGS += -DCT_HAVE_CUDA=1
+$(BUILD)/obj/kernels/kern_backend.o: override EXTRA_CPPFLAGS += -DCT_HAVE_CUDA=1
 LDLIBS_EXTRA += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 KERN_BUILD_MSG := kernels: CPU backend + CUDA backend (nvcc $(NVCC), sm_90 + PTX)
 else
