@@ -87,7 +87,13 @@ struct cm_data_manifest {
  * cm_data_manifest_free. */
 int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest **out,
                            char *err, size_t errlen);
-/* Reads a manifest file (at most 64 MiB) and parses it. */
+/* Same, resolving relative shard URLs (no "scheme://", not starting with
+ * '/') against base, a file://, http:// or https:// URL ending in '/'
+ * (CM_EINVAL otherwise). Without a base, relative URLs are an error. */
+int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
+                                struct cm_data_manifest **out, char *err, size_t errlen);
+/* Reads a manifest file (at most 64 MiB) and parses it; relative shard URLs
+ * resolve against the file's directory (file://, percent-encoded). */
 int cm_data_manifest_load(const char *path, struct cm_data_manifest **out, char *err,
                           size_t errlen);
 void cm_data_manifest_free(struct cm_data_manifest *m);

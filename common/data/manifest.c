@@ -140,7 +140,22 @@ static int parse_chunks(json_t *o, const char *where, struct cm_data_file *f, st
     return CM_OK;
 }
 
-static int parse_file(json_t *o, const char *where, struct cm_data_file *f, struct perr *e)
+static int valid_url_chars(const char *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)u[i] <= 0x20 || u[i] == 0x7f)
+            return 0;
+    return 1;
+}
+
+static int has_scheme(const char *u)
+{
+    return strncmp(u, "file://", 7) == 0 || strncmp(u, "http://", 7) == 0 ||
+           strncmp(u, "https://", 8) == 0;
+}
+
+static int parse_file(json_t *o, const char *where, const char *base, struct cm_data_file *f,
+                      struct perr *e)
 {
     static const char *const keys[] = {"url", "size", "sha256", "compression", "examples",
                                        "labels", "chunk_size", "chunk_sha256", NULL};
@@ -159,12 +174,30 @@ static int parse_file(json_t *o, const char *where, struct cm_data_file *f, stru
     if (ul == 0 || ul > CM_DATA_MAX_URL || strlen(u) != ul)
         return fail(e, CM_EPARSE, "%s.url: empty, longer than %d bytes or contains NUL", where,
                     CM_DATA_MAX_URL);
-    if (strncmp(u, "file://", 7) != 0 && strncmp(u, "http://", 7) != 0 &&
-        strncmp(u, "https://", 8) != 0)
+    if (!valid_url_chars(u, ul))
+        return fail(e, CM_EPARSE, "%s.url: contains a space or control character", where);
+    char *joined = NULL;
+    if (!strstr(u, "://")) {
+        /* A relative URL: resolved against the manifest's own location. */
+        if (!base)
+            return fail(e, CM_EPARSE, "%s.url: relative URL, but the manifest has no base "
+                        "(load it from a file, or give a base URL)", where);
+        if (u[0] == '/')
+            return fail(e, CM_EPARSE, "%s.url: a relative URL must not start with '/'", where);
+        size_t bl = strlen(base);
+        if (bl + ul > CM_DATA_MAX_URL)
+            return fail(e, CM_EPARSE, "%s.url: longer than %d bytes once resolved", where,
+                        CM_DATA_MAX_URL);
+        joined = malloc(bl + ul + 1);
+        if (!joined)
+            return fail(e, CM_ENOMEM, "out of memory");
+        memcpy(joined, base, bl);
+        memcpy(joined + bl, u, ul + 1);
+        u = joined;
+    } else if (!has_scheme(u)) {
         return fail(e, CM_EPARSE, "%s.url: scheme must be file://, http:// or https://", where);
-    for (size_t i = 0; i < ul; i++)
-        if ((unsigned char)u[i] <= 0x20 || u[i] == 0x7f)
-            return fail(e, CM_EPARSE, "%s.url: contains a space or control character", where);
+    }
+    f->url = joined;
     if ((rc = get_uint(o, "size", where, 1, 1, CM_DATA_MAX_SHARD_SIZE, &f->size, e)))
         return rc;
     json_t *h = json_object_get(o, "sha256");
@@ -187,7 +220,8 @@ static int parse_file(json_t *o, const char *where, struct cm_data_file *f, stru
     }
     if ((rc = parse_chunks(o, where, f, e)))
         return rc;
-    f->url = strdup(u);
+    if (!f->url)
+        f->url = strdup(u);
     return f->url ? CM_OK : fail(e, CM_ENOMEM, "out of memory");
 }
 
@@ -222,11 +256,22 @@ static int parse_image(json_t *root, struct cm_data_manifest *m, struct perr *e)
 int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest **out,
                            char *err, size_t errlen)
 {
+    return cm_data_manifest_parse_base(json, len, NULL, out, err, errlen);
+}
+
+int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
+                                struct cm_data_manifest **out, char *err, size_t errlen)
+{
     struct perr e = {err, errlen};
     if (err && errlen)
         err[0] = '\0';
     if (!out || (!json && len))
         return fail(&e, CM_EINVAL, "invalid arguments");
+    *out = NULL;
+    if (base && (!has_scheme(base) || strlen(base) > CM_DATA_MAX_URL ||
+                 !valid_url_chars(base, strlen(base)) || base[strlen(base) - 1] != '/'))
+        return fail(&e, CM_EINVAL, "base URL must be file://, http:// or https://, end with '/' "
+                    "and hold no spaces");
     *out = NULL;
     json_error_t jerr;
     json_t *root = json_loadb(json ? json : "", len, JSON_REJECT_DUPLICATES, &jerr);
@@ -331,7 +376,7 @@ int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest
         snprintf(where, sizeof where, "shards[%zu]", i);
         json_t *s = json_array_get(shards, i);
         struct cm_data_shard *sh = &m->shards[i];
-        if ((rc = parse_file(s, where, &sh->data, &e)))
+        if ((rc = parse_file(s, where, base, &sh->data, &e)))
             goto done;
         if ((rc = get_uint(s, "examples", where, 0, 1, UINT32_MAX, &sh->examples, &e)))
             goto done;
@@ -359,7 +404,7 @@ int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest
                 rc = fail(&e, CM_EPARSE, "%s: only url, size, sha256, compression allowed", lw);
                 goto done;
             }
-            if ((rc = parse_file(lab, lw, &sh->labels, &e)))
+            if ((rc = parse_file(lab, lw, base, &sh->labels, &e)))
                 goto done;
         } else if (lab) {
             rc = fail(&e, CM_EPARSE, "%s.labels: only allowed for idx-images", where);
@@ -405,8 +450,32 @@ int cm_data_manifest_load(const char *path, struct cm_data_manifest **out, char 
         free(buf);
         return fail(&e, CM_EIO, "%s: short read", path);
     }
+    /* Relative shard URLs resolve against the manifest's directory,
+     * percent-encoded so that any path makes a valid file:// URL. */
+    char *real = realpath(path, NULL);
+    char *base = real ? malloc(7 + 3 * strlen(real) + 2) : NULL;
+    if (!base) {
+        free(real);
+        free(buf);
+        return fail(&e, CM_ENOMEM, "%s: cannot resolve its directory", path);
+    }
+    char *slash = strrchr(real, '/');
+    slash[1] = '\0';
+    char *w = base + sprintf(base, "file://");
+    for (const unsigned char *c = (const unsigned char *)real; *c; c++) {
+        if ((*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') ||
+            strchr("/-._~", *c))
+            *w++ = (char)*c;
+        else
+            w += sprintf(w, "%%%02X", *c);
+    }
+    *w = '\0';
+    free(real);
     char inner[256] = "";
-    int rc = cm_data_manifest_parse(buf, n, out, inner, sizeof inner);
+    int rc = strlen(base) <= CM_DATA_MAX_URL
+                 ? cm_data_manifest_parse_base(buf, n, base, out, inner, sizeof inner)
+                 : cm_data_manifest_parse(buf, n, out, inner, sizeof inner);
+    free(base);
     free(buf);
     if (rc != CM_OK)
         return fail(&e, rc, "%s: %s", path, inner);

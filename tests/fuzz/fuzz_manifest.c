@@ -23,6 +23,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != CM_OK) {
         if (m || strlen(err) == 0)
             __builtin_trap();
+        /* With a base, relative shard URLs resolve; everything else stays strict. */
+        if (cm_data_manifest_parse_base((const char *)data, size, "https://h.example/d/", &m, err,
+                                        sizeof err) == CM_OK)
+            cm_data_manifest_free(m);
         return 0;
     }
     if (!m || m->n_shards == 0 || !m->name)
@@ -37,6 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               (uint64_t)f->n_chunks != (f->size + f->chunk_size - 1) / f->chunk_size))
             __builtin_trap();
     }
+    cm_data_manifest_free(m);
+    /* Accepted without a base means accepted with one (only relative URLs differ). */
+    if (cm_data_manifest_parse_base((const char *)data, size, "https://h.example/d/", &m, err,
+                                    sizeof err) != CM_OK)
+        __builtin_trap();
     cm_data_manifest_free(m);
     return 0;
 }

@@ -190,6 +190,32 @@ static void test_bad_manifests(void **state)
     }
 }
 
+static void test_relative_urls(void **state)
+{
+    (void)state;
+    const char *rel = "{\"name\": \"r\", \"format\": \"text-bytes\", \"shards\": [{\"url\": "
+                      "\"part/a.txt\", \"size\": 10, \"sha256\": \"" H64 "\"}, " SHARD "]}";
+    struct cm_data_manifest *m = NULL;
+    char err[256];
+    assert_int_equal(cm_data_manifest_parse_base(rel, strlen(rel), "https://h.example/d/", &m, err,
+                                                 sizeof err), CM_OK);
+    assert_string_equal(m->shards[0].data.url, "https://h.example/d/part/a.txt");
+    assert_string_equal(m->shards[1].data.url, "file:///tmp/a"); /* absolute stays */
+    cm_data_manifest_free(m);
+    assert_int_equal(cm_data_manifest_parse(rel, strlen(rel), &m, err, sizeof err), CM_EPARSE);
+    assert_non_null(strstr(err, "shards[0].url: relative URL"));
+    assert_null(m);
+    const char *abs = "{\"name\": \"r\", \"format\": \"text-bytes\", \"shards\": [{\"url\": "
+                      "\"/etc/passwd\", \"size\": 10, \"sha256\": \"" H64 "\"}]}";
+    assert_int_equal(cm_data_manifest_parse_base(abs, strlen(abs), "file:///d/", &m, err,
+                                                 sizeof err), CM_EPARSE);
+    assert_non_null(strstr(err, "must not start with '/'"));
+    assert_int_equal(cm_data_manifest_parse_base(rel, strlen(rel), "https://h/d", &m, err,
+                                                 sizeof err), CM_EINVAL);
+    assert_int_equal(cm_data_manifest_parse_base(rel, strlen(rel), "ftp://h/d/", &m, err,
+                                                 sizeof err), CM_EINVAL);
+}
+
 static void test_manifest_load_errors(void **state)
 {
     (void)state;
@@ -319,6 +345,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good_manifests),
         cmocka_unit_test(test_bad_manifests),
+        cmocka_unit_test(test_relative_urls),
         cmocka_unit_test(test_manifest_load_errors),
         cmocka_unit_test(test_idx),
         cmocka_unit_test(test_tokens),

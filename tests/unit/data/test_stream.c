@@ -22,6 +22,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -282,6 +283,43 @@ static void test_idx_shards(void **state)
 }
 
 enum { NSH = 12, PER = (NTOK - 1) / T, TOTAL = NSH * PER };
+
+/* A manifest file with relative URLs, in a directory whose name needs
+ * percent-encoding: shards resolve next to the manifest. */
+static void test_relative_manifest_file(void **state)
+{
+    (void)state;
+    char dir[160], path[256], mpath[256];
+    snprintf(dir, sizeof dir, "%s/data set%%#", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    size_t len;
+    uint8_t *b0 = token_shard(4, &len);
+    snprintf(path, sizeof path, "%s/s0.bin", dir);
+    write_file(path, b0, len);
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"name\": \"rel\", \"format\": \"tokens-u16\", \"vocab_size\": 65536, \"shards\": [");
+    add_entry(json, sizeof json, "s0.bin", b0, len, 0, 0);
+    snprintf(json + strlen(json), sizeof json - strlen(json), "]}");
+    snprintf(mpath, sizeof mpath, "%s/m.json", dir);
+    write_file(mpath, json, strlen(json));
+    struct cm_data_options o;
+    opts(&o, CM_DATA_EVAL);
+    struct cm_data_iter *it;
+    assert_int_equal(cm_data_open_file(mpath, 0, &o, &it), CM_OK);
+    assert_non_null(strstr(cm_data_iter_manifest(it)->shards[0].data.url, "/data%20set%25%23/s0.bin"));
+    int32_t tok[PER * (T + 1)];
+    uint64_t ids[PER];
+    struct cm_data_batch b = {.capacity = PER, .tokens = tok, .ids = ids};
+    assert_int_equal(cm_data_next_batch(it, &b), CM_OK);
+    assert_int_equal(b.n, PER);
+    for (int i = 0; i < PER; i++)
+        for (unsigned j = 0; j <= T; j++)
+            assert_int_equal(tok[i * (T + 1) + j], tok_value(4, (unsigned)i * T + j));
+    cm_data_close(it);
+    free(b0);
+}
+
 
 /* Draws `draws` examples; returns ids in order; checks each window. */
 static void draw(struct cm_data_manifest *m, uint64_t seed, size_t draws, uint64_t *ids_out,
@@ -1166,6 +1204,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_windows),
         cmocka_unit_test(test_idx_shards),
+        cmocka_unit_test(test_relative_manifest_file),
         cmocka_unit_test(test_shuffle_statistics),
         cmocka_unit_test(test_skip_resumes_stream),
         cmocka_unit_test(test_hash_mismatch_rejected),
