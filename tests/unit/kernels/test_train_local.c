@@ -258,6 +258,8 @@ static void test_example_configs(void **state)
     (void)state;
     static const struct { const char *file; size_t params; } ex[] = {
         {"examples/fmnist-mlp.json", 235146},
+        {"examples/fmnist-mlp-baseline.json", 784 * 256 + 256 + 256 * 128 + 128 + 128 * 100 + 100 +
+                                                  100 * 10 + 10},
         {"examples/tiny-gpt-bytes.json", 437760},
         {"examples/tiny-albert-bytes.json", 0},
         {"examples/gpt2-small.json", 124439808},
