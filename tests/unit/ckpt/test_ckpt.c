@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -237,6 +239,43 @@ static void test_corrupt_file_leaves_old_state(void **state)
     unlink(fifo);
 }
 
+/* A write that fails half-way (file size limit standing in for a full disk)
+ * reports CM_EIO, leaves the previous checkpoint intact and no temporary
+ * file behind. */
+static void test_failed_write_keeps_old_file(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f);
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "%s/full", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/x.ckpt", dir);
+    assert_int_equal(cm_ckpt_write(path, &f.c, NULL), CM_OK);
+    float big[4096] = {0};
+    struct cm_ckpt c2 = f.c;
+    c2.params = big;
+    c2.n_params = 4096;
+    c2.step = 99;
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 1000;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = cm_ckpt_write(path, &c2, NULL);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(rc, CM_EIO);
+    struct cm_ckpt r;
+    assert_int_equal(cm_ckpt_read(path, &r), CM_OK);
+    assert_same(&f.c, &r);
+    cm_ckpt_cleanup(&r);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq 1", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_limits(void **state)
 {
     (void)state;
@@ -381,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_every_truncation_rejected),
         cmocka_unit_test(test_every_flipped_byte_rejected),
         cmocka_unit_test(test_corrupt_file_leaves_old_state),
+        cmocka_unit_test(test_failed_write_keeps_old_file),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_stream_verifier),
         cmocka_unit_test(test_throughput_figure),

@@ -8,9 +8,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
@@ -88,6 +91,41 @@ static void test_writer_refuses_bad_names(void **state)
     struct cm_st_export empty[] = {{.name = "", .ndim = 0, .data = &x}};
     assert_int_equal(cm_st_write(path, empty, 1, NULL, 0), CM_EINVAL);
     assert_int_not_equal(access(path, F_OK), 0); /* nothing written */
+}
+
+/* A failed export (file size limit standing in for a full disk) leaves the
+ * previous file and no temporary file. */
+static void test_failed_write_keeps_old_file(void **state)
+{
+    (void)state;
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "%s/full", tmpdir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    float small[2] = {1, 2}, big[4096] = {0};
+    struct cm_st_export t1[] = {{.name = "a", .ndim = 1, .shape = {2}, .data = small}};
+    struct cm_st_export t2[] = {{.name = "a", .ndim = 1, .shape = {4096}, .data = big}};
+    assert_int_equal(cm_st_write(path, t1, 1, NULL, 0), CM_OK);
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 1000;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = cm_st_write(path, t2, 1, NULL, 0);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(rc, CM_EIO);
+    struct cm_st_file f;
+    assert_int_equal(cm_st_load(path, 1 << 20, &f), CM_OK);
+    uint64_t shape[] = {2};
+    float got[2];
+    assert_int_equal(cm_st_read_f32(&f, "a", 1, shape, got), CM_OK);
+    assert_memory_equal(got, small, sizeof small);
+    cm_st_cleanup(&f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq 1", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void test_parser_strict(void **state)
@@ -218,6 +256,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_writer_refuses_bad_names),
+        cmocka_unit_test(test_failed_write_keeps_old_file),
         cmocka_unit_test(test_parser_strict),
         cmocka_unit_test(test_every_truncation_rejected),
         cmocka_unit_test(test_half_conversions),
