@@ -55,8 +55,13 @@
 #define AR_ROUND_ID_LEN 32   /* SHA-256, see ar_round_id */
 #define AR_ALIGN 256         /* part boundaries are multiples of this (elements) */
 #define AR_Q8_BLOCK 64       /* values per 8-bit quantization block */
-#define AR_CHUNK_DEFAULT 32768u /* elements per chunk message */
-#define AR_CHUNK_MAX 65536u  /* largest chunk: 256 KiB of fp32 fits one frame */
+#define AR_PAYLOAD_MAX (256u * 1024u) /* encoded bytes of one chunk: fits one frame */
+#define AR_CHUNK_MAX 262144u /* elements of one chunk (with a payload <= AR_PAYLOAD_MAX) */
+/* Default elements per chunk: about 128 KiB encoded whatever the encoding
+ * (fewer, larger messages when compressed: each costs a signature). */
+#define AR_CHUNK_DEFAULT 32768u /* fp32 */
+#define AR_CHUNK_DEFAULT_FP16 65536u
+#define AR_CHUNK_DEFAULT_Q8 131072u
 
 /* Message types of the averaging protocol: 32..47 are reserved for it
  * (p2p_transport.h uses 1..2 and 16..18; docs/protocol.md, "Averaging"). */
@@ -182,7 +187,8 @@ struct ar_round_config {
     size_t n;                     /* elements; same on every member */
     double weight;                /* my sample count (> 0 when I send) */
     enum ar_comp comp;
-    uint32_t chunk_elems;         /* 0: AR_CHUNK_DEFAULT; multiple of AR_Q8_BLOCK, <= AR_CHUNK_MAX */
+    uint32_t chunk_elems;         /* 0: the encoding's AR_CHUNK_DEFAULT*; a multiple of
+                                     AR_Q8_BLOCK whose encoded size is <= AR_PAYLOAD_MAX */
     uint32_t deadline_ms;         /* whole round; 0: 60000 */
     uint32_t stall_ms;            /* silence before a peer is given up; 0: 5000 */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
@@ -194,8 +200,12 @@ struct ar_round_config {
     void *arg;
 };
 
+/* Elements per chunk a configuration uses (its chunk_elems or the default
+ * of its encoding). */
+uint32_t ar_chunk_elems(const struct ar_round_config *cfg);
+
 /* Round id: SHA-256 over "crowdtrain-ar-v1", step, group id, n, comp,
- * chunk_elems, and every member's public key, fraction and sends flag, so
+ * chunk elements, and every member's public key, fraction and sends flag, so
  * members with a different view of the round never mix data (their
  * messages name a round the others do not know). */
 int ar_round_id(const struct ar_round_config *cfg, uint8_t out[AR_ROUND_ID_LEN]);

@@ -88,6 +88,15 @@ int ar_partition(const struct ar_member *members, size_t n_members, size_t n, si
     return CM_OK;
 }
 
+uint32_t ar_chunk_elems(const struct ar_round_config *cfg)
+{
+    if (cfg->chunk_elems)
+        return cfg->chunk_elems;
+    return cfg->comp == AR_COMP_Q8     ? AR_CHUNK_DEFAULT_Q8
+           : cfg->comp == AR_COMP_FP16 ? AR_CHUNK_DEFAULT_FP16
+                                       : AR_CHUNK_DEFAULT;
+}
+
 static void put_u64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
@@ -116,7 +125,7 @@ int ar_round_id(const struct ar_round_config *cfg, uint8_t out[AR_ROUND_ID_LEN])
     cm_sha256_update(&h, b, 8);
     put_u64(b, (uint64_t)cfg->comp);
     cm_sha256_update(&h, b, 8);
-    put_u64(b, cfg->chunk_elems ? cfg->chunk_elems : AR_CHUNK_DEFAULT);
+    put_u64(b, ar_chunk_elems(cfg));
     cm_sha256_update(&h, b, 8);
     put_u64(b, cfg->n_members);
     cm_sha256_update(&h, b, 8);
@@ -202,7 +211,7 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
         if (!m.has_round)
             return CM_EPARSE;
         if (!(rc = lookup(e, m.round, from->pub, &r, &member)))
-            rc = ar__round_on_data(r, member, &m, prc, len);
+            rc = ar__round_on_data(r, member, &m, prc, len, resp, rlen);
         ar_data_cleanup(&m);
         return rc;
     }

@@ -33,6 +33,7 @@ struct ar__sender {
 /* My part, when I aggregate. */
 struct ar__agg {
     size_t part, offset, len, n_chunks, n_final;
+    size_t final_prefix; /* leading chunks that are final (told to members in Acks) */
     double *sum;        /* len: weighted sums, freed once every chunk is final */
     uint64_t *recv;     /* per chunk: senders summed in */
     double *cw;         /* per chunk: their total weight */
@@ -59,9 +60,11 @@ struct ar__link {
     uint8_t *ist;
     float *stage;
     size_t inext, igot;
+    size_t iready; /* leading chunks the aggregator said are final */
     unsigned iflight;
-    int idone, istatus, iblocked;
-    int64_t iretry_at, ilast_ms;
+    int idone, istatus;
+    size_t ilow, olow; /* lowest chunk not yet done, each side */
+    int64_t iretry_at, iprobe_at, ilast_ms;
     uint32_t ibackoff;
     double wmin, wmax;
     uint64_t cand, cor, dropped, excluded;
@@ -124,7 +127,7 @@ int ar__member_of(const struct ar_round *r, const uint8_t pub[CM_ED25519_PUB_LEN
 /* m was parsed with status parse_rc; on failure only m->part/chunk (from
  * has_round) are meaningful. body_len counts the received bytes. */
 int ar__round_on_data(struct ar_round *r, int sender, const struct ar_data_msg *m, int parse_rc,
-                      size_t body_len);
+                      size_t body_len, uint8_t **resp, size_t *rlen);
 int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
                        size_t body_len, uint8_t **resp, size_t *rlen);
 /* Ends a round at once (engine shutdown or cancel): done runs with status. */

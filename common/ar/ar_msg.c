@@ -20,7 +20,7 @@ static int enc_ok(uint32_t e)
  * be exactly what count values take. */
 static int shape_ok(uint32_t enc, uint32_t count, size_t payload_len)
 {
-    if (count == 0 || count > AR_CHUNK_MAX)
+    if (count == 0 || count > AR_CHUNK_MAX || payload_len > AR_PAYLOAD_MAX)
         return CM_ERANGE;
     return payload_len == ar_codec_size((int)enc, count) ? CM_OK : CM_ERANGE;
 }
@@ -191,4 +191,21 @@ int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_le
     r.payload.data = (uint8_t *)m->payload;
     r.payload.len = m->payload_len;
     return pack(&r.base, out, out_len);
+}
+
+int ar_ack_parse(const uint8_t *buf, size_t len, uint32_t *ready)
+{
+    Ctar__Ack *a = ctar__ack__unpack(NULL, len, buf);
+    if (!a)
+        return CM_EPARSE;
+    *ready = a->ready;
+    ctar__ack__free_unpacked(a, NULL);
+    return CM_OK;
+}
+
+int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len)
+{
+    Ctar__Ack a = CTAR__ACK__INIT;
+    a.ready = ready;
+    return pack(&a.base, out, out_len);
 }

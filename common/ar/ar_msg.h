@@ -42,7 +42,7 @@ struct ar_result_msg {
 /* Parsers. CM_EPARSE: not a message of that type, round id not 32 bytes,
  * unknown encoding, too many exclusions or a bad member/reason in them, a
  * weight that is not finite and >= 0 (Result only). CM_ERANGE: count 0 or
- * above AR_CHUNK_MAX, or payload length not the encoded size of count
+ * above AR_CHUNK_MAX, payload above AR_PAYLOAD_MAX or not the encoded size of count
  * values (a length that lies). On CM_OK call the matching _cleanup.
  * ar_data_parse sets has_round (with round, part, chunk) whenever the round
  * id decoded, even if a later field failed, so the receiver can attribute a
@@ -52,6 +52,11 @@ void ar_data_cleanup(struct ar_data_msg *m);
 int ar_fetch_parse(const uint8_t *buf, size_t len, struct ar_fetch_msg *m);
 int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m);
 void ar_result_cleanup(struct ar_result_msg *m);
+
+/* Ack: the response body to Data (status 0) and to a Fetch that is not
+ * ready (CM_EBUSY). CM_EPARSE when undecodable. */
+int ar_ack_parse(const uint8_t *buf, size_t len, uint32_t *ready);
+int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len);
 
 /* Builders: *out is heap memory the caller frees. The payload is copied. */
 int ar_data_build(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);

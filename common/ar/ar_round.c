@@ -306,6 +306,8 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
     }
+    while (a->final_prefix < a->n_chunks && a->final[a->final_prefix])
+        a->final_prefix++;
     if (++a->n_final == a->n_chunks)
         agg_complete(r);
 }
@@ -350,11 +352,23 @@ static int agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_
     return CM_OK;
 }
 
+static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc);
+
+/* Accepted chunks are answered with an Ack telling how far the part is
+ * final, so the sender fetches those chunks without polling. */
 int ar__round_on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc,
-                      size_t body_len)
+                      size_t body_len, uint8_t **resp, size_t *rlen)
+{
+    r->bytes_received += body_len;
+    int rc = on_data(r, s, m, prc);
+    if (rc == CM_OK && ar_ack_build((uint32_t)r->agg.final_prefix, resp, rlen) == CM_OK)
+        r->bytes_sent += *rlen;
+    return rc;
+}
+
+static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc)
 {
     struct ar__agg *a = &r->agg;
-    r->bytes_received += body_len;
     if (r->phase != AR__P_RUNNING)
         return CM_ESTATE;
     if (r->my_part < 0 || m->part != (uint32_t)r->my_part)
@@ -393,8 +407,12 @@ int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg
     if (r->my_part < 0 || m->part != (uint32_t)r->my_part || m->chunk >= a->n_chunks)
         return CM_EINVAL;
     size_t c = m->chunk;
-    if (a->final[c] == 0)
-        return CM_EBUSY; /* not averaged yet: ask again */
+    if (a->final[c] == 0) {
+        /* not averaged yet: ask again; the Ack says what is */
+        if (ar_ack_build((uint32_t)a->final_prefix, resp, rlen) == CM_OK)
+            r->bytes_sent += *rlen;
+        return CM_EBUSY;
+    }
     if (a->final[c] == 2)
         return CM_ENOTFOUND;
     struct ar_result_msg out;
@@ -437,6 +455,18 @@ static void give_up_out(struct ar_round *r, size_t k, int status)
 
 static void data_cb(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
                     size_t len);
+static void in_pump(struct ar_round *r, size_t k);
+
+/* Learns from an Ack how many leading chunks of part k are final. */
+static void take_ack(struct ar_round *r, size_t k, const uint8_t *body, size_t len)
+{
+    struct ar__link *L = &r->link[k];
+    uint32_t ready;
+    r->bytes_received += len;
+    if (len && ar_ack_parse(body, len, &ready) == CM_OK && ready <= L->n_chunks &&
+        ready > L->iready)
+        L->iready = ready;
+}
 
 static int send_data(struct ar_round *r, size_t k, size_t c)
 {
@@ -498,7 +528,9 @@ static void out_pump(struct ar_round *r, size_t k)
     struct ar__link *L = &r->link[k];
     if (L->odone || ar__mono_ms() < L->oretry_at)
         return;
-    size_t scan = 0;
+    while (L->olow < L->n_chunks && L->ost[L->olow] == AR__C_DONE)
+        L->olow++;
+    size_t scan = L->olow;
     while (!L->odone && L->oflight < r->window) {
         size_t c = L->n_chunks;
         while (scan < L->onext && L->ost[scan] != AR__C_RETRY)
@@ -527,7 +559,6 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
     struct ar__req *q = arg;
     struct ar_round *r = q->r;
     size_t k = q->k, c = q->c, bytes = q->bytes;
-    (void)body, (void)len;
     free(q);
     if (unref(r))
         return;
@@ -537,6 +568,7 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
         goto out;
     int64_t now = ar__mono_ms();
     if (status == CM_OK && from) {
+        take_ack(r, k, body, len);
         L->ost[c] = AR__C_DONE;
         L->olast_ms = now;
         L->obackoff = AR__BACKOFF_MIN_MS;
@@ -555,6 +587,8 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
         CM_LOGI("ar", "member %u refused chunk %zu of part %zu: %s", r->owner[k], c, k,
                 cm_strerror(status));
     out_pump(r, k);
+    if (r->i_pull)
+        in_pump(r, k);
 out:
     check_done(r);
 }
@@ -627,16 +661,17 @@ static void in_pump(struct ar_round *r, size_t k)
     struct ar__link *L = &r->link[k];
     if (L->idone || ar__mono_ms() < L->iretry_at)
         return;
-    /* While the aggregator answers "not yet", one probe at a time. */
-    unsigned limit = L->iblocked ? 1 : r->window;
-    size_t scan = 0;
-    while (!L->idone && L->iflight < limit) {
+    /* Chunks the aggregator said are final: a full window of them. */
+    while (L->ilow < L->n_chunks && L->ist[L->ilow] == AR__C_DONE)
+        L->ilow++;
+    size_t scan = L->ilow;
+    while (!L->idone && L->iflight < r->window) {
         size_t c = L->n_chunks;
-        while (scan < L->inext && L->ist[scan] != AR__C_RETRY)
+        while (scan < L->inext && scan < L->iready && L->ist[scan] != AR__C_RETRY)
             scan++;
-        if (scan < L->inext)
+        if (scan < L->inext && scan < L->iready)
             c = scan++;
-        else if (L->inext < L->n_chunks && fetchable(r, L, L->inext))
+        else if (L->inext < L->iready)
             c = L->inext++;
         if (c == L->n_chunks)
             break;
@@ -646,8 +681,32 @@ static void in_pump(struct ar_round *r, size_t k)
                 give_up_in(r, k, rc);
             else
                 in_backoff(L, c);
-            break;
+            return;
         }
+    }
+    if (L->idone || L->iflight || L->igot == L->n_chunks || ar__mono_ms() < L->iprobe_at)
+        return;
+    /* Nothing known to be ready: one probe for the lowest missing chunk, if
+     * the aggregator already has my copy of it (earlier it cannot be ready).
+     * Its "not yet" answer carries the ready count; probes back off. */
+    size_t c = L->ilow;
+    while (c < L->inext && L->ist[c] != AR__C_RETRY)
+        c++;
+    if (c == L->inext) {
+        if (L->inext == L->n_chunks)
+            return;
+        c = L->inext;
+    }
+    if (!fetchable(r, L, c))
+        return;
+    if (c == L->inext)
+        L->inext++;
+    int rc = send_fetch(r, k, c);
+    if (rc) {
+        if (!retryable(rc))
+            give_up_in(r, k, rc);
+        else
+            in_backoff(L, c);
     }
 }
 
@@ -699,18 +758,16 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
     if (L->idone)
         goto out;
     int64_t now = ar__mono_ms();
-    if (from) {
-        r->bytes_received += len;
+    if (from)
         L->ilast_ms = now; /* the aggregator is alive */
-    }
     if (status == CM_OK && from) {
+        r->bytes_received += len;
         int rc = take_result(r, k, c, body, len);
         if (rc) {
             give_up_in(r, k, rc);
             goto out;
         }
         L->ist[c] = AR__C_DONE;
-        L->iblocked = 0;
         L->ibackoff = AR__BACKOFF_MIN_MS;
         if (++L->igot == L->n_chunks) {
             /* The whole part arrived: commit it at once. */
@@ -718,9 +775,12 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
             give_up_in(r, k, CM_OK);
         }
     } else if (from && status == CM_EBUSY) {
-        L->iblocked = 1;
-        in_backoff(L, c);
+        take_ack(r, k, body, len);
+        L->ist[c] = AR__C_RETRY;
+        L->iprobe_at = now + L->ibackoff;
+        L->ibackoff = L->ibackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->ibackoff * 2;
     } else if (from) {
+        r->bytes_received += len;
         give_up_in(r, k, status);
     } else if (now - L->ilast_ms > (int64_t)r->stall_ms) {
         give_up_in(r, k, status ? status : CM_ETIMEOUT);
@@ -812,7 +872,9 @@ static int check_config(const struct ar_engine *e, const struct ar_round_config 
         return CM_EINVAL;
     if (c->comp != AR_COMP_NONE && c->comp != AR_COMP_FP16 && c->comp != AR_COMP_Q8)
         return CM_EINVAL;
-    if (c->chunk_elems && (c->chunk_elems % AR_Q8_BLOCK || c->chunk_elems > AR_CHUNK_MAX))
+    if (c->chunk_elems &&
+        (c->chunk_elems % AR_Q8_BLOCK || c->chunk_elems > AR_CHUNK_MAX ||
+         ar_codec_size(c->comp, c->chunk_elems) > AR_PAYLOAD_MAX))
         return CM_EINVAL;
     if (c->max_norm < 0 || c->max_weight < 0 || isnan(c->max_norm) || isnan(c->max_weight))
         return CM_EINVAL;
@@ -898,7 +960,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->n = cfg->n;
     r->weight = cfg->weight;
     r->comp = cfg->comp;
-    r->chunk = cfg->chunk_elems ? cfg->chunk_elems : AR_CHUNK_DEFAULT;
+    r->chunk = ar_chunk_elems(cfg);
     r->deadline_ms = cfg->deadline_ms ? cfg->deadline_ms : 60000;
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
     r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;

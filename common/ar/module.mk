@@ -11,3 +11,12 @@ $(AR_GEN_C) $(AR_GEN_H) &: $(AR_PROTO)
 	$(Q)protoc-c --proto_path=common --c_out=$(BUILD)/gen $<
 
 $(call objs_of,$(wildcard common/ar/*.c tests/unit/ar/*.c tests/fuzz/fuzz_ar_*.c tests/bench/bench_ar*.c)): | $(AR_GEN_H)
+
+# The averaging bandwidth benchmark (`make bench`). Prerequisites name the
+# libraries by path: tests/module.mk and COMMON_LIB are defined after this.
+BENCH_AR := $(BUILD)/tests/bench/bench_ar
+$(BENCH_AR): $(BUILD)/obj/tests/bench/bench_ar.o $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
+BENCHES += $(BENCH_AR)

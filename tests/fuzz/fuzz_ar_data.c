@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct ar_data_msg m;
     if (ar_data_parse(data, size, &m) != 0)
         return 0;
-    if (m.count == 0 || m.count > AR_CHUNK_MAX ||
+    if (m.count == 0 || m.count > AR_CHUNK_MAX || m.payload_len > AR_PAYLOAD_MAX ||
         m.payload_len != ar_codec_size((int)m.encoding, m.count))
         __builtin_trap();
     float *out = malloc(m.count * sizeof(float));
