@@ -51,8 +51,16 @@ static uint64_t get_u64(const uint8_t *p)
 
 /* Header field offsets (docs/checkpoints.md). */
 enum {
-    H_MAGIC = 0, H_VERSION = 8, H_HEADER_SIZE = 12, H_TOTAL = 16, H_STEP = 24,
-    H_NPARAMS = 32, H_NOPT = 40, H_RNG = 44, H_CONFIG = 48, H_RESERVED = 52,
+    H_MAGIC = 0,
+    H_VERSION = 8,
+    H_HEADER_SIZE = 12,
+    H_TOTAL = 16,
+    H_STEP = 24,
+    H_NPARAMS = 32,
+    H_NOPT = 40,
+    H_RNG = 44,
+    H_CONFIG = 48,
+    H_RESERVED = 52,
 };
 
 static int valid_name(const char *name, size_t *len_out)
@@ -71,8 +79,8 @@ uint64_t cm_ckpt_encoded_size(const struct cm_ckpt *c)
         (c->rng_len && !c->rng) || c->config_len > CM_CKPT_MAX_CONFIG ||
         (c->config_len && !c->config))
         return 0;
-    uint64_t total = CM_CKPT_HEADER_BYTES + (uint64_t)c->config_len + c->rng_len +
-                     4 * c->n_params + CM_CKPT_TRAILER_BYTES;
+    uint64_t total = CM_CKPT_HEADER_BYTES + (uint64_t)c->config_len + c->rng_len + 4 * c->n_params +
+                     CM_CKPT_TRAILER_BYTES;
     for (uint32_t i = 0; i < c->n_opt; i++) {
         size_t nl;
         const struct cm_ckpt_buf *b = &c->opt[i];
@@ -239,10 +247,10 @@ int cm_ckpt_write(const char *path, const struct cm_ckpt *c, uint8_t sha256_out[
 struct source {
     const uint8_t *buf; /* buffer source, or NULL for fd */
     int fd;
-    uint64_t size;      /* whole input */
+    uint64_t size; /* whole input */
     uint64_t pos;
     struct cm_sha256_ctx hash;
-    const char *what;   /* for messages */
+    const char *what; /* for messages */
 };
 
 static int src_read(struct source *s, void *dst, uint64_t n, int hash)
@@ -263,7 +271,8 @@ static int src_read(struct source *s, void *dst, uint64_t n, int hash)
             if (k < 0 && errno == EINTR)
                 continue;
             if (k <= 0) {
-                CM_LOGE("ckpt", "checkpoint %s: read: %s", s->what, k < 0 ? strerror(errno) : "short file");
+                CM_LOGE("ckpt", "checkpoint %s: read: %s", s->what,
+                        k < 0 ? strerror(errno) : "short file");
                 return k < 0 ? CM_EIO : CM_EPARSE;
             }
             d += k;
@@ -284,12 +293,13 @@ static int parse_header(const uint8_t *h, uint64_t file_size, const char *what)
     }
     uint32_t ver = get_u32(h + H_VERSION);
     if (ver != CM_CKPT_VERSION) {
-        CM_LOGE("ckpt", "checkpoint %s: version %u, this build reads %u", what, ver, CM_CKPT_VERSION);
+        CM_LOGE("ckpt", "checkpoint %s: version %u, this build reads %u", what, ver,
+                CM_CKPT_VERSION);
         return CM_EVERSION;
     }
     if (get_u32(h + H_HEADER_SIZE) != CM_CKPT_HEADER_BYTES) {
-        CM_LOGE("ckpt", "checkpoint %s: header size %u, expected %u", what, get_u32(h + H_HEADER_SIZE),
-                CM_CKPT_HEADER_BYTES);
+        CM_LOGE("ckpt", "checkpoint %s: header size %u, expected %u", what,
+                get_u32(h + H_HEADER_SIZE), CM_CKPT_HEADER_BYTES);
         return CM_EPARSE;
     }
     for (int i = H_RESERVED; i < CM_CKPT_HEADER_BYTES; i++)
@@ -299,8 +309,10 @@ static int parse_header(const uint8_t *h, uint64_t file_size, const char *what)
         }
     uint64_t total = get_u64(h + H_TOTAL);
     if (file_size != UINT64_MAX && total != file_size) {
-        CM_LOGE("ckpt", "checkpoint %s: header says %" PRIu64 " bytes, file has %" PRIu64
-                " (truncated or trailing data)", what, total, file_size);
+        CM_LOGE("ckpt",
+                "checkpoint %s: header says %" PRIu64 " bytes, file has %" PRIu64
+                " (truncated or trailing data)",
+                what, total, file_size);
         return CM_EPARSE;
     }
     if (get_u32(h + H_NOPT) > CM_CKPT_MAX_BUFS || get_u32(h + H_RNG) > CM_CKPT_MAX_RNG ||
@@ -313,7 +325,8 @@ static int parse_header(const uint8_t *h, uint64_t file_size, const char *what)
                        4 * get_u64(h + H_NPARAMS) + (uint64_t)get_u32(h + H_NOPT) * 13 +
                        CM_CKPT_TRAILER_BYTES;
     if (minimum > total) {
-        CM_LOGE("ckpt", "checkpoint %s: sections need at least %" PRIu64 " bytes, header says %" PRIu64,
+        CM_LOGE("ckpt",
+                "checkpoint %s: sections need at least %" PRIu64 " bytes, header says %" PRIu64,
                 what, minimum, total);
         return CM_EPARSE;
     }
@@ -323,7 +336,8 @@ static int parse_header(const uint8_t *h, uint64_t file_size, const char *what)
 static int read_floats(struct source *s, uint64_t count, float **out)
 {
     if (count > (s->size - s->pos) / 4) {
-        CM_LOGE("ckpt", "checkpoint %s: buffer of %" PRIu64 " floats runs past the end", s->what, count);
+        CM_LOGE("ckpt", "checkpoint %s: buffer of %" PRIu64 " floats runs past the end", s->what,
+                count);
         return CM_EPARSE;
     }
     *out = malloc(count ? count * 4 : 1);
@@ -336,7 +350,8 @@ static int parse_source(struct source *s, struct cm_ckpt *out)
 {
     memset(out, 0, sizeof *out);
     if (s->size < CM_CKPT_HEADER_BYTES + CM_CKPT_TRAILER_BYTES) {
-        CM_LOGE("ckpt", "checkpoint %s: %" PRIu64 " bytes is too short to be a checkpoint", s->what, s->size);
+        CM_LOGE("ckpt", "checkpoint %s: %" PRIu64 " bytes is too short to be a checkpoint", s->what,
+                s->size);
         return CM_EPARSE;
     }
     if (cm_sha256_init(&s->hash) != CM_OK)
@@ -381,8 +396,8 @@ static int parse_source(struct source *s, struct cm_ckpt *out)
             goto fail;
         uint32_t nl = get_u32(b4);
         if (nl == 0 || nl > CM_CKPT_MAX_NAME) {
-            CM_LOGE("ckpt", "checkpoint %s: optimizer buffer %u: name length %u not in 1..%d", s->what, i,
-                    nl, CM_CKPT_MAX_NAME);
+            CM_LOGE("ckpt", "checkpoint %s: optimizer buffer %u: name length %u not in 1..%d",
+                    s->what, i, nl, CM_CKPT_MAX_NAME);
             rc = CM_EPARSE;
             goto fail;
         }
@@ -396,8 +411,8 @@ static int parse_source(struct source *s, struct cm_ckpt *out)
         }
         for (uint32_t j = 0; j < i; j++)
             if (strcmp(c.opt[j].name, c.opt[i].name) == 0) {
-                CM_LOGE("ckpt", "checkpoint %s: optimizer buffer name \"%s\" appears twice", s->what,
-                        c.opt[i].name);
+                CM_LOGE("ckpt", "checkpoint %s: optimizer buffer name \"%s\" appears twice",
+                        s->what, c.opt[i].name);
                 rc = CM_EPARSE;
                 goto fail;
             }
@@ -405,7 +420,8 @@ static int parse_source(struct source *s, struct cm_ckpt *out)
             goto fail;
         c.opt[i].count = get_u64(b8);
         if (c.opt[i].count > CM_CKPT_MAX_FLOATS) {
-            CM_LOGE("ckpt", "checkpoint %s: optimizer buffer \"%s\" too large", s->what, c.opt[i].name);
+            CM_LOGE("ckpt", "checkpoint %s: optimizer buffer \"%s\" too large", s->what,
+                    c.opt[i].name);
             rc = CM_ETOOBIG;
             goto fail;
         }
@@ -444,8 +460,8 @@ int cm_ckpt_parse(const uint8_t *buf, size_t len, struct cm_ckpt *out)
 {
     if (!out || (!buf && len))
         return CM_EINVAL;
-    struct source s = {.buf = buf ? buf : (const uint8_t *)"", .fd = -1, .size = len,
-                       .what = "(buffer)"};
+    struct source s = {
+        .buf = buf ? buf : (const uint8_t *)"", .fd = -1, .size = len, .what = "(buffer)"};
     return parse_source(&s, out);
 }
 
@@ -558,7 +574,8 @@ int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len
                 int rc = parse_header(s->head, UINT64_MAX, "(stream)");
                 uint64_t total = get_u64(s->head + H_TOTAL);
                 if (rc == CM_OK && total > s->max_total) {
-                    CM_LOGE("ckpt", "checkpoint stream: declared size %" PRIu64 " exceeds limit %" PRIu64,
+                    CM_LOGE("ckpt",
+                            "checkpoint stream: declared size %" PRIu64 " exceeds limit %" PRIu64,
                             total, s->max_total);
                     rc = CM_ETOOBIG;
                 }
@@ -597,7 +614,8 @@ int cm_ckpt_stream_final(struct cm_ckpt_stream *s, uint8_t file_sha256[32], uint
     if (s->failed || !s->body_hash) {
         rc = CM_ESTATE;
     } else if (s->total == 0 || s->received != s->total) {
-        CM_LOGE("ckpt", "checkpoint stream: got %" PRIu64 " of %" PRIu64 " bytes", s->received, s->total);
+        CM_LOGE("ckpt", "checkpoint stream: got %" PRIu64 " of %" PRIu64 " bytes", s->received,
+                s->total);
         rc = CM_EPARSE;
     } else {
         uint8_t body[32], file[32];

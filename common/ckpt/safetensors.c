@@ -32,10 +32,10 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[] = {
-    [CM_ST_BOOL] = {"BOOL", 1}, [CM_ST_U8] = {"U8", 1},     [CM_ST_I8] = {"I8", 1},
-    [CM_ST_I16] = {"I16", 2},   [CM_ST_U16] = {"U16", 2},   [CM_ST_F16] = {"F16", 2},
-    [CM_ST_BF16] = {"BF16", 2}, [CM_ST_I32] = {"I32", 4},   [CM_ST_U32] = {"U32", 4},
-    [CM_ST_F32] = {"F32", 4},   [CM_ST_F64] = {"F64", 8},   [CM_ST_I64] = {"I64", 8},
+    [CM_ST_BOOL] = {"BOOL", 1}, [CM_ST_U8] = {"U8", 1},   [CM_ST_I8] = {"I8", 1},
+    [CM_ST_I16] = {"I16", 2},   [CM_ST_U16] = {"U16", 2}, [CM_ST_F16] = {"F16", 2},
+    [CM_ST_BF16] = {"BF16", 2}, [CM_ST_I32] = {"I32", 4}, [CM_ST_U32] = {"U32", 4},
+    [CM_ST_F32] = {"F32", 4},   [CM_ST_F64] = {"F64", 8}, [CM_ST_I64] = {"I64", 8},
     [CM_ST_U64] = {"U64", 8},
 };
 #define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
@@ -99,8 +99,10 @@ int cm_st_write(const char *path, const struct cm_st_export *t, size_t n,
         if (!e->name || !e->name[0] || strlen(e->name) > CM_ST_MAX_NAME ||
             strncmp(e->name, "__", 2) == 0 || json_object_get(root, e->name) ||
             e->ndim > CM_ST_MAX_DIMS || !e->data) {
-            CM_LOGE("safetensors", "%s: tensor %zu (%s): empty, reserved or duplicate name, "
-                    "too many dimensions or no data", path, i, e->name ? e->name : "(null)");
+            CM_LOGE("safetensors",
+                    "%s: tensor %zu (%s): empty, reserved or duplicate name, "
+                    "too many dimensions or no data",
+                    path, i, e->name ? e->name : "(null)");
             rc = CM_EINVAL;
             break;
         }
@@ -115,8 +117,8 @@ int cm_st_write(const char *path, const struct cm_st_export *t, size_t n,
             json_array_append_new(shape, json_integer((json_int_t)e->shape[d]));
         }
         json_t *offs = json_pack("[II]", (json_int_t)offset, (json_int_t)(offset + 4 * numel));
-        json_t *ent = json_pack("{s:s, s:o, s:o}", "dtype", "F32", "shape", shape,
-                                "data_offsets", offs);
+        json_t *ent =
+            json_pack("{s:s, s:o, s:o}", "dtype", "F32", "shape", shape, "data_offsets", offs);
         if (rc != CM_OK || !ent || json_object_set_new(root, e->name, ent) != 0) {
             if (rc == CM_OK)
                 rc = CM_ENOMEM;
@@ -200,11 +202,11 @@ static int get_u64(json_t *v, uint64_t *out)
     return 1;
 }
 
-#define PFAIL(...)                                    \
-    do {                                              \
-        CM_LOGE("safetensors", __VA_ARGS__);          \
-        rc = CM_EPARSE;                               \
-        goto fail;                                    \
+#define PFAIL(...)                           \
+    do {                                     \
+        CM_LOGE("safetensors", __VA_ARGS__); \
+        rc = CM_EPARSE;                      \
+        goto fail;                           \
     } while (0)
 
 int cm_st_parse(const uint8_t *buf, size_t len, struct cm_st_file *out)
@@ -224,8 +226,10 @@ int cm_st_parse(const uint8_t *buf, size_t len, struct cm_st_file *out)
         return CM_ETOOBIG;
     }
     if (hlen < 2 || hlen > len - 8 || buf[8] != '{') {
-        CM_LOGE("safetensors", "header length %" PRIu64 " does not fit in %zu bytes or header "
-                "is not a JSON object", hlen, len);
+        CM_LOGE("safetensors",
+                "header length %" PRIu64 " does not fit in %zu bytes or header "
+                "is not a JSON object",
+                hlen, len);
         return CM_EPARSE;
     }
     const uint8_t *data = buf + 8 + hlen;
@@ -251,7 +255,8 @@ int cm_st_parse(const uint8_t *buf, size_t len, struct cm_st_file *out)
     }
     const char *key;
     json_t *val;
-    json_object_foreach(root, key, val) {
+    json_object_foreach(root, key, val)
+    {
         if (strcmp(key, "__metadata__") == 0) {
             if (!json_is_object(val))
                 PFAIL("__metadata__ is not an object");
@@ -263,7 +268,8 @@ int cm_st_parse(const uint8_t *buf, size_t len, struct cm_st_file *out)
             }
             const char *mk;
             json_t *mv;
-            json_object_foreach(val, mk, mv) {
+            json_object_foreach(val, mk, mv)
+            {
                 if (!json_is_string(mv))
                     PFAIL("__metadata__.%s is not a string", mk);
                 f.meta_kv[2 * f.n_meta] = strdup(mk);
@@ -309,8 +315,9 @@ int cm_st_parse(const uint8_t *buf, size_t len, struct cm_st_file *out)
         uint64_t b0, b1;
         if (json_array_size(jo) != 2 || !get_u64(json_array_get(jo, 0), &b0) ||
             !get_u64(json_array_get(jo, 1), &b1) || b0 > b1 || b1 > data_len)
-            PFAIL("tensor \"%.64s\": data_offsets must be [begin, end] with begin <= end <= %" PRIu64,
-                  key, data_len);
+            PFAIL(
+                "tensor \"%.64s\": data_offsets must be [begin, end] with begin <= end <= %" PRIu64,
+                key, data_len);
         size_t es = dtypes[t->dtype].size;
         if (overflow || numel > UINT64_MAX / es || numel * es != b1 - b0)
             PFAIL("tensor \"%.64s\": %" PRIu64 " bytes do not match its shape and dtype", key,
@@ -456,18 +463,14 @@ int cm_st_read_f32(const struct cm_st_file *f, const char *name, uint32_t ndim,
     const uint8_t *p = t->data;
     for (uint64_t i = 0; i < t->numel; i++) {
         switch (t->dtype) {
-        case CM_ST_F32:
-            memcpy(&dst[i], p + 4 * i, 4);
-            break;
+        case CM_ST_F32: memcpy(&dst[i], p + 4 * i, 4); break;
         case CM_ST_F64: {
             double d;
             memcpy(&d, p + 8 * i, 8);
             dst[i] = (float)d;
             break;
         }
-        case CM_ST_F16:
-            dst[i] = half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
-            break;
+        case CM_ST_F16: dst[i] = half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8)); break;
         case CM_ST_BF16: {
             uint32_t u = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
             memcpy(&dst[i], &u, 4);

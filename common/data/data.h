@@ -6,9 +6,9 @@
  * in a background thread, each peer in its own random order derived from its
  * seed, verifies every shard's size and SHA-256 before any of its examples
  * are released (verify-then-release, bounded by max_shard_bytes; or chunk
- * by chunk when the manifest lists chunk hashes), decodes it, and feeds the examples through a shuffle buffer of S examples from
- * which batches are drawn (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix
- * H.3). After the last shard the order is reshuffled and a new epoch starts:
+ * by chunk when the manifest lists chunk hashes), decodes it, and feeds the
+ * examples through a shuffle buffer of S examples from which batches are
+ * drawn (seed 000_02cc6b5d62a616fc.txt, §3.3 and Appendix H.3). After the last shard the order is reshuffled and a new epoch starts:
  * the training stream never ends. The eval mode reads the shards in manifest
  * order, without shuffling, exactly once.
  *

@@ -25,13 +25,11 @@
 
 /* ---- Chunked shards: release windows as chunks verify -------------------- */
 
-
-
 /* Queues the windows that lie entirely within the first `prefix` verified
  * bytes and were not queued yet. Windows are a prefix property: window k
  * needs tokens [kT, kT+T], so a longer verified prefix only adds windows. */
-static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f,
-                          struct chunked *ck, uint64_t prefix)
+static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f, struct chunked *ck,
+                          uint64_t prefix)
 {
     size_t T = it->o.seq_len;
     const uint8_t *base = ck->sb->data;
@@ -64,14 +62,14 @@ static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f,
         for (uint64_t i = ck->released * T; i <= n * T; i++) {
             unsigned v = base[2 * i] | (unsigned)base[2 * i + 1] << 8;
             if (v >= it->m->vocab_size) {
-                cm_data__set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", f->url,
-                          v, i, it->m->vocab_size);
+                cm_data__set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u",
+                                   f->url, v, i, it->m->vocab_size);
                 return CM_ERANGE;
             }
         }
     }
-    int rc = cm_data__push_examples(it, ck->sb, ck->shard, ck->epoch, ck->released, n - ck->released,
-                           base + ck->released * it->stride, NULL);
+    int rc = cm_data__push_examples(it, ck->sb, ck->shard, ck->epoch, ck->released,
+                                    n - ck->released, base + ck->released * it->stride, NULL);
     if (rc == CM_OK)
         ck->released = n;
     return rc;
@@ -82,13 +80,13 @@ static int release_prefix(struct cm_data_iter *it, const struct cm_data_file *f,
 struct fetch {
     struct cm_data_iter *it;
     const struct cm_data_file *f;
-    uint8_t *buf;            /* f->size bytes, owned by the caller */
+    uint8_t *buf; /* f->size bytes, owned by the caller */
     uint64_t len;
     struct cm_sha256_ctx hash;
-    struct chunked *ck;      /* non-NULL: verify and release chunk by chunk */
+    struct chunked *ck; /* non-NULL: verify and release chunk by chunk */
     int too_big;
     int hash_err;
-    int chunk_rc;            /* a chunk failed to verify or to release */
+    int chunk_rc; /* a chunk failed to verify or to release */
 };
 
 static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
@@ -118,9 +116,10 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *ud)
         uint8_t h[32];
         cm_sha256(fe->buf + start, end - start, h);
         if (!cm_ct_equal(h, f->chunk_sha256[ck->verified], 32)) {
-            cm_data__set_error(fe->it, "shard %s: chunk %u (bytes %" PRIu64 "..%" PRIu64 ") SHA-256 "
-                      "mismatch; the rest of the shard is rejected", f->url, ck->verified, start,
-                      end);
+            cm_data__set_error(fe->it,
+                               "shard %s: chunk %u (bytes %" PRIu64 "..%" PRIu64 ") SHA-256 "
+                               "mismatch; the rest of the shard is rejected",
+                               f->url, ck->verified, start, end);
             fe->chunk_rc = CM_ECHECKSUM;
             return 0;
         }
@@ -198,7 +197,8 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
     } else if (fe.chunk_rc) {
         rc = fe.chunk_rc; /* already reported */
     } else if (fe.too_big) {
-        cm_data__set_error(it, "%s %s: more than the declared %" PRIu64 " bytes", what, f->url, f->size);
+        cm_data__set_error(it, "%s %s: more than the declared %" PRIu64 " bytes", what, f->url,
+                           f->size);
         rc = CM_ECHECKSUM;
     } else if (fe.hash_err) {
         rc = CM_ECRYPTO;
@@ -214,10 +214,10 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
         default: rc = CM_EIO; break;
         }
         cm_data__set_error(it, "%s %s: download failed: %s%s%s (HTTP %ld)", what, f->url,
-                  curl_easy_strerror(cr), *cerr ? ": " : "", cerr, http);
+                           curl_easy_strerror(cr), *cerr ? ": " : "", cerr, http);
     } else if (fe.len != f->size) {
         cm_data__set_error(it, "%s %s: got %" PRIu64 " bytes, the manifest declares %" PRIu64, what,
-                  f->url, fe.len, f->size);
+                           f->url, fe.len, f->size);
         rc = CM_ECHECKSUM;
     }
     if (rc == CM_OK) {
@@ -226,12 +226,13 @@ static int fetch_once(struct cm_data_iter *it, const struct cm_data_file *f, con
             char hex[65];
             cm_hex_encode(digest, 32, hex);
             if (ck && ck->released)
-                cm_data__set_error(it, "%s %s: every chunk verified but the file's SHA-256 is %s: the "
-                          "manifest is inconsistent (%" PRIu64 " examples already used)", what,
-                          f->url, hex, ck->released);
+                cm_data__set_error(it,
+                                   "%s %s: every chunk verified but the file's SHA-256 is %s: the "
+                                   "manifest is inconsistent (%" PRIu64 " examples already used)",
+                                   what, f->url, hex, ck->released);
             else
-                cm_data__set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what, f->url,
-                          hex);
+                cm_data__set_error(it, "%s %s: SHA-256 mismatch (got %s); shard rejected", what,
+                                   f->url, hex);
             rc = CM_ECHECKSUM;
         }
     } else {
@@ -252,8 +253,8 @@ static void sleep_unless_stopped(struct cm_data_iter *it, unsigned ms)
  * its last verified chunk (an HTTP range request), so windows already
  * released never come twice; a server that cannot serve ranges ends the
  * shard there (CM_EUNSUPPORTED). */
-int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *f,
-                            const char *what, uint8_t *buf, struct chunked *ck)
+int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                            uint8_t *buf, struct chunked *ck)
 {
     int rc = CM_EIO;
     for (unsigned attempt = 0; attempt <= it->o.retries; attempt++) {
@@ -262,8 +263,7 @@ int cm_data__fetch_retrying(struct cm_data_iter *it, const struct cm_data_file *
         if (atomic_load(&it->stop))
             return CM_ECLOSED;
         if (attempt && ck && ck->verified)
-            CM_LOGI("data", "%s %s: resuming after %u verified chunks", what, f->url,
-                    ck->verified);
+            CM_LOGI("data", "%s %s: resuming after %u verified chunks", what, f->url, ck->verified);
         rc = fetch_once(it, f, what, buf, ck);
         if (rc != CM_ETIMEOUT && rc != CM_ECONN && rc != CM_EIO)
             break;
@@ -335,7 +335,8 @@ static void cache_write(struct cm_data_iter *it, const struct cm_data_file *f, c
     uint64_t done = 0;
     int ok = fchmod(fd, 0644) == 0;
     while (ok && done < f->size) {
-        ssize_t k = write(fd, buf + done, f->size - done > (1u << 30) ? (1u << 30) : f->size - done);
+        ssize_t k =
+            write(fd, buf + done, f->size - done > (1u << 30) ? (1u << 30) : f->size - done);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
@@ -351,8 +352,8 @@ static void cache_write(struct cm_data_iter *it, const struct cm_data_file *f, c
     }
 }
 
-int cm_data__fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f,
-                         const char *what, uint8_t **out, size_t *out_len)
+int cm_data__fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f, const char *what,
+                         uint8_t **out, size_t *out_len)
 {
     uint8_t *raw = malloc(f->size);
     if (!raw)
@@ -374,7 +375,7 @@ int cm_data__fetch_whole(struct cm_data_iter *it, const struct cm_data_file *f,
         free(raw);
         if (rc != CM_OK) {
             cm_data__set_error(it, "%s %s: gzip data does not decompress: %s", what, f->url,
-                      cm_strerror(rc));
+                               cm_strerror(rc));
             return rc;
         }
         *out = dec;

@@ -167,16 +167,21 @@ static void put_marker(struct cm_data_iter *it, enum item_kind kind, int rc)
     queue_put(it, t);
 }
 
-int cm_data__push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shard,
-                           uint64_t epoch, uint64_t k0, uint64_t n, const uint8_t *x,
-                           const uint8_t *y)
+int cm_data__push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t shard, uint64_t epoch,
+                           uint64_t k0, uint64_t n, const uint8_t *x, const uint8_t *y)
 {
     struct item *t = calloc(1, sizeof *t);
     if (!t)
         return CM_ENOMEM;
     atomic_fetch_add(&sb->refs, 1);
-    *t = (struct item){.kind = ITEM_SHARD, .shard = shard, .epoch = epoch, .k0 = k0, .n = n,
-                       .sb = sb, .x = x, .y = y};
+    *t = (struct item){.kind = ITEM_SHARD,
+                       .shard = shard,
+                       .epoch = epoch,
+                       .k0 = k0,
+                       .n = n,
+                       .sb = sb,
+                       .x = x,
+                       .y = y};
     return queue_put(it, t) == 0 ? CM_OK : CM_ECLOSED;
 }
 
@@ -209,7 +214,7 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
         for (uint64_t i = 0; i < lb.count; i++)
             if (lb.data[i] >= m->classes) {
                 cm_data__set_error(it, "%s: label %u at %" PRIu64 " is not below classes=%u", lurl,
-                          lb.data[i], i, m->classes);
+                                   lb.data[i], i, m->classes);
                 return CM_ERANGE;
             }
         *n = im.dims[0];
@@ -227,8 +232,8 @@ static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, s
         for (uint64_t i = 0; i < tk.count; i++) {
             unsigned v = tk.tokens[2 * i] | (unsigned)tk.tokens[2 * i + 1] << 8;
             if (v >= m->vocab_size) {
-                cm_data__set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u", url, v, i,
-                          m->vocab_size);
+                cm_data__set_error(it, "%s: token %u at %" PRIu64 " is not below vocab_size=%u",
+                                   url, v, i, m->vocab_size);
                 return CM_ERANGE;
             }
         }
@@ -271,10 +276,11 @@ static int load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, uin
             rc = decode_shard(it, sb, dlen, llen, s->data.url, s->labels.url, &n, &x, &y);
         if (rc == CM_OK && s->examples && s->examples != n) {
             cm_data__set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
-                      s->data.url, n, s->examples);
+                               s->data.url, n, s->examples);
             rc = CM_EPARSE;
         }
-        if (rc == CM_OK && n > 0 && (rc = cm_data__push_examples(it, sb, idx, epoch, 0, n, x, y)) == CM_OK)
+        if (rc == CM_OK && n > 0 &&
+            (rc = cm_data__push_examples(it, sb, idx, epoch, 0, n, x, y)) == CM_OK)
             *released = n;
     }
     sbuf_unref(sb);
@@ -359,7 +365,8 @@ static void *producer(void *arg)
         if (usable == 0) {
             /* An endless loop over shards that yield nothing would hang the trainer. */
             if (last_rc == CM_OK) {
-                cm_data__set_error(it, "no shard holds a complete example (sequence length too long?)");
+                cm_data__set_error(it,
+                                   "no shard holds a complete example (sequence length too long?)");
                 last_rc = CM_ERANGE;
             }
             put_marker(it, ITEM_FATAL, last_rc);
@@ -554,8 +561,8 @@ static void curl_init_once(void)
     curl_ok = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
 }
 
-int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
-                 const struct cm_data_options *o, struct cm_data_iter **out)
+int cm_data_open(const struct cm_data_manifest *m, uint64_t seed, const struct cm_data_options *o,
+                 struct cm_data_iter **out)
 {
     if (!m || !out || !m->n_shards)
         return CM_EINVAL;
@@ -582,8 +589,8 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed,
         const struct cm_data_shard *s = &m->shards[i];
         if (s->data.size > opt.max_shard_bytes ||
             (s->labels.url && s->labels.size > opt.max_shard_bytes)) {
-            CM_LOGE("data", "%s: shard %zu (%s) is larger than max_shard_bytes=%" PRIu64,
-                    m->name, i, s->data.url, opt.max_shard_bytes);
+            CM_LOGE("data", "%s: shard %zu (%s) is larger than max_shard_bytes=%" PRIu64, m->name,
+                    i, s->data.url, opt.max_shard_bytes);
             return CM_ETOOBIG;
         }
     }

@@ -38,7 +38,8 @@ struct perr {
     size_t len;
 };
 
-static int fail(struct perr *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct perr *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int fail(struct perr *e, int code, const char *fmt, ...)
 {
     if (e->buf && e->len) {
@@ -55,7 +56,8 @@ static int check_keys(json_t *obj, const char *const *allowed, const char *where
 {
     const char *k;
     json_t *v;
-    json_object_foreach(obj, k, v) {
+    json_object_foreach(obj, k, v)
+    {
         int ok = 0;
         for (const char *const *a = allowed; *a; a++)
             if (strcmp(*a, k) == 0)
@@ -120,9 +122,10 @@ static int parse_chunks(json_t *o, const char *where, struct cm_data_file *f, st
     if (!json_is_array(ch))
         return fail(e, CM_EPARSE, "%s.chunk_sha256: must be an array", where);
     if (n > CM_DATA_MAX_CHUNKS || json_array_size(ch) != n)
-        return fail(e, CM_EPARSE, "%s.chunk_sha256: needs %llu hashes (size / chunk_size, "
-                    "rounded up, at most %u), has %zu", where, (unsigned long long)n,
-                    CM_DATA_MAX_CHUNKS, json_array_size(ch));
+        return fail(e, CM_EPARSE,
+                    "%s.chunk_sha256: needs %llu hashes (size / chunk_size, "
+                    "rounded up, at most %u), has %zu",
+                    where, (unsigned long long)n, CM_DATA_MAX_CHUNKS, json_array_size(ch));
     f->chunk_sha256 = malloc(n * sizeof *f->chunk_sha256);
     if (!f->chunk_sha256)
         return fail(e, CM_ENOMEM, "out of memory");
@@ -157,8 +160,9 @@ static int has_scheme(const char *u)
 static int parse_file(json_t *o, const char *where, const char *base, struct cm_data_file *f,
                       struct perr *e)
 {
-    static const char *const keys[] = {"url", "size", "sha256", "compression", "examples",
-                                       "labels", "chunk_size", "chunk_sha256", NULL};
+    static const char *const keys[] = {"url",         "size",         "sha256",
+                                       "compression", "examples",     "labels",
+                                       "chunk_size",  "chunk_sha256", NULL};
     if (!json_is_object(o))
         return fail(e, CM_EPARSE, "%s: must be an object", where);
     int rc = check_keys(o, keys, where, e);
@@ -180,8 +184,10 @@ static int parse_file(json_t *o, const char *where, const char *base, struct cm_
     if (!strstr(u, "://")) {
         /* A relative URL: resolved against the manifest's own location. */
         if (!base)
-            return fail(e, CM_EPARSE, "%s.url: relative URL, but the manifest has no base "
-                        "(load it from a file, or give a base URL)", where);
+            return fail(e, CM_EPARSE,
+                        "%s.url: relative URL, but the manifest has no base "
+                        "(load it from a file, or give a base URL)",
+                        where);
         if (u[0] == '/')
             return fail(e, CM_EPARSE, "%s.url: a relative URL must not start with '/'", where);
         size_t bl = strlen(base);
@@ -253,8 +259,8 @@ static int parse_image(json_t *root, struct cm_data_manifest *m, struct perr *e)
     return CM_OK;
 }
 
-int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest **out,
-                           char *err, size_t errlen)
+int cm_data_manifest_parse(const char *json, size_t len, struct cm_data_manifest **out, char *err,
+                           size_t errlen)
 {
     return cm_data_manifest_parse_base(json, len, NULL, out, err, errlen);
 }
@@ -270,7 +276,8 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
     *out = NULL;
     if (base && (!has_scheme(base) || strlen(base) > CM_DATA_MAX_URL ||
                  !valid_url_chars(base, strlen(base)) || base[strlen(base) - 1] != '/'))
-        return fail(&e, CM_EINVAL, "base URL must be file://, http:// or https://, end with '/' "
+        return fail(&e, CM_EINVAL,
+                    "base URL must be file://, http:// or https://, end with '/' "
                     "and hold no spaces");
     *out = NULL;
     json_error_t jerr;
@@ -288,8 +295,8 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
         rc = fail(&e, CM_EPARSE, "manifest: must be a JSON object");
         goto done;
     }
-    static const char *const keys[] = {"name", "description", "format", "image", "vocab_size",
-                                       "shards", NULL};
+    static const char *const keys[] = {"name",       "description", "format", "image",
+                                       "vocab_size", "shards",      NULL};
     if ((rc = check_keys(root, keys, "", &e)))
         goto done;
     json_t *name = json_object_get(root, "name");
@@ -381,13 +388,17 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
         if ((rc = get_uint(s, "examples", where, 0, 1, UINT32_MAX, &sh->examples, &e)))
             goto done;
         if (sh->examples && m->format != CM_DATA_IDX_IMAGES) {
-            rc = fail(&e, CM_EPARSE, "%s.examples: only allowed for idx-images (text windows "
-                      "depend on the consumer's sequence length)", where);
+            rc = fail(&e, CM_EPARSE,
+                      "%s.examples: only allowed for idx-images (text windows "
+                      "depend on the consumer's sequence length)",
+                      where);
             goto done;
         }
         if (sh->data.chunk_size && m->format == CM_DATA_IDX_IMAGES) {
-            rc = fail(&e, CM_EPARSE, "%s.chunk_size: chunk hashes are for text-bytes and "
-                      "tokens-u16 (idx images need their labels file)", where);
+            rc = fail(&e, CM_EPARSE,
+                      "%s.chunk_size: chunk hashes are for text-bytes and "
+                      "tokens-u16 (idx images need their labels file)",
+                      where);
             goto done;
         }
         json_t *lab = json_object_get(s, "labels");
@@ -424,8 +435,7 @@ done:
     return CM_OK;
 }
 
-int cm_data_manifest_load(const char *path, struct cm_data_manifest **out, char *err,
-                          size_t errlen)
+int cm_data_manifest_load(const char *path, struct cm_data_manifest **out, char *err, size_t errlen)
 {
     struct perr e = {err, errlen};
     if (!path || !out)

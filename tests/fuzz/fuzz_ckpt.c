@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cm_log_set_level((enum cm_log_level)-1); /* see fuzz_manifest.c */
+    cm_log_set_level((enum cm_log_level) - 1); /* see fuzz_manifest.c */
     struct cm_ckpt c;
     int rc = cm_ckpt_parse(data, size, &c);
     struct cm_ckpt_stream s;

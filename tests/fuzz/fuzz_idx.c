@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cm_log_set_level((enum cm_log_level)-1); /* see fuzz_manifest.c */
+    cm_log_set_level((enum cm_log_level) - 1); /* see fuzz_manifest.c */
     if (size < 1)
         return 0;
     const uint8_t *p = data + 1;

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* Rejections log at error level; a level below "error" silences them so
      * the fuzzer runs at full speed (sanitizer reports still go to stderr). */
-    cm_log_set_level((enum cm_log_level)-1);
+    cm_log_set_level((enum cm_log_level) - 1);
     struct cm_data_manifest *m = NULL;
     char err[256];
     int rc = cm_data_manifest_parse((const char *)data, size, &m, err, sizeof err);
@@ -37,8 +37,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if ((m->format == CM_DATA_IDX_IMAGES) != (m->shards[i].labels.url != NULL))
             __builtin_trap();
         const struct cm_data_file *f = &m->shards[i].data;
-        if (f->chunk_size && (!f->chunk_sha256 || f->n_chunks == 0 ||
-                              (uint64_t)f->n_chunks != (f->size + f->chunk_size - 1) / f->chunk_size))
+        if (f->chunk_size &&
+            (!f->chunk_sha256 || f->n_chunks == 0 ||
+             (uint64_t)f->n_chunks != (f->size + f->chunk_size - 1) / f->chunk_size))
             __builtin_trap();
     }
     cm_data_manifest_free(m);

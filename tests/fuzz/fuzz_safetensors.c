@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cm_log_set_level((enum cm_log_level)-1); /* see fuzz_manifest.c */
+    cm_log_set_level((enum cm_log_level) - 1); /* see fuzz_manifest.c */
     struct cm_st_file f;
     if (cm_st_parse(data, size, &f) != CM_OK)
         return 0;
