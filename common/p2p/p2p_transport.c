@@ -24,7 +24,9 @@
 #define WRITE_SLICE (64u * 1024u)
 #define RX_CHUNK (64u * 1024u)
 
-enum conn_state { C_CONNECTING, C_OPEN, C_CLOSING };
+/* C_WAITING: no descriptor yet; the process is at its budget and the
+ * connection starts as soon as a closing one releases its descriptor. */
+enum conn_state { C_WAITING, C_CONNECTING, C_OPEN, C_CLOSING };
 
 struct wframe {
     struct wframe *next;
@@ -53,13 +55,20 @@ struct pending {
     uv_timer_t timer;
     struct p2p_conn *conn;
     struct p2p_host *host;
+    /* kept to send again once if the connection dies under the request */
+    uint32_t type;
+    uint8_t *body;
+    size_t blen;
+    int retried;
+    struct sockaddr_storage addr;
 };
 
 struct p2p_conn {
     uv_tcp_t tcp;
     uv_connect_t creq;
     uv_shutdown_t sreq;
-    int connected, graceful;
+    int connected, graceful, has_fd;
+    struct p2p_conn *fdnext; /* ctx's queue of connections waiting for a descriptor */
     struct p2p_host *h;
     int outgoing;
     enum conn_state state;
@@ -86,6 +95,8 @@ struct p2p_ctx {
     int up_timer_armed, down_timer_armed, timers_open;
     struct p2p_conn *conns, *conns_tail; /* least recently active first */
     size_t nconns, max_conns;
+    size_t fds; /* descriptors held by connections, closing ones included */
+    struct p2p_conn *fdwait_head, *fdwait_tail;
     uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */
     struct p2p_conn *wait_head, *wait_tail;
     uint32_t idle_ms, frame_ms;
@@ -346,6 +357,7 @@ static void pending_timer_closed(uv_handle_t *hd)
 {
     struct pending *p = hd->data;
     struct p2p_host *h = p->host;
+    free(p->body);
     free(p);
     host_handle_closed(h);
 }
@@ -369,13 +381,71 @@ static void pending_finish(struct pending *p, int status, const struct p2p_peer 
     p->cb(p->arg, status, from, body, len);
 }
 
+/* Completes a request that is attached to no connection. */
+static void pending_finish_detached(struct pending *p, int status)
+{
+    uv_timer_stop(&p->timer);
+    uv_close((uv_handle_t *)&p->timer, pending_timer_closed);
+    p->cb(p->arg, status, NULL, NULL, 0);
+}
+
+static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc);
+static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
+                         const uint8_t *recipient, const uint8_t nonce[P2P_NONCE_LEN],
+                         int32_t status, const uint8_t *body, size_t blen);
+
+static void pending_attach(struct pending *p, struct p2p_conn *c)
+{
+    p->conn = c;
+    p->prev = NULL;
+    p->next = c->pend;
+    if (c->pend)
+        c->pend->prev = p;
+    c->pend = p;
+    c->n_pend++;
+}
+
+/* A reused connection can die under a request the peer never read: the
+ * peer closed it as idle or to stay within its budget at the same moment
+ * (the keep-alive race every HTTP client knows). Such a request is sent once
+ * more on a fresh connection, with a fresh nonce, within its deadline. */
+static void pending_retry(struct pending *p, int err)
+{
+    struct p2p_host *h = p->host;
+    int rc = CM_OK;
+    struct p2p_conn *c = h->closing ? NULL : conn_get(h, (struct sockaddr *)&p->addr, &rc);
+    if (!c) {
+        pending_finish_detached(p, err);
+        return;
+    }
+    p->retried = 1;
+    p->id = h->next_id++;
+    cm_random_bytes(p->nonce, P2P_NONCE_LEN);
+    h->ctx->st.retries++;
+    if (send_envelope(c, P2P_KIND_REQUEST, p->type, p->id, p->has_expect ? p->expect_pub : NULL,
+                      p->nonce, 0, p->body, p->blen) ||
+        c->state == C_CLOSING) {
+        pending_finish_detached(p, err);
+        return;
+    }
+    pending_attach(p, c);
+}
+
+static void conn_start_waiting(struct p2p_ctx *ctx);
+
 static void conn_handle_closed(uv_handle_t *hd)
 {
     struct p2p_conn *c = hd->data;
     struct p2p_host *h = c->h;
+    struct p2p_ctx *ctx = h->ctx;
+    int had_fd = c->has_fd;
     free(c->rx);
     free(c);
     host_handle_closed(h);
+    if (had_fd) {
+        ctx->fds--;
+        conn_start_waiting(ctx);
+    }
 }
 
 static void wait_remove(struct p2p_ctx *ctx, struct p2p_conn *c)
@@ -410,8 +480,22 @@ static void conn_close(struct p2p_conn *c, int err)
     struct p2p_host *h = c->h;
     struct p2p_ctx *ctx = h->ctx;
     c->state = C_CLOSING;
-    while (c->pend)
-        pending_finish(c->pend, err, NULL, NULL, 0);
+    struct pending *retry = NULL;
+    int may_retry = c->outgoing && c->connected && !h->closing &&
+                    (err == CM_ECLOSED || err == CM_ECONN);
+    while (c->pend) {
+        struct pending *p = c->pend;
+        if (may_retry && !p->retried) {
+            c->pend = p->next;
+            if (c->pend)
+                c->pend->prev = NULL;
+            c->n_pend--;
+            p->next = retry;
+            retry = p;
+        } else {
+            pending_finish(p, err, NULL, NULL, 0);
+        }
+    }
     for (struct wframe *f = c->wq_head, *n; f; f = n) {
         n = f->next;
         if (f->inflight) {
@@ -423,6 +507,18 @@ static void conn_close(struct p2p_conn *c, int err)
     }
     c->wq_head = c->wq_tail = NULL;
     wait_remove(ctx, c);
+    if (!c->has_fd && c->outgoing) { /* still queued for a descriptor? */
+        struct p2p_conn **pp = &ctx->fdwait_head, *prev = NULL;
+        while (*pp && *pp != c) {
+            prev = *pp;
+            pp = &(*pp)->fdnext;
+        }
+        if (*pp) {
+            *pp = c->fdnext;
+            if (ctx->fdwait_tail == c)
+                ctx->fdwait_tail = prev;
+        }
+    }
     if (c->hprev)
         c->hprev->hnext = c->hnext;
     else
@@ -442,13 +538,19 @@ static void conn_close(struct p2p_conn *c, int err)
         h->n_inbound--;
     /* Graceful (host shutdown): writes already handed to the kernel are
      * delivered, then FIN, then close. Otherwise close at once. */
+    int shut = 0;
     if (c->graceful && c->connected) {
         uv_read_stop((uv_stream_t *)&c->tcp);
         c->sreq.data = c;
-        if (uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, conn_shutdown_done) == 0)
-            return;
+        shut = uv_shutdown(&c->sreq, (uv_stream_t *)&c->tcp, conn_shutdown_done) == 0;
     }
-    uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+    if (!shut)
+        uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+    while (retry) {
+        struct pending *p = retry;
+        retry = p->next;
+        pending_retry(p, err);
+    }
 }
 
 /* Drops an offending peer: counts it under `why` and closes its connection. */
@@ -989,12 +1091,14 @@ static void on_connection(uv_stream_t *srv, int status)
     }
     c->state = C_OPEN;
     c->connected = 1;
+    c->has_fd = 1;
+    ctx->fds++;
     int len = sizeof c->remote;
     uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
     ctx->st.conns_accepted++;
     /* A flood of connections: over the host's inbound cap, or over the
      * process budget with nothing idle to evict, the newcomer is closed. */
-    if (h->n_inbound > h->max_inbound || (ctx->nconns > ctx->max_conns && evict_one(ctx))) {
+    if (h->n_inbound > h->max_inbound || (ctx->fds > ctx->max_conns && evict_one(ctx))) {
         ctx->st.conns_refused++;
         conn_close(c, CM_EBUSY);
         return;
@@ -1129,32 +1233,67 @@ static void pending_timeout(uv_timer_t *t)
     pending_finish(p, CM_ETIMEOUT, NULL, NULL, 0);
 }
 
+/* Opens the connection's socket; closes it (failing its requests) when
+ * that fails at once. */
+static int conn_connect(struct p2p_conn *c)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    c->state = C_CONNECTING;
+    c->creq.data = c;
+    int e = uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&c->remote, on_connect);
+    if (e) {
+        CM_LOGW("p2p", "connect: %s", uv_strerror(e));
+        c->state = C_OPEN; /* so conn_close runs its full path */
+        conn_close(c, CM_ECONN);
+        return CM_ECONN;
+    }
+    c->has_fd = 1;
+    ctx->fds++;
+    ctx->st.conns_opened++;
+    return CM_OK;
+}
+
+static void conn_start_waiting(struct p2p_ctx *ctx)
+{
+    while (ctx->fdwait_head && ctx->fds < ctx->max_conns) {
+        struct p2p_conn *c = ctx->fdwait_head;
+        ctx->fdwait_head = c->fdnext;
+        if (!ctx->fdwait_head)
+            ctx->fdwait_tail = NULL;
+        c->fdnext = NULL;
+        conn_connect(c);
+    }
+}
+
 static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc)
 {
     struct p2p_ctx *ctx = h->ctx;
     for (struct p2p_conn *c = h->conns; c; c = c->hnext)
         if (c->outgoing && c->state != C_CLOSING && addr_equal(&c->remote, addr))
             return c;
-    if (ctx->nconns >= ctx->max_conns && evict_one(ctx)) {
-        *rc = CM_EBUSY;
-        return NULL;
-    }
     struct p2p_conn *c = conn_alloc(h, 1);
     if (!c) {
         *rc = CM_ENOMEM;
         return NULL;
     }
     memcpy(&c->remote, addr, addr_len(addr));
-    c->state = C_CONNECTING;
-    c->creq.data = c;
-    int e = uv_tcp_connect(&c->creq, &c->tcp, addr, on_connect);
-    if (e) {
-        c->state = C_OPEN; /* so conn_close runs its full path */
-        conn_close(c, CM_ECONN);
-        *rc = CM_ECONN;
-        return NULL;
+    if (ctx->fds >= ctx->max_conns) {
+        /* At the descriptor budget (closing connections still hold theirs):
+         * make room by closing the least recently used idle connection and
+         * start this one when a descriptor is released. Its requests keep
+         * their deadlines meanwhile. */
+        evict_one(ctx);
+        c->state = C_WAITING;
+        if (ctx->fdwait_tail)
+            ctx->fdwait_tail->fdnext = c;
+        else
+            ctx->fdwait_head = c;
+        ctx->fdwait_tail = c;
+        ctx->st.conns_waited++;
+        return c;
     }
-    ctx->st.conns_opened++;
+    if ((*rc = conn_connect(c)))
+        return NULL;
     return c;
 }
 
@@ -1185,25 +1324,27 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
         memcpy(p->expect_pub, peer_pub, 32);
         p->has_expect = 1;
     }
+    p->type = type;
+    p->blen = len;
+    memcpy(&p->addr, addr, addr_len(addr));
+    if (len && !(p->body = malloc(len))) {
+        free(p);
+        return CM_ENOMEM;
+    }
+    if (len)
+        memcpy(p->body, body, len);
     cm_random_bytes(p->nonce, P2P_NONCE_LEN);
     rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, len);
-    if (rc) {
+    if (rc || c->state == C_CLOSING) { /* C_CLOSING: the write failed at once */
+        free(p->body);
         free(p);
-        return rc;
-    }
-    if (c->state == C_CLOSING) { /* the write failed at once */
-        free(p);
-        return CM_ECONN;
+        return rc ? rc : CM_ECONN;
     }
     uv_timer_init(h->ctx->loop, &p->timer);
     p->timer.data = p;
     h->nhandles++;
     uv_timer_start(&p->timer, pending_timeout, timeout_ms, 0);
-    p->next = c->pend;
-    if (c->pend)
-        c->pend->prev = p;
-    c->pend = p;
-    c->n_pend++;
+    pending_attach(p, c);
     h->ctx->st.requests_sent++;
     return CM_OK;
 }

@@ -11,7 +11,9 @@
  *                    the in-process DHT swarms of the tests and benchmarks do.
  *
  * Behaviour: outgoing connections are reused per remote address; every
- * request has a deadline; a connection carries requests both ways; when the
+ * request has a deadline; a request whose reused connection is closed or
+ * reset before its answer is sent once more on a fresh connection (the peer
+ * may have closed it as idle at the same moment); a connection carries requests both ways; when the
  * process reaches its connection budget the least recently used idle
  * connection is closed; a connection with more than max_conn_queue bytes
  * waiting to be written refuses new requests (CM_EBUSY) and stops reading
@@ -103,6 +105,8 @@ struct p2p_stats {
     uint64_t requests_sent, requests_served, responses_ok, timeouts;
     uint64_t bytes_sent, bytes_received;
     uint64_t conns_opened, conns_accepted, conns_evicted, conns_refused, drops;
+    uint64_t retries; /* requests sent again after their connection died under them */
+    uint64_t conns_waited; /* connections that waited for a descriptor (budget reached) */
 };
 
 int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out);

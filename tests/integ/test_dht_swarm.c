@@ -100,11 +100,13 @@ static int check_all(struct p2p_swarm *s, double *mean_hops)
     struct p2p_stats st;
     p2p_ctx_stats(s->ctx, &st);
     printf("swarm: net: %llu requests, %llu ok, %llu timeouts, %llu drops, %llu conns opened, "
-           "%llu evicted, %llu refused, %zu open\n",
+           "%llu evicted, %llu refused, %llu retried, %llu waited for a descriptor, %zu open\n",
            (unsigned long long)st.requests_sent, (unsigned long long)st.responses_ok,
            (unsigned long long)st.timeouts, (unsigned long long)st.drops,
            (unsigned long long)st.conns_opened, (unsigned long long)st.conns_evicted,
-           (unsigned long long)st.conns_refused, p2p_ctx_conn_count(s->ctx));
+           (unsigned long long)st.conns_refused, (unsigned long long)st.retries,
+           (unsigned long long)st.conns_waited,
+           p2p_ctx_conn_count(s->ctx));
     for (int r = 0; r < P2P_REJ_COUNT; r++)
         if (p2p_auth_rejects(p2p_ctx_auth(s->ctx), r))
             printf("swarm: rejected %s: %llu\n", p2p_reject_name(r),
