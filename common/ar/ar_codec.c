@@ -3,8 +3,9 @@
  * blockwise quantization used for DeDLOC's gradient averaging (seed
  * 000_02cc6b5d62a616fc.txt, section 3.3, "8-bit quantization" of the
  * all-reduce payloads): one absmax scale per block, so one large value only
- * costs precision inside its own block. Quantization runs in double so a
- * subnormal scale neither overflows 127/s nor loses the codes. */
+ * costs precision inside its own block. Quantization runs in fp32 for
+ * scales >= 2^-100 and in double below, so a tiny or subnormal scale
+ * neither overflows 127/s nor loses the codes. */
 #include "ar/ar_codec.h"
 
 #include <math.h>
@@ -112,6 +113,17 @@ static void q8_encode_block(const float *x, size_t k, uint8_t *out)
         memset(out + 4, 0, k);
         return;
     }
+    if (s >= 0x1p-100f) {
+        /* fp32 is enough here: the product's rounding moves x*127/s by at
+         * most 2^-16, well inside the documented bound. */
+        float inv = 127.0f / s;
+        for (size_t i = 0; i < k; i++) {
+            float q = nearbyintf(x[i] * inv);
+            q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+            out[4 + i] = (uint8_t)(int8_t)q;
+        }
+        return;
+    }
     double inv = 127.0 / (double)s;
     for (size_t i = 0; i < k; i++) {
         long q = lrint((double)x[i] * inv);
@@ -132,8 +144,12 @@ int ar_codec_encode(int comp, const float *x, size_t count, uint8_t *out, size_t
         return CM_ETOOBIG;
     switch (comp) {
     case AR_COMP_NONE:
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(out, x, 4 * count);
+#else
         for (size_t i = 0; i < count; i++)
             put_f32(out + 4 * i, x[i]);
+#endif
         break;
     case AR_COMP_FP16:
         for (size_t i = 0; i < count; i++) {
@@ -164,8 +180,12 @@ int ar_codec_decode(int comp, const uint8_t *in, size_t len, size_t count, float
         return CM_EPARSE;
     switch (comp) {
     case AR_COMP_NONE:
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(out, in, 4 * count);
+#else
         for (size_t i = 0; i < count; i++)
             out[i] = get_f32(in + 4 * i);
+#endif
         return CM_OK;
     case AR_COMP_FP16:
         for (size_t i = 0; i < count; i++)
@@ -187,6 +207,10 @@ int ar_codec_decode(int comp, const uint8_t *in, size_t len, size_t count, float
         if (!isfinite(s) || s < 0.0f) {
             rc = CM_ENUMERIC;
             memset(out + b, 0, k * sizeof *out);
+        } else if (s >= 0x1p-100f) {
+            float d = s / 127.0f; /* two fp32 roundings: within the bound */
+            for (size_t i = 0; i < k; i++)
+                out[b + i] = (float)(int8_t)in[4 + i] * d;
         } else {
             double d = (double)s / 127.0;
             for (size_t i = 0; i < k; i++)

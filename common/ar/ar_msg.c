@@ -198,14 +198,16 @@ int ar_ack_parse(const uint8_t *buf, size_t len, uint32_t *ready)
     Ctar__Ack *a = ctar__ack__unpack(NULL, len, buf);
     if (!a)
         return CM_EPARSE;
+    int rc = a->in_round ? CM_OK : CM_EPARSE;
     *ready = a->ready;
     ctar__ack__free_unpacked(a, NULL);
-    return CM_OK;
+    return rc;
 }
 
 int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len)
 {
     Ctar__Ack a = CTAR__ACK__INIT;
     a.ready = ready;
+    a.in_round = 1;
     return pack(&a.base, out, out_len);
 }

@@ -54,7 +54,8 @@ int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m);
 void ar_result_cleanup(struct ar_result_msg *m);
 
 /* Ack: the response body to Data (status 0) and to a Fetch that is not
- * ready (CM_EBUSY). CM_EPARSE when undecodable. */
+ * ready (CM_EBUSY). CM_EPARSE when undecodable or without in_round (an
+ * empty body is not an Ack: it is how "round unknown here" looks). */
 int ar_ack_parse(const uint8_t *buf, size_t len, uint32_t *ready);
 int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len);
 

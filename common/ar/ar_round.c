@@ -457,15 +457,18 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
                     size_t len);
 static void in_pump(struct ar_round *r, size_t k);
 
-/* Learns from an Ack how many leading chunks of part k are final. */
-static void take_ack(struct ar_round *r, size_t k, const uint8_t *body, size_t len)
+/* Learns from an Ack how many leading chunks of part k are final; returns
+ * 1 when the body was an Ack (the aggregator runs this round). */
+static int take_ack(struct ar_round *r, size_t k, const uint8_t *body, size_t len)
 {
     struct ar__link *L = &r->link[k];
     uint32_t ready;
     r->bytes_received += len;
-    if (len && ar_ack_parse(body, len, &ready) == CM_OK && ready <= L->n_chunks &&
-        ready > L->iready)
+    if (!len || ar_ack_parse(body, len, &ready) != CM_OK || ready > L->n_chunks)
+        return 0;
+    if (ready > L->iready)
         L->iready = ready;
+    return 1;
 }
 
 static int send_data(struct ar_round *r, size_t k, size_t c)
@@ -665,7 +668,7 @@ static void in_pump(struct ar_round *r, size_t k)
     while (L->ilow < L->n_chunks && L->ist[L->ilow] == AR__C_DONE)
         L->ilow++;
     size_t scan = L->ilow;
-    while (!L->idone && L->iflight < r->window) {
+    while (!L->idone && L->iflight < r->fetch_window) {
         size_t c = L->n_chunks;
         while (scan < L->inext && scan < L->iready && L->ist[scan] != AR__C_RETRY)
             scan++;
@@ -758,8 +761,10 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
     if (L->idone)
         goto out;
     int64_t now = ar__mono_ms();
-    if (from)
-        L->ilast_ms = now; /* the aggregator is alive */
+    /* The aggregator is alive and in this round unless it says it does not
+     * know the round (CM_EBUSY without an Ack): then the stall clock runs. */
+    if (from && status != CM_EBUSY)
+        L->ilast_ms = now;
     if (status == CM_OK && from) {
         r->bytes_received += len;
         int rc = take_result(r, k, c, body, len);
@@ -775,7 +780,8 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
             give_up_in(r, k, CM_OK);
         }
     } else if (from && status == CM_EBUSY) {
-        take_ack(r, k, body, len);
+        if (take_ack(r, k, body, len))
+            L->ilast_ms = now;
         L->ist[c] = AR__C_RETRY;
         L->iprobe_at = now + L->ibackoff;
         L->ibackoff = L->ibackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->ibackoff * 2;
@@ -965,6 +971,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
     r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;
     r->window = cfg->window ? cfg->window : 4;
+    r->fetch_window = r->window;
     r->max_norm = cfg->max_norm > 0 ? cfg->max_norm : 1e9;
     r->max_weight = cfg->max_weight > 0 ? cfg->max_weight : 1e12;
     r->enc_chunk = ar_codec_size(r->comp, r->chunk);

@@ -36,6 +36,7 @@ struct bpeer {
     int done, status;
     size_t n_averaged;
     double ms, ms_send, ms_reduce, ms_fetch;
+    uint64_t bytes_sent, bytes_received, wire_sent, wire_received;
     pthread_t th;
 };
 
@@ -75,6 +76,8 @@ static void on_done(void *arg, const struct ar_result *r)
     p->ms_send = r->ms_send;
     p->ms_reduce = r->ms_reduce;
     p->ms_fetch = r->ms_fetch;
+    p->bytes_sent = r->bytes_sent;
+    p->bytes_received = r->bytes_received;
 }
 
 static void keepalive(uv_timer_t *t)
@@ -112,6 +115,10 @@ static void *peer_main(void *arg)
         }
     }
     pthread_barrier_wait(&b->stop);
+    struct p2p_stats st;
+    p2p_ctx_stats(p->ctx, &st);
+    p->wire_sent = st.bytes_sent;
+    p->wire_received = st.bytes_received;
     ar_engine_free(p->eng);
     p->eng = NULL;
     uv_timer_stop(&ka);
@@ -221,8 +228,11 @@ static int run(size_t n_peers, size_t n, double mbps, int comp)
            n_peers, (double)n * 4 / 1e6, mbps, comp_name(comp), tmax, tmin, tmax / tmin, worst,
            bad ? "  WRONG" : "");
     for (size_t i = 0; g_verbose && i < n_peers; i++)
-        printf("  peer %zu: sent %.0f ms, own part reduced %.0f ms, fetched %.0f ms, done %.0f ms\n",
-               i, b.p[i].ms_send, b.p[i].ms_reduce, b.p[i].ms_fetch, b.p[i].ms);
+        printf("  peer %zu: sent %.0f ms, own part reduced %.0f ms, fetched %.0f ms, done %.0f ms; "
+               "bodies %.1f MB out %.1f MB in, wire %.1f MB out %.1f MB in\n",
+               i, b.p[i].ms_send, b.p[i].ms_reduce, b.p[i].ms_fetch, b.p[i].ms,
+               (double)b.p[i].bytes_sent / 1e6, (double)b.p[i].bytes_received / 1e6,
+               (double)b.p[i].wire_sent / 1e6, (double)b.p[i].wire_received / 1e6);
     fflush(stdout);
     for (size_t i = 0; i < n_peers; i++) {
         p2p_tk_peer_cleanup(&b.p[i].id);

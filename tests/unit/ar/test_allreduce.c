@@ -394,6 +394,35 @@ static void test_sender_never_starts(void **s)
     grp_cleanup(&g);
 }
 
+/* An aggregator whose engine lives but never starts the round: its
+ * "round unknown" answers do not count as alive, so the others give its
+ * part up after stall_ms, not at the deadline. */
+static void test_aggregator_never_starts(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 1, 1};
+    int sends[] = {1, 1, 1, 1}, listen[] = {1, 1, 1, 1};
+    struct grp g;
+    grp_init(&g, 4, 30000, frac, sends, listen, NULL);
+    int start[] = {0, 0, 0, -1};
+    grp_run(&g, start, -1, 0, 20000);
+    for (size_t i = 0; i < 3; i++) {
+        struct peer *p = &g.p[i];
+        assert_int_equal(p->res.status, CM_ETIMEOUT);
+        assert_int_equal(p->res.n_averaged, 3);
+        assert_false(p->parts[3].averaged);
+        assert_memory_equal(p->buf + p->parts[3].offset, p->orig + p->parts[3].offset,
+                            p->parts[3].len * sizeof(float));
+        for (size_t k = 0; k < 3; k++) {
+            assert_int_equal(p->parts[k].dropped, 0x8);
+            for (size_t j = p->parts[k].offset; j < p->parts[k].offset + p->parts[k].len; j++)
+                assert_true(close_to(p->buf[j], mean_at(&g, 0x7, j, NULL), 3e-7));
+        }
+        assert_true(p->res.ms_total < 5000); /* deadline is 20 s */
+    }
+    grp_cleanup(&g);
+}
+
 /* A sender (not an aggregator) killed while its slow upload is under way:
  * dropped after stall_ms; chunks it delivered keep it, the others are
  * averaged without it; every chunk is one of the two exact means. */
@@ -704,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_staggered_start),
         cmocka_unit_test(test_sender_never_starts),
+        cmocka_unit_test(test_aggregator_never_starts),
         cmocka_unit_test(test_sender_killed_mid_round),
         cmocka_unit_test(test_aggregator_killed),
         cmocka_unit_test(test_bad_senders_excluded),

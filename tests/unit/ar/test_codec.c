@@ -324,6 +324,20 @@ static void test_messages(void **s)
     assert_int_equal(ar_result_build(&r, &buf, &len), 0);
     assert_int_equal(ar_result_parse(buf, len, &rp), CM_EPARSE);
     free(buf);
+
+    /* Acks are never empty: an empty "not yet" body means "round unknown". */
+    uint32_t ready = 99;
+    assert_int_equal(ar_ack_build(0, &buf, &len), 0);
+    assert_true(len > 0);
+    assert_int_equal(ar_ack_parse(buf, len, &ready), 0);
+    assert_int_equal(ready, 0);
+    free(buf);
+    assert_int_equal(ar_ack_build(123456, &buf, &len), 0);
+    assert_int_equal(ar_ack_parse(buf, len, &ready), 0);
+    assert_int_equal(ready, 123456);
+    free(buf);
+    assert_int_equal(ar_ack_parse((const uint8_t *)"", 0, &ready), CM_EPARSE);
+    assert_int_equal(ar_ack_parse((const uint8_t *)"\x08\x05", 2, &ready), CM_EPARSE);
 }
 
 int main(void)
