@@ -7,22 +7,21 @@
  *
  *   max xi
  *   xi <= sum_i s_i c_i / B                               (compute)
- *   xi <= sum_i g_ij              for every j with s_j > 0 (receive)
- *   r_i <= a_ki + (1 - c_k) M_i   for aggregator i, k != i, s_k > 0
- *   g_ij <= r_i                   for aggregator i, every j
- *   sum_{k!=i} a_ki + sum_{j!=i} g_ji <= d_i / G            (download)
- *   sum_{j!=i} a_ij + sum_{j!=i} g_ij <= u_i / G            (upload)
- *   a_ij + g_ij <= t_ij / G       for measured pairs        (links)
- *   0 <= c_i <= 1 (c_i = 0 when s_i = 0), a, g, r >= 0
+ *   xi <= sum_i h_i                                       (receive)
+ *   h_i <= a_ki + (1 - c_k) M_i   for aggregator i, k != i, s_k > 0   (4)
+ *   sum_{k!=i} a_ki + [s_i > 0] sum_{j!=i} h_j <= d_i / G  (download)
+ *   sum_{j!=i} a_ij + |receivers other than i| h_i <= u_i / G (upload)
+ *   a_ij + [s_j > 0] h_i <= t_ij / G  for measured pairs   (links)
+ *   0 <= c_i <= 1 (c_i = 0 when s_i = 0), a >= 0, 0 <= h_i <= M_i
  *
- * The O(n^3) family (4), g_ij <= a_ki + (1 - c_k) d_i for all i, j, k, is
- * rewritten with one auxiliary variable r_i per aggregator (its aggregation
- * rate, a_i = min_{k: c_k = 1} a_ki in §3.2): g_ij <= min_k(...) holds iff
- * some r_i sits between them, so the model keeps O(n^2) rows. M_i bounds
- * r_i from above and is large enough never to bind when c_k = 0 (the
- * condition Appendix B puts on the d_i factor): returns from i to others
- * cannot exceed u_i, and a local return never needs more than the compute
- * rate sum s / B.
+ * h_i is the rate at which aggregator i returns its part to every receiver
+ * (g_ij = h_i, see below). The O(n^3) family (4), g_ij <= a_ki + (1 - c_k)
+ * d_i for all i, j, k, becomes n^2 rows through this one auxiliary variable
+ * per aggregator (a_i = min_{k: c_k = 1} a_ki in §3.2): g_ij <= min_k(...)
+ * for every j holds iff h_i, bounding all g_ij, does. M_i bounds h_i and is
+ * large enough never to bind when c_k = 0 (the condition Appendix B puts on
+ * the d_i factor): returns from i to others cannot exceed u_i, and a local
+ * return never needs more than the compute rate sum s / B.
  *
  * Two choices the seed leaves open, made here:
  *  - client-mode peers (no inbound connections, §3.3) cannot aggregate:
@@ -33,12 +32,22 @@
  *
  * The optimum of (5) is often not a unique point (when compute binds, any
  * communication plan fast enough is optimal), so the solve is
- * lexicographic: (1) max xi; (2) keeping xi, max the compute rate (prefer
- * more contributing peers); (3) keeping both, max the network rate (the
- * plan with the most communication headroom, which makes homogeneous peers
- * split evenly). Each stage is GLPK's primal simplex; the first with the
- * presolver, the next two warm-started from the previous optimal basis.
- * GLPK's simplex is deterministic, so equal inputs give equal plans. */
+ * staged: (1) max xi over the relaxation (5); (2) binary roles, each
+ * candidate an exact LP with c fixed (round_roles); (3) keeping the roles
+ * and their throughput, max the network rate (the plan with the most
+ * communication headroom, which makes homogeneous peers split evenly).
+ * Every solve is GLPK's primal simplex with the presolver (measured faster
+ * here than warm-started primal or dual re-solves from 64 peers up).
+ * GLPK's simplex is deterministic, so equal inputs give equal plans.
+ *
+ * One more deviation from the letter of (5), needed for (6) to describe the
+ * optimum: g_ij is one rate g_i per aggregator (h below), the same to every
+ * receiver. In (5) a receiver may get more of one part and less of another,
+ * which no schedule of fixed parts can realize; with fixed parts, lowering
+ * g_ij to min_j g_ij loses nothing, so this costs no throughput of a plan
+ * peers can follow, and it makes the model n^2 rather than 2 n^2 columns.
+ * tests/unit/sched/test_sched_lp.c checks the optimum against the O(n^3)
+ * form with a g_ij per pair, solved by an independent dense simplex. */
 #include "sched/sched.h"
 
 #include <glpk.h>
@@ -58,6 +67,8 @@
 #define C_ONE 1e-6      /* c_i >= 1 - C_ONE counts as computing */
 #define LOCAL_PASSES 2  /* passes of single-peer role flips after rounding */
 #define EXACT_ROLES 6   /* up to this many capable peers, try every role assignment */
+#define GRID_ROLES 96   /* up to this many, also try the k fastest uploaders */
+#define LOCAL_ROLES 24  /* up to this many, also flip single roles while that helps */
 
 static void seterr(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -226,8 +237,9 @@ static void glpk_error(void *info)
 struct model {
     size_t n;
     int xi;            /* column of xi */
-    int *c, *r, *h;    /* [n] columns (r, h: 0 when not an aggregator) */
-    int *a, *g;        /* [n*n] columns a[k*n+i], g[i*n+j]; 0 = absent */
+    int *c, *h;        /* [n] columns (h: 0 when not an aggregator) */
+    int *a;            /* [n*n] columns a[k*n+i]; 0 = absent */
+    double *M;         /* [n] the big-M of (4) per aggregator */
     int row_cmp;       /* xi - sum s c / B <= 0 */
     double *scale_s;   /* [n] s_i / B */
 };
@@ -267,7 +279,7 @@ static int solve_fixed(glp_prob *lp, const struct model *m, const unsigned char 
         double c = on[i] ? 1 : 0;
         glp_set_col_bnds(lp, m->c[i], GLP_FX, c, c);
     }
-    int rc = simplex(lp, 0, it);
+    int rc = simplex(lp, 1, it);
     if (rc == CM_OK)
         *xi_out = glp_get_obj_val(lp);
     return rc;
@@ -322,10 +334,13 @@ static int by_upload_desc(const void *x, const void *y)
  * assignments, each re-solved with c fixed (an exact LP then, whose optimum
  * is a plan peers can follow):
  *  - with at most EXACT_ROLES capable peers, every assignment (exact);
- *  - otherwise: every capable peer; the LP's c rounded up and down; the
- *    k fastest uploaders for k on a geometric grid (a slow sender holds
- *    every aggregator back, and so do two equally slow ones: single flips
- *    cannot drop both); then single-peer flips from the best while they help.
+ *  - otherwise: every capable peer; the LP's c rounded up and down; up to
+ *    GRID_ROLES capable peers, the k fastest uploaders for k on a geometric
+ *    grid (a slow sender holds every aggregator back, and so do two equally
+ *    slow ones: single flips cannot drop both); up to LOCAL_ROLES, then
+ *    single-peer flips from the best while they help.
+ * Each candidate is a full simplex re-solve, so the search shrinks as n
+ * grows (solve times: make bench, docs/schedules.md).
  * Candidates are tried from more computing peers to fewer and only a strict
  * improvement replaces the best, so ties keep more peers computing. Leaves
  * lp solved for the winner. */
@@ -371,14 +386,14 @@ static int round_roles(glp_prob *lp, const struct model *m, const struct sched_p
     memcpy(order, capable, nc * sizeof *order);
     g_sort_p = p;
     qsort(order, nc, sizeof *order, by_upload_desc);
-    for (size_t k = nc - nc / 8; k >= 1; k = k > 1 ? (k * 3) / 4 : 0) {
+    for (size_t k = nc - nc / 8; nc <= GRID_ROLES && k >= 1; k = k > 1 ? (k * 3) / 4 : 0) {
         memset(r.tmp, 0, n);
         for (size_t j = 0; j < k; j++)
             r.tmp[order[j]] = 1;
         if ((rc = roles_try(&r, r.tmp)) != CM_OK)
             goto out;
     }
-    for (int pass = 0, improved = 1; improved && pass < LOCAL_PASSES; pass++) {
+    for (int pass = 0, improved = nc <= LOCAL_ROLES; improved && pass < LOCAL_PASSES; pass++) {
         improved = 0;
         for (size_t k = 0; k < nc; k++) {
             size_t i = order[k];
@@ -412,12 +427,13 @@ static double now_ms(void)
 /* Builds (5) into lp. Runs under the GLPK error hook. */
 static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, double *tmin)
 {
-    size_t n = p->n;
+    size_t n = p->n, nrecv = 0;
     const double G = p->gradient_mbit;
     double total = 0;
     for (size_t i = 0; i < n; i++) {
         m->scale_s[i] = p->peers[i].samples_per_s / p->target_batch;
         total += m->scale_s[i];
+        nrecv += p->peers[i].samples_per_s > 0;
     }
     glp_set_obj_dir(lp, GLP_MAX);
 
@@ -435,21 +451,14 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
     for (size_t i = 0; i < n; i++) {
         if (!p->peers[i].inbound)
             continue;
-        double Mi = fmax(p->peers[i].up_mbps / G, total);
-        m->r[i] = glp_add_cols(lp, 1);
-        glp_set_col_bnds(lp, m->r[i], GLP_DB, 0, Mi);
+        m->M[i] = fmax(p->peers[i].up_mbps / G, total);
         m->h[i] = glp_add_cols(lp, 1);
-        glp_set_col_bnds(lp, m->h[i], GLP_LO, 0, 0);
-        for (size_t j = 0; j < n; j++) {
-            if (p->peers[j].samples_per_s > 0) {
-                m->g[i * n + j] = glp_add_cols(lp, 1);
-                glp_set_col_bnds(lp, m->g[i * n + j], GLP_LO, 0, 0);
+        glp_set_col_bnds(lp, m->h[i], GLP_DB, 0, m->M[i]);
+        for (size_t k = 0; k < n; k++)
+            if (k != i && p->peers[k].samples_per_s > 0) {
+                m->a[k * n + i] = glp_add_cols(lp, 1);
+                glp_set_col_bnds(lp, m->a[k * n + i], GLP_LO, 0, 0);
             }
-            if (j != i && p->peers[j].samples_per_s > 0) {
-                m->a[j * n + i] = glp_add_cols(lp, 1);
-                glp_set_col_bnds(lp, m->a[j * n + i], GLP_LO, 0, 0);
-            }
-        }
     }
 
     struct trip t = {0};
@@ -468,48 +477,28 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
         if (m->scale_s[i] > 0)
             ADD(row, m->c[i], -m->scale_s[i]);
 
-    /* receive: xi - sum_i h_i <= 0, and h_i <= g_ij for every receiver j */
+    /* receive: xi - sum_i h_i <= 0 (every receiver gets every part) */
     row = glp_add_rows(lp, 1);
     glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
     ADD(row, m->xi, 1);
     for (size_t i = 0; i < n; i++)
         if (m->h[i])
             ADD(row, m->h[i], -1);
+    /* seed 000, Appendix B, (4) through h_i: h_i - a_ki + M_i c_k <= M_i */
     for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < n && m->h[i]; j++) {
-            if (!m->g[i * n + j])
-                continue;
-            row = glp_add_rows(lp, 1);
-            glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
-            ADD(row, m->h[i], 1);
-            ADD(row, m->g[i * n + j], -1);
-        }
-    /* seed 000, Appendix B, (4) through r_i: r_i - a_ki + M_i c_k <= M_i */
-    for (size_t i = 0; i < n; i++) {
-        if (!m->r[i])
-            continue;
-        double Mi = glp_get_col_ub(lp, m->r[i]);
-        for (size_t k = 0; k < n; k++) {
+        for (size_t k = 0; k < n && m->h[i]; k++) {
             if (!m->a[k * n + i])
                 continue;
             row = glp_add_rows(lp, 1);
-            glp_set_row_bnds(lp, row, GLP_UP, 0, Mi);
-            ADD(row, m->r[i], 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, m->M[i]);
+            ADD(row, m->h[i], 1);
             ADD(row, m->a[k * n + i], -1);
-            ADD(row, m->c[k], Mi);
+            ADD(row, m->c[k], m->M[i]);
         }
-        /* g_ij - r_i <= 0 */
-        for (size_t j = 0; j < n; j++) {
-            if (!m->g[i * n + j])
-                continue;
-            row = glp_add_rows(lp, 1);
-            glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
-            ADD(row, m->g[i * n + j], 1);
-            ADD(row, m->r[i], -1);
-        }
-    }
-    /* download and upload */
+    /* download: sum_k a_ki + [i receives] sum_{j != i} h_j <= d_i;
+     * upload: sum_j a_ij + (receivers other than i) h_i <= u_i */
     for (size_t i = 0; i < n; i++) {
+        int recv_i = p->peers[i].samples_per_s > 0;
         size_t before = t.n;
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].down_mbps / G);
@@ -518,26 +507,23 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
                 continue;
             if (m->a[k * n + i])
                 ADD(row, m->a[k * n + i], 1);
-            if (m->g[k * n + i])
-                ADD(row, m->g[k * n + i], 1);
+            if (recv_i && m->h[k])
+                ADD(row, m->h[k], 1);
         }
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
         before = t.n;
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
-        for (size_t j = 0; j < n; j++) {
-            if (j == i)
-                continue;
-            if (m->a[i * n + j])
+        for (size_t j = 0; j < n; j++)
+            if (j != i && m->a[i * n + j])
                 ADD(row, m->a[i * n + j], 1);
-            if (m->g[i * n + j])
-                ADD(row, m->g[i * n + j], 1);
-        }
+        if (m->h[i] && nrecv - (size_t)recv_i > 0)
+            ADD(row, m->h[i], (double)(nrecv - (size_t)recv_i));
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
     }
-    /* measured pairs: a_ij + g_ij <= t_ij (the smallest report of a pair) */
+    /* measured pairs: a_ij + [j receives] h_i <= t_ij (the smallest report of a pair) */
     for (size_t i = 0; i < n; i++)
         for (size_t l = 0; l < p->peers[i].nlinks; l++) {
             size_t j = p->peers[i].links[l].to;
@@ -545,14 +531,15 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
         }
     for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < n; j++) {
-            if (!isfinite(tmin[i * n + j]) || (!m->a[i * n + j] && !m->g[i * n + j]))
+            int ret = m->h[i] && p->peers[j].samples_per_s > 0;
+            if (!isfinite(tmin[i * n + j]) || (!m->a[i * n + j] && !ret))
                 continue;
             row = glp_add_rows(lp, 1);
             glp_set_row_bnds(lp, row, GLP_UP, 0, tmin[i * n + j] / G);
             if (m->a[i * n + j])
                 ADD(row, m->a[i * n + j], 1);
-            if (m->g[i * n + j])
-                ADD(row, m->g[i * n + j], 1);
+            if (ret)
+                ADD(row, m->h[i], 1);
         }
 #undef ADD
     glp_load_matrix(lp, (int)t.n, t.ia, t.ja, t.ar);
@@ -607,15 +594,14 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
 
     struct model m = {.n = n};
     m.c = calloc(n, sizeof *m.c);
-    m.r = calloc(n, sizeof *m.r);
+    m.M = calloc(n, sizeof *m.M);
     m.h = calloc(n, sizeof *m.h);
     m.a = calloc(n * n, sizeof *m.a);
-    m.g = calloc(n * n, sizeof *m.g);
     m.scale_s = calloc(n, sizeof *m.scale_s);
     double *tmin = malloc(n * n * sizeof *tmin);
     double *volatile val = NULL;
     out->peers = calloc(n, sizeof *out->peers);
-    if (!m.c || !m.r || !m.h || !m.a || !m.g || !m.scale_s || !tmin || !out->peers) {
+    if (!m.c || !m.M || !m.h || !m.a || !m.scale_s || !tmin || !out->peers) {
         rc = CM_ENOMEM;
         seterr(err, cap, "out of memory for %zu peers", n);
         goto done;
@@ -662,7 +648,7 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
             double keep = glp_get_obj_val(lp);
             glp_set_col_bnds(lp, m.xi, GLP_LO, keep * (1 - STAGE_KEEP), 0);
             glp_set_row_bnds(lp, m.row_cmp, GLP_FR, 0, 0);
-            stage_rc = simplex(lp, 0, &it);
+            stage_rc = simplex(lp, 1, &it);
         }
         iters = it;
         if (stage_rc == CM_OK) {
@@ -696,31 +682,37 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
         pl->compute = p->peers[i].samples_per_s > 0 && pl->c >= 1 - C_ONE;
         if (pl->compute)
             compute += m.scale_s[i];
-        pl->agg_mbps = m.r[i] ? val[m.r[i]] * G : 0;
-        double recv = 0, up = 0, down = 0;
+        pl->agg_mbps = m.h[i] ? val[m.h[i]] * G : 0;
+        if (m.h[i])
+            hsum += val[m.h[i]];
+    }
+    size_t nrecv = 0;
+    for (size_t i = 0; i < n; i++)
+        nrecv += p->peers[i].samples_per_s > 0;
+    for (size_t i = 0; i < n; i++) {
+        struct sched_peer_plan *pl = &out->peers[i];
+        int recv_i = p->peers[i].samples_per_s > 0;
+        double up = 0, down = 0;
         for (size_t j = 0; j < n; j++) {
-            if (m.g[j * n + i])
-                recv += val[m.g[j * n + i]];
             if (j == i)
                 continue;
             if (m.a[i * n + j])
                 up += val[m.a[i * n + j]];
-            if (m.g[i * n + j])
-                up += val[m.g[i * n + j]];
             if (m.a[j * n + i])
                 down += val[m.a[j * n + i]];
-            if (m.g[j * n + i])
-                down += val[m.g[j * n + i]];
+            if (recv_i && m.h[j])
+                down += val[m.h[j]];
         }
-        pl->recv_mbps = recv * G;
+        if (m.h[i])
+            up += val[m.h[i]] * (double)(nrecv - (size_t)recv_i);
+        pl->recv_mbps = recv_i ? hsum * G : 0;
         pl->up_used_mbps = up * G;
         pl->down_used_mbps = down * G;
-        if (m.h[i])
-            hsum += val[m.h[i]];
     }
     double fmaxv = 0;
     for (size_t i = 0; i < n; i++) {
-        /* (6): h_i = min_j g_ij, the rate at which aggregator i serves every receiver */
+        /* (6): h_i = min_j g_ij, the rate at which aggregator i returns its part to every
+         * receiver */
         double f = m.h[i] ? val[m.h[i]] : 0;
         out->peers[i].fraction = f > 0 ? f : 0;
         fmaxv = fmax(fmaxv, out->peers[i].fraction);
@@ -752,10 +744,9 @@ done:
     }
     free(val);
     free(m.c);
-    free(m.r);
+    free(m.M);
     free(m.h);
     free(m.a);
-    free(m.g);
     free(m.scale_s);
     free(tmin);
     return rc;
