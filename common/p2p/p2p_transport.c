@@ -96,6 +96,8 @@ struct p2p_ctx {
     struct p2p_conn *conns, *conns_tail; /* least recently active first */
     size_t nconns, max_conns;
     size_t fds; /* descriptors held by connections, closing ones included */
+    size_t conn_handles; /* connection handles not yet closed */
+    int freeing;
     struct p2p_conn *fdwait_head, *fdwait_tail;
     uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */
     struct p2p_conn *wait_head, *wait_tail;
@@ -292,14 +294,22 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
     return CM_OK;
 }
 
-static void ctx_timer_closed(uv_handle_t *hd)
+static void ctx_release(struct p2p_ctx *c)
 {
-    struct p2p_ctx *c = hd->data;
-    if (--c->timers_open == 0) {
+    /* Connection handles of closed hosts may close after the ctx timers:
+     * the ctx goes when the last of them has. */
+    if (c->freeing && c->timers_open == 0 && c->conn_handles == 0) {
         p2p_auth_cleanup(&c->auth);
         free(c->rxbuf);
         free(c);
     }
+}
+
+static void ctx_timer_closed(uv_handle_t *hd)
+{
+    struct p2p_ctx *c = hd->data;
+    c->timers_open--;
+    ctx_release(c);
 }
 
 void p2p_ctx_free(struct p2p_ctx *ctx)
@@ -308,6 +318,7 @@ void p2p_ctx_free(struct p2p_ctx *ctx)
         return;
     /* The timers close asynchronously; the ctx is released in their close
      * callbacks, so the caller should run the loop once more. */
+    ctx->freeing = 1;
     uv_close((uv_handle_t *)&ctx->up_timer, ctx_timer_closed);
     uv_close((uv_handle_t *)&ctx->down_timer, ctx_timer_closed);
     uv_close((uv_handle_t *)&ctx->sweep_timer, ctx_timer_closed);
@@ -442,10 +453,13 @@ static void conn_handle_closed(uv_handle_t *hd)
     free(c->rx);
     free(c);
     host_handle_closed(h);
-    if (had_fd) {
+    if (had_fd)
         ctx->fds--;
+    ctx->conn_handles--;
+    if (ctx->freeing)
+        ctx_release(ctx);
+    else if (had_fd)
         conn_start_waiting(ctx);
-    }
 }
 
 static void wait_remove(struct p2p_ctx *ctx, struct p2p_conn *c)
@@ -597,6 +611,7 @@ static struct p2p_conn *conn_alloc(struct p2p_host *h, int outgoing)
     }
     c->tcp.data = c;
     c->h = h;
+    ctx->conn_handles++;
     c->outgoing = outgoing;
     c->last_active_ms = mono_ms();
     h->nhandles++;
