@@ -1113,7 +1113,24 @@ static void on_connection(uv_stream_t *srv, int status)
     ctx->st.conns_accepted++;
     /* A flood of connections: over the host's inbound cap, or over the
      * process budget with nothing idle to evict, the newcomer is closed. */
-    if (h->n_inbound > h->max_inbound || (ctx->fds > ctx->max_conns && evict_one(ctx))) {
+    if (h->n_inbound > h->max_inbound) {
+        /* Over the host's inbound cap: the least recently active idle
+         * inbound connection makes room (a flood of idle connections cannot
+         * lock honest peers out); with none idle, the newcomer is refused. */
+        struct p2p_conn *old = NULL;
+        for (struct p2p_conn *x = h->conns; x; x = x->hnext)
+            if (x != c && !x->outgoing && x->state == C_OPEN && x->wq_bytes == 0 &&
+                x->rx_len == 0 && (!old || x->last_active_ms < old->last_active_ms))
+                old = x;
+        if (!old) {
+            ctx->st.conns_refused++;
+            conn_close(c, CM_EBUSY);
+            return;
+        }
+        ctx->st.conns_evicted++;
+        conn_close(old, CM_ECLOSED);
+    }
+    if (ctx->fds > ctx->max_conns && evict_one(ctx)) {
         ctx->st.conns_refused++;
         conn_close(c, CM_EBUSY);
         return;
