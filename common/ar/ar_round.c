@@ -205,6 +205,22 @@ static void finish(struct ar_round *r, int kill_status)
     res.ms_total = (double)(ar__mono_ms() - r->t0);
     r->phase = kill_status ? AR__P_DEAD : AR__P_LINGER;
     r->linger_until = ar__mono_ms() + r->linger_ms;
+    /* Only the served results outlive done: the staging areas and chunk
+     * states go now (callbacks still to come check odone/idone first). */
+    for (size_t k = 0; k < r->n_parts; k++) {
+        struct ar__link *L = &r->link[k];
+        L->odone = L->idone = 1;
+        free(L->ost);
+        free(L->ist);
+        free(L->stage);
+        L->ost = L->ist = NULL;
+        L->stage = NULL;
+    }
+    free(r->scratch);
+    free(r->encbuf);
+    r->scratch = NULL;
+    r->encbuf = NULL;
+    r->buf = NULL; /* the caller's again */
     r->done(r->arg, &res);
 }
 
