@@ -44,8 +44,8 @@ static double expected_max_geometric(size_t g, double q)
     if (x <= 0)
         return 1;
     /* sum_{k >= 0} P(max > k) = sum 1 - (1 - x^k)^g; stop once g x^k is negligible. */
-    double kmax = log(1e-16 / (double)g) / log(x);
-    if (kmax <= 2e4) {
+    double kmax = log(1e-16 / (double)g) / log1p(-q); /* log1p: 1 - q rounds to 1 for tiny q */
+    if (isfinite(kmax) && kmax <= 2e4) {
         double e = 0, xk = 1;
         for (long k = 0; k <= (long)kmax + 1; k++) {
             e += -expm1((double)g * log1p(-xk)); /* 1 - (1 - x^k)^g, accurate for small x^k */
