@@ -8,6 +8,7 @@
 #include "p2p/p2p_frame.h"
 #include "p2p/p2p_msg.h"
 #include "p2p/p2p_rate.h"
+#include "p2p/p2p_internal.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -139,105 +140,6 @@ int64_t p2p_now_ms(void)
 static int64_t mono_ms(void)
 {
     return (int64_t)(uv_hrtime() / 1000000);
-}
-
-/* ---- addresses --------------------------------------------------------- */
-
-int p2p_addr_parse(const char *s, struct sockaddr_storage *out)
-{
-    char host[256];
-    const char *colon, *hs = s;
-    size_t hl;
-    if (!s)
-        return CM_EINVAL;
-    if (*s == '[') {
-        const char *e = strchr(s, ']');
-        if (!e || e[1] != ':')
-            return CM_EINVAL;
-        hs = s + 1;
-        hl = (size_t)(e - hs);
-        colon = e + 1;
-    } else {
-        colon = strrchr(s, ':');
-        if (!colon)
-            return CM_EINVAL;
-        hl = (size_t)(colon - s);
-    }
-    if (hl == 0 || hl >= sizeof host)
-        return CM_EINVAL;
-    memcpy(host, hs, hl);
-    host[hl] = 0;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end || port <= 0 || port > 65535 || colon[1] == 0)
-        return CM_EINVAL;
-    memset(out, 0, sizeof *out);
-    struct sockaddr_in *a4 = (struct sockaddr_in *)out;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)port);
-        return CM_OK;
-    }
-    if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)port);
-        return CM_OK;
-    }
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, NULL, &hints, &res) || !res)
-        return CM_ENOTFOUND;
-    memcpy(out, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    if (out->ss_family == AF_INET)
-        a4->sin_port = htons((uint16_t)port);
-    else
-        a6->sin6_port = htons((uint16_t)port);
-    return CM_OK;
-}
-
-void p2p_addr_format(const struct sockaddr *a, char *out, size_t cap)
-{
-    char ip[INET6_ADDRSTRLEN] = "?";
-    if (a->sa_family == AF_INET) {
-        const struct sockaddr_in *a4 = (const struct sockaddr_in *)a;
-        inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof ip);
-        snprintf(out, cap, "%s:%u", ip, ntohs(a4->sin_port));
-    } else if (a->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)a;
-        inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof ip);
-        snprintf(out, cap, "[%s]:%u", ip, ntohs(a6->sin6_port));
-    } else {
-        snprintf(out, cap, "?");
-    }
-}
-
-static int addr_equal(const struct sockaddr_storage *a, const struct sockaddr *b)
-{
-    if (a->ss_family != b->sa_family)
-        return 0;
-    if (b->sa_family == AF_INET) {
-        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
-        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
-    }
-    if (b->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
-        return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
-    }
-    return 0;
-}
-
-static socklen_t addr_len(const struct sockaddr *a)
-{
-    return a->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-}
-
-static void addr_set_port(struct sockaddr_storage *a, uint16_t port)
-{
-    if (a->ss_family == AF_INET)
-        ((struct sockaddr_in *)a)->sin_port = htons(port);
-    else if (a->ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
 }
 
 /* ---- ctx --------------------------------------------------------------- */
@@ -940,7 +842,7 @@ static void fill_peer(struct p2p_conn *c, const struct p2p_envelope *env,
     pe->addr = c->remote;
     pe->listen_port = env->listen_port;
     if (env->listen_port)
-        addr_set_port(&pe->addr, (uint16_t)env->listen_port);
+        p2p__addr_set_port(&pe->addr, (uint16_t)env->listen_port);
     pe->claims = cl;
 }
 
@@ -1165,7 +1067,7 @@ int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct 
             free(h);
             return CM_EINVAL;
         }
-        addr_set_port(&a, cfg->listen_port);
+        p2p__addr_set_port(&a, cfg->listen_port);
         uv_tcp_init(ctx->loop, &h->listener);
         h->listener.data = h;
         h->nhandles++;
@@ -1221,6 +1123,11 @@ void p2p_host_close(struct p2p_host *h)
 uint16_t p2p_host_port(const struct p2p_host *h)
 {
     return h->port;
+}
+
+struct p2p_ctx *p2p_host_ctx(struct p2p_host *h)
+{
+    return h->ctx;
 }
 
 const uint8_t *p2p_host_pub(const struct p2p_host *h)
@@ -1301,14 +1208,14 @@ static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr
 {
     struct p2p_ctx *ctx = h->ctx;
     for (struct p2p_conn *c = h->conns; c; c = c->hnext)
-        if (c->outgoing && c->state != C_CLOSING && addr_equal(&c->remote, addr))
+        if (c->outgoing && c->state != C_CLOSING && p2p__addr_equal(&c->remote, addr))
             return c;
     struct p2p_conn *c = conn_alloc(h, 1);
     if (!c) {
         *rc = CM_ENOMEM;
         return NULL;
     }
-    memcpy(&c->remote, addr, addr_len(addr));
+    memcpy(&c->remote, addr, p2p__addr_len(addr));
     if (ctx->fds >= ctx->max_conns) {
         /* At the descriptor budget (closing connections still hold theirs):
          * make room by closing the least recently used idle connection and
@@ -1358,7 +1265,7 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
     }
     p->type = type;
     p->blen = len;
-    memcpy(&p->addr, addr, addr_len(addr));
+    memcpy(&p->addr, addr, p2p__addr_len(addr));
     if (len && !(p->body = malloc(len))) {
         free(p);
         return CM_ENOMEM;
@@ -1378,116 +1285,5 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
     uv_timer_start(&p->timer, pending_timeout, timeout_ms, 0);
     pending_attach(p, c);
     h->ctx->st.requests_sent++;
-    return CM_OK;
-}
-
-/* ---- streams ----------------------------------------------------------- */
-
-struct stream_send {
-    struct p2p_host *h;
-    struct sockaddr_storage addr;
-    uint8_t pub[32];
-    uint64_t id;
-    const uint8_t *data;
-    size_t len, chunk, next_off;
-    unsigned window, inflight;
-    uint32_t seq, timeout_ms;
-    int status, sent_last;
-    p2p_response_cb done;
-    void *arg;
-};
-
-static void stream_pump(struct stream_send *s);
-
-static void stream_chunk_done(void *arg, int status, const struct p2p_peer *from,
-                              const uint8_t *body, size_t len)
-{
-    struct stream_send *s = arg;
-    (void)from, (void)body, (void)len;
-    s->inflight--;
-    if (status && !s->status)
-        s->status = status;
-    stream_pump(s);
-}
-
-static void stream_pump(struct stream_send *s)
-{
-    while (!s->status && !s->sent_last && s->inflight < s->window) {
-        size_t n = s->len - s->next_off;
-        if (n > s->chunk)
-            n = s->chunk;
-        Ctp2p__StreamChunk ch = CTP2P__STREAM_CHUNK__INIT;
-        ch.stream_id = s->id;
-        ch.seq = s->seq;
-        ch.total_len = s->len;
-        ch.offset = s->next_off;
-        ch.last = s->next_off + n == s->len;
-        ch.data.data = (uint8_t *)s->data + s->next_off;
-        ch.data.len = n;
-        size_t blen = ctp2p__stream_chunk__get_packed_size(&ch);
-        uint8_t *b = malloc(blen ? blen : 1);
-        if (!b) {
-            s->status = CM_ENOMEM;
-            break;
-        }
-        ctp2p__stream_chunk__pack(&ch, b);
-        int rc = p2p_request(s->h, (struct sockaddr *)&s->addr, s->pub, P2P_MSG_STREAM_CHUNK, b,
-                             blen, s->timeout_ms, stream_chunk_done, s);
-        free(b);
-        if (rc) {
-            s->status = rc;
-            break;
-        }
-        s->inflight++;
-        s->seq++;
-        s->next_off += n;
-        if (ch.last)
-            s->sent_last = 1;
-    }
-    if (s->inflight == 0 && (s->status || s->sent_last)) {
-        p2p_response_cb done = s->done;
-        void *arg = s->arg;
-        int st = s->status;
-        free(s);
-        done(arg, st, NULL, NULL, 0);
-    }
-}
-
-static void stream_start_cb(uv_timer_t *t)
-{
-    struct stream_send *s = t->data;
-    uv_close((uv_handle_t *)t, (uv_close_cb)free);
-    stream_pump(s);
-}
-
-int p2p_stream_send(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
-                    uint64_t stream_id, const uint8_t *data, size_t len, size_t chunk_size,
-                    unsigned window, uint32_t chunk_timeout_ms, p2p_response_cb done, void *arg)
-{
-    if (!peer_pub || !done || (!data && len) || chunk_size > P2P_STREAM_CHUNK_MAX ||
-        addr_len(addr) > sizeof(struct sockaddr_storage))
-        return CM_EINVAL;
-    struct stream_send *s = calloc(1, sizeof *s);
-    uv_timer_t *t = malloc(sizeof *t);
-    if (!s || !t) {
-        free(s);
-        free(t);
-        return CM_ENOMEM;
-    }
-    s->h = h;
-    memcpy(&s->addr, addr, addr_len(addr));
-    memcpy(s->pub, peer_pub, 32);
-    s->id = stream_id;
-    s->data = data;
-    s->len = len;
-    s->chunk = chunk_size ? chunk_size : 64 * 1024;
-    s->window = window ? window : 4;
-    s->timeout_ms = chunk_timeout_ms ? chunk_timeout_ms : 30000;
-    s->done = done;
-    s->arg = arg;
-    /* Start on the next loop turn so `done` never runs inside this call. */
-    uv_timer_init(h->ctx->loop, t);
-    t->data = s;
-    uv_timer_start(t, stream_start_cb, 0, 0);
     return CM_OK;
 }

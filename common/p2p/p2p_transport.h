@@ -127,6 +127,7 @@ int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct 
 void p2p_host_close(struct p2p_host *h);
 uint16_t p2p_host_port(const struct p2p_host *h);
 const uint8_t *p2p_host_pub(const struct p2p_host *h);
+struct p2p_ctx *p2p_host_ctx(struct p2p_host *h);
 /* Replaces the host's token (after a pass renewal). */
 int p2p_host_set_token(struct p2p_host *h, const char *token);
 
