@@ -482,6 +482,24 @@ static void test_slow_and_idle(void **state)
     p2p_ctx_free(ctx);
 }
 
+static void test_addresses(void **state)
+{
+    (void)state;
+    struct sockaddr_storage a;
+    char out[80];
+    assert_int_equal(p2p_addr_parse("127.0.0.1:4000", &a), 0);
+    p2p_addr_format((struct sockaddr *)&a, out, sizeof out);
+    assert_string_equal(out, "127.0.0.1:4000");
+    assert_int_equal(p2p_addr_parse("[::1]:65535", &a), 0);
+    p2p_addr_format((struct sockaddr *)&a, out, sizeof out);
+    assert_string_equal(out, "[::1]:65535");
+    assert_int_equal(p2p_addr_parse("localhost:80", &a), 0);
+    const char *bad[] = {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:65536",
+                         "127.0.0.1:80x", ":80", "[::1:80", "[::1]80"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_int_not_equal(p2p_addr_parse(bad[i], &a), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -492,6 +510,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flood, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_and_idle, setup, teardown),
+        cmocka_unit_test(test_addresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
