@@ -189,7 +189,8 @@ struct ar_round_config {
     enum ar_comp comp;
     uint32_t chunk_elems;         /* 0: the encoding's AR_CHUNK_DEFAULT*; a multiple of
                                      AR_Q8_BLOCK whose encoded size is <= AR_PAYLOAD_MAX */
-    uint32_t deadline_ms;         /* whole round; 0: 60000 */
+    uint32_t deadline_ms;         /* whole round; 0: 60000. Aggregators stop
+                                     waiting for senders at 4/5 of it */
     uint32_t stall_ms;            /* silence before a peer is given up; 0: 5000 */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */

@@ -95,7 +95,7 @@ struct ar_round {
     struct ar__link link[AR_MAX_MEMBERS];
     float *scratch; /* chunk floats, for decoding */
     uint8_t *encbuf; /* enc_chunk bytes, for encoding */
-    int64_t t0, deadline_at, linger_until;
+    int64_t t0, deadline_at, reduce_deadline_at, linger_until;
     double ms_send, ms_reduce, ms_fetch;
     uint64_t bytes_sent, bytes_received, chunks_sent, chunks_received;
     struct ar_part_report reports[AR_MAX_MEMBERS];

@@ -861,10 +861,13 @@ static void round_tick(uv_timer_t *t)
         return;
     struct ar__agg *a = &r->agg;
     int late = now >= r->deadline_at;
+    /* Aggregators stop waiting for senders at 4/5 of the deadline, so the
+     * averages still reach the members before it. */
+    int late_reduce = now >= r->reduce_deadline_at;
     if (r->my_part >= 0)
         for (size_t s = 0; s < r->n_members; s++)
             if ((a->senders & BIT(s)) && a->snd[s].state == AR__S_ACTIVE && s != r->me &&
-                (late || now - a->snd[s].last_ms > (int64_t)r->stall_ms))
+                (late_reduce || now - a->snd[s].last_ms > (int64_t)r->stall_ms))
                 drop_sender(r, (int)s);
     for (size_t k = 0; k < r->n_parts && r->phase == AR__P_RUNNING; k++) {
         if ((int)k == r->my_part)
@@ -1008,6 +1011,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     }
     r->t0 = ar__mono_ms();
     r->deadline_at = r->t0 + r->deadline_ms;
+    r->reduce_deadline_at = r->t0 + r->deadline_ms / 5 * 4;
     if (r->my_part >= 0) {
         struct ar__agg *a = &r->agg;
         a->part = (size_t)r->my_part;

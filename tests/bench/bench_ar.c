@@ -275,7 +275,6 @@ int main(int argc, char **argv)
     bad |= run(4, 25000000, 100, AR_COMP_FP16);
     bad |= run(4, 25000000, 100, AR_COMP_Q8);
     bad |= run(8, 12500000, 100, AR_COMP_NONE);
-    bad |= run(8, 12500000, 100, AR_COMP_FP16);
     bad |= run(8, 12500000, 100, AR_COMP_Q8);
     return bad;
 }

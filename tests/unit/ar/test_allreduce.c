@@ -423,6 +423,38 @@ static void test_aggregator_never_starts(void **s)
     grp_cleanup(&g);
 }
 
+/* The round deadline bounds everything, even with a long stall limit:
+ * aggregators stop waiting for a silent sender at 4/5 of it, so the other
+ * parts are still averaged; the part of an aggregator that never starts is
+ * given up at the deadline. */
+static void test_deadline(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 1};
+    int sends[] = {1, 1, 1}, listen[] = {1, 1, 1};
+    struct grp g;
+    grp_init(&g, 3, 20000, frac, sends, listen, NULL);
+    g.base.deadline_ms = 800;
+    g.base.stall_ms = 30000;
+    int start[] = {0, 0, -1};
+    int64_t t0 = p2p_now_ms();
+    grp_run(&g, start, -1, 0, 5000);
+    int64_t took = p2p_now_ms() - t0;
+    assert_true(took >= 750 && took < 3000); /* the missing part waits for the deadline */
+    for (size_t i = 0; i < 2; i++) {
+        struct peer *p = &g.p[i];
+        assert_int_equal(p->res.status, CM_ETIMEOUT);
+        assert_int_equal(p->res.n_averaged, 2);
+        assert_false(p->parts[2].averaged);
+        assert_int_equal(p->parts[2].status, CM_ETIMEOUT);
+        assert_memory_equal(p->buf + p->parts[2].offset, p->orig + p->parts[2].offset,
+                            p->parts[2].len * sizeof(float));
+        for (size_t j = 0; j < p->parts[2].offset; j++)
+            assert_true(close_to(p->buf[j], mean_at(&g, 0x3, j, NULL), 3e-7));
+    }
+    grp_cleanup(&g);
+}
+
 /* A sender (not an aggregator) killed while its slow upload is under way:
  * dropped after stall_ms; chunks it delivered keep it, the others are
  * averaged without it; every chunk is one of the two exact means. */
@@ -734,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_staggered_start),
         cmocka_unit_test(test_sender_never_starts),
         cmocka_unit_test(test_aggregator_never_starts),
+        cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_sender_killed_mid_round),
         cmocka_unit_test(test_aggregator_killed),
         cmocka_unit_test(test_bad_senders_excluded),
