@@ -254,6 +254,17 @@ int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out)
         free(e);
         return rc;
     }
+    /* The same identity in client mode for fetching results: the transport
+     * keeps one FIFO connection per remote address and host, and an Ack
+     * queued behind a window of averaged chunks would stall the sender. */
+    hc.listen_ip = NULL;
+    hc.listen_port = hc.advertise_port = 0;
+    if ((rc = p2p_host_new(cfg->ctx, &hc, &e->fhost))) {
+        p2p_host_close(e->host);
+        free(e->finished);
+        free(e);
+        return rc;
+    }
     e->listening = cfg->listen_ip != NULL;
     *out = e;
     return CM_OK;
@@ -267,8 +278,9 @@ void ar_engine_free(struct ar_engine *e)
         ar__round_kill(e->rounds, CM_ECLOSED);
     /* Fails the requests still pending: their callbacks see dead rounds and
      * only drop their references. */
+    p2p_host_close(e->fhost);
     p2p_host_close(e->host);
-    e->host = NULL;
+    e->host = e->fhost = NULL;
     free(e->finished);
     free(e);
 }
@@ -285,5 +297,6 @@ uint16_t ar_engine_port(const struct ar_engine *e)
 
 int ar_engine_set_token(struct ar_engine *e, const char *token)
 {
-    return p2p_host_set_token(e->host, token);
+    int rc = p2p_host_set_token(e->host, token);
+    return rc ? rc : p2p_host_set_token(e->fhost, token);
 }

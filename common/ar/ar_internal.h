@@ -108,7 +108,9 @@ struct ar_round {
 
 struct ar_engine {
     struct p2p_ctx *ctx;
-    struct p2p_host *host;
+    struct p2p_host *host;  /* listener, chunk sends, serving */
+    struct p2p_host *fhost; /* fetches only: their own connections, so big
+                               results never queue ahead of chunk Acks */
     const struct cm_ed25519 *key;
     int listening;
     struct ar_round *rounds;

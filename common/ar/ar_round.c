@@ -648,7 +648,7 @@ static int send_fetch(struct ar_round *r, size_t k, size_t c)
     }
     *q = (struct ar__req){r, REQ_FETCH, k, c, blen};
     const struct ar_member *mb = &r->members[r->owner[k]];
-    rc = p2p_request(r->e->host, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_FETCH, body,
+    rc = p2p_request(r->e->fhost, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_FETCH, body,
                      blen, r->stall_ms, fetch_cb, q);
     free(body);
     if (rc) {
