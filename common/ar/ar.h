@@ -105,13 +105,15 @@ struct ar_engine_config {
     uint32_t finished_memory;     /* ids of finished rounds remembered; 0: 256 */
 };
 
-/* Creates the engine and its own p2p host (with the averaging handlers). */
+/* Creates the engine and its own p2p hosts: the listening one (the
+ * averaging handlers, chunk sends) and a client-mode one with the same
+ * identity for fetching results on separate connections. */
 int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out);
 /* Cancels every round (their callbacks run before this returns, status
  * CM_ECLOSED), closes the host. Memory is released once the loop has run the
  * close callbacks (run the loop afterwards, as for p2p_host_close). */
 void ar_engine_free(struct ar_engine *e);
-/* The engine's host (borrowed), e.g. to learn its port or send PINGs. */
+/* The engine's listening host (borrowed), e.g. to learn its port or send PINGs. */
 struct p2p_host *ar_engine_host(struct ar_engine *e);
 uint16_t ar_engine_port(const struct ar_engine *e);
 /* Replaces the token after a pass renewal. */

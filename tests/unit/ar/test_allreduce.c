@@ -361,6 +361,35 @@ static void test_bad_config(void **s)
     assert_int_equal(g.p[0].res.status, CM_ECLOSED);
 }
 
+/* The training loop runs one round per step on the same engines: the next
+ * round starts while the previous one may still linger on aggregators, and
+ * a finished round cannot be started again. */
+static void test_consecutive_rounds(void **s)
+{
+    (void)s;
+    double frac[] = {1, 3, 2};
+    int sends[] = {1, 1, 1}, listen[] = {1, 1, 1};
+    struct grp g;
+    grp_init(&g, 3, 12345, frac, sends, listen, NULL);
+    for (int step = 0; step < 3; step++) {
+        g.base.step = 100 + (uint64_t)step;
+        for (size_t i = 0; i < 3; i++) {
+            struct peer *p = &g.p[i];
+            p->done = p->started = 0;
+            g.w[i] = 1 + step + (double)i;
+            for (size_t j = 0; j < g.n; j++)
+                p->buf[j] = (float)((urand() * 2 - 1) * (1 + step));
+            memcpy(p->orig, p->buf, g.n * sizeof(float));
+        }
+        grp_run(&g, NULL, -1, 0, 20000);
+        check_exact(&g, 0x7);
+    }
+    /* step 101 is over: starting it again is refused */
+    g.base.step = 101;
+    assert_int_equal(start_peer(&g, 0), CM_EEXISTS);
+    grp_cleanup(&g);
+}
+
 /* Members start at different times: early data is refused with "not
  * started" and retried until the aggregator starts. */
 static void test_staggered_start(void **s)
@@ -763,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_exact_mean_2_to_8),
         cmocka_unit_test(test_client_and_aux),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_consecutive_rounds),
         cmocka_unit_test(test_staggered_start),
         cmocka_unit_test(test_sender_never_starts),
         cmocka_unit_test(test_aggregator_never_starts),
