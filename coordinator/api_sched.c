@@ -1,0 +1,725 @@
+/* Adaptive-averaging schedules served by the coordinator (seed
+ * 000_02cc6b5d62a616fc.txt §3.2, Appendix B and C; docs/schedules.md).
+ *
+ *  POST /api/v1/runs/{run}/capabilities  an agent reports what its peer can
+ *      do: samples/s, upload/download Mbit/s, measured throughput to some
+ *      peers, whether it accepts inbound connections. The caller must be
+ *      allowlisted and hold an unrevoked, unexpired pass for the peer key
+ *      in that run. A report lives CAP_TTL_S seconds; agents re-report.
+ *  GET  /api/v1/runs/{run}/schedule      the newest valid signed schedule.
+ *      When the live reports differ from those the newest schedule was
+ *      solved from (peers joined, left or changed) and that solve is older
+ *      than HYSTERESIS_S, or the schedule nears the end of its validity, a
+ *      new one is solved (common/sched/), signed with this coordinator's
+ *      key and stored with its inputs, result and solve time. A
+ *      transaction-level advisory lock per run makes one coordinator solve
+ *      while the others wait and then serve its result.
+ *
+ * The signed bytes are documented in docs/protocol.md ("Schedules"). */
+#include "coordinator/api.h"
+#include "coordinator/auth.h"
+#include "cm_err.h"
+#include "cm_log.h"
+#include "sched/sched.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CAP_TTL_S 120         /* a capability report is live this long */
+#define HYSTERESIS_S 30       /* at most one solve per run per this many seconds */
+#define VALID_S 600           /* validity window of a schedule */
+#define REFRESH_S 300         /* re-solve when less validity than this is left */
+#define FAIL_WINDOW_S 3600    /* history used to estimate the failure rate */
+#define FAIL_MIN_PEER_S 600.0 /* less observed peer time than this: assume no failures */
+#define SCHED_LOCK_CLASS 0x5c4ed /* advisory lock class of schedule solves */
+#define DEFAULT_GRADIENT_BITS 32
+/* Solve time grows fast with n (make bench: about 1 s at 64 peers, tens of
+ * seconds at 256 on a loaded 2-core machine), and the solve runs inside the
+ * request. Beyond this many live peers the endpoint refuses clearly. */
+#define COORD_SCHED_MAX_PEERS 128
+
+static int num_field(json_t *o, const char *k, double lo, double hi, int lo_open, double *out,
+                     struct coord_resp *resp, const char *where)
+{
+    json_t *v = json_object_get(o, k);
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) {
+        coord_resp_error(resp, 400, "invalid_request", "%s'%s': a number in %s%g, %g]", where, k,
+                         lo_open ? "(" : "[", lo, hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static int key_param(const char *s, uint8_t key[CM_ED25519_PUB_LEN])
+{
+    size_t n = 0;
+    return s && cm_b64url_decode(s, strlen(s), key, CM_ED25519_PUB_LEN, &n) == CM_OK &&
+           n == CM_ED25519_PUB_LEN;
+}
+
+COORD_DB_STMT(S_CAP_PASS, 4,
+              "SELECT p.id, r.id FROM passes p JOIN runs r ON r.id = p.run_id "
+              "JOIN run_allowlist a ON a.run_id = r.id AND a.username = $4 "
+              "WHERE r.name = $1 AND p.user_id = $2 AND p.peer_public_key = $3 "
+              "AND p.revoked_at IS NULL AND p.expires_at > now() AND r.status = 'open' "
+              "ORDER BY p.id DESC LIMIT 1");
+COORD_DB_STMT(S_CAP_WHY, 2,
+              "SELECT r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
+              "AND a.username = $2) FROM runs r WHERE r.name = $1");
+COORD_DB_STMT(S_CAP_OLD, 2,
+              "SELECT 1 FROM capabilities WHERE run_id = $1 AND peer_public_key = $2 "
+              "AND expires_at <= now() FOR UPDATE");
+COORD_DB_STMT(S_CAP_DEPART, 2,
+              "INSERT INTO capability_departures (run_id, peer_public_key, joined_at, left_at) "
+              "SELECT run_id, peer_public_key, first_reported_at, expires_at FROM capabilities "
+              "WHERE run_id = $1 AND peer_public_key = $2 ON CONFLICT DO NOTHING");
+COORD_DB_STMT(S_CAP_UPSERT, 6,
+              "INSERT INTO capabilities (run_id, peer_public_key, user_id, pass_id, report, "
+              "first_reported_at, reported_at, expires_at) "
+              "VALUES ($1, $2, $3, $4, $5::jsonb, now(), now(), now() + make_interval(secs => $6)) "
+              "ON CONFLICT (run_id, peer_public_key) DO UPDATE SET user_id = EXCLUDED.user_id, "
+              "pass_id = EXCLUDED.pass_id, report = EXCLUDED.report, reported_at = now(), "
+              "expires_at = EXCLUDED.expires_at, first_reported_at = CASE WHEN "
+              "capabilities.expires_at <= now() THEN now() ELSE capabilities.first_reported_at END "
+              "RETURNING extract(epoch from expires_at)::bigint");
+
+void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
+{
+    static const struct cm_json_field F[] = {
+        {"peer_public_key", CM_J_STRING, 1, 43, 43},
+        {"samples_per_s", CM_J_NUMBER, 1, 1, 0},
+        {"upload_mbps", CM_J_NUMBER, 1, 1, 0},
+        {"download_mbps", CM_J_NUMBER, 1, 1, 0},
+        {"accepts_inbound", CM_J_BOOL, 1, 1, 0},
+        {"pairs", CM_J_ARRAY, 0, 1, 0},
+    };
+    static const struct cm_json_field PAIR[] = {
+        {"peer_public_key", CM_J_STRING, 1, 43, 43},
+        {"mbps", CM_J_NUMBER, 1, 1, 0},
+    };
+    if (!api_name_param(req, resp, 0, "run") ||
+        !coord_req_check(req, resp, F, sizeof F / sizeof F[0]))
+        return;
+    uint8_t pk[CM_ED25519_PUB_LEN];
+    if (!key_param(json_string_value(json_object_get(req->json, "peer_public_key")), pk)) {
+        coord_resp_error(resp, 400, "invalid_request",
+                         "field 'peer_public_key': base64url (no padding) of a 32-byte Ed25519 "
+                         "public key");
+        return;
+    }
+    double s, up, down;
+    if (!num_field(req->json, "samples_per_s", 0, SCHED_MAX_SAMPLES_PER_S, 0, &s, resp, "field ") ||
+        !num_field(req->json, "upload_mbps", 0, SCHED_MAX_MBPS, 1, &up, resp, "field ") ||
+        !num_field(req->json, "download_mbps", 0, SCHED_MAX_MBPS, 1, &down, resp, "field "))
+        return;
+    json_t *pairs_in = json_object_get(req->json, "pairs");
+    json_t *pairs = json_array();
+    size_t i;
+    json_t *e;
+    if (json_array_size(pairs_in) > SCHED_MAX_LINKS) {
+        json_decref(pairs);
+        coord_resp_error(resp, 400, "invalid_request", "field 'pairs': at most %d entries",
+                         SCHED_MAX_LINKS);
+        return;
+    }
+    json_array_foreach(pairs_in, i, e) {
+        char err[160], where[48];
+        uint8_t other[CM_ED25519_PUB_LEN];
+        double mbps;
+        snprintf(where, sizeof where, "pairs[%zu].", i);
+        if (!json_is_object(e) || cm_json_check(e, PAIR, 2, err, sizeof err) != CM_OK) {
+            coord_resp_error(resp, 400, "invalid_request", "%s %s", where,
+                             json_is_object(e) ? err : "expected an object");
+            json_decref(pairs);
+            return;
+        }
+        const char *ok = json_string_value(json_object_get(e, "peer_public_key"));
+        if (!key_param(ok, other) || !memcmp(other, pk, sizeof pk)) {
+            coord_resp_error(resp, 400, "invalid_request",
+                             "%speer_public_key: another peer's base64url public key", where);
+            json_decref(pairs);
+            return;
+        }
+        if (!num_field(e, "mbps", 0, SCHED_MAX_MBPS, 1, &mbps, resp, where)) {
+            json_decref(pairs);
+            return;
+        }
+        json_array_append_new(pairs, json_pack("{s:s, s:f}", "peer", ok, "mbps", mbps));
+    }
+    json_t *report = json_pack("{s:f, s:f, s:f, s:b, s:o}", "samples_per_s", s, "upload_mbps", up,
+                               "download_mbps", down, "accepts_inbound",
+                               json_is_true(json_object_get(req->json, "accepts_inbound")),
+                               "pairs", pairs);
+    char *report_txt = report ? json_dumps(report, JSON_COMPACT | JSON_SORT_KEYS |
+                                                       JSON_REAL_PRECISION(17))
+                              : NULL;
+    json_decref(report);
+    if (!report_txt) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    if (!coord_req_db(req, resp)) {
+        free(report_txt);
+        return;
+    }
+    char uid[24];
+    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
+    const char *p[] = {req->params[0], uid, (const char *)pk, req->user.username};
+    const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0};
+    const int fmts[] = {0, 0, 1, 0};
+    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_PASS, p, lens, fmts, NULL);
+    if (!r) {
+        free(report_txt);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        free(report_txt);
+        const char *wp[] = {req->params[0], req->user.username};
+        r = coord_db_exec(req->db, &S_CAP_WHY, wp, NULL);
+        if (!r)
+            coord_resp_error(resp, 500, "internal", "database error");
+        else if (PQntuples(r) != 1)
+            coord_resp_error(resp, 404, "not_found", "no such run");
+        else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
+            coord_resp_error(resp, 403, "not_allowlisted",
+                             "'%s' is not on the allowlist of run '%s'", req->user.username,
+                             req->params[0]);
+        else if (strcmp(PQgetvalue(r, 0, 0), "open") != 0)
+            coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open",
+                             req->params[0], PQgetvalue(r, 0, 0));
+        else
+            coord_resp_error(resp, 403, "no_pass",
+                             "'%s' holds no valid (unrevoked, unexpired) pass for this peer key "
+                             "in run '%s'; get one with POST /api/v1/runs/%s/passes",
+                             req->user.username, req->params[0], req->params[0]);
+        if (r)
+            PQclear(r);
+        return;
+    }
+    char pass_id[24], run_id[24], ttl[16];
+    snprintf(pass_id, sizeof pass_id, "%s", PQgetvalue(r, 0, 0));
+    snprintf(run_id, sizeof run_id, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    snprintf(ttl, sizeof ttl, "%d", CAP_TTL_S);
+    if (coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+        free(report_txt);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    /* A peer whose report had expired left and came back: record the departure. */
+    const char *op[] = {run_id, (const char *)pk};
+    const int olens[] = {0, CM_ED25519_PUB_LEN}, ofmts[] = {0, 1};
+    r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
+    int ok = r != NULL;
+    if (r && PQntuples(r) == 1) {
+        PQclear(r);
+        r = coord_db_exec_bin(req->db, &S_CAP_DEPART, op, olens, ofmts, NULL);
+        ok = r != NULL;
+    }
+    if (r)
+        PQclear(r);
+    const char *up_p[] = {run_id, (const char *)pk, uid, pass_id, report_txt, ttl};
+    const int ulens[] = {0, CM_ED25519_PUB_LEN, 0, 0, 0, 0}, ufmts[] = {0, 1, 0, 0, 0, 0};
+    r = ok ? coord_db_exec_bin(req->db, &S_CAP_UPSERT, up_p, ulens, ufmts, NULL) : NULL;
+    free(report_txt);
+    if (!r || PQntuples(r) != 1 || coord_db_cmd(req->db, "COMMIT") != CM_OK) {
+        if (r)
+            PQclear(r);
+        coord_resp_error(resp, 500, "internal", "could not store the report");
+        return;
+    }
+    long long exp = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    coord_resp_json(resp, 200,
+                    json_pack("{s:s, s:s, s:I, s:i}", "run", req->params[0], "peer_public_key",
+                              json_string_value(json_object_get(req->json, "peer_public_key")),
+                              "expires_at", (json_int_t)exp, "report_ttl_s", CAP_TTL_S));
+}
+
+/* ---- GET /schedule ---- */
+
+COORD_DB_STMT(S_RUN, 1,
+              "SELECT id, target_batch_size, coalesce(config->>'model_parameters', ''), "
+              "coalesce(config->>'gradient_bits', '') FROM runs WHERE name = $1");
+COORD_DB_STMT(S_LIVE, 1,
+              "SELECT encode(peer_public_key, 'hex'), report::text FROM capabilities "
+              "WHERE run_id = $1 AND expires_at > now() ORDER BY peer_public_key");
+COORD_DB_STMT(S_NEWEST, 1,
+              "SELECT version, inputs_sha256, extract(epoch from created_at)::bigint, "
+              "extract(epoch from valid_from)::bigint, extract(epoch from valid_until)::bigint, "
+              "payload, encode(signature, 'hex'), kid, solve_ms FROM schedules "
+              "WHERE run_id = $1 ORDER BY version DESC LIMIT 1");
+COORD_DB_STMT(S_LOCK, 2, "SELECT pg_advisory_xact_lock($1::int, $2::int)");
+/* Failure history (Appendix C): departures and observed peer-seconds in the window. */
+COORD_DB_STMT(S_HISTORY, 2,
+              "SELECT (SELECT count(*) FROM capability_departures WHERE run_id = $1 "
+              "AND left_at > now() - make_interval(secs => $2)) + "
+              "(SELECT count(*) FROM capabilities WHERE run_id = $1 AND expires_at <= now() "
+              "AND expires_at > now() - make_interval(secs => $2)), "
+              "coalesce((SELECT sum(extract(epoch from least(expires_at, now()) - "
+              "greatest(first_reported_at, now() - make_interval(secs => $2)))) FROM capabilities "
+              "WHERE run_id = $1 AND expires_at > now() - make_interval(secs => $2)), 0) + "
+              "coalesce((SELECT sum(extract(epoch from left_at - greatest(joined_at, now() - "
+              "make_interval(secs => $2)))) FROM capability_departures WHERE run_id = $1 "
+              "AND left_at > now() - make_interval(secs => $2)), 0)");
+COORD_DB_STMT(S_INSERT, 12,
+              "INSERT INTO schedules (run_id, version, kid, valid_from, valid_until, inputs, "
+              "inputs_sha256, result, solve_ms, payload, signature, created_at) VALUES ($1, $2, $3, "
+              "to_timestamp($4), to_timestamp($5), $6::jsonb, $7, $8::jsonb, $9, $10, "
+              "decode($11, 'hex'), to_timestamp($12))");
+
+struct newest {
+    int have;
+    long long version, created, from, until;
+    char sha[65];
+    char kid[CM_KID_LEN + 1];
+    char *payload; /* owned */
+    char sig_hex[2 * CM_ED25519_SIG_LEN + 1];
+    double solve_ms;
+};
+
+static int newest_load(struct coord_req *req, const char *run_id, struct newest *nw)
+{
+    free(nw->payload);
+    memset(nw, 0, sizeof *nw);
+    const char *p[] = {run_id};
+    PGresult *r = coord_db_exec(req->db, &S_NEWEST, p, NULL);
+    if (!r)
+        return CM_EDB;
+    if (PQntuples(r) == 1) {
+        nw->have = 1;
+        nw->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        snprintf(nw->sha, sizeof nw->sha, "%s", PQgetvalue(r, 0, 1));
+        nw->created = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+        nw->from = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+        nw->until = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
+        nw->payload = strdup(PQgetvalue(r, 0, 5));
+        snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", PQgetvalue(r, 0, 6));
+        snprintf(nw->kid, sizeof nw->kid, "%s", PQgetvalue(r, 0, 7));
+        nw->solve_ms = strtod(PQgetvalue(r, 0, 8), NULL);
+    }
+    PQclear(r);
+    return nw->have && !nw->payload ? CM_ENOMEM : CM_OK;
+}
+
+/* Serve it as is, or solve again? */
+static int newest_good(const struct newest *nw, const char *sha, long long now)
+{
+    if (!nw->have || nw->until - now < REFRESH_S)
+        return 0;
+    if (!sha || !strcmp(nw->sha, sha))
+        return 1;
+    return now - nw->created < HYSTERESIS_S; /* inputs changed, but solved moments ago */
+}
+
+static void respond(struct coord_req *req, struct coord_resp *resp, const struct newest *nw,
+                    int fresh)
+{
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    size_t n = 0;
+    char sig64[128], pub[64];
+    size_t plen = strlen(nw->payload);
+    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1);
+    json_t *sched = json_loads(nw->payload, 0, NULL);
+    if (!p64 || !sched ||
+        cm_hex_decode(nw->sig_hex, strlen(nw->sig_hex), sig, sizeof sig, &n) != CM_OK ||
+        n != sizeof sig) {
+        free(p64);
+        json_decref(sched);
+        coord_resp_error(resp, 500, "internal", "stored schedule is unreadable");
+        return;
+    }
+    cm_b64url_encode(nw->payload, plen, p64);
+    cm_b64url_encode(sig, sizeof sig, sig64);
+    /* The published key of the signer; a schedule from another coordinator names its kid. */
+    pub[0] = 0;
+    if (!strcmp(nw->kid, req->srv->kid))
+        cm_b64url_encode(req->srv->signing_key.pub, CM_ED25519_PUB_LEN, pub);
+    json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:o}", "run",
+                          req->params[0], "version", (json_int_t)nw->version, "kid", nw->kid,
+                          "payload", p64, "signature", sig64, "valid_from",
+                          (json_int_t)nw->from, "valid_until", (json_int_t)nw->until,
+                          "created_at", (json_int_t)nw->created, "solve_ms", nw->solve_ms,
+                          "solved_now", fresh, "schedule", sched);
+    free(p64);
+    if (o && pub[0])
+        json_object_set_new(o, "coordinator_public_key", json_string(pub));
+    if (!o) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    coord_resp_json(resp, 200, o);
+}
+
+/* The solver's inputs, read from the live reports, ordered by peer key so
+ * that equal inputs give an equal problem (and an equal digest). */
+struct inputs {
+    size_t n;
+    struct sched_peer *peers;
+    struct sched_link *links; /* n * SCHED_MAX_LINKS */
+    json_t *doc;              /* canonical inputs document */
+    char sha[65];
+};
+
+static void inputs_free(struct inputs *in)
+{
+    free(in->peers);
+    free(in->links);
+    json_decref(in->doc);
+    memset(in, 0, sizeof *in);
+}
+
+static int find_key(const struct sched_peer *peers, size_t n, const uint8_t key[32])
+{
+    size_t lo = 0, hi = n; /* peers are sorted by key (bytea order = memcmp order) */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = memcmp(peers[mid].key, key, CM_ED25519_PUB_LEN);
+        if (!c)
+            return (int)mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static int inputs_load(struct coord_req *req, const char *run_id, json_t *params,
+                       struct inputs *in, struct coord_resp *resp)
+{
+    memset(in, 0, sizeof *in);
+    const char *p[] = {run_id};
+    PGresult *r = coord_db_exec(req->db, &S_LIVE, p, NULL);
+    if (!r) {
+        json_decref(params);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return 0;
+    }
+    size_t n = (size_t)PQntuples(r);
+    in->n = n;
+    in->peers = calloc(n ? n : 1, sizeof *in->peers);
+    in->links = calloc((n ? n : 1) * SCHED_MAX_LINKS, sizeof *in->links);
+    json_t *list = json_array();
+    json_t **reports = calloc(n ? n : 1, sizeof *reports);
+    int ok = in->peers && in->links && list && reports;
+    for (size_t i = 0; ok && i < n; i++) {
+        const char *hex = PQgetvalue(r, (int)i, 0);
+        size_t kn = 0;
+        reports[i] = json_loads(PQgetvalue(r, (int)i, 1), 0, NULL);
+        struct sched_peer *q = &in->peers[i];
+        if (cm_hex_decode(hex, strlen(hex), q->key, sizeof q->key, &kn) != CM_OK ||
+            kn != sizeof q->key || !reports[i]) {
+            ok = 0;
+            break;
+        }
+        q->samples_per_s = json_number_value(json_object_get(reports[i], "samples_per_s"));
+        q->up_mbps = json_number_value(json_object_get(reports[i], "upload_mbps"));
+        q->down_mbps = json_number_value(json_object_get(reports[i], "download_mbps"));
+        q->inbound = json_is_true(json_object_get(reports[i], "accepts_inbound"));
+        q->links = &in->links[i * SCHED_MAX_LINKS];
+    }
+    PQclear(r);
+    /* Pairs name peers by key; those not live now are dropped. */
+    for (size_t i = 0; ok && i < n; i++) {
+        char k64[64];
+        cm_b64url_encode(in->peers[i].key, CM_ED25519_PUB_LEN, k64);
+        json_t *pairs = json_array(), *e;
+        size_t j;
+        json_array_foreach(json_object_get(reports[i], "pairs"), j, e) {
+            uint8_t other[32];
+            const char *ok64 = json_string_value(json_object_get(e, "peer"));
+            int at = key_param(ok64, other) ? find_key(in->peers, n, other) : -1;
+            if (at < 0 || (size_t)at == i || in->peers[i].nlinks >= SCHED_MAX_LINKS)
+                continue;
+            struct sched_link *l = &in->links[i * SCHED_MAX_LINKS + in->peers[i].nlinks++];
+            l->to = (uint32_t)at;
+            l->mbps = json_number_value(json_object_get(e, "mbps"));
+            json_array_append_new(pairs, json_pack("{s:s, s:f}", "peer", ok64, "mbps", l->mbps));
+        }
+        json_array_append_new(
+            list, json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64,
+                            "samples_per_s", in->peers[i].samples_per_s, "upload_mbps",
+                            in->peers[i].up_mbps, "download_mbps", in->peers[i].down_mbps,
+                            "accepts_inbound", in->peers[i].inbound, "pairs", pairs));
+    }
+    for (size_t i = 0; reports && i < n; i++)
+        json_decref(reports[i]);
+    free(reports);
+    if (!ok) {
+        json_decref(list);
+        json_decref(params);
+        inputs_free(in);
+        coord_resp_error(resp, 500, "internal", "could not read the capability reports");
+        return 0;
+    }
+    in->doc = json_pack("{s:o, s:o}", "run", params, "peers", list);
+    char *txt = in->doc ? json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS |
+                                                  JSON_REAL_PRECISION(17))
+                        : NULL;
+    if (!txt) {
+        inputs_free(in);
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return 0;
+    }
+    uint8_t h[CM_SHA256_LEN];
+    cm_sha256(txt, strlen(txt), h);
+    cm_hex_encode(h, sizeof h, in->sha);
+    free(txt);
+    return 1;
+}
+
+/* Per-round failure probability of a peer from the run's history: the
+ * departure rate (departures per observed peer-second) times the duration
+ * of one averaging round of the new plan, p = 1 - exp(-rate x round). */
+static double failure_estimate(struct coord_req *req, const char *run_id, double round_s,
+                               json_t **why)
+{
+    char win[16];
+    snprintf(win, sizeof win, "%d", FAIL_WINDOW_S);
+    const char *p[] = {run_id, win};
+    PGresult *r = coord_db_exec(req->db, &S_HISTORY, p, NULL);
+    double departures = 0, peer_s = 0, pf = 0;
+    if (r && PQntuples(r) == 1) {
+        departures = strtod(PQgetvalue(r, 0, 0), NULL);
+        peer_s = strtod(PQgetvalue(r, 0, 1), NULL);
+    }
+    if (r)
+        PQclear(r);
+    if (peer_s >= FAIL_MIN_PEER_S && departures > 0 && isfinite(round_s))
+        pf = -expm1(-departures / peer_s * round_s);
+    if (!(pf >= 0))
+        pf = 0;
+    if (pf > 0.999)
+        pf = 0.999;
+    *why = json_pack("{s:f, s:f, s:i, s:f, s:f}", "departures", departures, "observed_peer_s",
+                     peer_s, "window_s", FAIL_WINDOW_S, "round_s", isfinite(round_s) ? round_s : 0,
+                     "p_fail_per_round", pf);
+    return pf;
+}
+
+static json_t *result_doc(const struct inputs *in, const struct sched_solution *sol, unsigned m,
+                          double expected, json_t *failure)
+{
+    json_t *peers = json_array();
+    for (size_t i = 0; i < sol->n; i++) {
+        char k64[64];
+        const struct sched_peer_plan *pl = &sol->peers[i];
+        cm_b64url_encode(in->peers[i].key, CM_ED25519_PUB_LEN, k64);
+        json_array_append_new(
+            peers, json_pack("{s:s, s:f, s:b, s:f, s:I, s:f, s:f, s:f, s:f}", "peer_public_key",
+                             k64, "c", pl->c, "compute", pl->compute, "fraction", pl->fraction,
+                             "share", (json_int_t)pl->share, "aggregation_mbps", pl->agg_mbps,
+                             "receive_mbps", pl->recv_mbps, "upload_used_mbps", pl->up_used_mbps,
+                             "download_used_mbps", pl->down_used_mbps));
+    }
+    return json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:i, s:f, s:O, s:o}", "xi_relaxed",
+                     sol->xi, "steps_per_s", sol->steps_per_s, "compute_rate", sol->compute_rate,
+                     "network_rate", sol->network_rate, "iterations", sol->iterations, "rows",
+                     sol->rows, "cols", sol->cols, "group_size", (int)m,
+                     "expected_averaging_iterations", expected, "failure", failure, "peers",
+                     peers);
+}
+
+/* Solves, signs and stores a new schedule; fills nw with it. Runs in the
+ * caller's transaction, under the run's advisory lock. */
+static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
+                           const struct inputs *in, double batch, double grad_mbit,
+                           struct newest *nw)
+{
+    if (in->n > COORD_SCHED_MAX_PEERS) {
+        coord_resp_error(resp, 409, "too_many_peers",
+                         "%zu live peers; this coordinator solves schedules for at most %d",
+                         in->n, COORD_SCHED_MAX_PEERS);
+        return 0;
+    }
+    struct sched_problem prob = {in->peers, in->n, batch, grad_mbit};
+    struct sched_solution sol;
+    char err[256] = "";
+    int rc = sched_solve(&prob, &sol, err, sizeof err);
+    if (rc != CM_OK) {
+        if (rc == CM_EINTERNAL || rc == CM_ENOMEM)
+            coord_resp_error(resp, 500, "internal", "the schedule solver failed");
+        else
+            coord_resp_error(resp, 409, "cannot_schedule", "no schedule for these peers: %s",
+                             err);
+        return 0;
+    }
+    json_t *failure = NULL;
+    double pf = failure_estimate(req, run_id, 1 / sol.network_rate, &failure);
+    unsigned m = 1;
+    double expected = 1;
+    sched_group_size(in->n, pf, &m, &expected);
+
+    long long now = (long long)time(NULL);
+    struct sched_schedule s = {0};
+    rc = sched_schedule_from_solution(&prob, &sol, &s);
+    snprintf(s.run, sizeof s.run, "%s", req->params[0]);
+    snprintf(s.kid, sizeof s.kid, "%s", req->srv->kid);
+    s.version = nw->have ? nw->version + 1 : 1;
+    s.issued_at = now;
+    s.valid_from = now;
+    s.valid_until = now + VALID_S;
+    s.group_size = m;
+    char *payload = NULL;
+    size_t plen = 0;
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    if (rc == CM_OK)
+        rc = sched_schedule_encode(&s, &payload, &plen);
+    if (rc == CM_OK)
+        rc = sched_sign(&req->srv->signing_key, payload, plen, sig);
+    json_t *inputs = json_deep_copy(in->doc);
+    if (inputs && failure)
+        json_object_set(inputs, "failure", failure);
+    json_t *result = result_doc(in, &sol, m, expected, failure);
+    json_decref(failure);
+    char *inputs_txt = inputs ? json_dumps(inputs, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *result_txt = result ? json_dumps(result, JSON_COMPACT) : NULL;
+    json_decref(inputs);
+    json_decref(result);
+    double solve_ms = sol.solve_ms;
+    sched_solution_cleanup(&sol);
+    sched_schedule_cleanup(&s);
+    int ok = 0;
+    if (rc == CM_OK && inputs_txt && result_txt) {
+        char ver[24], from[24], until[24], ms[32], sighex[2 * CM_ED25519_SIG_LEN + 1];
+        snprintf(ver, sizeof ver, "%lld", (long long)(nw->have ? nw->version + 1 : 1));
+        snprintf(from, sizeof from, "%lld", now);
+        snprintf(until, sizeof until, "%lld", now + VALID_S);
+        snprintf(ms, sizeof ms, "%.3f", solve_ms);
+        cm_hex_encode(sig, sizeof sig, sighex);
+        const char *p[] = {run_id, ver, req->srv->kid, from, until, inputs_txt, in->sha,
+                           result_txt, ms, payload, sighex, from};
+        PGresult *r = coord_db_exec(req->db, &S_INSERT, p, NULL);
+        ok = r != NULL;
+        if (r)
+            PQclear(r);
+        if (ok) {
+            free(nw->payload);
+            memset(nw, 0, sizeof *nw);
+            nw->have = 1;
+            nw->version = strtoll(ver, NULL, 10);
+            nw->created = now;
+            nw->from = now;
+            nw->until = now + VALID_S;
+            snprintf(nw->sha, sizeof nw->sha, "%s", in->sha);
+            snprintf(nw->kid, sizeof nw->kid, "%s", req->srv->kid);
+            snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", sighex);
+            nw->solve_ms = solve_ms;
+            nw->payload = payload;
+            payload = NULL;
+            CM_LOGI("sched", "run %s: schedule v%lld for %zu peers, m=%u, %.1f ms",
+                    req->params[0], nw->version, in->n, m, solve_ms);
+        }
+    }
+    free(payload);
+    free(inputs_txt);
+    free(result_txt);
+    if (!ok)
+        coord_resp_error(resp, 500, "internal", "could not sign or store the schedule");
+    return ok;
+}
+
+void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
+        return;
+    const char *p[] = {req->params[0]};
+    PGresult *r = coord_db_exec(req->db, &S_RUN, p, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        coord_resp_error(resp, 404, "not_found", "no such run");
+        return;
+    }
+    char run_id[24];
+    snprintf(run_id, sizeof run_id, "%s", PQgetvalue(r, 0, 0));
+    double batch = strtod(PQgetvalue(r, 0, 1), NULL);
+    char *end = NULL;
+    const char *mp = PQgetvalue(r, 0, 2), *gb = PQgetvalue(r, 0, 3);
+    double params = strtod(mp, &end);
+    int params_ok = *mp && end && !*end && params >= 1 && params <= 1e12;
+    double bits = DEFAULT_GRADIENT_BITS;
+    if (*gb) {
+        bits = strtod(gb, &end);
+        params_ok = params_ok && end && !*end && (bits == 8 || bits == 16 || bits == 32);
+    }
+    PQclear(r);
+
+    struct newest nw = {0};
+    struct inputs in = {0};
+    long long now = (long long)time(NULL);
+    if (newest_load(req, run_id, &nw) != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (!params_ok) {
+        if (nw.have && nw.until > now)
+            respond(req, resp, &nw, 0);
+        else
+            coord_resp_error(resp, 409, "run_not_schedulable",
+                             "run '%s' needs config.model_parameters (a positive integer) and "
+                             "optionally config.gradient_bits (8, 16 or 32) to be scheduled",
+                             req->params[0]);
+        free(nw.payload);
+        return;
+    }
+    json_t *run_doc = json_pack("{s:s, s:f, s:f, s:f}", "name", req->params[0],
+                                "target_batch_size", batch, "model_parameters", params,
+                                "gradient_bits", bits);
+    if (!inputs_load(req, run_id, run_doc, &in, resp)) {
+        free(nw.payload);
+        return;
+    }
+    if (newest_good(&nw, in.n ? in.sha : NULL, now) || (!in.n && nw.have && nw.until > now)) {
+        respond(req, resp, &nw, 0);
+        goto out;
+    }
+    if (!in.n) {
+        coord_resp_error(resp, 409, "no_peers",
+                         "no peer of run '%s' has reported its capabilities in the last %d s",
+                         req->params[0], CAP_TTL_S);
+        goto out;
+    }
+    /* One solver per run across coordinators: wait for the lock, then look again. */
+    char cls[16];
+    snprintf(cls, sizeof cls, "%d", SCHED_LOCK_CLASS);
+    char obj[24];
+    snprintf(obj, sizeof obj, "%lld", strtoll(run_id, NULL, 10) & 0x7fffffff);
+    const char *lp[] = {cls, obj};
+    if (coord_db_cmd(req->db, "BEGIN") != CM_OK ||
+        !(r = coord_db_exec(req->db, &S_LOCK, lp, NULL))) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    PQclear(r);
+    now = (long long)time(NULL);
+    if (newest_load(req, run_id, &nw) != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    int fresh = 0;
+    if (!newest_good(&nw, in.sha, now)) {
+        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, &nw))
+            goto out;
+        fresh = 1;
+    }
+    if (coord_db_cmd(req->db, "COMMIT") != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "could not store the schedule");
+        goto out;
+    }
+    respond(req, resp, &nw, fresh);
+out:
+    free(nw.payload);
+    inputs_free(&in);
+}

@@ -1,0 +1,388 @@
+/* ct-timeout: 180 */
+/* Integration tests of capability reports and signed schedules (seed
+ * 000_02cc6b5d62a616fc.txt §3.2; coordinator/api_sched.c): a real
+ * PostgreSQL and the real coordinator over HTTPS. Reports need an
+ * allowlisted caller holding a valid pass for the peer key, and bad reports
+ * change nothing; the served schedule verifies under the published key over
+ * the documented bytes, reflects the inputs (a no-compute high-bandwidth
+ * peer becomes the parameter server), is re-solved when peers join or
+ * leave but not more often than the hysteresis allows, and is stored with
+ * its inputs, result and solve time. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_crypto.h"
+#include "cm_err.h"
+#include "ct_harness.h"
+#include "sched/sched.h"
+
+static struct ct_pg g_pg;
+static struct ct_coord g_c;
+static char *g_org, *g_vol, *g_out;
+static int g_teardown_failed;
+
+#define PW "a-long-password"
+#define NPEERS 10
+static struct cm_ed25519 g_peer[NPEERS];
+static char g_pk[NPEERS][64];
+
+static long req(const char *method, const char *path, const char *bearer, const char *body)
+{
+    struct ct_resp r;
+    ct_http(&g_c, method, path, bearer, body, &r);
+    long s = r.status;
+    ct_resp_free(&r);
+    return s;
+}
+
+static const char *err_code(const struct ct_resp *r)
+{
+    return json_string_value(json_object_get(json_object_get(r->json, "error"), "code"));
+}
+
+static void expect(const char *method, const char *path, const char *bearer, const char *body,
+                   long status, const char *code)
+{
+    struct ct_resp r;
+    ct_http(&g_c, method, path, bearer, body, &r);
+    if (r.status != status || (code && (!err_code(&r) || strcmp(err_code(&r), code) != 0)))
+        fail_msg("%s %s %s: expected %ld %s, got %ld %s", method, path, body ? body : "", status,
+                 code ? code : "", r.status, r.body ? r.body : "(none)");
+    ct_resp_free(&r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    int rc = ct_pg_start(&g_pg);
+    if (rc == CT_SKIP)
+        exit(CT_SKIP);
+    if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", PW) != 0 ||
+        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0 || !(g_org = ct_login(&g_c, "org", PW)))
+        return -1;
+    const char *users[] = {"vol", "outsider"};
+    for (int i = 0; i < 2; i++) {
+        char body[200];
+        snprintf(body, sizeof body,
+                 "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"" PW "\"}", users[i]);
+        if (req("POST", "/api/v1/users", g_org, body) != 201)
+            return -1;
+    }
+    if (!(g_vol = ct_login(&g_c, "vol", PW)) || !(g_out = ct_login(&g_c, "outsider", PW)))
+        return -1;
+    /* ResNet-50 in fp32, as in the seed's Table 1 (bench/dedloc_table1.json). */
+    if (req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"resnet\",\"target_batch_size\":4096,\"config\":"
+            "{\"model_parameters\":25557032,\"gradient_bits\":32}}") != 201 ||
+        req("POST", "/api/v1/runs", g_org, "{\"name\":\"noconf\",\"target_batch_size\":64}") != 201 ||
+        req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"empty\",\"target_batch_size\":64,\"config\":{\"model_parameters\":1000}}") !=
+            201 ||
+        req("PUT", "/api/v1/runs/resnet/allowlist/vol", g_org, NULL) != 201)
+        return -1;
+    for (int i = 0; i < NPEERS; i++) {
+        if (cm_ed25519_generate(&g_peer[i]) != CM_OK)
+            return -1;
+        cm_b64url_encode(g_peer[i].pub, CM_ED25519_PUB_LEN, g_pk[i]);
+    }
+    /* Passes for all but the last key (the last one tests "no pass"). */
+    for (int i = 0; i < NPEERS - 1; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", g_pk[i]);
+        if (req("POST", "/api/v1/runs/resnet/passes", g_vol, body) != 201)
+            return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = ct_coord_cleanup(&g_c);
+    ct_pg_stop(&g_pg);
+    for (int i = 0; i < NPEERS; i++)
+        cm_ed25519_cleanup(&g_peer[i]);
+    free(g_org);
+    free(g_vol);
+    free(g_out);
+    g_teardown_failed = rc != 0;
+    return rc;
+}
+
+static void report(int i, double s, double bw, int inbound, long status)
+{
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":%g,\"upload_mbps\":%g,"
+             "\"download_mbps\":%g,\"accepts_inbound\":%s}",
+             g_pk[i], s, bw, bw, inbound ? "true" : "false");
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, status, NULL);
+}
+
+static long scalar(const char *sql)
+{
+    long v = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg, sql, &v), 0);
+    return v;
+}
+
+static void test_capabilities_checked(void **state)
+{
+    (void)state;
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,"
+             "\"download_mbps\":100,\"accepts_inbound\":true}",
+             g_pk[0]);
+    expect("POST", "/api/v1/runs/resnet/capabilities", NULL, body, 401, NULL);
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_out, body, 403, "not_allowlisted");
+    expect("POST", "/api/v1/runs/nope/capabilities", g_vol, body, 404, "not_found");
+    /* A key the caller holds no pass for. */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,"
+             "\"download_mbps\":100,\"accepts_inbound\":true}",
+             g_pk[NPEERS - 1]);
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, 403, "no_pass");
+    static const char *bad[] = {
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":-1,"
+        "\"download_mbps\":100,\"accepts_inbound\":true}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":0,"
+        "\"download_mbps\":100,\"accepts_inbound\":true}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1e300,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":\"fast\",\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"gpu\":\"h100\"}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":\"x\","
+        "\"mbps\":5}]}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+        "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":-5}]}",
+        "{\"peer_public_key\":\"short\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true%s}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, bad[i], i + 1 == sizeof bad / sizeof bad[0] ? "" : g_pk[0]);
+        expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, 400, "invalid_request");
+    }
+    /* A pair naming the reporting peer itself. */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+             "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+             "\"%s\",\"mbps\":5}]}",
+             g_pk[0], g_pk[0]);
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, 400, "invalid_request");
+    /* Too many pairs. */
+    size_t o = (size_t)snprintf(body, sizeof body,
+                                "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+                                "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[",
+                                g_pk[0]);
+    char *big = malloc(16384);
+    memcpy(big, body, o);
+    for (int i = 0; i <= SCHED_MAX_LINKS; i++)
+        o += (size_t)snprintf(big + o, 16384 - o, "%s{\"peer_public_key\":\"%s\",\"mbps\":5}",
+                              i ? "," : "", g_pk[1]);
+    snprintf(big + o, 16384 - o, "]}");
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, big, 400, "invalid_request");
+    free(big);
+    /* Nothing of the above was stored. */
+    assert_int_equal(scalar("SELECT count(*) FROM capabilities"), 0);
+}
+
+/* Verifies a served schedule as a peer would: signature with a published
+ * key over "crowdtrain-schedule/1\n" + payload, then the strict decoder. */
+static void fetch_verified(struct sched_schedule *s, long long *version, int *solved_now)
+{
+    struct ct_resp k, r;
+    ct_http(&g_c, "GET", "/api/v1/keys", NULL, NULL, &k);
+    assert_int_equal(k.status, 200);
+    ct_http(&g_c, "GET", "/api/v1/runs/resnet/schedule", NULL, NULL, &r);
+    if (r.status != 200)
+        fail_msg("GET schedule: %ld %s", r.status, r.body ? r.body : "");
+    const char *p64 = json_string_value(json_object_get(r.json, "payload"));
+    const char *s64 = json_string_value(json_object_get(r.json, "signature"));
+    assert_non_null(p64);
+    assert_non_null(s64);
+    size_t plen = 0, slen = 0;
+    char *payload = malloc(strlen(p64) + 1);
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    assert_int_equal(cm_b64url_decode(p64, strlen(p64), (uint8_t *)payload, strlen(p64), &plen),
+                     CM_OK);
+    assert_int_equal(cm_b64url_decode(s64, strlen(s64), sig, sizeof sig, &slen), CM_OK);
+    assert_int_equal(slen, sizeof sig);
+    int verified = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(k.json, "keys"), i, e) {
+        uint8_t pub[32];
+        size_t n = 0;
+        const char *pk = json_string_value(json_object_get(e, "public_key"));
+        if (pk && cm_b64url_decode(pk, strlen(pk), pub, 32, &n) == CM_OK && n == 32 &&
+            sched_verify(pub, payload, plen, sig) == CM_OK)
+            verified = 1;
+    }
+    assert_true(verified);
+    /* Tampering with one byte breaks it. */
+    payload[plen / 2] ^= 0x20;
+    json_array_foreach(json_object_get(k.json, "keys"), i, e) {
+        uint8_t pub[32];
+        size_t n = 0;
+        const char *pk = json_string_value(json_object_get(e, "public_key"));
+        if (pk && cm_b64url_decode(pk, strlen(pk), pub, 32, &n) == CM_OK && n == 32)
+            assert_int_equal(sched_verify(pub, payload, plen, sig), CM_EBADSIG);
+    }
+    payload[plen / 2] ^= 0x20;
+    char err[256] = "";
+    if (sched_schedule_decode(payload, plen, s, err, sizeof err) != CM_OK)
+        fail_msg("decode: %s", err);
+    assert_string_equal(s->run, "resnet");
+    assert_int_equal(s->version, json_integer_value(json_object_get(r.json, "version")));
+    assert_true(s->valid_until > s->valid_from);
+    *version = s->version;
+    *solved_now = json_is_true(json_object_get(r.json, "solved_now"));
+    free(payload);
+    ct_resp_free(&k);
+    ct_resp_free(&r);
+}
+
+static int index_of(const struct sched_schedule *s, int peer)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!memcmp(s->peers[i].key, g_peer[peer].pub, 32))
+            return (int)i;
+    return -1;
+}
+
+static void test_schedule_served_and_resolved(void **state)
+{
+    (void)state;
+    expect("GET", "/api/v1/runs/nope/schedule", NULL, NULL, 404, "not_found");
+    expect("GET", "/api/v1/runs/noconf/schedule", NULL, NULL, 409, "run_not_schedulable");
+    expect("GET", "/api/v1/runs/empty/schedule", NULL, NULL, 409, "no_peers");
+    expect("GET", "/api/v1/runs/resnet/schedule", NULL, NULL, 409, "no_peers");
+
+    /* Seed §3.2 case 2: 7 GPU peers at 1 Gbit/s and one 10 Gbit/s peer without GPU. */
+    for (int i = 0; i < 7; i++)
+        report(i, 100, 1000, 1, 200);
+    report(7, 0, 10000, 1, 200);
+    struct sched_schedule s;
+    long long v1 = 0, v = 0;
+    int fresh = 0;
+    fetch_verified(&s, &v1, &fresh);
+    assert_true(fresh);
+    assert_int_equal(s.n, 8);
+    int ps = index_of(&s, 7);
+    assert_true(ps >= 0);
+    assert_int_equal(s.peers[ps].share, SCHED_SHARE_TOTAL);
+    assert_false(s.peers[ps].compute);
+    for (int i = 0; i < 7; i++) {
+        int at = index_of(&s, i);
+        assert_true(at >= 0);
+        assert_true(s.peers[at].compute);
+        assert_int_equal(s.peers[at].share, 0);
+    }
+    assert_int_equal(s.group_size, 8); /* no failures in the history: one group */
+    assert_int_equal(s.target_batch, 4096);
+    sched_schedule_cleanup(&s);
+
+    /* Same inputs (a re-report with the same figures): the same schedule. */
+    report(3, 100, 1000, 1, 200);
+    fetch_verified(&s, &v, &fresh);
+    assert_int_equal(v, v1);
+    assert_false(fresh);
+    sched_schedule_cleanup(&s);
+
+    /* A new peer joins: within the hysteresis window the last schedule stays. */
+    report(8, 100, 1000, 0, 200);
+    fetch_verified(&s, &v, &fresh);
+    assert_int_equal(v, v1);
+    assert_int_equal(s.n, 8);
+    sched_schedule_cleanup(&s);
+    /* ... and once the window has passed, the new peer is in (as a client-mode sender). */
+    assert_int_equal(ct_pg_exec(&g_pg, "UPDATE schedules SET created_at = created_at - "
+                                       "interval '40 seconds'"),
+                     0);
+    fetch_verified(&s, &v, &fresh);
+    assert_int_equal(v, v1 + 1);
+    assert_true(fresh);
+    assert_int_equal(s.n, 9);
+    int cl = index_of(&s, 8);
+    assert_true(cl >= 0);
+    assert_true(s.peers[cl].client_mode);
+    assert_int_equal(s.peers[cl].share, 0);
+    assert_true(s.peers[cl].compute);
+    sched_schedule_cleanup(&s);
+
+    /* Stored with inputs, result and solve time: why each peer got its role. */
+    assert_int_equal(scalar("SELECT count(*) FROM schedules"), 2);
+    assert_int_equal(scalar("SELECT jsonb_array_length(inputs->'peers') FROM schedules "
+                            "WHERE version = 2"),
+                     9);
+    assert_int_equal(scalar("SELECT count(*) FROM schedules WHERE solve_ms > 0 AND "
+                            "result->>'steps_per_s' IS NOT NULL AND length(signature) = 64"),
+                     2);
+    assert_int_equal(scalar("SELECT (r->>'share')::bigint FROM schedules, "
+                            "jsonb_array_elements(result->'peers') r WHERE version = 2 AND "
+                            "(r->>'compute')::boolean = false"),
+                     SCHED_SHARE_TOTAL);
+
+    /* The parameter server leaves (its report expires): the GPU peers average among
+     * themselves, each aggregating a part. */
+    assert_int_equal(ct_pg_exec(&g_pg,
+                                "UPDATE capabilities SET reported_at = now() - interval '300 s', "
+                                "first_reported_at = now() - interval '400 s', expires_at = now() "
+                                "- interval '1 s' WHERE report->>'samples_per_s' = '0.0' OR "
+                                "(report->>'samples_per_s')::float = 0"),
+                     0);
+    assert_int_equal(ct_pg_exec(&g_pg, "UPDATE schedules SET created_at = created_at - "
+                                       "interval '40 seconds'"),
+                     0);
+    fetch_verified(&s, &v, &fresh);
+    assert_int_equal(v, v1 + 2);
+    assert_int_equal(s.n, 8);
+    assert_int_equal(index_of(&s, 7), -1);
+    for (int i = 0; i < 7; i++)
+        assert_true(s.peers[index_of(&s, i)].share > 0);
+    sched_schedule_cleanup(&s);
+    /* Its return is a departure in the failure history. */
+    report(7, 0, 10000, 1, 200);
+    assert_int_equal(scalar("SELECT count(*) FROM capability_departures"), 1);
+
+    /* A revoked pass stops reports from that key. */
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/resnet/passes", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    const char *pid = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(r.json, "passes"), i, e)
+        if (!strcmp(json_string_value(json_object_get(e, "peer_public_key")), g_pk[2]))
+            pid = json_string_value(json_object_get(e, "pass_id"));
+    assert_non_null(pid);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/resnet/passes/%s/revoke", pid);
+    assert_int_equal(req("POST", path, g_org, NULL), 200);
+    ct_resp_free(&r);
+    report(2, 100, 1000, 1, 403);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capabilities_checked),
+        cmocka_unit_test(test_schedule_served_and_resolved),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed ? failed : g_teardown_failed;
+}
