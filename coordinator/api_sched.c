@@ -248,9 +248,13 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
 COORD_DB_STMT(S_RUN, 1,
               "SELECT id, target_batch_size, coalesce(config->>'model_parameters', ''), "
               "coalesce(config->>'gradient_bits', '') FROM runs WHERE name = $1");
+/* Live: the report has not expired and the pass it came with is still valid
+ * (a revoked peer drops out of the next schedule). */
 COORD_DB_STMT(S_LIVE, 1,
-              "SELECT encode(peer_public_key, 'hex'), report::text FROM capabilities "
-              "WHERE run_id = $1 AND expires_at > now() ORDER BY peer_public_key");
+              "SELECT encode(c.peer_public_key, 'hex'), c.report::text FROM capabilities c "
+              "JOIN passes p ON p.id = c.pass_id AND p.revoked_at IS NULL "
+              "AND p.expires_at > now() "
+              "WHERE c.run_id = $1 AND c.expires_at > now() ORDER BY c.peer_public_key");
 COORD_DB_STMT(S_NEWEST, 1,
               "SELECT version, inputs_sha256, extract(epoch from created_at)::bigint, "
               "extract(epoch from valid_from)::bigint, extract(epoch from valid_until)::bigint, "
