@@ -741,6 +741,112 @@ static void test_lying_length_and_round_states(void **s)
     grp_cleanup(&g);
 }
 
+/* A hostile aggregator (member 2, a raw host with its key): it accepts
+ * chunks and claims every chunk is ready, then returns NaN averages. The
+ * honest members refuse them: that part stays local, the others are
+ * averaged. It also sends a chunk whose count and payload agree but are not
+ * what the round's split says: excluded for "size". */
+struct fake {
+    struct grp *g;
+    size_t off[MAXP], len[MAXP];
+    uint32_t own[MAXP];
+    int fetches;
+};
+
+static int fake_on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from,
+                           uint32_t type, const uint8_t *body, size_t len, uint8_t **resp,
+                           size_t *rlen)
+{
+    struct fake *f = arg;
+    (void)h, (void)from;
+    if (type == AR_MSG_DATA) {
+        struct ar_data_msg d;
+        if (ar_data_parse(body, len, &d))
+            return CM_EPARSE;
+        ar_data_cleanup(&d);
+        return ar_ack_build(1000, resp, rlen) ? CM_ENOMEM : CM_OK;
+    }
+    if (type != AR_MSG_FETCH)
+        return CM_EUNSUPPORTED;
+    struct ar_fetch_msg q;
+    if (ar_fetch_parse(body, len, &q) || q.part != 2)
+        return CM_EINVAL;
+    size_t lo = (size_t)q.chunk * 1024, cnt = f->len[2] - lo < 1024 ? f->len[2] - lo : 1024;
+    float vals[1024];
+    uint8_t enc[4 * 1024];
+    for (size_t i = 0; i < cnt; i++)
+        vals[i] = i == 7 ? NAN : 0.5f;
+    ar_codec_encode(AR_COMP_NONE, vals, cnt, enc, sizeof enc);
+    struct ar_result_msg r;
+    memset(&r, 0, sizeof r);
+    memcpy(r.round, q.round, 32);
+    r.part = 2;
+    r.chunk = q.chunk;
+    r.weight = 10;
+    r.counted = 0x7;
+    r.encoding = AR_COMP_NONE;
+    r.count = (uint32_t)cnt;
+    r.payload = enc;
+    r.payload_len = 4 * cnt;
+    f->fetches++;
+    return ar_result_build(&r, resp, rlen) ? CM_ENOMEM : CM_OK;
+}
+
+static void test_hostile_aggregator_and_wrong_size(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 1};
+    int sends[] = {1, 1, 1}, listen[] = {1, 1, 1};
+    struct grp g;
+    grp_init(&g, 3, 8192, frac, sends, listen, NULL);
+    kill_peer(&g, 2); /* its engine goes; a raw host with its key takes the address */
+    struct fake f = {.g = &g};
+    size_t np;
+    assert_int_equal(ar_partition(g.mem, 3, g.n, AR_ALIGN, &np, f.own, f.off, f.len), 0);
+    struct p2p_host *raw;
+    struct p2p_host_config hc = {.key = &g.p[2].id.key, .token = g.p[2].id.token,
+                                 .listen_ip = "127.0.0.1", .on_request = fake_on_request,
+                                 .arg = &f};
+    assert_int_equal(p2p_host_new(g.p[2].ctx, &hc, &raw), 0);
+    char a[64];
+    snprintf(a, sizeof a, "127.0.0.1:%u", p2p_host_port(raw));
+    assert_int_equal(p2p_addr_parse(a, &g.mem[2].addr), 0);
+    assert_int_equal(start_peer(&g, 0), 0);
+    assert_int_equal(start_peer(&g, 1), 0);
+    /* a consistent but wrong-sized chunk to aggregator 0 */
+    uint8_t rid[32];
+    assert_int_equal(ar_round_id(&g.base, rid), 0);
+    uint8_t payload[4 * 512];
+    memset(payload, 0, sizeof payload);
+    struct ar_data_msg d = {.part = 0, .chunk = 0, .weight = 5, .encoding = AR_COMP_NONE,
+                            .count = 512, .payload = payload, .payload_len = sizeof payload};
+    memcpy(d.round, rid, 32);
+    uint8_t *body;
+    size_t blen;
+    assert_int_equal(ar_data_build(&d, &body, &blen), 0);
+    assert_int_equal(raw_send(&g, raw, 0, AR_MSG_DATA, body, blen), CM_ERANGE);
+    free(body);
+    grp_run(&g, (int[]){0, 0, -1}, -1, 0, 20000);
+    assert_true(f.fetches > 0);
+    for (size_t i = 0; i < 2; i++) {
+        struct peer *p = &g.p[i];
+        assert_int_equal(p->res.status, CM_EPROTO);
+        assert_false(p->parts[2].averaged);
+        assert_int_equal(p->parts[2].status, CM_EPROTO);
+        assert_memory_equal(p->buf + f.off[2], p->orig + f.off[2], f.len[2] * sizeof(float));
+        for (size_t j = 0; j < f.off[2]; j++)
+            assert_true(close_to(p->buf[j], mean_at(&g, 0x3, j, NULL), 3e-7));
+    }
+    assert_int_equal(g.p[0].parts[0].excluded, 0x4);
+    int found = 0;
+    for (size_t x = 0; x < g.p[0].res.n_excluded; x++)
+        found |= g.p[0].excl[x].member == 2 && g.p[0].excl[x].reason == AR_EXCL_SIZE &&
+                 g.p[0].excl[x].part == 0;
+    assert_true(found);
+    p2p_host_close(raw);
+    grp_cleanup(&g);
+}
+
 static void run_comp(int comp)
 {
     double frac[] = {1, 2, 1, 1};
@@ -822,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_bad_senders_excluded),
         cmocka_unit_test(test_nan_mid_part),
         cmocka_unit_test(test_lying_length_and_round_states),
+        cmocka_unit_test(test_hostile_aggregator_and_wrong_size),
         cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_q8),
     };
