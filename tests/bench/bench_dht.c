@@ -74,6 +74,9 @@ static int bench_swarm(size_t n)
         return 1;
     }
     double join_s = (double)(uv_hrtime() - t0) / 1e9;
+    if (s.join_failures)
+        printf("dht %6zu nodes: %zu joins failed the first time and were retried\n", n,
+               s.join_failures);
     size_t rss1 = rss_kb();
     size_t own = 0;
     for (size_t i = 0; i < n; i++) {

@@ -78,14 +78,26 @@ int p2p_swarm_init(struct p2p_swarm *s, size_t n, const struct p2p_swarm_opts *o
 
 struct join_state {
     int done, ok;
+    struct p2p_swarm *s;
+    size_t *failed_idx;
+    size_t nfailed;
+};
+
+struct join_one {
+    struct join_state *j;
+    size_t i;
 };
 
 static void join_cb(void *arg, const struct dht_result *res)
 {
-    struct join_state *j = arg;
+    struct join_one *o = arg;
+    struct join_state *j = o->j;
     j->done++;
     if (res->status == CM_OK)
         j->ok++;
+    else if (j->failed_idx)
+        j->failed_idx[j->nfailed++] = o->i;
+    free(o);
 }
 
 int p2p_swarm_run_until(struct p2p_swarm *s, const int *counter, int target, int timeout_ms)
@@ -96,22 +108,57 @@ int p2p_swarm_run_until(struct p2p_swarm *s, const int *counter, int target, int
     return *counter >= target ? 0 : CM_ETIMEOUT;
 }
 
+static int join_list(struct p2p_swarm *s, const struct sockaddr_storage *boot, const size_t *idx,
+                     size_t n, size_t batch, struct join_state *j)
+{
+    int started = 0;
+    for (size_t k = 0; k < n; k++) {
+        struct join_one *o = malloc(sizeof *o);
+        if (!o)
+            return CM_ENOMEM;
+        o->j = j;
+        o->i = idx[k];
+        if (dht_bootstrap_async(s->nodes[idx[k]], boot, 1, join_cb, o) == CM_OK)
+            started++;
+        else
+            free(o);
+        if ((size_t)started - (size_t)j->done >= batch)
+            p2p_swarm_run_until(s, &j->done, started - (int)batch / 2, 60000);
+    }
+    return p2p_swarm_run_until(s, &j->done, started, 120000);
+}
+
+/* Joins nodes first..n-1; a node whose join failed tries once more, as an
+ * agent retries its bootstrap. */
 static int join_from(struct p2p_swarm *s, const struct sockaddr_storage *boot, size_t first,
                      size_t batch)
 {
     if (!batch)
         batch = 32;
-    struct join_state j = {0};
-    int started = 0;
-    for (size_t i = first; i < s->n; i++) {
-        if (dht_bootstrap_async(s->nodes[i], boot, 1, join_cb, &j) == CM_OK)
-            started++;
-        if ((size_t)started - (size_t)j.done >= batch)
-            p2p_swarm_run_until(s, &j.done, started - (int)batch / 2, 60000);
+    size_t n = s->n - first;
+    size_t *idx = malloc((n ? n : 1) * sizeof *idx), *failed = malloc((n ? n : 1) * sizeof *idx);
+    if (!idx || !failed) {
+        free(idx);
+        free(failed);
+        return CM_ENOMEM;
     }
-    if (p2p_swarm_run_until(s, &j.done, started, 120000))
-        return CM_ETIMEOUT;
-    return j.ok == (int)(s->n - first) ? CM_OK : CM_ECONN;
+    for (size_t k = 0; k < n; k++)
+        idx[k] = first + k;
+    struct join_state j = {.s = s, .failed_idx = failed};
+    int rc = join_list(s, boot, idx, n, batch, &j);
+    s->join_failures = j.nfailed;
+    if (rc == CM_OK && j.nfailed) {
+        struct join_state j2 = {.s = s};
+        rc = join_list(s, boot, failed, j.nfailed, batch, &j2);
+        if (rc == CM_OK && j2.ok != (int)j.nfailed)
+            rc = CM_ECONN;
+        j.ok += j2.ok;
+    }
+    if (rc == CM_OK && j.ok != (int)n)
+        rc = CM_ECONN;
+    free(idx);
+    free(failed);
+    return rc;
 }
 
 int p2p_swarm_join(struct p2p_swarm *s, size_t batch)

@@ -20,6 +20,7 @@ struct p2p_swarm {
     struct dht_node **nodes; /* NULL once killed */
     int *alive;
     char listen_ip[64];
+    size_t join_failures; /* joins that failed the first time (then retried once) */
 };
 
 struct p2p_swarm_opts {
@@ -35,7 +36,8 @@ struct p2p_swarm_opts {
 /* Raises RLIMIT_NOFILE to the hard limit; returns the new soft limit. */
 size_t p2p_swarm_raise_fd_limit(void);
 int p2p_swarm_init(struct p2p_swarm *s, size_t n, const struct p2p_swarm_opts *o);
-/* Every node but the first bootstraps from node 0. */
+/* Every node but the first bootstraps from node 0; a node whose join
+ * fails tries once more. CM_OK when every node joined. */
 int p2p_swarm_join(struct p2p_swarm *s, size_t batch);
 /* Every node (node 0 included) bootstraps from an outside address. */
 int p2p_swarm_join_addr(struct p2p_swarm *s, const struct sockaddr_storage *boot, size_t batch);

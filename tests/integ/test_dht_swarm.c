@@ -134,8 +134,8 @@ static void test_swarm(void **state)
         dht_node_get_stats(s.nodes[i], &st);
         contacts += st.routing_contacts;
     }
-    printf("swarm: %zu nodes joined in %.1f s, mean routing contacts %.1f\n", n,
-           (double)(t1 - t0) / 1e9, (double)contacts / n);
+    printf("swarm: %zu nodes joined in %.1f s (%zu retried), mean routing contacts %.1f\n", n,
+           (double)(t1 - t0) / 1e9, s.join_failures, (double)contacts / n);
 
     struct put_state p = {0};
     int64_t exp = p2p_now_ms() + 3600 * 1000;
