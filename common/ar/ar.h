@@ -35,7 +35,7 @@
  * part-way). An aggregator that cannot be reached for stall_ms
  * (or by the deadline) leaves its part un-averaged: the buffer keeps the
  * local values for that part. Data for a round this engine has not started
- * is refused with CM_EBUSY and the sender retries until its own deadline
+ * is refused with CM_EBUSY and the sender retries until its stall limit
  * (no buffering); data for a finished round is refused with CM_ESTATE.
  *
  * Threading: everything runs on the loop of the p2p_ctx given to
