@@ -132,6 +132,18 @@ int ar__round_on_data(struct ar_round *r, int sender, const struct ar_data_msg *
                       size_t body_len, uint8_t **resp, size_t *rlen);
 int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
                        size_t body_len, uint8_t **resp, size_t *rlen);
+/* Chunk geometry: chunks in a part of len elements, elements of chunk c of
+ * part k. */
+size_t ar__n_chunks(const struct ar_round *r, size_t len);
+size_t ar__chunk_len(const struct ar_round *r, size_t k, size_t c);
+
+/* Aggregator side (ar_agg.c). */
+int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t cnt, double w);
+void ar__agg_complete(struct ar_round *r);
+void ar__agg_finalize_scan(struct ar_round *r);
+void ar__agg_drop(struct ar_round *r, int s);
+int ar__own_part_ok(const struct ar_round *r);
+
 /* Ends a round at once (engine shutdown or cancel): done runs with status. */
 void ar__round_kill(struct ar_round *r, int status);
 

@@ -1,0 +1,244 @@
+/* The aggregator side of a round (ar.h, ar_round.c): validates each chunk a
+ * sender delivers, sums it at once into the part's double-precision
+ * accumulator weighted by the sender's sample count, finalizes a chunk when
+ * every sender still in the round delivered it (average = sum / weight of
+ * the senders counted), encodes it once and serves it to the members (seed
+ * 000_02cc6b5d62a616fc.txt, section 3.2: "receiver nodes accumulate the
+ * gradients from all senders and return the average"; DESIGN.md, "Security":
+ * gradients are checked before use, a sender of garbage is dropped and
+ * reported). */
+#include "ar/ar_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ar/ar_codec.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define BIT(i) (1ull << (i))
+
+int ar__own_part_ok(const struct ar_round *r)
+{
+    const struct ar__agg *a = &r->agg;
+    if (a->n_final != a->n_chunks)
+        return 0;
+    for (size_t c = 0; c < a->n_chunks; c++)
+        if (a->final[c] != 1)
+            return 0;
+    return 1;
+}
+
+static int excl_status(int reason)
+{
+    switch (reason) {
+    case AR_EXCL_NONFINITE:
+    case AR_EXCL_NORM:
+        return CM_ENUMERIC;
+    case AR_EXCL_SIZE:
+        return CM_ERANGE;
+    case AR_EXCL_WEIGHT:
+        return CM_EINVAL;
+    default:
+        return CM_EPARSE;
+    }
+}
+
+/* Excludes sender s from my part and answers with the matching status. */
+static int exclude(struct ar_round *r, int s, int reason)
+{
+    struct ar__agg *a = &r->agg;
+    struct ar__sender *sd = &a->snd[s];
+    if (sd->state != AR__S_EXCLUDED) {
+        CM_LOGW("ar", "step %llu part %zu: member %d excluded (%s)", (unsigned long long)r->step,
+                a->part, s, ar_excl_reason_name(reason));
+        sd->state = AR__S_EXCLUDED;
+        sd->reason = reason;
+        a->excluded |= BIT(s);
+        if (a->n_excl < AR_MAX_MEMBERS)
+            a->excl[a->n_excl++] = (struct ar_exclusion){(uint32_t)s, (uint32_t)a->part, reason};
+        ar__agg_finalize_scan(r);
+    }
+    return excl_status(reason);
+}
+
+void ar__agg_drop(struct ar_round *r, int s)
+{
+    struct ar__agg *a = &r->agg;
+    if (a->snd[s].state != AR__S_ACTIVE)
+        return;
+    CM_LOGI("ar", "part %zu: sender %d dropped (silent or late)", a->part, s);
+    a->snd[s].state = AR__S_DROPPED;
+    a->dropped |= BIT(s);
+    ar__agg_finalize_scan(r);
+}
+
+/* The whole part is final: release the sums; the owner's own buffer gets
+ * exactly the bytes the others fetch, so every member ends bit-identical. */
+void ar__agg_complete(struct ar_round *r)
+{
+    struct ar__agg *a = &r->agg;
+    free(a->sum);
+    a->sum = NULL;
+    r->ms_reduce = (double)(ar__mono_ms() - r->t0);
+    if (!r->buf || !ar__own_part_ok(r))
+        return;
+    for (size_t c = 0; c < a->n_chunks; c++) {
+        size_t cnt = ar__chunk_len(r, a->part, c);
+        ar_codec_decode(r->comp, a->res + c * r->enc_chunk, ar_codec_size(r->comp, cnt), cnt,
+                        r->buf + a->offset + c * r->chunk);
+    }
+}
+
+static void finalize_chunk(struct ar_round *r, size_t c)
+{
+    struct ar__agg *a = &r->agg;
+    if (a->final[c])
+        return;
+    for (size_t s = 0; s < r->n_members; s++)
+        if ((a->senders & BIT(s)) && a->snd[s].state == AR__S_ACTIVE && !(a->recv[c] & BIT(s)))
+            return; /* still waiting for s */
+    size_t cnt = ar__chunk_len(r, a->part, c);
+    double w = a->cw[c];
+    if (!(w > 0)) {
+        a->final[c] = 2; /* nobody's gradient arrived for this chunk */
+    } else {
+        const double *sum = a->sum + c * r->chunk;
+        for (size_t i = 0; i < cnt; i++)
+            r->scratch[i] = (float)(sum[i] / w);
+        ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
+        a->final[c] = 1;
+    }
+    while (a->final_prefix < a->n_chunks && a->final[a->final_prefix])
+        a->final_prefix++;
+    if (++a->n_final == a->n_chunks)
+        ar__agg_complete(r);
+}
+
+void ar__agg_finalize_scan(struct ar_round *r)
+{
+    for (size_t c = 0; c < r->agg.n_chunks; c++)
+        finalize_chunk(r, c);
+}
+
+/* Validates one chunk of sender s, then sums it in: a bad chunk never
+ * enters the sum. */
+int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t cnt, double w)
+{
+    struct ar__agg *a = &r->agg;
+    struct ar__sender *sd = &a->snd[s];
+    if (!sd->has_weight) {
+        if (!isfinite(w) || w <= 0 || w > r->max_weight)
+            return exclude(r, s, AR_EXCL_WEIGHT);
+        sd->has_weight = 1;
+        sd->weight = w;
+    } else if (w != sd->weight) {
+        return exclude(r, s, AR_EXCL_WEIGHT);
+    }
+    double ss = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        if (!isfinite(x[i]))
+            return exclude(r, s, AR_EXCL_NONFINITE);
+        ss += (double)x[i] * (double)x[i];
+    }
+    if (!(sqrt(ss) <= r->max_norm))
+        return exclude(r, s, AR_EXCL_NORM);
+    double *sum = a->sum + c * r->chunk;
+    for (size_t i = 0; i < cnt; i++)
+        sum[i] += w * (double)x[i];
+    a->recv[c] |= BIT(s);
+    a->cw[c] += w;
+    sd->last_ms = ar__mono_ms();
+    if (++sd->n_recv == a->n_chunks)
+        sd->state = AR__S_DONE;
+    finalize_chunk(r, c);
+    return CM_OK;
+}
+
+static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc);
+
+/* Accepted chunks are answered with an Ack telling how far the part is
+ * final, so the sender fetches those chunks without polling. */
+int ar__round_on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc,
+                      size_t body_len, uint8_t **resp, size_t *rlen)
+{
+    r->bytes_received += body_len;
+    int rc = on_data(r, s, m, prc);
+    if (rc == CM_OK && ar_ack_build((uint32_t)r->agg.final_prefix, resp, rlen) == CM_OK)
+        r->bytes_sent += *rlen;
+    return rc;
+}
+
+static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int prc)
+{
+    struct ar__agg *a = &r->agg;
+    if (r->phase != AR__P_RUNNING)
+        return CM_ESTATE;
+    if (r->my_part < 0 || m->part != (uint32_t)r->my_part)
+        return CM_EINVAL;
+    if (!(a->senders & BIT(s)) || s == (int)r->me)
+        return CM_EPERM;
+    struct ar__sender *sd = &a->snd[s];
+    if (sd->state == AR__S_EXCLUDED)
+        return excl_status(sd->reason);
+    if (sd->state == AR__S_DROPPED)
+        return CM_ETIMEOUT;
+    if (prc)
+        return exclude(r, s, prc == CM_ERANGE ? AR_EXCL_SIZE : AR_EXCL_MALFORMED);
+    if (m->chunk >= a->n_chunks || m->count != ar__chunk_len(r, a->part, m->chunk))
+        return exclude(r, s, AR_EXCL_SIZE);
+    if ((int)m->encoding != r->comp)
+        return exclude(r, s, AR_EXCL_MALFORMED);
+    if (a->recv[m->chunk] & BIT(s))
+        return CM_OK; /* a retry after a lost answer: already summed */
+    if (a->final[m->chunk])
+        return CM_ESTATE;
+    int drc = ar_codec_decode(r->comp, m->payload, m->payload_len, m->count, r->scratch);
+    if (drc)
+        return exclude(r, s, drc == CM_ENUMERIC ? AR_EXCL_NONFINITE : AR_EXCL_MALFORMED);
+    r->chunks_received++;
+    return ar__agg_accept(r, s, m->chunk, r->scratch, m->count, m->weight);
+}
+
+int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
+                       size_t body_len, uint8_t **resp, size_t *rlen)
+{
+    struct ar__agg *a = &r->agg;
+    r->bytes_received += body_len;
+    if (r->phase == AR__P_DEAD)
+        return CM_ESTATE;
+    if (r->my_part < 0 || m->part != (uint32_t)r->my_part || m->chunk >= a->n_chunks)
+        return CM_EINVAL;
+    size_t c = m->chunk;
+    if (a->final[c] == 0) {
+        /* not averaged yet: ask again; the Ack says what is */
+        if (ar_ack_build((uint32_t)a->final_prefix, resp, rlen) == CM_OK)
+            r->bytes_sent += *rlen;
+        return CM_EBUSY;
+    }
+    if (a->final[c] == 2)
+        return CM_ENOTFOUND;
+    struct ar_result_msg out;
+    memset(&out, 0, sizeof out);
+    memcpy(out.round, r->id, AR_ROUND_ID_LEN);
+    out.part = (uint32_t)a->part;
+    out.chunk = (uint32_t)c;
+    out.weight = a->cw[c];
+    out.counted = a->recv[c];
+    out.dropped = a->dropped;
+    out.excluded = a->excluded;
+    out.n_exclusions = a->n_excl;
+    memcpy(out.exclusions, a->excl, a->n_excl * sizeof a->excl[0]);
+    out.encoding = (uint32_t)r->comp;
+    out.count = (uint32_t)ar__chunk_len(r, a->part, c);
+    out.payload = a->res + c * r->enc_chunk;
+    out.payload_len = ar_codec_size(r->comp, out.count);
+    int rc = ar_result_build(&out, resp, rlen);
+    if (rc)
+        return rc;
+    a->served[c] |= BIT(member);
+    r->bytes_sent += *rlen;
+    r->chunks_sent++;
+    return CM_OK;
+}
