@@ -36,10 +36,10 @@
 #define FAIL_MIN_PEER_S 600.0 /* less observed peer time than this: assume no failures */
 #define SCHED_LOCK_CLASS 0x5c4ed /* advisory lock class of schedule solves */
 #define DEFAULT_GRADIENT_BITS 32
-/* Solve time grows fast with n (make bench: about 1 s at 64 peers, tens of
- * seconds at 256 on a loaded 2-core machine), and the solve runs inside the
- * request. Beyond this many live peers the endpoint refuses clearly. */
-#define COORD_SCHED_MAX_PEERS 128
+/* The solve runs inside the request (make bench: under 1 s at 256 peers,
+ * about 10 s at 512 on a shared 2-core machine). Beyond this many live
+ * peers the endpoint refuses clearly rather than hold requests that long. */
+#define COORD_SCHED_MAX_PEERS 256
 
 static int num_field(json_t *o, const char *k, double lo, double hi, int lo_open, double *out,
                      struct coord_resp *resp, const char *where)

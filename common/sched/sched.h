@@ -6,8 +6,8 @@
  *  - sched_solve: the linear program (5) of Appendix B, built and solved
  *    with GLPK (primal simplex with presolve), with the O(n^3) family
  *    g_ij <= a_ki + (1 - c_k) d_i rewritten through one auxiliary variable
- *    per aggregator so the model has O(n^2) rows; roles and aggregation
- *    shares from (6).
+ *    per aggregator so the model has O(n^2) rows; binary roles chosen with
+ *    its help (sched_roles.c); aggregation shares from (6).
  *  - sched_group_size: the group size m of Appendix C, minimizing the
  *    expected number of averaging iterations to the global average under a
  *    per-round peer failure probability.
@@ -60,8 +60,8 @@ struct sched_problem {
 };
 
 struct sched_peer_plan {
-    double c;          /* LP value of c_i in [0,1] */
-    int compute;       /* c_i == 1: computes and sends gradients */
+    double c;          /* c_i of the relaxation (5), in [0,1]; informative */
+    int compute;       /* the chosen role: computes and sends gradients */
     double fraction;   /* share of the gradient this peer aggregates, (6) */
     uint32_t share;    /* the same in parts of SCHED_SHARE_TOTAL (they sum exactly) */
     double agg_mbps;   /* aggregation rate r_i (the auxiliary variable) */
@@ -77,7 +77,7 @@ struct sched_solution {
     double compute_rate;  /* sum s_i c_i / B, steps/s */
     double network_rate;  /* min over receivers of sum_j g_ji / gradient, steps/s */
     double solve_ms;
-    int iterations;       /* simplex iterations, all stages */
+    int iterations;       /* simplex iterations: (5) and every role candidate */
     int rows, cols;       /* size of the model (5) as built */
 };
 

@@ -25,19 +25,18 @@
  *
  * Two choices the seed leaves open, made here:
  *  - client-mode peers (no inbound connections, §3.3) cannot aggregate:
- *    no a_ki, g_ij or r_i exist for them ("a_i = 0");
+ *    no a_ki or h_i exist for them ("a_i = 0");
  *  - peers that cannot compute (s_i = 0) neither send gradients nor need
- *    the average: no a_ik, g_ji and no receive row for them (Appendix B:
+ *    the average: no a_ik and no receive terms for them (Appendix B:
  *    such peers are excluded from the compute and network terms).
  *
- * The optimum of (5) is often not a unique point (when compute binds, any
- * communication plan fast enough is optimal), so the solve is
- * staged: (1) max xi over the relaxation (5); (2) binary roles, each
- * candidate an exact LP with c fixed (round_roles); (3) keeping the roles
- * and their throughput, max the network rate (the plan with the most
- * communication headroom, which makes homogeneous peers split evenly).
- * Every solve is GLPK's primal simplex with the presolver (measured faster
- * here than warm-started primal or dual re-solves from 64 peers up).
+ * The solve has two steps. (1) The relaxation (5), GLPK's primal simplex
+ * with the presolver: its optimum xi is reported (an upper bound of
+ * problem (1)) and its c guides (2) the choice of binary roles in
+ * sched_roles.c, because the relaxation of c is not exact. For the chosen
+ * roles the plan is the one with the highest network rate, which is also
+ * what makes the choice unique where (5) is not (when compute binds, any
+ * fast enough plan is optimal; this one splits homogeneous peers evenly).
  * GLPK's simplex is deterministic, so equal inputs give equal plans.
  *
  * One more deviation from the letter of (5), needed for (6) to describe the
@@ -48,7 +47,7 @@
  * peers can follow, and it makes the model n^2 rather than 2 n^2 columns.
  * tests/unit/sched/test_sched_lp.c checks the optimum against the O(n^3)
  * form with a g_ij per pair, solved by an independent dense simplex. */
-#include "sched/sched.h"
+#include "sched/sched_internal.h"
 
 #include <glpk.h>
 #include <math.h>
@@ -63,12 +62,6 @@
 #include "cm_err.h"
 #include "cm_log.h"
 
-#define STAGE_KEEP 1e-6 /* relative slack when a stage's optimum becomes a bound */
-#define C_ONE 1e-6      /* c_i >= 1 - C_ONE counts as computing */
-#define LOCAL_PASSES 2  /* passes of single-peer role flips after rounding */
-#define EXACT_ROLES 6   /* up to this many capable peers, try every role assignment */
-#define GRID_ROLES 96   /* up to this many, also try the k fastest uploaders */
-#define LOCAL_ROLES 24  /* up to this many, also flip single roles while that helps */
 
 static void seterr(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -270,153 +263,6 @@ static int simplex(glp_prob *lp, int presolve, int *iters)
     return CM_OK;
 }
 
-/* Fixes every c_i at 0 or 1 and solves max xi; *xi_out is the throughput of
- * a plan peers can follow exactly. */
-static int solve_fixed(glp_prob *lp, const struct model *m, const unsigned char *on, int *it,
-                       double *xi_out)
-{
-    for (size_t i = 0; i < m->n; i++) {
-        double c = on[i] ? 1 : 0;
-        glp_set_col_bnds(lp, m->c[i], GLP_FX, c, c);
-    }
-    int rc = simplex(lp, 1, it);
-    if (rc == CM_OK)
-        *xi_out = glp_get_obj_val(lp);
-    return rc;
-}
-
-/* Role search state: the best binary assignment so far and its throughput. */
-struct roles {
-    glp_prob *lp;
-    const struct model *m;
-    int *it;
-    size_t n;
-    unsigned char *best, *tmp;
-    double best_xi;
-    int lp_holds_best; /* the last solve was the best assignment */
-};
-
-static int roles_try(struct roles *r, const unsigned char *on)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < r->n; i++)
-        k += on[i];
-    if (!k)
-        return CM_OK;
-    double xi = 0;
-    int rc = solve_fixed(r->lp, r->m, on, r->it, &xi);
-    if (rc != CM_OK)
-        return rc;
-    r->lp_holds_best = 0;
-    if (xi > r->best_xi * (1 + STAGE_KEEP) + 1e-15) {
-        r->best_xi = xi;
-        if (r->best != on)
-            memcpy(r->best, on, r->n);
-        r->lp_holds_best = 1;
-    }
-    return CM_OK;
-}
-
-static const struct sched_problem *g_sort_p; /* under g_glpk_mu */
-static int by_upload_desc(const void *x, const void *y)
-{
-    size_t i = *(const size_t *)x, j = *(const size_t *)y;
-    double ui = g_sort_p->peers[i].up_mbps, uj = g_sort_p->peers[j].up_mbps;
-    if (ui != uj)
-        return ui > uj ? -1 : 1;
-    return i < j ? -1 : 1;
-}
-
-/* The relaxation 0 <= c_i <= 1 of Appendix B is not exact: a fractional c_k
- * buys (1 - c_k) M_i of slack in every constraint (4) of peer k, so the LP
- * optimum can have several c_k strictly between 0 and 1 and say little about
- * which peers should compute. Roles are therefore chosen among binary
- * assignments, each re-solved with c fixed (an exact LP then, whose optimum
- * is a plan peers can follow):
- *  - with at most EXACT_ROLES capable peers, every assignment (exact);
- *  - otherwise: every capable peer; the LP's c rounded up and down; up to
- *    GRID_ROLES capable peers, the k fastest uploaders for k on a geometric
- *    grid (a slow sender holds every aggregator back, and so do two equally
- *    slow ones: single flips cannot drop both); up to LOCAL_ROLES, then
- *    single-peer flips from the best while they help.
- * Each candidate is a full simplex re-solve, so the search shrinks as n
- * grows (solve times: make bench, docs/schedules.md).
- * Candidates are tried from more computing peers to fewer and only a strict
- * improvement replaces the best, so ties keep more peers computing. Leaves
- * lp solved for the winner. */
-static int round_roles(glp_prob *lp, const struct model *m, const struct sched_problem *p,
-                       int *it)
-{
-    size_t n = m->n, nc = 0;
-    for (size_t i = 0; i < n; i++)
-        nc += p->peers[i].samples_per_s > 0;
-    struct roles r = {lp, m, it, n, calloc(n, 1), calloc(n, 1), -1, 0};
-    size_t *order = calloc(n, sizeof *order), *capable = calloc(n, sizeof *capable);
-    double *c = calloc(n, sizeof *c);
-    int rc = CM_OK;
-    if (!r.best || !r.tmp || !order || !capable || !c) {
-        rc = CM_ENOMEM;
-        goto out;
-    }
-    nc = 0;
-    for (size_t i = 0; i < n; i++) {
-        c[i] = glp_get_col_prim(lp, m->c[i]);
-        if (p->peers[i].samples_per_s > 0)
-            capable[nc++] = i;
-    }
-    if (nc <= EXACT_ROLES) {
-        for (unsigned mask = (1u << nc) - 1; mask > 0 && rc == CM_OK; mask--) {
-            memset(r.tmp, 0, n);
-            for (size_t k = 0; k < nc; k++)
-                r.tmp[capable[k]] = (unsigned char)((mask >> (nc - 1 - k)) & 1);
-            rc = roles_try(&r, r.tmp);
-        }
-        goto finish;
-    }
-    for (size_t i = 0; i < n; i++)
-        r.tmp[i] = p->peers[i].samples_per_s > 0;
-    if ((rc = roles_try(&r, r.tmp)) != CM_OK)
-        goto out;
-    for (int up = 1; up >= 0; up--) {
-        for (size_t i = 0; i < n; i++)
-            r.tmp[i] = p->peers[i].samples_per_s > 0 && (up ? c[i] > C_ONE : c[i] >= 1 - C_ONE);
-        if ((rc = roles_try(&r, r.tmp)) != CM_OK)
-            goto out;
-    }
-    memcpy(order, capable, nc * sizeof *order);
-    g_sort_p = p;
-    qsort(order, nc, sizeof *order, by_upload_desc);
-    for (size_t k = nc - nc / 8; nc <= GRID_ROLES && k >= 1; k = k > 1 ? (k * 3) / 4 : 0) {
-        memset(r.tmp, 0, n);
-        for (size_t j = 0; j < k; j++)
-            r.tmp[order[j]] = 1;
-        if ((rc = roles_try(&r, r.tmp)) != CM_OK)
-            goto out;
-    }
-    for (int pass = 0, improved = nc <= LOCAL_ROLES; improved && pass < LOCAL_PASSES; pass++) {
-        improved = 0;
-        for (size_t k = 0; k < nc; k++) {
-            size_t i = order[k];
-            memcpy(r.tmp, r.best, n);
-            r.tmp[i] ^= 1;
-            double before = r.best_xi;
-            if ((rc = roles_try(&r, r.tmp)) != CM_OK)
-                goto out;
-            improved |= r.best_xi > before;
-        }
-    }
-finish:
-    if (rc == CM_OK && !r.lp_holds_best)
-        rc = solve_fixed(lp, m, r.best, it, &r.best_xi);
-out:
-    free(r.best);
-    free(r.tmp);
-    free(order);
-    free(capable);
-    free(c);
-    return rc;
-}
-
 static double now_ms(void)
 {
     struct timespec ts;
@@ -477,13 +323,20 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
         if (m->scale_s[i] > 0)
             ADD(row, m->c[i], -m->scale_s[i]);
 
-    /* receive: xi - sum_i h_i <= 0 (every receiver gets every part) */
+    /* H = sum_i h_i; receive: xi - H <= 0 (every receiver gets every part). H keeps
+     * the download rows below at O(n) entries each instead of O(n) more. */
+    int H = glp_add_cols(lp, 1);
+    glp_set_col_bnds(lp, H, GLP_LO, 0, 0);
     row = glp_add_rows(lp, 1);
-    glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
-    ADD(row, m->xi, 1);
+    glp_set_row_bnds(lp, row, GLP_FX, 0, 0);
+    ADD(row, H, 1);
     for (size_t i = 0; i < n; i++)
         if (m->h[i])
             ADD(row, m->h[i], -1);
+    row = glp_add_rows(lp, 1);
+    glp_set_row_bnds(lp, row, GLP_UP, 0, 0);
+    ADD(row, m->xi, 1);
+    ADD(row, H, -1);
     /* seed 000, Appendix B, (4) through h_i: h_i - a_ki + M_i c_k <= M_i */
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < n && m->h[i]; k++) {
@@ -495,20 +348,20 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
             ADD(row, m->a[k * n + i], -1);
             ADD(row, m->c[k], m->M[i]);
         }
-    /* download: sum_k a_ki + [i receives] sum_{j != i} h_j <= d_i;
+    /* download: sum_k a_ki + [i receives] (H - h_i) <= d_i;
      * upload: sum_j a_ij + (receivers other than i) h_i <= u_i */
     for (size_t i = 0; i < n; i++) {
         int recv_i = p->peers[i].samples_per_s > 0;
         size_t before = t.n;
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].down_mbps / G);
-        for (size_t k = 0; k < n; k++) {
-            if (k == i)
-                continue;
-            if (m->a[k * n + i])
+        for (size_t k = 0; k < n; k++)
+            if (k != i && m->a[k * n + i])
                 ADD(row, m->a[k * n + i], 1);
-            if (recv_i && m->h[k])
-                ADD(row, m->h[k], 1);
+        if (recv_i) {
+            ADD(row, H, 1);
+            if (m->h[i])
+                ADD(row, m->h[i], -1);
         }
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
@@ -525,17 +378,12 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
     }
     /* measured pairs: a_ij + [j receives] h_i <= t_ij (the smallest report of a pair) */
     for (size_t i = 0; i < n; i++)
-        for (size_t l = 0; l < p->peers[i].nlinks; l++) {
-            size_t j = p->peers[i].links[l].to;
-            tmin[i * n + j] = fmin(tmin[i * n + j], p->peers[i].links[l].mbps);
-        }
-    for (size_t i = 0; i < n; i++)
         for (size_t j = 0; j < n; j++) {
             int ret = m->h[i] && p->peers[j].samples_per_s > 0;
             if (!isfinite(tmin[i * n + j]) || (!m->a[i * n + j] && !ret))
                 continue;
             row = glp_add_rows(lp, 1);
-            glp_set_row_bnds(lp, row, GLP_UP, 0, tmin[i * n + j] / G);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, tmin[i * n + j]);
             if (m->a[i * n + j])
                 ADD(row, m->a[i * n + j], 1);
             if (ret)
@@ -599,15 +447,22 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
     m.a = calloc(n * n, sizeof *m.a);
     m.scale_s = calloc(n, sizeof *m.scale_s);
     double *tmin = malloc(n * n * sizeof *tmin);
-    double *volatile val = NULL;
+    double *crelax = calloc(n, sizeof *crelax), *h = calloc(n, sizeof *h), net = 0;
+    unsigned char *on = calloc(n, 1);
     out->peers = calloc(n, sizeof *out->peers);
-    if (!m.c || !m.M || !m.h || !m.a || !m.scale_s || !tmin || !out->peers) {
+    if (!m.c || !m.M || !m.h || !m.a || !m.scale_s || !tmin || !out->peers || !crelax || !h ||
+        !on) {
         rc = CM_ENOMEM;
         seterr(err, cap, "out of memory for %zu peers", n);
         goto done;
     }
     for (size_t i = 0; i < n * n; i++)
         tmin[i] = INFINITY;
+    for (size_t i = 0; i < n; i++)
+        for (size_t l = 0; l < p->peers[i].nlinks; l++) {
+            size_t j = p->peers[i].links[l].to;
+            tmin[i * n + j] = fmin(tmin[i * n + j], p->peers[i].links[l].mbps / G);
+        }
 
     pthread_mutex_lock(&g_glpk_mu);
     static __thread struct glpk_ctx gctx; /* static: survives the longjmp */
@@ -635,34 +490,22 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
         out->cols = glp_get_num_cols(lp);
         if (stage_rc == CM_OK) {
             glp_scale_prob(lp, GLP_SF_AUTO);
-            /* Stage 1: problem (5). */
-            stage_rc = simplex(lp, 1, &it);
+            stage_rc = simplex(lp, 1, &it); /* problem (5) */
         }
         if (stage_rc == CM_OK) {
             out->xi = glp_get_obj_val(lp);
-            stage_rc = round_roles(lp, &m, p, &it);
+            for (size_t i = 0; i < n; i++)
+                crelax[i] = glp_get_col_prim(lp, m.c[i]);
         }
+        glp_delete_prob(lp);
+        lp = NULL;
         if (stage_rc == CM_OK) {
-            /* Last stage: keep the roles and their throughput, maximize the network rate
-             * (xi freed from the compute row) for the plan with the most headroom. */
-            double keep = glp_get_obj_val(lp);
-            glp_set_col_bnds(lp, m.xi, GLP_LO, keep * (1 - STAGE_KEEP), 0);
-            glp_set_row_bnds(lp, m.row_cmp, GLP_FR, 0, 0);
-            stage_rc = simplex(lp, 1, &it);
+            struct sched__ctx x = {p, m.scale_s, m.M, tmin, 0, 0};
+            stage_rc = sched__roles_choose(&x, crelax, on, h, &net);
+            it += x.iters;
         }
         iters = it;
-        if (stage_rc == CM_OK) {
-            int ncols = glp_get_num_cols(lp);
-            val = malloc((size_t)(ncols + 1) * sizeof *val);
-            if (!val)
-                stage_rc = CM_ENOMEM;
-            else
-                for (int j = 1; j <= ncols; j++)
-                    val[j] = glp_get_col_prim(lp, j);
-        }
     }
-    glp_delete_prob(lp);
-    lp = NULL;
     glp_error_hook(NULL, NULL);
     glp_term_hook(NULL, NULL);
     pthread_mutex_unlock(&g_glpk_mu);
@@ -675,47 +518,32 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
 
     /* Roles, rates and the fractions of (6). */
     out->n = n;
-    double compute = 0, hsum = 0, fsum = 0;
+    size_t nrecv = 0, ncomp = 0;
+    double compute = 0, hsum = 0, fsum = 0, fmaxv = 0;
     for (size_t i = 0; i < n; i++) {
-        struct sched_peer_plan *pl = &out->peers[i];
-        pl->c = val[m.c[i]];
-        pl->compute = p->peers[i].samples_per_s > 0 && pl->c >= 1 - C_ONE;
-        if (pl->compute)
-            compute += m.scale_s[i];
-        pl->agg_mbps = m.h[i] ? val[m.h[i]] * G : 0;
-        if (m.h[i])
-            hsum += val[m.h[i]];
-    }
-    size_t nrecv = 0;
-    for (size_t i = 0; i < n; i++)
         nrecv += p->peers[i].samples_per_s > 0;
+        ncomp += on[i] != 0;
+        hsum += h[i];
+        if (on[i])
+            compute += m.scale_s[i];
+    }
     for (size_t i = 0; i < n; i++) {
         struct sched_peer_plan *pl = &out->peers[i];
         int recv_i = p->peers[i].samples_per_s > 0;
-        double up = 0, down = 0;
-        for (size_t j = 0; j < n; j++) {
-            if (j == i)
-                continue;
-            if (m.a[i * n + j])
-                up += val[m.a[i * n + j]];
-            if (m.a[j * n + i])
-                down += val[m.a[j * n + i]];
-            if (recv_i && m.h[j])
-                down += val[m.h[j]];
-        }
-        if (m.h[i])
-            up += val[m.h[i]] * (double)(nrecv - (size_t)recv_i);
+        pl->c = crelax[i];
+        pl->compute = on[i] != 0;
+        pl->agg_mbps = h[i] * G;
         pl->recv_mbps = recv_i ? hsum * G : 0;
-        pl->up_used_mbps = up * G;
-        pl->down_used_mbps = down * G;
-    }
-    double fmaxv = 0;
-    for (size_t i = 0; i < n; i++) {
+        /* a computing sender sends h_j to every other aggregator j; aggregator i returns
+         * h_i to every other receiver */
+        pl->up_used_mbps =
+            ((on[i] ? hsum - h[i] : 0) + h[i] * (double)(nrecv - (size_t)recv_i)) * G;
+        pl->down_used_mbps =
+            (h[i] * (double)(ncomp - (on[i] != 0)) + (recv_i ? hsum - h[i] : 0)) * G;
         /* (6): h_i = min_j g_ij, the rate at which aggregator i returns its part to every
          * receiver */
-        double f = m.h[i] ? val[m.h[i]] : 0;
-        out->peers[i].fraction = f > 0 ? f : 0;
-        fmaxv = fmax(fmaxv, out->peers[i].fraction);
+        pl->fraction = h[i];
+        fmaxv = fmax(fmaxv, h[i]);
     }
     for (size_t i = 0; i < n; i++) {
         /* Solver noise (values within the tolerances of a zero) is not a part. */
@@ -742,7 +570,9 @@ done:
         out->peers = NULL;
         out->n = 0;
     }
-    free(val);
+    free(crelax);
+    free(h);
+    free(on);
     free(m.c);
     free(m.M);
     free(m.h);

@@ -1,0 +1,257 @@
+/* Who computes: binary roles for the adaptive-averaging plan (seed
+ * 000_02cc6b5d62a616fc.txt, §3.2 problem (1), Appendix B).
+ *
+ * The relaxation 0 <= c_i <= 1 of Appendix B is not exact: a fractional c_k
+ * buys (1 - c_k) M_i of slack in every constraint (4) of peer k, so the
+ * optimum of (5) can have several c_k strictly between 0 and 1 and say
+ * little about which peers should compute (it may relax a fast peer instead
+ * of a slow one, or leave every c_k at 0.96 — nobody computing, as roles).
+ * Roles are therefore chosen among binary assignments, each scored exactly.
+ *
+ * Scoring fixed roles is a small LP. With c fixed, a computing peer k sends
+ * to aggregator i at a_ki >= h_i, and sending faster than h_i only uses
+ * bandwidth, so a_ki = h_i (and 0 for peers that do not compute) loses
+ * nothing. What is left has one column per aggregator:
+ *
+ *   max H = sum_i h_i
+ *   download_i: (computing peers other than i) h_i + [s_i > 0] (H - h_i) <= d_i
+ *   upload_i:   [i computes] (H - h_i) + (receivers other than i) h_i <= u_i
+ *   link (i,j): [i computes] h_j + [s_j > 0] h_i <= t_ij
+ *   0 <= h_i <= M_i
+ *
+ * and the roles' throughput is min(sum_{computing} s / B, sum_i h_i). The
+ * unit test checks this value against the full O(n^3) model with the same c
+ * fixed, solved by an independent simplex.
+ *
+ * Search: up to EXACT_ROLES capable peers, every assignment; beyond that,
+ * every capable peer computing, the relaxation's c rounded up and down, the
+ * k fastest uploaders for k on a geometric grid (a slow sender holds every
+ * aggregator back, and two equally slow ones cannot be dropped by single
+ * flips), then single-peer flips while they help. Candidates are tried from
+ * more computing peers to fewer, and only a strict improvement replaces the
+ * best, so ties keep more peers computing. Deterministic throughout. */
+#include "sched/sched_internal.h"
+
+#include <glpk.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define EXACT_ROLES 8    /* up to this many capable peers: every assignment */
+#define LOCAL_PASSES 2   /* passes of single-peer flips */
+#define C_ONE 1e-6       /* c_i >= 1 - C_ONE counts as computing */
+#define BETTER 1e-9      /* relative improvement that counts */
+
+int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, double *net)
+{
+    const struct sched_problem *p = x->p;
+    size_t n = p->n, ncomp = 0, nrecv = 0, nagg = 0;
+    for (size_t i = 0; i < n; i++) {
+        ncomp += on[i] != 0;
+        nrecv += p->peers[i].samples_per_s > 0;
+        nagg += p->peers[i].inbound != 0;
+    }
+    int *col = calloc(n, sizeof *col);
+    /* rows: H, 2 per peer, measured pairs; at most 2 entries each except H's */
+    size_t cap = (nagg + 1) + 4 * n + 2 * n * SCHED_MAX_LINKS + 1;
+    int *ia = malloc((cap + 1) * sizeof *ia), *ja = malloc((cap + 1) * sizeof *ja);
+    double *ar = malloc((cap + 1) * sizeof *ar);
+    if (!col || !ia || !ja || !ar) {
+        free(col);
+        free(ia);
+        free(ja);
+        free(ar);
+        return CM_ENOMEM;
+    }
+    glp_prob *lp = glp_create_prob();
+    glp_set_obj_dir(lp, GLP_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (!p->peers[i].inbound)
+            continue;
+        col[i] = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, col[i], GLP_DB, 0, x->M[i]);
+    }
+    /* H = sum_i h_i, so that "every receiver downloads every other part" is two
+     * entries per row instead of n. */
+    int H = glp_add_cols(lp, 1);
+    glp_set_col_bnds(lp, H, GLP_LO, 0, 0);
+    glp_set_obj_coef(lp, H, 1);
+    size_t nz = 0;
+#define PUT(row, c, v) (nz++, ia[nz] = (row), ja[nz] = (c), ar[nz] = (v))
+    int row = glp_add_rows(lp, 1);
+    glp_set_row_bnds(lp, row, GLP_FX, 0, 0);
+    PUT(row, H, 1);
+    for (size_t i = 0; i < n; i++)
+        if (col[i])
+            PUT(row, col[i], -1);
+    for (size_t i = 0; i < n; i++) {
+        int recv_i = p->peers[i].samples_per_s > 0, on_i = on[i] != 0;
+        const double G = p->gradient_mbit;
+        /* download: (ncomp - on_i) h_i + recv_i (H - h_i) */
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].down_mbps / G);
+        if (col[i] && (double)ncomp - on_i - recv_i != 0)
+            PUT(row, col[i], (double)ncomp - on_i - recv_i);
+        if (recv_i)
+            PUT(row, H, 1);
+        /* upload: on_i (H - h_i) + (nrecv - recv_i) h_i */
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
+        if (col[i] && (double)nrecv - recv_i - on_i != 0)
+            PUT(row, col[i], (double)nrecv - recv_i - on_i);
+        if (on_i)
+            PUT(row, H, 1);
+        for (size_t j = 0; j < n; j++) {
+            double t = x->tmin[i * n + j];
+            int send = on_i && col[j], ret = col[i] && p->peers[j].samples_per_s > 0;
+            if (!isfinite(t) || (!send && !ret))
+                continue;
+            row = glp_add_rows(lp, 1);
+            glp_set_row_bnds(lp, row, GLP_UP, 0, t);
+            if (send)
+                PUT(row, col[j], 1);
+            if (ret)
+                PUT(row, col[i], 1);
+        }
+    }
+#undef PUT
+    glp_load_matrix(lp, (int)nz, ia, ja, ar);
+    free(ia);
+    free(ja);
+    free(ar);
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.meth = GLP_PRIMAL;
+    parm.presolve = GLP_ON;
+    int rc = glp_simplex(lp, &parm);
+    x->iters += glp_get_it_cnt(lp);
+    x->evals++;
+    if (rc != 0 || glp_get_status(lp) != GLP_OPT) {
+        CM_LOGE("sched", "GLPK: fixed-role LP failed (code %d, status %d)", rc,
+                glp_get_status(lp));
+        glp_delete_prob(lp);
+        free(col);
+        return CM_EINTERNAL;
+    }
+    *net = glp_get_obj_val(lp);
+    for (size_t i = 0; h && i < n; i++)
+        h[i] = col[i] ? fmax(0, glp_get_col_prim(lp, col[i])) : 0;
+    glp_delete_prob(lp);
+    free(col);
+    return CM_OK;
+}
+
+struct search {
+    struct sched__ctx *x;
+    size_t n;
+    unsigned char *best, *tmp;
+    double best_tp, best_net;
+};
+
+static int try_roles(struct search *s, const unsigned char *on)
+{
+    double compute = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (on[i])
+            compute += s->x->scale_s[i];
+    if (!(compute > 0))
+        return CM_OK;
+    if (compute <= s->best_tp * (1 + BETTER))
+        return CM_OK; /* cannot beat the best whatever the network does */
+    double net = 0;
+    int rc = sched__roles_eval(s->x, on, NULL, &net);
+    if (rc != CM_OK)
+        return rc;
+    double tp = fmin(compute, net);
+    if (tp > s->best_tp * (1 + BETTER) + 1e-300) {
+        s->best_tp = tp;
+        s->best_net = net;
+        if (s->best != on)
+            memcpy(s->best, on, s->n);
+    }
+    return CM_OK;
+}
+
+static const struct sched_problem *g_sort_p; /* only under sched_lp.c's GLPK mutex */
+static int by_upload_desc(const void *a, const void *b)
+{
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    double ui = g_sort_p->peers[i].up_mbps, uj = g_sort_p->peers[j].up_mbps;
+    if (ui != uj)
+        return ui > uj ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+int sched__roles_choose(struct sched__ctx *x, const double *c, unsigned char *on_out,
+                        double *h_out, double *net_out)
+{
+    const struct sched_problem *p = x->p;
+    size_t n = p->n, nc = 0;
+    struct search s = {x, n, calloc(n, 1), calloc(n, 1), -1, 0};
+    size_t *order = calloc(n, sizeof *order);
+    int rc = CM_OK;
+    if (!s.best || !s.tmp || !order) {
+        rc = CM_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (p->peers[i].samples_per_s > 0)
+            order[nc++] = i;
+    g_sort_p = p;
+    qsort(order, nc, sizeof *order, by_upload_desc);
+    if (nc <= EXACT_ROLES) {
+        /* Masks from all-on downwards, so ties keep the first (more peers computing). */
+        for (unsigned mask = (1u << nc) - 1; mask > 0 && rc == CM_OK; mask--) {
+            memset(s.tmp, 0, n);
+            for (size_t k = 0; k < nc; k++)
+                s.tmp[order[k]] = (unsigned char)((mask >> (nc - 1 - k)) & 1);
+            rc = try_roles(&s, s.tmp);
+        }
+        goto finish;
+    }
+    memset(s.tmp, 0, n);
+    for (size_t k = 0; k < nc; k++)
+        s.tmp[order[k]] = 1;
+    if ((rc = try_roles(&s, s.tmp)) != CM_OK)
+        goto out;
+    for (int up = 1; up >= 0; up--) {
+        for (size_t i = 0; i < n; i++)
+            s.tmp[i] = p->peers[i].samples_per_s > 0 && (up ? c[i] > C_ONE : c[i] >= 1 - C_ONE);
+        if ((rc = try_roles(&s, s.tmp)) != CM_OK)
+            goto out;
+    }
+    for (size_t k = nc - nc / 8; k >= 1; k = k > 1 ? (k * 3) / 4 : 0) {
+        memset(s.tmp, 0, n);
+        for (size_t j = 0; j < k; j++)
+            s.tmp[order[j]] = 1;
+        if ((rc = try_roles(&s, s.tmp)) != CM_OK)
+            goto out;
+    }
+    for (int pass = 0, improved = 1; improved && pass < LOCAL_PASSES; pass++) {
+        improved = 0;
+        for (size_t k = 0; k < nc; k++) {
+            memcpy(s.tmp, s.best, n);
+            s.tmp[order[k]] ^= 1;
+            double before = s.best_tp;
+            if ((rc = try_roles(&s, s.tmp)) != CM_OK)
+                goto out;
+            improved |= s.best_tp > before;
+        }
+    }
+finish:
+    if (rc == CM_OK && s.best_tp < 0)
+        rc = CM_ESTATE; /* no assignment with a computing peer: excluded by validation */
+    if (rc == CM_OK) {
+        memcpy(on_out, s.best, n);
+        rc = sched__roles_eval(x, s.best, h_out, net_out);
+    }
+out:
+    free(s.best);
+    free(s.tmp);
+    free(order);
+    return rc;
+}
