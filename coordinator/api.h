@@ -41,6 +41,8 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp);
 /* api_sched.c */
 void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);
+void api_schedules_list(struct coord_req *req, struct coord_resp *resp);
+void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
 
 /* Validates a {} path parameter that names a run or user; sets 404/400. */
 int api_name_param(struct coord_req *req, struct coord_resp *resp, int i, const char *what);

@@ -14,6 +14,9 @@
  *      key and stored with its inputs, result and solve time. A
  *      transaction-level advisory lock per run makes one coordinator solve
  *      while the others wait and then serve its result.
+ *  GET  /api/v1/runs/{run}/schedules[/{version}]  organizers and auditors:
+ *      past schedules with the inputs and per-peer results they were
+ *      solved from.
  *
  * The signed bytes are documented in docs/protocol.md ("Schedules"). */
 #include "coordinator/api.h"
@@ -726,4 +729,118 @@ void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
 out:
     free(nw.payload);
     inputs_free(&in);
+}
+
+/* ---- organizers and auditors: why did a peer get its role ---- */
+
+COORD_DB_STMT(S_HIST_LIST, 1,
+              "SELECT s.version, s.kid, extract(epoch from s.created_at)::bigint, "
+              "extract(epoch from s.valid_from)::bigint, extract(epoch from s.valid_until)::bigint, "
+              "s.solve_ms, jsonb_array_length(s.result->'peers'), "
+              "(s.result->>'group_size')::int, (s.result->>'steps_per_s')::float8, "
+              "s.inputs_sha256 FROM schedules s JOIN runs r ON r.id = s.run_id "
+              "WHERE r.name = $1 ORDER BY s.version DESC LIMIT 100");
+COORD_DB_STMT(S_HIST_ONE, 2,
+              "SELECT s.kid, extract(epoch from s.created_at)::bigint, "
+              "extract(epoch from s.valid_from)::bigint, extract(epoch from s.valid_until)::bigint, "
+              "s.solve_ms, s.inputs::text, s.result::text, s.payload, encode(s.signature, 'hex') "
+              "FROM schedules s JOIN runs r ON r.id = s.run_id "
+              "WHERE r.name = $1 AND s.version = $2");
+COORD_DB_STMT(S_RUN_KNOWN, 1, "SELECT 1 FROM runs WHERE name = $1");
+
+void api_schedules_list(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
+        return;
+    const char *p[] = {req->params[0]};
+    PGresult *r = coord_db_exec(req->db, &S_RUN_KNOWN, p, NULL);
+    int known = r && PQntuples(r) == 1;
+    if (r)
+        PQclear(r);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (!known) {
+        coord_resp_error(resp, 404, "not_found", "no such run");
+        return;
+    }
+    if (!(r = coord_db_exec(req->db, &S_HIST_LIST, p, NULL))) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    json_t *a = json_array();
+    for (int i = 0; i < PQntuples(r); i++)
+        json_array_append_new(
+            a, json_pack("{s:I, s:s, s:I, s:I, s:I, s:f, s:i, s:i, s:f, s:s}", "version",
+                         (json_int_t)strtoll(PQgetvalue(r, i, 0), NULL, 10), "kid",
+                         PQgetvalue(r, i, 1), "created_at",
+                         (json_int_t)strtoll(PQgetvalue(r, i, 2), NULL, 10), "valid_from",
+                         (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "valid_until",
+                         (json_int_t)strtoll(PQgetvalue(r, i, 4), NULL, 10), "solve_ms",
+                         strtod(PQgetvalue(r, i, 5), NULL), "peers", atoi(PQgetvalue(r, i, 6)),
+                         "group_size", atoi(PQgetvalue(r, i, 7)), "steps_per_s",
+                         strtod(PQgetvalue(r, i, 8), NULL), "inputs_sha256",
+                         PQgetvalue(r, i, 9)));
+    PQclear(r);
+    coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "schedules", a));
+}
+
+void api_schedules_get(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!api_name_param(req, resp, 0, "run"))
+        return;
+    char *end = NULL;
+    long long v = req->nparams > 1 ? strtoll(req->params[1], &end, 10) : 0;
+    if (v <= 0 || !end || *end) {
+        coord_resp_error(resp, 404, "not_found", "no such schedule version");
+        return;
+    }
+    if (!coord_req_db(req, resp))
+        return;
+    char vs[24];
+    snprintf(vs, sizeof vs, "%lld", v);
+    const char *p[] = {req->params[0], vs};
+    PGresult *r = coord_db_exec(req->db, &S_HIST_ONE, p, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        coord_resp_error(resp, 404, "not_found", "run '%s' has no schedule version %lld",
+                         req->params[0], v);
+        return;
+    }
+    json_t *inputs = json_loads(PQgetvalue(r, 0, 5), 0, NULL);
+    json_t *result = json_loads(PQgetvalue(r, 0, 6), 0, NULL);
+    const char *payload = PQgetvalue(r, 0, 7), *sighex = PQgetvalue(r, 0, 8);
+    size_t plen = strlen(payload), n = 0;
+    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1), sig64[128];
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    if (!inputs || !result || !p64 ||
+        cm_hex_decode(sighex, strlen(sighex), sig, sizeof sig, &n) != CM_OK || n != sizeof sig) {
+        json_decref(inputs);
+        json_decref(result);
+        free(p64);
+        PQclear(r);
+        coord_resp_error(resp, 500, "internal", "stored schedule is unreadable");
+        return;
+    }
+    cm_b64url_encode(payload, plen, p64);
+    cm_b64url_encode(sig, sizeof sig, sig64);
+    json_t *o = json_pack("{s:s, s:I, s:s, s:I, s:I, s:I, s:f, s:o, s:o, s:s, s:s}", "run",
+                          req->params[0], "version", (json_int_t)v, "kid", PQgetvalue(r, 0, 0),
+                          "created_at", (json_int_t)strtoll(PQgetvalue(r, 0, 1), NULL, 10),
+                          "valid_from", (json_int_t)strtoll(PQgetvalue(r, 0, 2), NULL, 10),
+                          "valid_until", (json_int_t)strtoll(PQgetvalue(r, 0, 3), NULL, 10),
+                          "solve_ms", strtod(PQgetvalue(r, 0, 4), NULL), "inputs", inputs,
+                          "result", result, "payload", p64, "signature", sig64);
+    free(p64);
+    PQclear(r);
+    if (!o) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    coord_resp_json(resp, 200, o);
 }

@@ -339,6 +339,40 @@ static void test_schedule_served_and_resolved(void **state)
                             "(r->>'compute')::boolean = false"),
                      SCHED_SHARE_TOTAL);
 
+    /* ... and readable over the API by organizers and auditors, not volunteers. */
+    struct ct_resp h;
+    ct_http(&g_c, "GET", "/api/v1/runs/resnet/schedules", g_org, NULL, &h);
+    assert_int_equal(h.status, 200);
+    json_t *list = json_object_get(h.json, "schedules");
+    assert_int_equal(json_array_size(list), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(list, 0), "version")),
+                     v1 + 1);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(list, 0), "peers")), 9);
+    ct_resp_free(&h);
+    char hp[96];
+    snprintf(hp, sizeof hp, "/api/v1/runs/resnet/schedules/%lld", v1);
+    ct_http(&g_c, "GET", hp, g_org, NULL, &h);
+    assert_int_equal(h.status, 200);
+    assert_int_equal(json_array_size(json_object_get(json_object_get(h.json, "inputs"), "peers")),
+                     8);
+    json_t *rp = json_object_get(json_object_get(h.json, "result"), "peers");
+    int ps_seen = 0;
+    size_t ri;
+    json_t *re;
+    json_array_foreach(rp, ri, re) {
+        if (!strcmp(json_string_value(json_object_get(re, "peer_public_key")), g_pk[7])) {
+            ps_seen = 1;
+            assert_int_equal(json_integer_value(json_object_get(re, "share")), SCHED_SHARE_TOTAL);
+            assert_false(json_is_true(json_object_get(re, "compute")));
+        }
+    }
+    assert_true(ps_seen);
+    ct_resp_free(&h);
+    expect("GET", hp, g_vol, NULL, 403, NULL);
+    expect("GET", "/api/v1/runs/resnet/schedules/999", g_org, NULL, 404, "not_found");
+    expect("GET", "/api/v1/runs/resnet/schedules/x1", g_org, NULL, 404, "not_found");
+    expect("GET", "/api/v1/runs/nope/schedules", g_org, NULL, 404, "not_found");
+
     /* The parameter server leaves (its report expires): the GPU peers average among
      * themselves, each aggregating a part. */
     assert_int_equal(ct_pg_exec(&g_pg,
