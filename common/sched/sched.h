@@ -57,6 +57,7 @@ struct sched_problem {
     size_t n;
     double target_batch;  /* B, samples per optimizer step */
     double gradient_mbit; /* P x bits per parameter / 1e6 */
+    int all_compute;      /* 1: every peer with s_i > 0 computes (no role search) */
 };
 
 struct sched_peer_plan {

@@ -203,6 +203,12 @@ int sched__roles_choose(struct sched__ctx *x, const double *c, unsigned char *on
             order[nc++] = i;
     g_sort_p = p;
     qsort(order, nc, sizeof *order, by_upload_desc);
+    if (p->all_compute) {
+        for (size_t k = 0; k < nc; k++)
+            s.tmp[order[k]] = 1;
+        rc = try_roles(&s, s.tmp);
+        goto finish;
+    }
     if (nc <= EXACT_ROLES) {
         /* Masks from all-on downwards, so ties keep the first (more peers computing). */
         for (unsigned mask = (1u << nc) - 1; mask > 0 && rc == CM_OK; mask--) {

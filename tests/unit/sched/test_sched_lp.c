@@ -108,6 +108,17 @@ static void test_parameter_server(void **state)
     /* Better than the pure parameter server (2500/16 Mbit/s per worker) and than all-reduce. */
     assert_true(s.steps_per_s > 2500.0 / 16 / G_RESNET50);
     assert_true(s.steps_per_s > 16 * 200 / 30.0 / G_RESNET50);
+    double searched = s.steps_per_s;
+    sched_solution_cleanup(&s);
+    /* Every GPU peer computing (no role search): still a parameter server, not faster. */
+    struct sched_problem all = {d, 17, 4096, G_RESNET50, 1};
+    char err[256];
+    assert_int_equal(sched_solve(&all, &s, err, sizeof err), CM_OK);
+    for (int i = 0; i < 16; i++)
+        assert_true(s.peers[i].compute);
+    assert_true(s.peers[16].share > SCHED_SHARE_TOTAL / 2);
+    assert_true(s.steps_per_s <= searched * (1 + 1e-9));
+    assert_true(s.network_rate > 2500.0 / 16 / G_RESNET50);
     sched_solution_cleanup(&s);
 }
 
