@@ -246,11 +246,6 @@ static int simplex(glp_prob *lp, int presolve, int *iters)
     parm.presolve = presolve ? GLP_ON : GLP_OFF;
     int before = glp_get_it_cnt(lp);
     int rc = glp_simplex(lp, &parm);
-    if (rc == GLP_EBADB || rc == GLP_ESING || rc == GLP_ECOND) {
-        /* A warm start from a basis the presolver did not hand back: start over. */
-        glp_adv_basis(lp, 0);
-        rc = glp_simplex(lp, &parm);
-    }
     *iters += glp_get_it_cnt(lp) - before;
     if (rc != 0) {
         CM_LOGE("sched", "GLPK simplex failed (code %d)", rc);
