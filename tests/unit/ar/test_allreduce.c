@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ar/ar.h"
 #include "ar/ar_codec.h"
@@ -402,6 +403,30 @@ static void test_consecutive_rounds(void **s)
         }
         grp_run(&g, NULL, -1, 0, 20000);
         check_exact(&g, 0x7);
+        if (step == 0) {
+            /* pass renewal between steps: fresh tokens, same keys */
+            for (size_t i = 0; i < 3; i++) {
+                struct cm_pass_claims c = {.version = 1};
+                int64_t now = (int64_t)time(NULL);
+                c.issued_at = now - 10;
+                c.expires_at = now + 600;
+                snprintf(c.username, sizeof c.username, "peer%zu", i);
+                snprintf(c.run, sizeof c.run, "%s", g.tk.run);
+                snprintf(c.pass_id, sizeof c.pass_id, "r%zu", i);
+                memcpy(c.peer_public_key, g.p[i].id.key.pub, 32);
+                char *tok;
+                assert_int_equal(cm_token_sign(&g.tk.coord, &c, &tok), 0);
+                assert_int_equal(ar_engine_set_token(g.p[i].eng, tok), 0);
+                free(g.p[i].id.token);
+                g.p[i].id.token = tok;
+            }
+            /* the old passes are revoked: a host still using one would be refused */
+            const char *old[] = {"1", "2", "3"};
+            for (size_t i = 0; i < 3; i++)
+                assert_int_equal(p2p_auth_set_revoked(p2p_ctx_auth(g.p[i].ctx), old, 3,
+                                                      (int64_t)time(NULL)),
+                                 0);
+        }
     }
     /* step 101 is over: starting it again is refused */
     g.base.step = 101;
