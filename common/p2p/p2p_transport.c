@@ -928,8 +928,9 @@ static void handle_request(struct p2p_conn *c, struct p2p_envelope *env)
     free(resp);
     /* Backpressure: a peer that asks faster than we can answer stops being
      * read until its responses drain. */
-    if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue) {
+    if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
         c->bp_paused = 1;
+        ctx->st.backpressure_pauses++;
         read_stop(c);
     }
 }

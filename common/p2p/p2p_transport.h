@@ -107,6 +107,7 @@ struct p2p_stats {
     uint64_t conns_opened, conns_accepted, conns_evicted, conns_refused, drops;
     uint64_t retries; /* requests sent again after their connection died under them */
     uint64_t conns_waited; /* connections that waited for a descriptor (budget reached) */
+    uint64_t backpressure_pauses; /* times a peer's connection stopped being read */
 };
 
 int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out);

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -482,6 +483,79 @@ static void test_slow_and_idle(void **state)
     p2p_ctx_free(ctx);
 }
 
+/* A peer that sends requests and never reads the answers: once the
+ * answers queued for it exceed max_conn_queue the server stops reading that
+ * connection (its memory stays bounded) and keeps serving others. */
+static void test_backpressure(void **state)
+{
+    struct env *e = *state;
+    struct p2p_ctx *ctx;
+    struct p2p_ctx_config cc = {.loop = &e->loop, .auth = p2p_tk_auth_config(&e->tk),
+                                .max_conn_queue = 64 * 1024};
+    assert_int_equal(p2p_ctx_new(&cc, &ctx), 0);
+    struct p2p_host *h;
+    struct p2p_host_config hc = {.key = &e->a.key, .token = e->a.token, .listen_ip = "127.0.0.1",
+                                 .on_request = echo, .arg = e};
+    assert_int_equal(p2p_host_new(ctx, &hc, &h), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons(p2p_host_port(h))};
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    /* type-100 echo requests with 2 KiB bodies, never reading the answers */
+    static uint8_t body[2048];
+    struct p2p_envelope_out o = {.kind = P2P_KIND_REQUEST, .type = 100, .token = e->evil.token,
+                                 .recipient = e->a.key.pub, .body = body, .body_len = sizeof body};
+    int sent = 0, blocked = 0;
+    int64_t end = p2p_now_ms() + 10000;
+    while (!blocked && p2p_now_ms() < end && sent < 20000) {
+        o.request_id = (uint64_t)sent;
+        o.time_ms = p2p_now_ms();
+        cm_random_bytes(o.nonce, 16);
+        uint8_t *f;
+        size_t len, off = 0;
+        assert_int_equal(p2p_envelope_build(&e->evil.key, &o, &f, &len), 0);
+        int64_t stall = p2p_now_ms() + 1000;
+        while (off < len) {
+            ssize_t n = send(fd, f + off, len - off, MSG_NOSIGNAL);
+            if (n > 0) {
+                off += (size_t)n;
+                continue;
+            }
+            uv_run(&e->loop, UV_RUN_NOWAIT);
+            if (p2p_now_ms() > stall) { /* the server stopped reading us */
+                blocked = 1;
+                break;
+            }
+        }
+        free(f);
+        sent++;
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+    }
+    struct p2p_stats st;
+    p2p_ctx_stats(ctx, &st);
+    printf("backpressure: %d requests sent before the server stopped reading, %llu pauses\n",
+           sent, (unsigned long long)st.backpressure_pauses);
+    assert_true(blocked);
+    assert_true(st.backpressure_pauses >= 1);
+    /* Others are still served, by this same host. */
+    struct sockaddr_storage a;
+    char as[64];
+    snprintf(as, sizeof as, "127.0.0.1:%u", p2p_host_port(h));
+    p2p_addr_parse(as, &a);
+    struct result r = {0};
+    assert_int_equal(p2p_request(e->hb, (struct sockaddr *)&a, e->a.key.pub, 100,
+                                 (const uint8_t *)"ab", 2, 3000, on_resp, &r),
+                     0);
+    run_until(e, &r.done, 5000);
+    assert_int_equal(r.status, 0);
+    close(fd);
+    p2p_host_close(h);
+    p2p_ctx_free(ctx);
+}
+
 static void test_addresses(void **state)
 {
     (void)state;
@@ -511,6 +585,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flood, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_and_idle, setup, teardown),
         cmocka_unit_test(test_addresses),
+        cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
