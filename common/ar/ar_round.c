@@ -678,6 +678,8 @@ static int check_config(const struct ar_engine *e, const struct ar_round_config 
         return CM_EINVAL;
     if (c->max_norm < 0 || c->max_weight < 0 || isnan(c->max_norm) || isnan(c->max_weight))
         return CM_EINVAL;
+    if (c->n / ar_chunk_elems(c) >= UINT32_MAX) /* chunk indices travel as uint32 */
+        return CM_EINVAL;
     const struct ar_member *me = &c->members[c->my_index];
     if (memcmp(me->pub, e->key->pub, CM_ED25519_PUB_LEN))
         return CM_EINVAL;
