@@ -285,6 +285,24 @@ static void test_exact_mean_2_to_8(void **s)
     }
 }
 
+/* A group of one (a peer alone in its step): done on the next loop turn,
+ * the buffer unchanged bit for bit (its own weighted mean). */
+static void test_group_of_one(void **s)
+{
+    (void)s;
+    double frac[] = {1};
+    int sends[] = {1}, listen[] = {1};
+    struct grp g;
+    grp_init(&g, 1, 5000, frac, sends, listen, NULL);
+    grp_run(&g, NULL, -1, 0, 5000);
+    assert_true(g.p[0].done);
+    assert_int_equal(g.p[0].res.status, 0);
+    assert_int_equal(g.p[0].res.n_averaged, 1);
+    assert_memory_equal(g.p[0].buf, g.p[0].orig, g.n * sizeof(float));
+    assert_int_equal(g.p[0].res.bytes_sent, 0);
+    grp_cleanup(&g);
+}
+
 /* A buffer smaller than one alignment unit per aggregator: some parts are
  * empty; nothing waits for them and the mean is still exact. */
 static void test_tiny_buffer(void **s)
@@ -940,6 +958,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_mean_2_to_8),
+        cmocka_unit_test(test_group_of_one),
         cmocka_unit_test(test_tiny_buffer),
         cmocka_unit_test(test_client_and_aux),
         cmocka_unit_test(test_bad_config),
