@@ -116,7 +116,7 @@ static void grp_init(struct grp *g, size_t m, size_t n, const double *frac, cons
     g->base = (struct ar_round_config){.step = 42, .group_id = (const uint8_t *)"grp-a",
                                        .group_id_len = 5, .members = g->mem, .n_members = m,
                                        .n = n, .comp = AR_COMP_NONE, .chunk_elems = 1024,
-                                       .deadline_ms = 20000, .stall_ms = 600, .linger_ms = 2000,
+                                       .deadline_ms = 20000, .stall_ms = 1500, .linger_ms = 3000,
                                        .done = on_done};
 }
 
@@ -318,7 +318,7 @@ static void test_tiny_buffer(void **s)
     for (size_t k = 0; k < g.p[0].res.n_parts; k++)
         empty += g.p[0].parts[k].len == 0;
     assert_true(empty >= 1);
-    assert_true(g.p[0].res.ms_total < 2000);
+    assert_true(g.p[0].res.ms_total < 5000);
     grp_cleanup(&g);
 }
 
