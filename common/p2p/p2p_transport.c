@@ -98,6 +98,7 @@ struct p2p_ctx {
     size_t nconns, max_conns;
     size_t fds; /* descriptors held by connections, closing ones included */
     size_t conn_handles; /* connection handles not yet closed */
+    size_t rx_held, max_rx_held; /* bytes of partial frames held by connections */
     int freeing;
     struct p2p_conn *fdwait_head, *fdwait_tail;
     uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */
@@ -175,6 +176,7 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
     c->idle_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms : 60000;
     c->frame_ms = cfg->frame_timeout_ms ? cfg->frame_timeout_ms : 30000;
     c->max_queue = cfg->max_conn_queue ? cfg->max_conn_queue : 8u << 20;
+    c->max_rx_held = cfg->max_rx_buffered ? cfg->max_rx_buffered : 64u << 20;
     c->max_conns = cfg->max_conns;
     if (!c->max_conns) {
         /* Each connection is one descriptor; keep a quarter of the limit
@@ -352,6 +354,7 @@ static void conn_handle_closed(uv_handle_t *hd)
     struct p2p_host *h = c->h;
     struct p2p_ctx *ctx = h->ctx;
     int had_fd = c->has_fd;
+    ctx->rx_held -= c->rx_cap;
     free(c->rx);
     free(c);
     host_handle_closed(h);
@@ -699,8 +702,30 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
         buf->len = want;
         return;
     }
+    /* Read no further than the end of the frame in progress: the buffer then
+     * holds exactly one partial frame, and the next frames are decoded from
+     * the shared buffer again. */
+    size_t need = P2P_FRAME_HDR_LEN - (c->rx_len < P2P_FRAME_HDR_LEN ? c->rx_len : 0);
+    struct p2p_frame_hdr fh;
+    if (c->rx_len >= P2P_FRAME_HDR_LEN && p2p_frame_parse_hdr(c->rx, c->rx_len, &fh) == CM_OK &&
+        P2P_FRAME_HDR_LEN + (size_t)fh.length > c->rx_len)
+        need = P2P_FRAME_HDR_LEN + (size_t)fh.length - c->rx_len;
+    if (need && want > need)
+        want = need;
     if (c->rx_cap - c->rx_len < want) {
         size_t ncap = c->rx_len + want;
+        size_t room = ctx->max_rx_held > ctx->rx_held ? ctx->max_rx_held - ctx->rx_held : 0;
+        if (ncap - c->rx_cap > room) {
+            /* Partial frames of all connections together are bounded: this
+             * one reads what is left of the bound, and when nothing is left
+             * it is refused (read_cb drops it on UV_ENOBUFS). */
+            if (room == 0) {
+                buf->base = NULL;
+                buf->len = 0;
+                return;
+            }
+            ncap = c->rx_cap + room;
+        }
         uint8_t *n = realloc(c->rx, ncap);
         if (!n) {
             buf->base = NULL;
@@ -708,8 +733,11 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
             return;
         }
         c->rx = n;
+        ctx->rx_held += ncap - c->rx_cap;
         c->rx_cap = ncap;
     }
+    if (want > c->rx_cap - c->rx_len)
+        want = c->rx_cap - c->rx_len;
     buf->base = (char *)c->rx + c->rx_len;
     buf->len = want;
 }
@@ -754,6 +782,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (nread == 0)
         return;
+    if (nread == UV_ENOBUFS && c->state == C_OPEN) {
+        conn_drop(c, P2P_REJ_MALFORMED, "receive memory limit reached");
+        return;
+    }
     if (nread < 0) {
         conn_close(c, nread == UV_EOF ? CM_ECLOSED : CM_ECONN);
         return;
@@ -813,6 +845,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     size_t left = dlen - off;
     if (shared) {
         if (left) { /* keep the partial frame on the connection */
+            if (ctx->rx_held + left > ctx->max_rx_held) {
+                conn_drop(c, P2P_REJ_MALFORMED, "receive memory limit reached");
+                return;
+            }
             uint8_t *n = realloc(c->rx, left);
             if (!n) {
                 conn_close(c, CM_ENOMEM);
@@ -820,6 +856,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             }
             memcpy(n, data + off, left);
             c->rx = n;
+            ctx->rx_held += left - c->rx_cap;
             c->rx_cap = c->rx_len = left;
         }
         return;
@@ -829,6 +866,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         c->rx_len = left;
     }
     if (c->rx_len == 0) {
+        ctx->rx_held -= c->rx_cap;
         free(c->rx);
         c->rx = NULL;
         c->rx_cap = 0;

@@ -556,6 +556,53 @@ static void test_backpressure(void **state)
     p2p_ctx_free(ctx);
 }
 
+/* Partial frames of all connections together are bounded: senders that
+ * start large frames and stall are dropped once the bound is reached. */
+static void test_rx_memory_bound(void **state)
+{
+    struct env *e = *state;
+    struct p2p_ctx *ctx;
+    struct p2p_ctx_config cc = {.loop = &e->loop, .auth = p2p_tk_auth_config(&e->tk),
+                                .max_rx_buffered = 150 * 1024};
+    assert_int_equal(p2p_ctx_new(&cc, &ctx), 0);
+    struct p2p_host *h;
+    struct p2p_host_config hc = {.key = &e->a.key, .token = e->a.token, .listen_ip = "127.0.0.1",
+                                 .on_request = echo, .arg = e};
+    assert_int_equal(p2p_host_new(ctx, &hc, &h), 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                             .sin_port = htons(p2p_host_port(h))};
+    static uint8_t chunk[60 * 1024];
+    /* header announcing 300 KiB, then 60 KiB of it */
+    const uint8_t hdr[8] = {'C', 'T', 1, 0, 0x00, 0x04, 0xb0, 0x00};
+    int fds[6];
+    for (int i = 0; i < 6; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+        assert_int_equal(send(fds[i], hdr, 8, MSG_NOSIGNAL), 8);
+        assert_int_equal(send(fds[i], chunk, sizeof chunk, MSG_NOSIGNAL), (ssize_t)sizeof chunk);
+        for (int k = 0; k < 50; k++)
+            uv_run(&e->loop, UV_RUN_NOWAIT);
+    }
+    for (int k = 0; k < 200; k++)
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+    assert_true(p2p_auth_rejects(p2p_ctx_auth(ctx), P2P_REJ_MALFORMED) >= 3);
+    for (int i = 0; i < 6; i++)
+        close(fds[i]);
+    /* honest peers are still served */
+    struct sockaddr_storage a;
+    char as[64];
+    snprintf(as, sizeof as, "127.0.0.1:%u", p2p_host_port(h));
+    p2p_addr_parse(as, &a);
+    struct result r = {0};
+    assert_int_equal(p2p_request(e->hb, (struct sockaddr *)&a, e->a.key.pub, 100,
+                                 (const uint8_t *)"ab", 2, 3000, on_resp, &r),
+                     0);
+    run_until(e, &r.done, 5000);
+    assert_int_equal(r.status, 0);
+    p2p_host_close(h);
+    p2p_ctx_free(ctx);
+}
+
 static void test_addresses(void **state)
 {
     (void)state;
@@ -585,6 +632,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flood, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_and_idle, setup, teardown),
         cmocka_unit_test(test_addresses),
+        cmocka_unit_test_setup_teardown(test_rx_memory_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
