@@ -603,6 +603,31 @@ static void test_rx_memory_bound(void **state)
     p2p_ctx_free(ctx);
 }
 
+/* The same exchange over IPv6 loopback, when the machine has it. */
+static void test_ipv6(void **state)
+{
+    struct env *e = *state;
+    struct p2p_host *h6;
+    struct p2p_host_config hc = {.key = &e->a.key, .token = e->a.token, .listen_ip = "::1",
+                                 .on_request = echo, .arg = e};
+    if (p2p_host_new(e->ctx, &hc, &h6) != 0) {
+        printf("ipv6: no ::1 on this machine, part skipped\n");
+        return;
+    }
+    char as[64];
+    struct sockaddr_storage a;
+    snprintf(as, sizeof as, "[::1]:%u", p2p_host_port(h6));
+    assert_int_equal(p2p_addr_parse(as, &a), 0);
+    struct result r = {0};
+    assert_int_equal(p2p_request(e->hb, (struct sockaddr *)&a, e->a.key.pub, 100,
+                                 (const uint8_t *)"v6", 2, 3000, on_resp, &r),
+                     0);
+    run_until(e, &r.done, 5000);
+    assert_int_equal(r.status, 0);
+    assert_memory_equal(r.body, "6v", 2);
+    p2p_host_close(h6);
+}
+
 static void test_addresses(void **state)
 {
     (void)state;
@@ -632,6 +657,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flood, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_and_idle, setup, teardown),
         cmocka_unit_test(test_addresses),
+        cmocka_unit_test_setup_teardown(test_ipv6, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rx_memory_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
     };
