@@ -7,6 +7,12 @@
 
 #include "cm_err.h"
 
+struct dht_author {
+    struct dht_author *next;
+    uint8_t pub[32];
+    size_t n;
+};
+
 struct dht_kv {
     struct dht_kv *next;
     uint8_t key[DHT_ID_LEN];
@@ -26,6 +32,13 @@ int dht_store_init(struct dht_store *s, size_t max_records, size_t max_per_key, 
     s->max_records = max_records ? max_records : 65536;
     s->max_per_key = max_per_key ? max_per_key : 1024;
     s->max_ttl_ms = max_ttl_ms ? max_ttl_ms : 7LL * 24 * 3600 * 1000;
+    s->max_per_author = s->max_records / 4 ? s->max_records / 4 : 1;
+    s->nauthor_buckets = 256;
+    if (!(s->authors = calloc(s->nauthor_buckets, sizeof *s->authors))) {
+        free(s->buckets);
+        s->buckets = NULL;
+        return CM_ENOMEM;
+    }
     return CM_OK;
 }
 
@@ -49,6 +62,46 @@ void dht_store_cleanup(struct dht_store *s)
     free(s->buckets);
     s->buckets = NULL;
     s->nrecords = 0;
+    for (size_t i = 0; s->authors && i < s->nauthor_buckets; i++)
+        for (struct dht_author *a = s->authors[i], *n; a; a = n) {
+            n = a->next;
+            free(a);
+        }
+    free(s->authors);
+    s->authors = NULL;
+}
+
+/* The author's record count (created at 0 when `create`). */
+static struct dht_author *author_get(struct dht_store *s, const uint8_t *pub, int create)
+{
+    size_t i = ((size_t)pub[0] | (size_t)pub[1] << 8) % s->nauthor_buckets;
+    for (struct dht_author *a = s->authors[i]; a; a = a->next)
+        if (!memcmp(a->pub, pub, 32))
+            return a;
+    if (!create)
+        return NULL;
+    struct dht_author *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    memcpy(a->pub, pub, 32);
+    a->next = s->authors[i];
+    s->authors[i] = a;
+    return a;
+}
+
+static void author_dec(struct dht_store *s, const uint8_t *pub)
+{
+    size_t i = ((size_t)pub[0] | (size_t)pub[1] << 8) % s->nauthor_buckets;
+    for (struct dht_author **pp = &s->authors[i]; *pp; pp = &(*pp)->next) {
+        struct dht_author *a = *pp;
+        if (memcmp(a->pub, pub, 32))
+            continue;
+        if (a->n && --a->n == 0) { /* authors with nothing stored cost nothing */
+            *pp = a->next;
+            free(a);
+        }
+        return;
+    }
 }
 
 static size_t slot_of(const struct dht_store *s, const uint8_t *key)
@@ -111,14 +164,32 @@ int dht_store_put(struct dht_store *s, const struct dht_record *r, int64_t now_m
         /* Newest wins: a record replaces one with an earlier expiration. */
         if (slot->expires_ms >= r->expires_ms)
             return CM_ESTATE;
+        struct dht_author *na = NULL;
+        int other = memcmp(slot->author, r->author, 32) != 0;
+        if (other) {
+            na = author_get(s, r->author, 1);
+            if (!na)
+                return CM_ENOMEM;
+            if (na->n >= s->max_per_author)
+                return CM_ETOOBIG;
+        }
         struct dht_record copy;
         if (dht_record_copy(&copy, r))
             return CM_ENOMEM;
+        if (other) {
+            author_dec(s, slot->author);
+            na->n++;
+        }
         dht_record_cleanup(slot);
         *slot = copy;
         return CM_OK;
     }
     if (s->nrecords >= s->max_records)
+        return CM_ETOOBIG;
+    struct dht_author *au = author_get(s, r->author, 1);
+    if (!au)
+        return CM_ENOMEM;
+    if (au->n >= s->max_per_author)
         return CM_ETOOBIG;
     if (!kv) {
         if (!(kv = calloc(1, sizeof *kv)))
@@ -148,6 +219,7 @@ int dht_store_put(struct dht_store *s, const struct dht_record *r, int64_t now_m
         kv->ndict++;
     }
     s->nrecords++;
+    au->n++;
     if (s->nrecords > s->nbuckets * 2)
         grow(s);
     return CM_OK;
@@ -176,6 +248,7 @@ size_t dht_store_purge(struct dht_store *s, int64_t now_ms)
         while (*pp) {
             struct dht_kv *kv = *pp;
             if (kv->has_plain && kv->plain.expires_ms <= now_ms) {
+                author_dec(s, kv->plain.author);
                 dht_record_cleanup(&kv->plain);
                 kv->has_plain = 0;
                 removed++;
@@ -183,6 +256,7 @@ size_t dht_store_purge(struct dht_store *s, int64_t now_ms)
             size_t w = 0;
             for (size_t i = 0; i < kv->ndict; i++) {
                 if (kv->dict[i].expires_ms <= now_ms) {
+                    author_dec(s, kv->dict[i].author);
                     dht_record_cleanup(&kv->dict[i]);
                     removed++;
                 } else {

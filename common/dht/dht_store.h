@@ -14,22 +14,28 @@
 #include "dht/dht_types.h"
 
 struct dht_kv;
+struct dht_author;
 
 struct dht_store {
     struct dht_kv **buckets;
     size_t nbuckets;
-    size_t nrecords, max_records, max_per_key;
+    size_t nrecords, max_records, max_per_key, max_per_author;
     int64_t max_ttl_ms;
+    /* records held per author, so one peer cannot fill the store */
+    struct dht_author **authors;
+    size_t nauthor_buckets;
 };
 
-/* 0 for any limit: defaults (65536 records, 1024 entries per key, 7 days). */
+/* 0 for any limit: defaults (65536 records, 1024 entries per key, 7 days,
+ * and at most a quarter of max_records from any one author). */
 int dht_store_init(struct dht_store *s, size_t max_records, size_t max_per_key, int64_t max_ttl_ms);
 void dht_store_cleanup(struct dht_store *s);
 
 /* Stores a copy of r (its signature must already be verified). CM_OK when
  * stored or replaced; CM_ESTATE when an entry with a later or equal
  * expiration is kept; CM_EEXPIRED when already expired; CM_ERANGE when it
- * expires beyond the TTL limit; CM_ETOOBIG when the store is full. */
+ * expires beyond the TTL limit; CM_ETOOBIG when the store, the key or the
+ * author's share is full. */
 int dht_store_put(struct dht_store *s, const struct dht_record *r, int64_t now_ms);
 
 /* Borrowed pointers to the live records of a key (plain value first, then

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,6 +176,30 @@ static void test_store_rules(void **state)
     for (int i = 0; i < 4; i++) {
         make_rec(&m[i], &b, "many", subs[i], "v", now + 100);
         assert_int_equal(dht_store_put(&s, &m[i], now), i < 3 ? 0 : CM_ETOOBIG);
+    }
+    /* One author cannot hold more than its share (100 / 4 = 25 here). */
+    {
+        struct dht_store q;
+        assert_int_equal(dht_store_init(&q, 100, 1000, 10000), 0);
+        char sub[8];
+        int stored = 0, refused = 0;
+        for (int i = 0; i < 40; i++) {
+            struct dht_record x;
+            snprintf(sub, sizeof sub, "%d", i);
+            make_rec(&x, &a, "flood", sub, "v", now + 100);
+            int rc = dht_store_put(&q, &x, now);
+            stored += rc == 0;
+            refused += rc == CM_ETOOBIG;
+        }
+        assert_int_equal(stored, 25);
+        assert_int_equal(refused, 15);
+        struct dht_record y;
+        make_rec(&y, &b, "flood", "b", "v", now + 100); /* others still get in */
+        assert_int_equal(dht_store_put(&q, &y, now), 0);
+        assert_int_equal(dht_store_purge(&q, now + 100), 26); /* shares are released */
+        make_rec(&y, &a, "flood", "again", "v", now + 300);
+        assert_int_equal(dht_store_put(&q, &y, now + 100), 0);
+        dht_store_cleanup(&q);
     }
     /* Expiry: nothing live after its time, and purge frees it. */
     assert_int_equal(dht_store_get(&s, m[0].key, now + 100, out, 8), 0);
