@@ -110,7 +110,7 @@ struct ar_engine_config {
  * identity for fetching results on separate connections. */
 int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out);
 /* Cancels every round (their callbacks run before this returns, status
- * CM_ECLOSED), closes the host. Memory is released once the loop has run the
+ * CM_ECLOSED), closes both hosts. Memory is released once the loop has run the
  * close callbacks (run the loop afterwards, as for p2p_host_close). */
 void ar_engine_free(struct ar_engine *e);
 /* The engine's listening host (borrowed), e.g. to learn its port or send PINGs. */
@@ -193,7 +193,8 @@ struct ar_round_config {
                                      AR_Q8_BLOCK whose encoded size is <= AR_PAYLOAD_MAX */
     uint32_t deadline_ms;         /* whole round; 0: 60000. Aggregators stop
                                      waiting for senders at 4/5 of it */
-    uint32_t stall_ms;            /* silence before a peer is given up; 0: 5000 */
+    uint32_t stall_ms;            /* silence before a peer is given up, and the
+                                     timeout of each message; 0: 5000 */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */
     unsigned window;              /* chunk messages in flight per peer; 0: 4 */
