@@ -28,11 +28,10 @@
  * senders heard from; a sender of bad data (non-finite values, chunk norm
  * above max_norm, wrong sizes, inconsistent weight, undecodable payload) is
  * excluded and reported. Every chunk is validated before it is summed, so a
- * bad chunk never enters a sum; from then on the sender's chunks are refused
- * and every chunk it had not delivered is averaged without its weight
- * (chunks it delivered before, each validated, keep it: the report lists it
- * under `partial`, as hivemind's reducer does for a sender that fails
- * part-way). An aggregator that cannot be reached for stall_ms
+ * bad chunk never enters a sum; on exclusion the sender's earlier chunks are
+ * taken out of every chunk not yet final (sum and weight), its later chunks
+ * are refused, and only chunks already final (maybe already returned to
+ * members) keep it: the report then lists it under `partial`. An aggregator that cannot be reached for stall_ms
  * (or by the deadline) leaves its part un-averaged: the buffer keeps the
  * local values for that part. Data for a round this engine has not started
  * is refused with CM_EBUSY and the sender retries until its stall limit

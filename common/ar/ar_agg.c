@@ -56,6 +56,21 @@ static int exclude(struct ar_round *r, int s, int reason)
         sd->state = AR__S_EXCLUDED;
         sd->reason = reason;
         a->excluded |= BIT(s);
+        /* Its contribution leaves every chunk not yet final (those already
+         * returned to members cannot be taken back). */
+        for (size_t c = 0; c < a->n_chunks; c++) {
+            float **u = &a->undo[c * r->n_members + (size_t)s];
+            if (a->final[c] || !(a->recv[c] & BIT(s)) || !*u)
+                continue;
+            size_t cnt = ar__chunk_len(r, a->part, c);
+            double *sum = a->sum + c * r->chunk;
+            for (size_t i = 0; i < cnt; i++)
+                sum[i] -= sd->weight * (double)(*u)[i];
+            a->cw[c] -= sd->weight;
+            a->recv[c] &= ~BIT(s);
+            free(*u);
+            *u = NULL;
+        }
         if (a->n_excl < AR_MAX_MEMBERS)
             a->excl[a->n_excl++] = (struct ar_exclusion){(uint32_t)s, (uint32_t)a->part, reason};
         ar__agg_finalize_scan(r);
@@ -110,6 +125,10 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
     }
+    for (size_t m = 0; m < r->n_members; m++) {
+        free(a->undo[c * r->n_members + m]);
+        a->undo[c * r->n_members + m] = NULL;
+    }
     while (a->final_prefix < a->n_chunks && a->final[a->final_prefix])
         a->final_prefix++;
     if (++a->n_final == a->n_chunks)
@@ -144,6 +163,11 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t c
     }
     if (!(sqrt(ss) <= r->max_norm))
         return exclude(r, s, AR_EXCL_NORM);
+    float *keep = malloc(cnt * sizeof *keep);
+    if (!keep)
+        return CM_EBUSY; /* not summed: the sender retries */
+    memcpy(keep, x, cnt * sizeof *keep);
+    a->undo[c * r->n_members + (size_t)s] = keep;
     double *sum = a->sum + c * r->chunk;
     for (size_t i = 0; i < cnt; i++)
         sum[i] += w * (double)x[i];

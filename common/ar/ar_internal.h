@@ -40,6 +40,9 @@ struct ar__agg {
     uint8_t *final;     /* per chunk: 0 open, 1 averaged, 2 failed (no sender heard) */
     uint64_t *served;   /* per chunk: members that fetched it */
     uint8_t *res;       /* encoded averaged chunks, chunk c at c * enc_chunk */
+    float **undo;       /* [c * n_members + s]: sender s's contribution to chunk
+                           c while c is not final, so an excluded sender can be
+                           taken out of the sum; freed when c is final */
     uint64_t senders, pullers, dropped, excluded;
     struct ar__sender snd[AR_MAX_MEMBERS];
     size_t n_excl;

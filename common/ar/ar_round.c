@@ -65,6 +65,10 @@ static void round_free(struct ar_round *r)
     free(r->agg.final);
     free(r->agg.served);
     free(r->agg.res);
+    if (r->agg.undo)
+        for (size_t i = 0; i < r->agg.n_chunks * r->n_members; i++)
+            free(r->agg.undo[i]);
+    free(r->agg.undo);
     for (size_t k = 0; k < r->n_parts; k++) {
         free(r->link[k].ost);
         free(r->link[k].ist);
@@ -719,7 +723,8 @@ static int alloc_round(struct ar_round *r)
         a->final = calloc(nc, 1);
         a->served = calloc(nc, sizeof *a->served);
         a->res = malloc(nc * r->enc_chunk);
-        if (!a->sum || !a->recv || !a->cw || !a->final || !a->served || !a->res)
+        a->undo = calloc(nc * r->n_members, sizeof *a->undo);
+        if (!a->sum || !a->recv || !a->cw || !a->final || !a->served || !a->res || !a->undo)
             return CM_ENOMEM;
     }
     for (size_t k = 0; k < r->n_parts; k++) {
