@@ -4,10 +4,13 @@
 void p2p_rate_init(struct p2p_rate *r, double mbps, uint64_t now_ns)
 {
     r->bytes_per_s = mbps > 0 ? mbps * 1e6 / 8.0 : 0;
-    r->burst = r->bytes_per_s * 0.02;
+    /* The bucket starts empty (no head start to inflate a measurement) and
+     * holds up to 100 ms of traffic, so a timer that fires late on a busy
+     * machine does not lose the tokens that accrued meanwhile. */
+    r->burst = r->bytes_per_s * 0.1;
     if (r->bytes_per_s > 0 && r->burst < 1500)
         r->burst = 1500;
-    r->tokens = r->burst;
+    r->tokens = 0;
     r->last_ns = now_ns;
 }
 

@@ -3,8 +3,8 @@
  * the caller passes in, so the pacing is testable without sockets; the
  * transport (p2p_transport.c) slices writes and pauses reads with them.
  * Benchmarks emulate home connections with these caps, so the long-run rate
- * must be exact: the burst is kept small (20 ms of traffic) and debt is
- * carried, never forgiven. */
+ * must be exact: the bucket starts empty, holds at most 100 ms of traffic,
+ * and debt is carried, never forgiven. */
 #ifndef P2P_RATE_H
 #define P2P_RATE_H
 

@@ -38,6 +38,14 @@ struct wframe {
 
 struct p2p_conn;
 
+/* A frame held back by the emulated link latency (ctx->latency_ms). */
+struct delayed {
+    struct delayed *next;
+    struct p2p_conn *c;
+    struct wframe *f;
+    int64_t due_ms;
+};
+
 struct wreq {
     uv_write_t w;
     struct p2p_conn *c;
@@ -99,6 +107,9 @@ struct p2p_ctx {
     size_t fds; /* descriptors held by connections, closing ones included */
     size_t conn_handles; /* connection handles not yet closed */
     size_t rx_held, max_rx_held; /* bytes of partial frames held by connections */
+    uint32_t latency_ms;          /* emulated one-way delay of every frame sent */
+    uv_timer_t delay_timer;
+    struct delayed *dq_head, *dq_tail; /* in due order: the delay is constant */
     int freeing;
     struct p2p_conn *fdwait_head, *fdwait_tail;
     uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */
@@ -185,15 +196,18 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
         size_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (size_t)rl.rlim_cur : 1024;
         c->max_conns = lim > 256 ? lim - lim / 4 : 64;
     }
+    c->latency_ms = cfg->latency_ms;
     uv_timer_init(c->loop, &c->up_timer);
     uv_timer_init(c->loop, &c->down_timer);
     uv_timer_init(c->loop, &c->sweep_timer);
-    c->up_timer.data = c->down_timer.data = c->sweep_timer.data = c;
+    uv_timer_init(c->loop, &c->delay_timer);
+    c->up_timer.data = c->down_timer.data = c->sweep_timer.data = c->delay_timer.data = c;
     uv_unref((uv_handle_t *)&c->up_timer);
     uv_unref((uv_handle_t *)&c->down_timer);
     uv_unref((uv_handle_t *)&c->sweep_timer);
+    uv_unref((uv_handle_t *)&c->delay_timer);
     uv_timer_start(&c->sweep_timer, sweep_cb, 1000, 1000);
-    c->timers_open = 3;
+    c->timers_open = 4;
     *out = c;
     return CM_OK;
 }
@@ -226,6 +240,7 @@ void p2p_ctx_free(struct p2p_ctx *ctx)
     uv_close((uv_handle_t *)&ctx->up_timer, ctx_timer_closed);
     uv_close((uv_handle_t *)&ctx->down_timer, ctx_timer_closed);
     uv_close((uv_handle_t *)&ctx->sweep_timer, ctx_timer_closed);
+    uv_close((uv_handle_t *)&ctx->delay_timer, ctx_timer_closed);
 }
 
 struct p2p_auth *p2p_ctx_auth(struct p2p_ctx *ctx)
@@ -425,6 +440,20 @@ static void conn_close(struct p2p_conn *c, int err)
         }
     }
     c->wq_head = c->wq_tail = NULL;
+    for (struct delayed **pp = &ctx->dq_head, *prev = NULL; *pp;) {
+        struct delayed *d = *pp;
+        if (d->c != c) {
+            prev = d;
+            pp = &d->next;
+            continue;
+        }
+        *pp = d->next;
+        if (ctx->dq_tail == d)
+            ctx->dq_tail = prev;
+        free(d->f->buf);
+        free(d->f);
+        free(d);
+    }
     wait_remove(ctx, c);
     if (!c->has_fd && c->outgoing) { /* still queued for a descriptor? */
         struct p2p_conn **pp = &ctx->fdwait_head, *prev = NULL;
@@ -663,8 +692,35 @@ static void conn_flush(struct p2p_conn *c)
 }
 
 /* Queues a complete frame (ownership of buf passes to the connection). */
+static void conn_enqueue(struct p2p_conn *c, struct wframe *f)
+{
+    if (c->wq_tail)
+        c->wq_tail->next = f;
+    else
+        c->wq_head = f;
+    c->wq_tail = f;
+}
+
+static void delay_cb(uv_timer_t *t)
+{
+    struct p2p_ctx *ctx = t->data;
+    int64_t now = mono_ms();
+    while (ctx->dq_head && ctx->dq_head->due_ms <= now) {
+        struct delayed *d = ctx->dq_head;
+        ctx->dq_head = d->next;
+        if (!ctx->dq_head)
+            ctx->dq_tail = NULL;
+        conn_enqueue(d->c, d->f);
+        conn_flush(d->c);
+        free(d);
+    }
+    if (ctx->dq_head)
+        uv_timer_start(&ctx->delay_timer, delay_cb, (uint64_t)(ctx->dq_head->due_ms - now), 0);
+}
+
 static int conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
 {
+    struct p2p_ctx *ctx = c->h->ctx;
     struct wframe *f = calloc(1, sizeof *f);
     if (!f) {
         free(buf);
@@ -672,13 +728,32 @@ static int conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
     }
     f->buf = buf;
     f->len = len;
-    if (c->wq_tail)
-        c->wq_tail->next = f;
-    else
-        c->wq_head = f;
-    c->wq_tail = f;
     c->wq_bytes += len;
     conn_touch(c);
+    if (ctx->latency_ms) {
+        /* Emulated latency (benchmarks of home links; netem is not
+         * available everywhere): the frame waits, then queues as usual. */
+        struct delayed *d = malloc(sizeof *d);
+        if (!d) {
+            c->wq_bytes -= len;
+            free(buf);
+            free(f);
+            return CM_ENOMEM;
+        }
+        d->next = NULL;
+        d->c = c;
+        d->f = f;
+        d->due_ms = mono_ms() + ctx->latency_ms;
+        if (ctx->dq_tail) {
+            ctx->dq_tail->next = d;
+        } else {
+            ctx->dq_head = d;
+            uv_timer_start(&ctx->delay_timer, delay_cb, ctx->latency_ms, 0);
+        }
+        ctx->dq_tail = d;
+        return CM_OK;
+    }
+    conn_enqueue(c, f);
     conn_flush(c);
     return CM_OK;
 }

@@ -61,6 +61,7 @@ struct p2p_ctx_config {
     uint32_t frame_timeout_ms;/* 0: 30 s; a started frame must complete within */
     size_t max_conn_queue;    /* 0: 8 MiB of unsent bytes per connection */
     size_t max_rx_buffered;   /* 0: 64 MiB of partial frames, all connections together */
+    uint32_t latency_ms;      /* emulated one-way latency added to every frame sent (0: none) */
     struct p2p_auth_config auth;
 };
 

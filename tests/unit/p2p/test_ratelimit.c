@@ -1,4 +1,4 @@
-/* Bandwidth caps. The token bucket alone over a simulated clock, then real
+/* Bandwidth caps and emulated latency. The token bucket alone over a simulated clock, then real
  * loopback transfers: a 6 MB stream through a process capped at 16 Mbit/s
  * upload, and one into a process capped at 16 Mbit/s download; the measured
  * rate (all bytes on the wire, envelopes included) must be within 5% of the
@@ -135,6 +135,53 @@ static double transfer(double up_a, double down_b, size_t len)
     return mbps;
 }
 
+/* Emulated latency: with 40 ms one way on each side, a request/response
+ * round trip takes at least 80 ms (and not absurdly more). */
+static void test_latency(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct p2p_tk tk;
+    assert_int_equal(p2p_tk_init(&tk, "lat"), 0);
+    struct side a = {0}, b = {0};
+    assert_int_equal(p2p_tk_peer_new(&tk, "a", "1", 600, &a.peer), 0);
+    assert_int_equal(p2p_tk_peer_new(&tk, "b", "2", 600, &b.peer), 0);
+    struct p2p_ctx_config cc = {.loop = &loop, .latency_ms = 40, .auth = p2p_tk_auth_config(&tk)};
+    assert_int_equal(p2p_ctx_new(&cc, &a.ctx), 0);
+    struct p2p_host_config ha = {.key = &a.peer.key, .token = a.peer.token,
+                                 .listen_ip = "127.0.0.1"};
+    struct p2p_host_config hb = {.key = &b.peer.key, .token = b.peer.token,
+                                 .listen_ip = "127.0.0.1"};
+    assert_int_equal(p2p_host_new(a.ctx, &ha, &a.h), 0);
+    assert_int_equal(p2p_host_new(a.ctx, &hb, &b.h), 0);
+    char s[64];
+    struct sockaddr_storage addr;
+    snprintf(s, sizeof s, "127.0.0.1:%u", p2p_host_port(b.h));
+    p2p_addr_parse(s, &addr);
+    for (int i = 0; i < 3; i++) {
+        struct done d = {0};
+        uint64_t t0 = uv_hrtime();
+        assert_int_equal(p2p_request(a.h, (struct sockaddr *)&addr, b.peer.key.pub, P2P_MSG_PING,
+                                     NULL, 0, 5000, on_done, &d),
+                         0);
+        while (!d.done)
+            uv_run(&loop, UV_RUN_ONCE);
+        double ms = (double)(uv_hrtime() - t0) / 1e6;
+        printf("latency: round trip %.1f ms with 40 ms each way\n", ms);
+        assert_int_equal(d.status, 0);
+        assert_true(ms >= 79.0 && ms < 600.0);
+    }
+    p2p_host_close(a.h);
+    p2p_host_close(b.h);
+    p2p_ctx_free(a.ctx);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    p2p_tk_peer_cleanup(&a.peer);
+    p2p_tk_peer_cleanup(&b.peer);
+    p2p_tk_cleanup(&tk);
+}
+
 static void test_upload_cap(void **state)
 {
     (void)state;
@@ -154,6 +201,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket),
+        cmocka_unit_test(test_latency),
         cmocka_unit_test(test_upload_cap),
         cmocka_unit_test(test_download_cap),
     };
