@@ -15,6 +15,9 @@
 #define MAX_RESULT_RECORDS 1024
 #define MAX_OWN 4096
 #define VALUES_MAX_BYTES (256u * 1024u)
+/* A get stops asking once this many nodes returned the key's records: the
+ * k replicas are written together, so three agreeing sources are enough to
+ * merge the newest entries without walking the whole neighbourhood. */
 #define VALUE_SOURCES_ENOUGH 3
 
 enum { CAND_NEW, CAND_INFLIGHT, CAND_DONE, CAND_FAILED };

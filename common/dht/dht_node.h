@@ -69,7 +69,9 @@ struct dht_result {
     size_t nrec;
     struct dht_contact *closest; /* find_node: nearest nodes that answered */
     size_t nclosest;
-    int hops;                 /* lookup depth at which the answer was found */
+    int hops;                 /* lookup depth of the answer: 1 = a contact from our own
+                                 table answered, 2 = one learnt from those, ...; 0 = our
+                                 own store (get), for find_node the closest node's depth */
     int contacted;            /* nodes asked */
     int stored;               /* put: nodes that accepted the record */
 };
