@@ -66,10 +66,17 @@ static int exclude(struct ar_round *r, int s, int reason)
             double *sum = a->sum + c * r->chunk;
             for (size_t i = 0; i < cnt; i++)
                 sum[i] -= sd->weight * (double)(*u)[i];
-            a->cw[c] -= sd->weight;
             a->recv[c] &= ~BIT(s);
             free(*u);
             *u = NULL;
+            /* The weight is recounted from who is left, not subtracted, so
+             * a chunk nobody is left in has exactly zero weight (and sum). */
+            a->cw[c] = 0;
+            for (size_t m = 0; m < r->n_members; m++)
+                if (a->recv[c] & BIT(m))
+                    a->cw[c] += a->snd[m].weight;
+            if (!a->recv[c])
+                memset(sum, 0, cnt * sizeof *sum);
         }
         if (a->n_excl < AR_MAX_MEMBERS)
             a->excl[a->n_excl++] = (struct ar_exclusion){(uint32_t)s, (uint32_t)a->part, reason};

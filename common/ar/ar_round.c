@@ -617,12 +617,15 @@ static void check_done(struct ar_round *r)
         finish(r, 0);
 }
 
+/* Every member that may still fetch (excluded ones may: they get the
+ * average without them; dropped ones are presumed gone) has every averaged
+ * chunk. */
 static int all_served(const struct ar_round *r)
 {
     const struct ar__agg *a = &r->agg;
     for (size_t c = 0; c < a->n_chunks; c++)
-        if (a->final[c] == 1 && (a->served[c] & a->pullers & ~a->excluded) !=
-                                    (a->pullers & ~a->excluded))
+        if (a->final[c] == 1 && (a->served[c] & a->pullers & ~a->dropped) !=
+                                    (a->pullers & ~a->dropped))
             return 0;
     return 1;
 }

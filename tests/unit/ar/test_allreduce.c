@@ -702,6 +702,33 @@ static void test_nan_mid_part(void **s)
     grp_cleanup(&g);
 }
 
+/* Every sender turns out bad: a chunk with nobody left in it has no average,
+ * so the part is not averaged anywhere (local values kept), reported with
+ * CM_ENOTFOUND, and nothing waits for a deadline. */
+static void test_all_senders_excluded(void **s)
+{
+    (void)s;
+    double frac[] = {1, 0, 0};
+    int sends[] = {0, 1, 1}, listen[] = {1, 1, 1};
+    struct grp g;
+    grp_init(&g, 3, 8192, frac, sends, listen, NULL);
+    g.base.window = 1;
+    g.p[1].buf[3 * 1024] = g.p[1].orig[3 * 1024] = NAN;
+    g.p[2].buf[3 * 1024 + 1] = g.p[2].orig[3 * 1024 + 1] = INFINITY;
+    grp_run(&g, (int[]){0, 0, 300}, -1, 0, 20000);
+    for (size_t i = 0; i < 3; i++) {
+        struct peer *p = &g.p[i];
+        assert_true(p->done);
+        assert_int_equal(p->res.status, CM_ENOTFOUND);
+        assert_false(p->parts[0].averaged);
+        assert_true(p->res.ms_total < 10000);
+        if (p->buf)
+            assert_memory_equal(p->buf, p->orig, g.n * sizeof(float));
+    }
+    assert_int_equal(g.p[0].parts[0].excluded, 0x6);
+    grp_cleanup(&g);
+}
+
 struct reply {
     int done, status;
 };
@@ -985,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_aggregator_killed),
         cmocka_unit_test(test_bad_senders_excluded),
         cmocka_unit_test(test_nan_mid_part),
+        cmocka_unit_test(test_all_senders_excluded),
         cmocka_unit_test(test_lying_length_and_round_states),
         cmocka_unit_test(test_hostile_aggregator_and_wrong_size),
         cmocka_unit_test(test_fp16),
