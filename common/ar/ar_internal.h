@@ -88,7 +88,7 @@ struct ar_round {
     double weight, max_norm, max_weight;
     int comp;
     uint32_t chunk, deadline_ms, stall_ms, linger_ms;
-    unsigned window, fetch_window;
+    unsigned window;
     size_t enc_chunk; /* encoded bytes of one full chunk */
     size_t n_parts;
     uint32_t owner[AR_MAX_MEMBERS];

@@ -463,7 +463,7 @@ static void in_pump(struct ar_round *r, size_t k)
     while (L->ilow < L->n_chunks && L->ist[L->ilow] == AR__C_DONE)
         L->ilow++;
     size_t scan = L->ilow;
-    while (!L->idone && L->iflight < r->fetch_window) {
+    while (!L->idone && L->iflight < r->window) {
         size_t c = L->n_chunks;
         while (scan < L->inext && scan < L->iready && L->ist[scan] != AR__C_RETRY)
             scan++;
@@ -775,7 +775,6 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
     r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;
     r->window = cfg->window ? cfg->window : 4;
-    r->fetch_window = r->window;
     r->max_norm = cfg->max_norm > 0 ? cfg->max_norm : 1e9;
     r->max_weight = cfg->max_weight > 0 ? cfg->max_weight : 1e12;
     r->enc_chunk = ar_codec_size(r->comp, r->chunk);
