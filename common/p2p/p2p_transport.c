@@ -1090,15 +1090,26 @@ static void sweep_cb(uv_timer_t *t)
 {
     struct p2p_ctx *ctx = t->data;
     int64_t now = mono_ms();
+    /* Connections waiting for a descriptor get one idle connection closed
+     * each, wherever it sits in the LRU list (evict_one looks only at the
+     * head, which may be all busy). */
+    size_t waiting = 0;
+    for (struct p2p_conn *w = ctx->fdwait_head; w; w = w->fdnext)
+        waiting++;
     for (struct p2p_conn *c = ctx->conns, *n; c; c = n) {
         n = c->cnext;
         if (c->state != C_OPEN)
             continue;
-        if (c->rx_len > 0 && now - c->frame_start_ms > (int64_t)ctx->frame_ms)
+        int idle = c->n_pend == 0 && c->wq_bytes == 0 && c->rx_len == 0;
+        if (c->rx_len > 0 && now - c->frame_start_ms > (int64_t)ctx->frame_ms) {
             conn_drop(c, P2P_REJ_MALFORMED, "frame not completed in time");
-        else if (c->n_pend == 0 && c->wq_bytes == 0 &&
-                 now - c->last_active_ms > (int64_t)ctx->idle_ms)
+        } else if (idle && now - c->last_active_ms > (int64_t)ctx->idle_ms) {
             conn_close(c, CM_ECLOSED);
+        } else if (idle && waiting) {
+            waiting--;
+            ctx->st.conns_evicted++;
+            conn_close(c, CM_ECLOSED);
+        }
     }
 }
 
