@@ -4,6 +4,7 @@
  * Every change is written to the audit log in the same transaction. */
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
+#include "coordinator/backbone.h"
 #include "cm_err.h"
 
 #include <stdio.h>
@@ -157,6 +158,7 @@ void api_runs_create(struct coord_req *req, struct coord_resp *resp)
         return;
     }
     snprintf(resp->location, sizeof resp->location, "/api/v1/runs/%s", name);
+    coord_backbone_poke();
     coord_resp_json(resp, 201, out);
 }
 
@@ -216,6 +218,8 @@ void api_runs_update(struct coord_req *req, struct coord_resp *resp)
         json_decref(out);
         return;
     }
+    if (status)
+        coord_backbone_poke();
     coord_resp_json(resp, 200, out);
 }
 

@@ -38,7 +38,7 @@ struct coord_backbone {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int stop;
+    int stop, poked;
     PGconn *pg;
     struct bb_node *nodes;
 };
@@ -237,8 +237,9 @@ static void *manager(void *arg)
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         dl.tv_sec += BB_PERIOD_S;
-        while (!b->stop && pthread_cond_timedwait(&b->cv, &b->mu, &dl) != ETIMEDOUT)
+        while (!b->stop && !b->poked && pthread_cond_timedwait(&b->cv, &b->mu, &dl) != ETIMEDOUT)
             ;
+        b->poked = 0;
     }
     pthread_mutex_unlock(&b->mu);
     for (struct bb_node *n = b->nodes, *x; n; n = x) {
@@ -249,6 +250,20 @@ static void *manager(void *arg)
     }
     b->nodes = NULL;
     return NULL;
+}
+
+/* The process's manager, so request handlers can wake it when a run opens. */
+static struct coord_backbone *g_backbone;
+
+void coord_backbone_poke(void)
+{
+    struct coord_backbone *b = g_backbone;
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->poked = 1;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
 }
 
 int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)
@@ -285,6 +300,7 @@ int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)
         return CM_EIO;
     }
     *out = b;
+    g_backbone = b;
     return CM_OK;
 }
 
@@ -292,6 +308,7 @@ void coord_backbone_stop(struct coord_backbone *b)
 {
     if (!b)
         return;
+    g_backbone = NULL;
     pthread_mutex_lock(&b->mu);
     b->stop = 1;
     pthread_cond_signal(&b->cv);

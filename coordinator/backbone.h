@@ -21,6 +21,8 @@ struct coord_backbone;
  * disabled (--dht-port -1): then *out is NULL. */
 int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out);
 void coord_backbone_stop(struct coord_backbone *b);
+/* Wakes the manager now (a run was created or its status changed). */
+void coord_backbone_poke(void);
 
 /* The run's fresh backbone addresses ("host:port"), from every coordinator
  * of the database, as a JSON array (owned by the caller). Cached briefly. */

@@ -24,8 +24,9 @@ int collab_progress_encode(const struct collab_progress *p, char *out, size_t ca
 
 int collab_announce_encode(const struct collab_announce *a, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d}",
-                     a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0);
+    int n = snprintf(out, cap,
+                     "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d,\"t\":%lld}",
+                     a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0, (long long)a->t_ms);
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -114,13 +115,16 @@ int collab_progress_parse(const void *buf, size_t len, struct collab_progress *o
 
 int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out)
 {
-    static const char *const keys[] = {"v", "w", "addr", "agg", "sends"};
+    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
-    int ok = only_keys(j, keys, 5) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
-             addr(j, out->addr) && flag(j, "agg", &out->agg) && flag(j, "sends", &out->sends);
+    double t = 0;
+    int ok = only_keys(j, keys, 6) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
+             addr(j, out->addr) && flag(j, "agg", &out->agg) && flag(j, "sends", &out->sends) &&
+             num(j, "t", 0, 9e15, &t);
+    out->t_ms = (int64_t)t;
     json_decref(j);
     /* an aggregator needs an address; a sender needs a weight */
     if (!ok || (out->agg && !out->addr[0]) || (out->sends && out->weight <= 0))
@@ -150,6 +154,25 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
         out->eta_s = 0;
     else
         out->eta_s = out->sps > 0 ? (target - out->samples) / out->sps : INFINITY;
+}
+
+size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms,
+                            int64_t *close_ms)
+{
+    if (n == 0) {
+        *close_ms = 0;
+        return 0;
+    }
+    int64_t first = a[0].t_ms;
+    for (size_t i = 1; i < n; i++)
+        if (a[i].t_ms < first)
+            first = a[i].t_ms;
+    *close_ms = first + window_ms;
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        if (a[i].t_ms <= *close_ms)
+            a[w++] = a[i];
+    return w;
 }
 
 static int by_pub(const void *a, const void *b)

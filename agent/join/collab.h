@@ -7,7 +7,7 @@
  * Two kinds of DHT records, both dictionary entries authored and signed by
  * the peer (so nobody can overwrite another's):
  *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"}
- *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends"}
+ *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"}
  * The parsers are pure, strict and bounded (network input; fuzzed). */
 #ifndef AGENT_COLLAB_H
 #define AGENT_COLLAB_H
@@ -35,6 +35,7 @@ struct collab_announce {
     double weight;  /* samples it contributes (0 for aux peers) */
     char addr[COLLAB_ADDR_MAX];
     int agg, sends;
+    int64_t t_ms;   /* when it announced (author's clock) */
 };
 
 /* Encoders write a NUL-terminated record into out (COLLAB_RECORD_MAX). */
@@ -58,6 +59,13 @@ struct collab_view {
  * clock, tolerating skew) for the peers at `step`. */
 void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, int64_t now_ms,
                      int64_t fresh_ms, double target, struct collab_view *out);
+
+/* The round of a step closes window_ms after its first announcement: the
+ * members are the announcements made by then, the same set for every peer
+ * that reads after the close (plus propagation). Filters `a` in place to
+ * those members and returns the count; *close_ms receives the close time. */
+size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms,
+                            int64_t *close_ms);
 
 /* Orders announcements canonically (by public key) so every member builds
  * the same member list; drops duplicates by key, keeping the first. Returns

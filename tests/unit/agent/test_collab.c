@@ -67,6 +67,7 @@ static void test_announce(void **state)
     (void)state;
     struct collab_announce a = {0}, b;
     a.weight = 128;
+    a.t_ms = 1795346795999LL;
     a.agg = 1;
     a.sends = 1;
     strcpy(a.addr, "[::1]:9000");
@@ -75,13 +76,16 @@ static void test_announce(void **state)
     assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
     assert_true(b.weight == 128);
     assert_string_equal(b.addr, "[::1]:9000");
+    assert_int_equal(b.t_ms, a.t_ms);
     /* an aggregator without an address, a sender without weight */
-    const char *bad[] = {"{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":1,\"sends\":1}",
-                         "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1}"};
+    const char *bad[] = {"{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":1,\"sends\":1,\"t\":1}",
+                         "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1}"};
     for (int i = 0; i < 2; i++)
         assert_int_equal(collab_announce_parse(bad[i], strlen(bad[i]), &b), CM_EPARSE);
-    const char *aux = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0}";
+    const char *aux = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0,\"t\":1}";
     assert_int_equal(collab_announce_parse(aux, strlen(aux), &b), CM_OK);
+    const char *no_t = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0}";
+    assert_int_equal(collab_announce_parse(no_t, strlen(no_t), &b), CM_EPARSE);
 }
 
 static void test_estimate(void **state)
@@ -130,6 +134,34 @@ static void test_canonical_and_uploader(void **state)
     assert_int_equal(collab_checkpoint_uploader(a, 0, 1), 0);
 }
 
+static void test_round_window(void **state)
+{
+    (void)state;
+    struct collab_announce a[4] = {0};
+    int64_t t[4] = {1000, 1250, 1300, 1301};
+    for (int i = 0; i < 4; i++) {
+        a[i].t_ms = t[i];
+        a[i].pub[0] = (uint8_t)i;
+    }
+    int64_t close = 0;
+    size_t n = collab_round_members(a, 4, 300, &close);
+    assert_int_equal(close, 1300);
+    assert_int_equal(n, 3); /* the announcement 1 ms after the close is out */
+    /* every peer that reads the same records computes the same members,
+       whatever order they come in */
+    struct collab_announce b[4];
+    for (int i = 0; i < 4; i++) {
+        b[i] = a[0];
+        b[i].t_ms = t[3 - i];
+        b[i].pub[0] = (uint8_t)(3 - i);
+    }
+    n = collab_round_members(b, 4, 300, &close);
+    assert_int_equal(n, 3);
+    assert_int_equal(collab_canonical(b, n), 3);
+    assert_int_equal(b[0].pub[0], 0);
+    assert_int_equal(b[2].pub[0], 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -138,6 +170,7 @@ int main(void)
         cmocka_unit_test(test_announce),
         cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_canonical_and_uploader),
+        cmocka_unit_test(test_round_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

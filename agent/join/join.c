@@ -1,0 +1,785 @@
+/* crowdtrain-agent join: a volunteer's whole collaborative-training loop
+ * (seed 000_02cc6b5d62a616fc.txt §3.1-3.3; DESIGN.md "The training
+ * protocol"):
+ *
+ *   session -> access pass -> DHT (bootstrap from the pass) -> catch up
+ *   (newest checkpoint from the coordinator, hash verified) -> stream data
+ *   -> accumulate gradients, publishing progress in the DHT -> when the
+ *   collaboration's samples at this step reach the run's target batch size,
+ *   announce for the round, gather the round's members, average with a
+ *   butterfly all-reduce -> apply the identical optimizer step -> every K
+ *   steps one deterministically chosen peer uploads a checkpoint -> repeat.
+ *
+ * The run's config (GET /api/v1/runs/{run}) is the training recipe in the
+ * format of `train --local` (docs/training.md) plus an optional
+ * "collaboration" object read here. Every peer builds its model from the
+ * same seed, so all start from identical weights; each streams its own data
+ * order. Ctrl-C leaves after the current round (or at once when not in a
+ * round); a second Ctrl-C abandons the round. */
+#include "agent/client.h"
+#include "agent/commands.h"
+#include "agent/join/collab.h"
+#include "agent/join/net.h"
+#include "agent/train/trainer.h"
+#include "ckpt/safetensors.h"
+#include "cm_err.h"
+#include "cm_log.h"
+#include "cm_opts.h"
+#include "cm_token.h"
+#include "p2p/p2p_transport.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct join_cfg {
+    char *coordinator, *run, *config_dir, *device, *listen_ip, *advertise_ip, *export_path,
+        *compression;
+    int aggregate_only, client_mode, no_eval;
+    long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms;
+    double max_upload_mbps, max_download_mbps;
+};
+
+#define J(f) offsetof(struct join_cfg, f)
+static const struct cm_opt JOIN_OPTS[] = {
+    {"run", CM_OPT_STR, J(run), NULL, "RUN", "the run to join", 0},
+    {"coordinator", CM_OPT_STR, J(coordinator), NULL, "URL",
+     "the coordinator (default: the one you logged in to)", 0},
+    {"config-dir", CM_OPT_STR, J(config_dir), NULL, "DIR",
+     "state directory (default ~/.config/crowdtrain)", 0},
+    {"device", CM_OPT_STR, J(device), NULL, "DEV", "cpu, cuda or auto (default: the run's)", 0},
+    {"aggregate-only", CM_OPT_BOOL, J(aggregate_only), NULL, NULL,
+     "contribute bandwidth only: aggregate others' gradients, compute none", 0},
+    {"client-mode", CM_OPT_BOOL, J(client_mode), NULL, NULL,
+     "accept no inbound connections (behind NAT): send and receive, aggregate nothing", 0},
+    {"max-upload-mbps", CM_OPT_DBL, J(max_upload_mbps), "0", "MBPS", "upload cap, 0 = none", 0},
+    {"max-download-mbps", CM_OPT_DBL, J(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
+    {"listen-ip", CM_OPT_STR, J(listen_ip), "0.0.0.0", "IP", "address peers connect to us on", 0},
+    {"advertise-ip", CM_OPT_STR, J(advertise_ip), NULL, "IP",
+     "address announced to peers (default: --listen-ip, or 127.0.0.1 for 0.0.0.0)", 0},
+    {"dht-port", CM_OPT_INT, J(dht_port), "0", "PORT", "DHT port, 0 = any", 0},
+    {"ar-port", CM_OPT_INT, J(ar_port), "0", "PORT", "averaging port, 0 = any", 0},
+    {"steps", CM_OPT_INT, J(steps), "0", "N", "stop after this global step (default: the run's)", 0},
+    {"micro-batch", CM_OPT_INT, J(micro_batch), "0", "N",
+     "examples per forward/backward pass (default: the run's micro_batch)", 0},
+    {"checkpoint-every", CM_OPT_INT, J(checkpoint_every), "0", "K",
+     "upload a checkpoint every K steps when chosen (default: the run's, else 50)", 0},
+    {"compression", CM_OPT_STR, J(compression), NULL, "C",
+     "none, fp16 or q8 (default: the run's, else none)", 0},
+    {"round-timeout-ms", CM_OPT_INT, J(round_timeout_ms), "30000", "MS", "deadline of one averaging round", 0},
+    {"round-window-ms", CM_OPT_INT, J(round_window_ms), "300", "MS",
+     "a round's members are the peers that announce within this window of the first", 0},
+    {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
+     "write the final parameters as safetensors (default CONFIG-DIR/<run>.safetensors)", 0},
+    {"no-eval", CM_OPT_BOOL, J(no_eval), NULL, NULL, "skip the evaluation at the end", 0},
+};
+static const struct cm_cmd_spec JOIN = {
+    "crowdtrain-agent join --run RUN [options]",
+    "Joins a collaborative training run with the session of 'crowdtrain-agent login':\n"
+    "gets an access pass, finds the other peers through the DHT, catches up from\n"
+    "the newest checkpoint, and trains: gradients are accumulated until the whole\n"
+    "collaboration reaches the run's target batch size, averaged with the peers of\n"
+    "that step, and the same optimizer step is applied everywhere. One progress\n"
+    "line per step. Ctrl-C leaves cleanly.",
+    JOIN_OPTS, sizeof JOIN_OPTS / sizeof JOIN_OPTS[0], 1};
+
+static volatile sig_atomic_t g_interrupts;
+static void on_sigint(int sig)
+{
+    (void)sig;
+    g_interrupts++;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+struct peer_state {
+    struct join_cfg o;
+    char dir[4096], rundir[4300];
+    struct agent_client coord;
+    json_t *session, *pass;
+    struct cm_ed25519 key;
+    const char *token;
+    uint8_t coord_keys[P2P_MAX_COORD_KEYS][CM_ED25519_PUB_LEN];
+    size_t n_coord_keys;
+    const char *bootstrap[16];
+    size_t n_bootstrap;
+    double target;
+    long steps, ckpt_every;
+    enum ar_comp comp;
+    char *config_text;
+    struct agent_train_config tcfg;
+    struct agent_trainer tr;
+    int trainer_ready;
+    struct join_net *net;
+    char my_addr[COLLAB_ADDR_MAX];
+    char progress_key[128];
+};
+
+static int fetch_pass_once(struct peer_state *s)
+{
+    char pk[64], path[256];
+    cm_b64url_encode(s->key.pub, CM_ED25519_PUB_LEN, pk);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", s->o.run);
+    json_t *body = json_pack("{s:s}", "peer_public_key", pk);
+    struct agent_reply r;
+    int rc = agent_request(&s->coord, "POST", path, body, &r);
+    json_decref(body);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 201) {
+        agent_reply_report("getting an access pass", &r);
+        agent_reply_free(&r);
+        return CM_EPERM;
+    }
+    s->pass = r.json;
+    s->token = json_string_value(json_object_get(s->pass, "access_token"));
+    size_t i;
+    json_t *v;
+    s->n_coord_keys = 0;
+    json_array_foreach(json_object_get(s->pass, "coordinator_keys"), i, v) {
+        size_t got = 0;
+        const char *k = json_string_value(v);
+        if (k && s->n_coord_keys < P2P_MAX_COORD_KEYS &&
+            cm_b64url_decode(k, strlen(k), s->coord_keys[s->n_coord_keys], CM_ED25519_PUB_LEN, &got) == CM_OK &&
+            got == CM_ED25519_PUB_LEN)
+            s->n_coord_keys++;
+    }
+    s->n_bootstrap = 0;
+    json_array_foreach(json_object_get(s->pass, "bootstrap"), i, v)
+        if (s->n_bootstrap < 16)
+            s->bootstrap[s->n_bootstrap++] = json_string_value(v);
+    struct cm_pass_claims c;
+    rc = s->token ? cm_token_verify(s->token, strlen(s->token), (const uint8_t(*)[32])s->coord_keys,
+                                    s->n_coord_keys, time(NULL), 60, &c)
+                  : CM_EPARSE;
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: the access pass does not verify: %s\n", cm_strerror(rc));
+        return rc;
+    }
+    return CM_OK;
+}
+
+/* A pass whose bootstrap list names at least one peer: a run that just
+ * opened gets its backbone node within seconds. */
+static int fetch_pass(struct peer_state *s)
+{
+    for (int attempt = 0;; attempt++) {
+        json_decref(s->pass);
+        s->pass = NULL;
+        int rc = fetch_pass_once(s);
+        if (rc != CM_OK || s->n_bootstrap > 0 || attempt >= 20)
+            return rc;
+        if (attempt == 0)
+            printf("waiting for the run's DHT backbone to come up...\n");
+        sleep(1);
+    }
+}
+
+/* The run: target batch size and the training recipe. */
+static int fetch_run(struct peer_state *s)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", s->o.run);
+    struct agent_reply r;
+    int rc = agent_request(&s->coord, "GET", path, NULL, &r);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 200) {
+        agent_reply_report("reading the run", &r);
+        agent_reply_free(&r);
+        return CM_ENOTFOUND;
+    }
+    s->target = (double)json_integer_value(json_object_get(r.json, "target_batch_size"));
+    json_t *cfg = json_deep_copy(json_object_get(r.json, "config"));
+    agent_reply_free(&r);
+    if (!json_is_object(cfg) || !json_object_get(cfg, "model")) {
+        fprintf(stderr, "error: run '%s' has no training recipe in its config; an organizer sets "
+                        "it with PATCH /api/v1/runs/%s {\"config\": {...}}\n", s->o.run, s->o.run);
+        json_decref(cfg);
+        return CM_EINVAL;
+    }
+    /* "collaboration" is ours; the rest is the train --local recipe. */
+    json_t *collab = json_object_get(cfg, "collaboration");
+    json_incref(collab);
+    json_object_del(cfg, "collaboration");
+    s->ckpt_every = s->o.checkpoint_every ? s->o.checkpoint_every
+                                          : (long)json_integer_value(json_object_get(collab, "checkpoint_every"));
+    if (s->ckpt_every <= 0)
+        s->ckpt_every = 50;
+    const char *comp = s->o.compression ? s->o.compression
+                                        : json_string_value(json_object_get(collab, "compression"));
+    json_decref(collab);
+    s->comp = AR_COMP_NONE;
+    if (comp && !strcmp(comp, "fp16"))
+        s->comp = AR_COMP_FP16;
+    else if (comp && !strcmp(comp, "q8"))
+        s->comp = AR_COMP_Q8;
+    else if (comp && strcmp(comp, "none") != 0) {
+        fprintf(stderr, "error: compression must be none, fp16 or q8\n");
+        json_decref(cfg);
+        return CM_EINVAL;
+    }
+    s->config_text = json_dumps(cfg, JSON_COMPACT);
+    json_decref(cfg);
+    if (!s->config_text)
+        return CM_ENOMEM;
+    rc = agent_train_config_parse(s->config_text, strlen(s->config_text), NULL, &s->tcfg, err, sizeof err);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: the run's training recipe: %s\n", err);
+        return rc;
+    }
+    if (s->o.micro_batch > 0)
+        s->tcfg.micro_batch = (int)s->o.micro_batch;
+    /* one call of compute_grads = one micro-batch; the collaboration sums them */
+    s->tcfg.batch_size = s->tcfg.micro_batch;
+    if (s->o.device)
+        snprintf(s->tcfg.device, sizeof s->tcfg.device, "%s", s->o.device);
+    s->steps = s->o.steps > 0 ? s->o.steps : s->tcfg.steps;
+    /* every peer its own data order, everyone the same initial weights */
+    uint8_t h[CM_SHA256_LEN];
+    cm_sha256(s->key.pub, CM_ED25519_PUB_LEN, h);
+    memcpy(&s->tcfg.data_seed, h, sizeof s->tcfg.data_seed);
+    s->tcfg.data_seed |= 1;
+    if (strlen(s->rundir) >= sizeof s->tcfg.ckpt_dir) {
+        fprintf(stderr, "error: the state directory path is too long\n");
+        return CM_EINVAL;
+    }
+    memcpy(s->tcfg.ckpt_dir, s->rundir, strlen(s->rundir) + 1);
+    s->tcfg.resume = 0;
+    return CM_OK;
+}
+
+/* Loads the coordinator's newest checkpoint when it is ahead of us. */
+static int catch_up(struct peer_state *s, int64_t *step_out)
+{
+    char path[256], dest[4400], sha[65], err[512];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/latest", s->o.run);
+    snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
+    long status = 0;
+    int rc = agent_download_file(&s->coord, path, dest, &status, sha);
+    if (rc != CM_OK)
+        return rc;
+    if (status == 404)
+        return CM_ENOTFOUND;
+    if (status != 200) {
+        fprintf(stderr, "error: downloading the newest checkpoint: HTTP %ld\n", status);
+        return CM_EPROTO;
+    }
+    int resumed = 0;
+    rc = agent_trainer_resume(&s->tr, &resumed, err, sizeof err);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: loading the checkpoint: %s\n", err);
+        return rc;
+    }
+    *step_out = (int64_t)s->tr.opt->step;
+    printf("caught up from the coordinator's checkpoint at step %lld (sha256 %.16s...)\n",
+           (long long)*step_out, sha);
+    return CM_OK;
+}
+
+static int publish_progress(struct peer_state *s, int64_t step, double samples, double sps)
+{
+    struct collab_progress p = {0};
+    p.step = step;
+    p.samples = samples;
+    p.sps = sps;
+    p.t_ms = now_ms();
+    snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
+    p.client = s->o.client_mode;
+    p.aux = s->o.aggregate_only;
+    char rec[COLLAB_RECORD_MAX];
+    int rc = collab_progress_encode(&p, rec, sizeof rec);
+    return rc ? rc : join_net_put(s->net, s->progress_key, rec, strlen(rec), 60000);
+}
+
+static int read_progress(struct peer_state *s, struct collab_progress **out, size_t *n)
+{
+    struct join_record *r = NULL;
+    size_t nr = 0;
+    *out = NULL;
+    *n = 0;
+    int rc = join_net_get(s->net, s->progress_key, &r, &nr);
+    if (rc != CM_OK)
+        return rc;
+    struct collab_progress *p = calloc(nr ? nr : 1, sizeof *p);
+    for (size_t i = 0; p && i < nr; i++)
+        if (collab_progress_parse(r[i].value, r[i].len, &p[*n]) == CM_OK) {
+            memcpy(p[*n].pub, r[i].author, CM_ED25519_PUB_LEN);
+            (*n)++;
+        }
+    join_records_free(r, nr);
+    *out = p;
+    return p ? CM_OK : CM_ENOMEM;
+}
+
+/* Announces for the round of `step` and gathers its members: the round
+ * closes window_ms after its first announcement (collab_round_members), and
+ * the members are read once the close plus a propagation margin has passed,
+ * so every peer that reads after that agrees on them. CM_EBUSY when we
+ * announced after the close (too late for this round). */
+#define GATHER_MARGIN_MS 150
+
+static int gather(struct peer_state *s, int64_t step, double weight, struct collab_announce **out,
+                  size_t *n)
+{
+    char key[160], rec[COLLAB_RECORD_MAX];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct collab_announce me = {0};
+    memcpy(me.pub, s->key.pub, CM_ED25519_PUB_LEN);
+    me.weight = s->o.aggregate_only ? 0 : weight;
+    me.sends = !s->o.aggregate_only;
+    me.agg = !s->o.client_mode;
+    me.t_ms = now_ms();
+    snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->my_addr);
+    int rc = collab_announce_encode(&me, rec, sizeof rec);
+    if (rc || (rc = join_net_put(s->net, key, rec, strlen(rec), 120000)) != CM_OK)
+        return rc;
+    struct collab_announce *a = NULL;
+    size_t na = 0;
+    int64_t close = me.t_ms + s->o.round_window_ms;
+    for (;;) {
+        int final = now_ms() >= close + GATHER_MARGIN_MS;
+        struct join_record *r = NULL;
+        size_t nr = 0;
+        if ((rc = join_net_get(s->net, key, &r, &nr)) != CM_OK) {
+            free(a);
+            return rc;
+        }
+        free(a);
+        a = calloc(nr + 1, sizeof *a);
+        na = 0;
+        for (size_t i = 0; a && i < nr; i++)
+            if (collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK) {
+                memcpy(a[na].pub, r[i].author, CM_ED25519_PUB_LEN);
+                na++;
+            }
+        join_records_free(r, nr);
+        if (!a)
+            return CM_ENOMEM;
+        a[na++] = me; /* our own view of ourselves; duplicates collapse */
+        na = collab_canonical(a, na);
+        struct collab_announce *tmp = malloc(na * sizeof *tmp);
+        if (!tmp) {
+            free(a);
+            return CM_ENOMEM;
+        }
+        memcpy(tmp, a, na * sizeof *tmp);
+        size_t nm = collab_round_members(tmp, na, s->o.round_window_ms, &close);
+        free(tmp);
+        if (final && now_ms() >= close + GATHER_MARGIN_MS) {
+            na = collab_round_members(a, na, s->o.round_window_ms, &close);
+            break;
+        }
+        (void)nm;
+        int64_t wait = close + GATHER_MARGIN_MS - now_ms();
+        usleep((useconds_t)(wait > 50 ? 50000 : wait > 0 ? wait * 1000 : 1000));
+    }
+    size_t k = 0;
+    while (k < na && memcmp(a[k].pub, me.pub, CM_ED25519_PUB_LEN))
+        k++;
+    if (k == na) {
+        free(a);
+        return CM_EBUSY;
+    }
+    *out = a;
+    *n = na;
+    return CM_OK;
+}
+
+static int upload_checkpoint(struct peer_state *s, int64_t step)
+{
+    char err[512], path[256], file[4400], sha[65];
+    if (agent_trainer_save(&s->tr, err, sizeof err) != CM_OK) {
+        fprintf(stderr, "warning: saving the checkpoint: %s\n", err);
+        return CM_EIO;
+    }
+    snprintf(file, sizeof file, "%s/latest.ckpt", s->rundir);
+    if (agent_file_sha256(file, sha) != CM_OK)
+        return CM_EIO;
+    snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/%lld", s->o.run, (long long)step);
+    struct agent_reply r;
+    int rc = agent_upload_file(&s->coord, path, file, sha, &r);
+    if (rc == CM_OK && r.status != 201 && r.status != 200) {
+        agent_reply_report("uploading the checkpoint", &r);
+        rc = CM_EPROTO;
+    }
+    agent_reply_free(&r);
+    if (rc == CM_OK)
+        printf("uploaded the checkpoint of step %lld\n", (long long)step);
+    return rc;
+}
+
+static int export_model(struct peer_state *s, const char *path)
+{
+    struct kern_model *m = s->tr.model;
+    float *host = malloc(m->nparams * sizeof *host);
+    struct cm_st_export *t = calloc((size_t)m->ntensors, sizeof *t);
+    int rc = CM_ENOMEM;
+    if (host && t && (rc = m->be->download(host, m->params, m->nparams * sizeof *host)) == CM_OK) {
+        for (int i = 0; i < m->ntensors; i++) {
+            t[i].name = m->tensors[i].name;
+            t[i].ndim = (uint32_t)m->tensors[i].ndim;
+            for (int d = 0; d < m->tensors[i].ndim; d++)
+                t[i].shape[d] = (uint64_t)m->tensors[i].shape[d];
+            t[i].data = host + m->tensors[i].off;
+        }
+        const char *meta[] = {"format", "pt", "run", s->o.run};
+        rc = cm_st_write(path, t, (size_t)m->ntensors, meta, 2);
+    }
+    free(host);
+    free(t);
+    return rc;
+}
+
+static void print_line(long step, double samples, double target, double sps, size_t peers,
+                       double loss, double eta)
+{
+    char etas[32];
+    if (isfinite(eta))
+        snprintf(etas, sizeof etas, "%.1fs", eta);
+    else
+        snprintf(etas, sizeof etas, "?");
+    printf("\rstep %6ld | samples %8.0f / %.0f | %7.1f samples/s | %2zu peers | loss %7.4f | next step in %s   ",
+           step, samples, target, sps, peers, loss, etas);
+    fflush(stdout);
+}
+
+static int train_loop(struct peer_state *s)
+{
+    struct kern_model *m = s->tr.model;
+    size_t n = m->nparams;
+    float *accum = calloc(n, sizeof *accum), *grad = malloc(n * sizeof *grad);
+    if (!accum || !grad) {
+        free(accum);
+        free(grad);
+        return CM_ENOMEM;
+    }
+    int rc = CM_OK;
+    double sps = 0, last_loss = NAN;
+    int64_t step = (int64_t)s->tr.opt->step;
+    while (step < s->steps && !g_interrupts) {
+        memset(accum, 0, n * sizeof *accum);
+        double samples = 0, loss_sum = 0, loss_n = 0, t_pub = 0, t_start = mono_s();
+        struct collab_progress *seen = NULL;
+        size_t nseen = 0;
+        struct collab_view view = {0};
+        int behind = 0;
+        for (;;) {
+            if (!s->o.aggregate_only) {
+                struct kern_eval ev;
+                double t0 = mono_s();
+                if ((rc = agent_trainer_compute_grads(&s->tr, &ev)) != CM_OK)
+                    goto out;
+                if ((rc = m->be->download(grad, m->grads, n * sizeof *grad)) != CM_OK)
+                    goto out;
+                float w = (float)s->tcfg.micro_batch;
+                for (size_t i = 0; i < n; i++)
+                    accum[i] += w * grad[i];
+                samples += w;
+                loss_sum += ev.loss_sum;
+                loss_n += (double)ev.count;
+                double dt = mono_s() - t0;
+                if (dt > 0)
+                    sps = sps > 0 ? 0.8 * sps + 0.2 * (w / dt) : w / dt;
+            } else {
+                usleep(50000);
+            }
+            if (g_interrupts)
+                break;
+            double t = mono_s();
+            if (t - t_pub < 0.05)
+                continue;
+            t_pub = t;
+            publish_progress(s, step, samples, sps);
+            free(seen);
+            if (read_progress(s, &seen, &nseen) != CM_OK)
+                continue;
+            /* our own record may not be visible yet: count ourselves from memory */
+            struct collab_progress self = {0};
+            memcpy(self.pub, s->key.pub, CM_ED25519_PUB_LEN);
+            int have_self = 0;
+            for (size_t i = 0; i < nseen; i++)
+                if (!memcmp(seen[i].pub, s->key.pub, CM_ED25519_PUB_LEN)) {
+                    seen[i].samples = samples;
+                    seen[i].step = step;
+                    seen[i].t_ms = now_ms();
+                    have_self = 1;
+                }
+            if (!have_self) {
+                struct collab_progress *g = realloc(seen, (nseen + 1) * sizeof *seen);
+                if (g) {
+                    seen = g;
+                    self.step = step;
+                    self.samples = samples;
+                    self.sps = sps;
+                    self.t_ms = now_ms();
+                    self.aux = s->o.aggregate_only;
+                    seen[nseen++] = self;
+                }
+            }
+            collab_estimate(seen, nseen, step, now_ms(), 30000, s->target, &view);
+            print_line((long)step, view.samples, s->target, sps, view.peers,
+                       loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
+            if (view.max_step > step) {
+                behind = 1;
+                break;
+            }
+            if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only))
+                break;
+        }
+        if (g_interrupts) {
+            free(seen);
+            break;
+        }
+        if (behind) {
+            free(seen);
+            printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
+                   (long long)view.max_step);
+            int64_t got = step;
+            rc = catch_up(s, &got);
+            if (rc == CM_OK && got > step) {
+                step = got;
+                continue;
+            }
+            /* no newer checkpoint yet: wait for one */
+            sleep(2);
+            rc = CM_OK;
+            continue;
+        }
+        struct collab_announce *mem = NULL;
+        size_t nmem = 0;
+        free(seen);
+        rc = gather(s, step, samples, &mem, &nmem);
+        if (rc == CM_EBUSY) {
+            printf("\nstep %lld: announced after the round closed; catching up\n", (long long)step);
+            int64_t got = step;
+            for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
+                if (catch_up(s, &got) == CM_OK && got > step)
+                    break;
+                sleep(2);
+            }
+            step = got;
+            rc = CM_OK;
+            continue;
+        }
+        if (rc != CM_OK)
+            goto out;
+        if (nmem > AR_MAX_MEMBERS)
+            nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
+        struct ar_member am[AR_MAX_MEMBERS];
+        size_t me = nmem, naggs = 0;
+        memset(am, 0, sizeof am);
+        for (size_t i = 0; i < nmem; i++) {
+            memcpy(am[i].pub, mem[i].pub, CM_ED25519_PUB_LEN);
+            am[i].sends = mem[i].sends;
+            am[i].fraction = mem[i].agg ? 1.0 : 0.0;
+            if (mem[i].agg && p2p_addr_parse(mem[i].addr, &am[i].addr) != CM_OK)
+                am[i].fraction = 0;
+            naggs += am[i].fraction > 0;
+            if (!memcmp(mem[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
+                me = i;
+        }
+        if (me == nmem || naggs == 0) {
+            fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
+                    (long long)step, nmem, naggs);
+            free(mem);
+            sleep(1);
+            continue;
+        }
+        if (samples > 0)
+            for (size_t i = 0; i < n; i++)
+                accum[i] /= (float)samples;
+        struct ar_round_config rcfg = {0};
+        rcfg.step = (uint64_t)step;
+        rcfg.group_id = (const uint8_t *)"all";
+        rcfg.group_id_len = 3;
+        rcfg.members = am;
+        rcfg.n_members = nmem;
+        rcfg.my_index = me;
+        rcfg.buf = s->o.aggregate_only ? NULL : accum;
+        rcfg.n = n;
+        rcfg.weight = s->o.aggregate_only ? 0 : samples;
+        rcfg.comp = s->comp;
+        rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
+        rcfg.stall_ms = 3000;
+        struct join_round_summary sum;
+        rc = join_net_allreduce(s->net, &rcfg, &sum);
+        if (sum.n_averaged < sum.n_parts)
+            fprintf(stderr, "\nwarning: step %lld: %zu of %zu parts averaged (%s); the rest keep local values\n",
+                    (long long)step, sum.n_averaged, sum.n_parts, cm_strerror(sum.status));
+        for (size_t i = 0; i < sum.n_excluded; i++) {
+            char pk[64];
+            cm_b64url_encode(am[sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
+            fprintf(stderr, "\nwarning: step %lld: peer %s excluded from the round (%s)\n",
+                    (long long)step, pk, ar_excl_reason_name(sum.excluded_reason[i]));
+        }
+        rc = CM_OK;
+        if (!s->o.aggregate_only) {
+            float gnorm = 0, lr = 0;
+            if ((rc = m->be->upload(m->grads, accum, n * sizeof *accum)) != CM_OK ||
+                (rc = agent_trainer_apply(&s->tr, &gnorm, &lr)) != CM_OK)
+                goto out;
+        } else {
+            s->tr.opt->step++; /* the aggregate-only peer follows the step count */
+        }
+        step++;
+        if (loss_n)
+            last_loss = loss_sum / loss_n;
+        if (step % s->ckpt_every == 0 && !s->o.aggregate_only &&
+            collab_checkpoint_uploader(mem, nmem, step) == me)
+            upload_checkpoint(s, step);
+        free(mem);
+        (void)t_start;
+    }
+out:
+    printf("\n");
+    free(accum);
+    free(grad);
+    return rc;
+}
+
+int agent_cmd_join(int argc, char **argv)
+{
+    struct peer_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return 1;
+    int rc = cm_opts_parse(&JOIN, &s->o, argc, argv, NULL, NULL, stderr);
+    if (rc != CM_OK) {
+        cm_opts_free(&JOIN, &s->o);
+        free(s);
+        return rc == 1 ? 0 : 2;
+    }
+    int status = 2;
+    if (!s->o.run || !cm_name_valid(s->o.run)) {
+        fprintf(stderr, "error: --run RUN is required (see --help)\n");
+        goto out;
+    }
+    if (s->o.aggregate_only && s->o.client_mode) {
+        fprintf(stderr, "error: an --aggregate-only peer must accept connections (not --client-mode)\n");
+        goto out;
+    }
+    status = 1;
+    if (agent_state_dir(s->o.config_dir, s->dir, sizeof s->dir) != CM_OK)
+        goto out;
+    snprintf(s->rundir, sizeof s->rundir, "%s/%s", s->dir, s->o.run);
+    mkdir(s->rundir, 0700);
+    s->session = agent_state_read(s->dir, "session.json");
+    if (!s->session) {
+        fprintf(stderr, "error: not logged in; run 'crowdtrain-agent login' first\n");
+        goto out;
+    }
+    s->coord.url = s->o.coordinator ? s->o.coordinator
+                                    : (char *)json_string_value(json_object_get(s->session, "coordinator"));
+    s->coord.ca_cert = (char *)json_string_value(json_object_get(s->session, "ca_cert"));
+    s->coord.token = (char *)json_string_value(json_object_get(s->session, "token"));
+    char keypath[4200], err[512];
+    snprintf(keypath, sizeof keypath, "%s/peer-ed25519.pem", s->dir);
+    if (!s->coord.url || !s->coord.token ||
+        cm_ed25519_load_or_create(&s->key, keypath, NULL) != CM_OK) {
+        fprintf(stderr, "error: incomplete state in %s; log in again\n", s->dir);
+        goto out;
+    }
+    if (fetch_pass(s) != CM_OK || fetch_run(s) != CM_OK)
+        goto out;
+    if (agent_trainer_init(&s->tr, &s->tcfg, s->config_text, strlen(s->config_text), err, sizeof err) != CM_OK) {
+        fprintf(stderr, "error: %s\n", err);
+        goto out;
+    }
+    s->trainer_ready = 1;
+    int64_t step = 0;
+    rc = catch_up(s, &step);
+    if (rc != CM_OK && rc != CM_ENOTFOUND)
+        goto out;
+
+    struct join_net_config nc = {0};
+    nc.key = &s->key;
+    nc.token = s->token;
+    nc.run = s->o.run;
+    nc.coord_keys = (const uint8_t(*)[CM_ED25519_PUB_LEN])s->coord_keys;
+    nc.n_coord_keys = s->n_coord_keys;
+    nc.listen_ip = s->o.client_mode ? NULL : s->o.listen_ip;
+    nc.dht_port = (uint16_t)s->o.dht_port;
+    nc.ar_port = (uint16_t)s->o.ar_port;
+    nc.max_upload_mbps = s->o.max_upload_mbps;
+    nc.max_download_mbps = s->o.max_download_mbps;
+    nc.bootstrap = s->bootstrap;
+    nc.n_bootstrap = s->n_bootstrap;
+    if ((rc = join_net_start(&nc, &s->net)) != CM_OK) {
+        fprintf(stderr, "error: starting the peer-to-peer node: %s\n", cm_strerror(rc));
+        goto out;
+    }
+    const char *adv = s->o.advertise_ip ? s->o.advertise_ip
+                      : strcmp(s->o.listen_ip, "0.0.0.0") ? s->o.listen_ip : "127.0.0.1";
+    if (!s->o.client_mode)
+        snprintf(s->my_addr, sizeof s->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
+                 join_net_ar_port(s->net));
+    snprintf(s->progress_key, sizeof s->progress_key, "%s/progress", s->o.run);
+    char pk[64];
+    cm_b64url_encode(s->key.pub, CM_ED25519_PUB_LEN, pk);
+    printf("joined run '%s' as %s (peer %.12s..., %s%s), target batch %.0f, %ld steps, model %zu parameters\n",
+           s->o.run, json_string_value(json_object_get(s->pass, "username")), pk,
+           s->o.aggregate_only ? "aggregate-only" : s->tr.be->name,
+           s->o.client_mode ? ", client mode" : "", s->target, s->steps, s->tr.model->nparams);
+
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rc = train_loop(s);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: training stopped: %s\n", cm_strerror(rc));
+        goto out;
+    }
+    if (g_interrupts)
+        printf("left the run at step %llu (Ctrl-C)\n", (unsigned long long)s->tr.opt->step);
+    if (!s->o.aggregate_only && !s->o.no_eval && s->tcfg.eval_manifest[0]) {
+        struct kern_eval ev;
+        if (agent_trainer_evaluate(&s->tr, s->tcfg.eval_batches, &ev, err, sizeof err) == CM_OK && ev.count)
+            printf("evaluation at step %llu: loss %.4f, accuracy %.2f%% (%ld examples)\n",
+                   (unsigned long long)s->tr.opt->step, ev.loss_sum / (double)ev.count,
+                   100.0 * (double)ev.correct / (double)ev.count, ev.count);
+        else
+            fprintf(stderr, "warning: evaluation failed: %s\n", err);
+    }
+    if (!s->o.aggregate_only) {
+        char out_path[4400];
+        snprintf(out_path, sizeof out_path, "%s", s->o.export_path ? s->o.export_path : "");
+        if (!out_path[0])
+            snprintf(out_path, sizeof out_path, "%s/%s.safetensors", s->dir, s->o.run);
+        if (export_model(s, out_path) == CM_OK)
+            printf("exported the model: %s\n", out_path);
+        else
+            fprintf(stderr, "warning: exporting the model to %s failed\n", out_path);
+    }
+    status = 0;
+out:
+    if (s->net)
+        join_net_stop(s->net);
+    if (s->trainer_ready)
+        agent_trainer_cleanup(&s->tr);
+    cm_ed25519_cleanup(&s->key);
+    json_decref(s->session);
+    json_decref(s->pass);
+    free(s->config_text);
+    cm_opts_free(&JOIN, &s->o);
+    free(s);
+    return status;
+}

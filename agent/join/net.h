@@ -1,0 +1,64 @@
+/* The collaborative agent's network side: one thread running a libuv loop
+ * with the process's p2p context (bandwidth caps), a Kademlia DHT node and
+ * the averaging engine. The training thread talks to it through blocking
+ * calls that queue a job on the loop and wait for its completion; every
+ * call is bounded (DHT lookups by their RPC deadlines, rounds by theirs). */
+#ifndef AGENT_JOIN_NET_H
+#define AGENT_JOIN_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ar/ar.h"
+#include "cm_crypto.h"
+
+struct join_net_config {
+    const struct cm_ed25519 *key; /* borrowed, outlives the net */
+    const char *token;
+    const char *run;
+    const uint8_t (*coord_keys)[CM_ED25519_PUB_LEN];
+    size_t n_coord_keys;
+    const char *listen_ip; /* NULL: client mode (no inbound connections) */
+    uint16_t dht_port, ar_port; /* 0: ephemeral */
+    double max_upload_mbps, max_download_mbps; /* 0: unlimited */
+    const char *const *bootstrap;
+    size_t n_bootstrap;
+};
+
+struct join_net;
+
+int join_net_start(const struct join_net_config *cfg, struct join_net **out);
+void join_net_stop(struct join_net *n);
+uint16_t join_net_ar_port(const struct join_net *n);
+
+/* A record read from the DHT: author and value (heap). */
+struct join_record {
+    uint8_t author[CM_ED25519_PUB_LEN];
+    uint8_t *value;
+    size_t len;
+};
+void join_records_free(struct join_record *r, size_t n);
+
+/* Stores my entry (subkey "p") under key, expiring ttl_ms from now. */
+int join_net_put(struct join_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms);
+/* Reads every live entry of key. *out is heap (join_records_free). */
+int join_net_get(struct join_net *n, const char *key, struct join_record **out, size_t *count);
+
+/* One averaging round; cfg->done/arg are set by this call. The summary is
+ * copied out of the engine's result. */
+struct join_round_summary {
+    int status;
+    size_t n_parts, n_averaged;
+    double weight; /* smallest total weight over the averaged parts */
+    size_t n_excluded;
+    uint32_t excluded[AR_MAX_MEMBERS];
+    int excluded_reason[AR_MAX_MEMBERS];
+    double ms_total;
+    uint64_t bytes_sent, bytes_received;
+};
+int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out);
+
+/* Replaces the revocation list the receivers check. Thread-safe. */
+void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);
+
+#endif
