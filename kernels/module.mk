@@ -33,11 +33,9 @@ ifneq ($(SANITIZER),)
 KERN_WITH_CUDA := 0
 endif
 
-# OpenMP for the CPU backend's loops.
-# override: `make fuzz` passes EXTRA_CFLAGS on the command line, which would
-# otherwise replace this instead of adding to it.
-$(KERNELS_OBJS): override EXTRA_CFLAGS += -fopenmp
-LDLIBS_EXTRA += -lopenblas -fopenmp
+# The CPU backend: OpenBLAS (single-threaded inside our own worker threads,
+# kernels/cpu/kern_pool.h).
+LDLIBS_EXTRA += -lopenblas
 
 ifeq ($(KERN_WITH_CUDA),1)
 CUDA_ARCH_FLAGS ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90

@@ -1,9 +1,12 @@
 /* The CPU backend: the reference implementation of every op in
  * kern_backend.h. Matrix products go to OpenBLAS sgemm; the other ops are
- * plain loops the compiler vectorizes, split across cores with OpenMP where
- * the work is large enough to pay for the fork. The layer-norm, attention and
- * GELU loops follow llm.c's train_gpt2.c, which is itself checked against
- * PyTorch; our own fixtures (tests/fixtures/kernels/) check them again.
+ * plain loops the compiler vectorizes. Work large enough to pay for it is
+ * split into one contiguous slice per core on our own worker threads
+ * (kern_pool.h says why not OpenMP); OpenBLAS runs single-threaded inside
+ * each slice, so there is one thread pool, not two competing ones. The
+ * layer-norm, attention and GELU loops follow llm.c's train_gpt2.c, which is
+ * itself checked against PyTorch; our fixtures (tests/fixtures/kernels/)
+ * check them again.
  *
  * All pointers are host memory. Backward ops accumulate into gradients. */
 #include <cblas.h>
@@ -12,40 +15,28 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "cm_err.h"
 #include "kern_backend.h"
+#include "kern_pool.h"
 
 /* Below this many elements an elementwise loop runs on one thread. */
 #define KERN_CPU_PAR_MIN 32768
-
-static int g_threads;
-
-void kern_cpu_set_threads(int n)
-{
-    g_threads = n > 0 ? n : 0;
-#ifdef _OPENMP
-    omp_set_num_threads(g_threads ? g_threads : omp_get_num_procs());
-#endif
-    /* each OpenMP thread calls a single-threaded sgemm (see cpu_matmul_fwd) */
-    openblas_set_num_threads(1);
-}
+/* Below this many flops a matrix product runs on one thread. */
+#define KERN_CPU_GEMM_PAR_MIN 4000000.0
 
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
+/* Each slice calls a single-threaded sgemm (see cpu_matmul_fwd). */
 static void cpu_init_once(void) { openblas_set_num_threads(1); }
 
-int kern_cpu_threads(void)
+void kern_cpu_set_threads(int n)
 {
-#ifdef _OPENMP
-    return g_threads ? g_threads : omp_get_max_threads();
-#else
-    return 1;
-#endif
+    pthread_once(&g_cpu_once, cpu_init_once);
+    kern__pool_set_threads(n);
 }
+
+int kern_cpu_threads(void) { return kern__pool_threads(); }
 
 /* ---- memory ---- */
 
@@ -80,176 +71,264 @@ static int cpu_set_precision(const char *mode)
 
 /* ---- elementwise ---- */
 
+/* Arguments of the simple elementwise ops, shared by their slice functions. */
+struct ew {
+    float *y;
+    const float *a, *b, *c;
+    float s;
+    double part[KERN_POOL_MAX]; /* per-slice partial results of reductions */
+};
+
+static void fill_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] = e->s;
+}
+
 static void cpu_fill(float *x, float v, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        x[i] = v;
+    struct ew e = {.y = x, .s = v};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, fill_r, &e);
+}
+
+static void scale_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] *= e->s;
 }
 
 static void cpu_scale(float *x, float s, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        x[i] *= s;
+    struct ew e = {.y = x, .s = s};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, scale_r, &e);
+}
+
+static void axpy_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] += e->s * e->a[i];
 }
 
 static void cpu_axpy(float *y, float a, const float *x, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        y[i] += a * x[i];
+    struct ew e = {.y = y, .s = a, .a = x};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, axpy_r, &e);
+}
+
+static void add_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] = e->a[i] + e->b[i];
 }
 
 static void cpu_add(float *out, const float *a, const float *b, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
+    struct ew e = {.y = out, .a = a, .b = b};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, add_r, &e);
+}
+
+static void sumsq_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    double s = 0.0;
+    for (size_t i = lo; i < hi; i++)
+        s += (double)e->a[i] * e->a[i];
+    e->part[tid] = s;
 }
 
 static double cpu_sumsq(const float *x, size_t n)
 {
+    struct ew e = {.a = x};
+    int nt = kern__parallel_for(n, KERN_CPU_PAR_MIN, sumsq_r, &e);
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
+    for (int t = 0; t < nt; t++) /* fixed order: same result every run */
+        s += e.part[t];
     return s;
+}
+
+static void nonfinite_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    int bad = 0;
+    for (size_t i = lo; i < hi; i++)
+        bad |= !isfinite(e->a[i]);
+    e->part[tid] = bad;
 }
 
 static int cpu_all_finite(const float *x, size_t n)
 {
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        bad |= !isfinite(x[i]);
-    return !bad;
-}
-
-/* The slice [lo, hi) of n columns that the calling OpenMP thread owns
- * (all of them outside a parallel region). */
-static void col_slice(int n, int *lo, int *hi)
-{
-#ifdef _OPENMP
-    int nt = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-    int nt = 1, id = 0;
-#endif
-    *lo = (int)((long)n * id / nt);
-    *hi = (int)((long)n * (id + 1) / nt);
+    struct ew e = {.a = x};
+    int nt = kern__parallel_for(n, KERN_CPU_PAR_MIN, nonfinite_r, &e);
+    for (int t = 0; t < nt; t++)
+        if (e.part[t] != 0.0)
+            return 0;
+    return 1;
 }
 
 /* ---- dense ---- */
 
-/* Matrix products split across the OpenMP threads by hand, each slice one
- * single-threaded OpenBLAS sgemm. One thread pool instead of two: with
- * OpenBLAS's own pthreads next to OpenMP's, the OpenMP threads still
- * spinning after a parallel region take the cores from the OpenBLAS threads
- * of the next product (measured: a 2048x128x384 product ran 5x slower than
- * bare sgemm on 2 cores). Products under KERN_CPU_GEMM_PAR_MIN flops run on
- * one thread. */
-#define KERN_CPU_GEMM_PAR_MIN 4e6
+struct mm {
+    float *out, *dinp, *dw, *dbias;
+    const float *inp, *w, *bias, *dout;
+    int N, C, OC;
+};
 
-/* out (N,OC) = inp (N,C) @ w^T + bias; rows of out split across threads */
+/* out rows [lo, hi) = inp rows @ w^T + bias */
+static void mm_fwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct mm *m = p;
+    (void)tid;
+    int OC = m->OC, C = m->C;
+    if (m->bias)
+        for (size_t i = lo; i < hi; i++)
+            memcpy(m->out + i * OC, m->bias, sizeof(float) * OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo), OC, C, 1.0f,
+                m->inp + lo * C, C, m->w, C, m->bias ? 1.0f : 0.0f, m->out + lo * OC, OC);
+}
+
+/* out (N,OC) = inp (N,C) @ w^T + bias; rows split across threads */
 static void cpu_matmul_fwd(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC)
 {
-#pragma omp parallel if (2.0 * N * C * OC > KERN_CPU_GEMM_PAR_MIN)
-    {
-        int lo, hi;
-        col_slice(N, &lo, &hi);
-        if (hi > lo) {
-            float *o = out + (size_t)lo * OC;
-            if (bias)
-                for (int i = lo; i < hi; i++)
-                    memcpy(out + (size_t)i * OC, bias, sizeof(float) * OC);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, OC, C, 1.0f,
-                        inp + (size_t)lo * C, C, w, C, bias ? 1.0f : 0.0f, o, OC);
+    struct mm m = {.out = out, .inp = inp, .w = w, .bias = bias, .N = N, .C = C, .OC = OC};
+    double flops = 2.0 * N * C * OC;
+    kern__parallel_for((size_t)N, flops > KERN_CPU_GEMM_PAR_MIN ? 2 : (size_t)N + 1, mm_fwd_r,
+                       &m);
+}
+
+/* dinp rows [lo, hi) += dout rows @ w */
+static void mm_dinp_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct mm *m = p;
+    (void)tid;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(hi - lo), m->C, m->OC, 1.0f,
+                m->dout + lo * m->OC, m->OC, m->w, m->C, 1.0f, m->dinp + lo * m->C, m->C);
+}
+
+/* dw rows [lo, hi) += dout[:, lo:hi]^T @ inp; dbias[lo:hi] += column sums */
+static void mm_dw_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct mm *m = p;
+    (void)tid;
+    int OC = m->OC, C = m->C, N = m->N;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(hi - lo), C, N, 1.0f, m->dout + lo,
+                OC, m->inp, C, 1.0f, m->dw + lo * C, C);
+    if (m->dbias)
+        for (int i = 0; i < N; i++) {
+            const float *row = m->dout + (size_t)i * OC;
+            for (size_t o = lo; o < hi; o++)
+                m->dbias[o] += row[o];
         }
-    }
 }
 
 /* dinp (N,C) += dout (N,OC) @ w (OC,C): rows of dinp split across threads;
  * dw (OC,C) += dout^T @ inp (N,C) and dbias (OC) += sum_rows dout: rows of
- * dw (columns of dout) split across threads, so no two threads write the
- * same element. */
+ * dw (columns of dout) split, so no two threads write the same element. */
 static void cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout,
                            const float *inp, const float *w, int N, int C, int OC)
 {
-#pragma omp parallel if (4.0 * N * C * OC > KERN_CPU_GEMM_PAR_MIN)
-    {
-        int lo, hi;
-        if (dinp) {
-            col_slice(N, &lo, &hi);
-            if (hi > lo)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, C, OC, 1.0f,
-                            dout + (size_t)lo * OC, OC, w, C, 1.0f, dinp + (size_t)lo * C, C);
-        }
-        col_slice(OC, &lo, &hi);
-        if (hi > lo) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, C, N, 1.0f, dout + lo,
-                        OC, inp, C, 1.0f, dw + (size_t)lo * C, C);
-            if (dbias)
-                for (int i = 0; i < N; i++) {
-                    const float *row = dout + (size_t)i * OC;
-                    for (int o = lo; o < hi; o++)
-                        dbias[o] += row[o];
-                }
-        }
-    }
+    struct mm m = {.dinp = dinp, .dw = dw, .dbias = dbias, .dout = dout, .inp = inp, .w = w,
+                   .N = N, .C = C, .OC = OC};
+    int par = 2.0 * N * C * OC > KERN_CPU_GEMM_PAR_MIN;
+    if (dinp)
+        kern__parallel_for((size_t)N, par ? 2 : (size_t)N + 1, mm_dinp_r, &m);
+    kern__parallel_for((size_t)OC, par ? 2 : (size_t)OC + 1, mm_dw_r, &m);
 }
 
 /* ---- activations ---- */
 
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+static void relu_fwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] = e->a[i] > 0.0f ? e->a[i] : 0.0f;
+}
+
 static void cpu_relu_fwd(float *out, const float *inp, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    struct ew e = {.y = out, .a = inp};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, relu_fwd_r, &e);
+}
+
+static void relu_bwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] += e->a[i] > 0.0f ? e->b[i] : 0.0f;
 }
 
 static void cpu_relu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++)
-        dinp[i] += inp[i] > 0.0f ? dout[i] : 0.0f;
+    struct ew e = {.y = dinp, .a = inp, .b = dout};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, relu_bwd_r, &e);
 }
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-
-static void cpu_gelu_fwd(float *out, const float *inp, size_t n)
+static void gelu_fwd_r(void *p, size_t lo, size_t hi, int tid)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN / 4)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++) {
+        float x = e->a[i];
         float cube = 0.044715f * x * x * x;
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+        e->y[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
     }
 }
 
-static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+static void cpu_gelu_fwd(float *out, const float *inp, size_t n)
 {
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN / 4)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
+    struct ew e = {.y = out, .a = inp};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN / 4, gelu_fwd_r, &e);
+}
+
+static void gelu_bwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++) {
+        float x = e->a[i];
         float cube = 0.044715f * x * x * x;
         float th = tanhf(GELU_SCALE * (x + cube));
         float sech2 = 1.0f - th * th;
         float local = 0.5f * (1.0f + th) +
                       x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] += local * dout[i];
+        e->y[i] += local * e->b[i];
     }
+}
+
+static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    struct ew e = {.y = dinp, .a = inp, .b = dout};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN / 4, gelu_bwd_r, &e);
 }
 
 /* ---- layer norm ---- */
 
-static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int N, int C)
+struct ln {
+    float *out, *mean, *rstd, *dinp, *dw, *db;
+    const float *inp, *w, *b, *dout, *cmean, *crstd;
+    int N, C;
+};
+
+static void ln_fwd_r(void *p, size_t lo, size_t hi, int tid)
 {
+    struct ln *l = p;
+    (void)tid;
     const float eps = 1e-5f;
-#pragma omp parallel for if ((size_t)N * C > KERN_CPU_PAR_MIN)
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * C;
+    int C = l->C;
+    for (size_t i = lo; i < hi; i++) {
+        const float *x = l->inp + i * C;
         float m = 0.0f;
         for (int c = 0; c < C; c++)
             m += x[c];
@@ -261,30 +340,36 @@ static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float 
         }
         v /= C;
         float s = 1.0f / sqrtf(v + eps);
-        float *o = out + (size_t)i * C;
+        float *o = l->out + i * C;
         for (int c = 0; c < C; c++)
-            o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[i] = m;
-        rstd[i] = s;
+            o[c] = (x[c] - m) * s * l->w[c] + l->b[c];
+        l->mean[i] = m;
+        l->rstd[i] = s;
     }
 }
 
-static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                              const float *inp, const float *w, const float *mean,
-                              const float *rstd, int N, int C)
+static void cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C)
 {
-    /* dinp rows are independent; dw/db sum over rows, so they are done in a
-     * separate pass parallel over channels to avoid write races. */
-#pragma omp parallel for if ((size_t)N * C > KERN_CPU_PAR_MIN)
-    for (int i = 0; i < N; i++) {
-        const float *dy = dout + (size_t)i * C;
-        const float *x = inp + (size_t)i * C;
-        float *dx = dinp + (size_t)i * C;
-        float m = mean[i], s = rstd[i];
+    struct ln l = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .w = w, .b = b, .N = N,
+                   .C = C};
+    kern__parallel_for((size_t)N, KERN_CPU_PAR_MIN / (size_t)C + 1, ln_fwd_r, &l);
+}
+
+/* dinp rows [lo, hi) */
+static void ln_bwd_x_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ln *l = p;
+    (void)tid;
+    int C = l->C;
+    for (size_t i = lo; i < hi; i++) {
+        const float *dy = l->dout + i * C, *x = l->inp + i * C;
+        float *dx = l->dinp + i * C;
+        float m = l->cmean[i], s = l->crstd[i];
         float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int c = 0; c < C; c++) {
             float nrm = (x[c] - m) * s;
-            float dn = w[c] * dy[c];
+            float dn = l->w[c] * dy[c];
             dnorm_mean += dn;
             dnorm_norm_mean += dn * nrm;
         }
@@ -292,39 +377,68 @@ static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *do
         dnorm_norm_mean /= C;
         for (int c = 0; c < C; c++) {
             float nrm = (x[c] - m) * s;
-            float dn = w[c] * dy[c];
+            float dn = l->w[c] * dy[c];
             dx[c] += (dn - dnorm_mean - nrm * dnorm_norm_mean) * s;
-        }
-    }
-#pragma omp parallel if ((size_t)N * C > KERN_CPU_PAR_MIN)
-    {
-        int lo, hi;
-        col_slice(C, &lo, &hi);
-        for (int i = 0; i < N; i++) {
-            const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
-            float m = mean[i], r = rstd[i];
-            for (int c = lo; c < hi; c++) {
-                dw[c] += (x[c] - m) * r * dy[c];
-                db[c] += dy[c];
-            }
         }
     }
 }
 
+/* dw, db channels [lo, hi): walk all rows, contiguous inner loop */
+static void ln_bwd_w_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ln *l = p;
+    (void)tid;
+    int C = l->C;
+    for (int i = 0; i < l->N; i++) {
+        const float *dy = l->dout + (size_t)i * C, *x = l->inp + (size_t)i * C;
+        float m = l->cmean[i], r = l->crstd[i];
+        for (size_t c = lo; c < hi; c++) {
+            l->dw[c] += (x[c] - m) * r * dy[c];
+            l->db[c] += dy[c];
+        }
+    }
+}
+
+static void cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                              const float *inp, const float *w, const float *mean,
+                              const float *rstd, int N, int C)
+{
+    struct ln l = {.dinp = dinp, .dw = dw, .db = db, .dout = dout, .inp = inp, .w = w,
+                   .cmean = mean, .crstd = rstd, .N = N, .C = C};
+    size_t big = (size_t)N * C > KERN_CPU_PAR_MIN;
+    kern__parallel_for((size_t)N, big ? 2 : (size_t)N + 1, ln_bwd_x_r, &l);
+    kern__parallel_for((size_t)C, big ? 2 : (size_t)C + 1, ln_bwd_w_r, &l);
+}
+
 /* ---- embeddings ---- */
+
+struct emb {
+    float *out, *dwte, *dwpe;
+    const float *wte, *wpe, *dout;
+    const int *tok;
+    int T, C;
+};
+
+/* rows (b*T + t) in [lo, hi) */
+static void emb_fwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct emb *e = p;
+    (void)tid;
+    int C = e->C;
+    for (size_t bt = lo; bt < hi; bt++) {
+        float *o = e->out + bt * C;
+        const float *te = e->wte + (size_t)e->tok[bt] * C;
+        const float *pe = e->wpe + (bt % (size_t)e->T) * C;
+        for (int c = 0; c < C; c++)
+            o[c] = te[c] + pe[c];
+    }
+}
 
 static void cpu_embed_fwd(float *out, const int *tok, const float *wte, const float *wpe, int B,
                           int T, int C)
 {
-#pragma omp parallel for collapse(2) if ((size_t)B * T * C > KERN_CPU_PAR_MIN)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            float *o = out + ((size_t)b * T + t) * C;
-            const float *e = wte + (size_t)tok[b * T + t] * C;
-            const float *p = wpe + (size_t)t * C;
-            for (int c = 0; c < C; c++)
-                o[c] = e[c] + p[c];
-        }
+    struct emb e = {.out = out, .tok = tok, .wte = wte, .wpe = wpe, .T = T, .C = C};
+    kern__parallel_for((size_t)B * T, KERN_CPU_PAR_MIN / (size_t)C + 1, emb_fwd_r, &e);
 }
 
 static void cpu_embed_bwd(float *dwte, float *dwpe, const float *dout, const int *tok, int B,
@@ -345,188 +459,259 @@ static void cpu_embed_bwd(float *dwte, float *dwpe, const float *dout, const int
 
 /* ---- attention ---- */
 
+struct att {
+    float *out, *preatt, *att, *dqkv, *dpreatt, *datt;
+    const float *qkv, *catt, *dout;
+    int B, T, C, NH, causal;
+};
+
+/* forward over flattened (b, t, h) in [lo, hi) */
+static void att_fwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct att *A = p;
+    (void)tid;
+    int T = A->T, C = A->C, NH = A->NH;
+    int hs = C / NH;
+    float sc = 1.0f / sqrtf((float)hs);
+    size_t C3 = (size_t)C * 3;
+    for (size_t idx = lo; idx < hi; idx++) {
+        int h = (int)(idx % NH), t = (int)(idx / NH % T), b = (int)(idx / ((size_t)NH * T));
+        const float *q = A->qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+        float *pre = A->preatt + (((size_t)b * NH + h) * T + t) * T;
+        float *a = A->att + (((size_t)b * NH + h) * T + t) * T;
+        int tend = A->causal ? t + 1 : T;
+        float mx = -INFINITY;
+        for (int t2 = 0; t2 < tend; t2++) {
+            const float *k = A->qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
+            float v = 0.0f;
+            for (int i = 0; i < hs; i++)
+                v += q[i] * k[i];
+            v *= sc;
+            pre[t2] = v;
+            if (v > mx)
+                mx = v;
+        }
+        float sum = 0.0f;
+        for (int t2 = 0; t2 < tend; t2++) {
+            float e = expf(pre[t2] - mx);
+            a[t2] = e;
+            sum += e;
+        }
+        float inv = 1.0f / sum;
+        for (int t2 = 0; t2 < T; t2++) {
+            if (t2 < tend) {
+                a[t2] *= inv;
+            } else {
+                a[t2] = 0.0f;
+                pre[t2] = 0.0f;
+            }
+        }
+        float *o = A->out + ((size_t)b * T + t) * C + (size_t)h * hs;
+        for (int i = 0; i < hs; i++)
+            o[i] = 0.0f;
+        for (int t2 = 0; t2 < tend; t2++) {
+            const float *v = A->qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
+            float w = a[t2];
+            for (int i = 0; i < hs; i++)
+                o[i] += w * v[i];
+        }
+    }
+}
+
 /* qkv (B,T,3C), out (B,T,C), preatt/att (B,NH,T,T) */
 static void cpu_attention_fwd(float *out, float *preatt, float *att, const float *qkv, int B,
                               int T, int C, int NH, int causal)
 {
+    struct att A = {.out = out, .preatt = preatt, .att = att, .qkv = qkv, .B = B, .T = T, .C = C,
+                    .NH = NH, .causal = causal};
+    kern__parallel_for((size_t)B * T * NH, 2, att_fwd_r, &A);
+}
+
+/* backward over flattened (b, h) in [lo, hi): every write of one (b,h) pair
+ * stays inside that head's slice of dqkv, so slices never collide */
+static void att_bwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct att *A = p;
+    (void)tid;
+    int T = A->T, C = A->C, NH = A->NH;
     int hs = C / NH;
     float sc = 1.0f / sqrtf((float)hs);
     size_t C3 = (size_t)C * 3;
-#pragma omp parallel for collapse(3)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++) {
-                const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-                float *pre = preatt + (((size_t)b * NH + h) * T + t) * T;
-                float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                int tend = causal ? t + 1 : T;
-                float mx = -INFINITY;
-                for (int t2 = 0; t2 < tend; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
-                    float v = 0.0f;
-                    for (int i = 0; i < hs; i++)
-                        v += q[i] * k[i];
-                    v *= sc;
-                    pre[t2] = v;
-                    if (v > mx)
-                        mx = v;
+    for (size_t bh = lo; bh < hi; bh++) {
+        int b = (int)(bh / NH), h = (int)(bh % NH);
+        for (int t = 0; t < T; t++) {
+            const float *a = A->catt + (((size_t)b * NH + h) * T + t) * T;
+            float *da = A->datt + (((size_t)b * NH + h) * T + t) * T;
+            float *dpre = A->dpreatt + (((size_t)b * NH + h) * T + t) * T;
+            const float *q = A->qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+            float *dq = A->dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
+            const float *dy = A->dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+            int tend = A->causal ? t + 1 : T;
+            for (int t2 = 0; t2 < T; t2++) {
+                da[t2] = 0.0f;
+                dpre[t2] = 0.0f;
+            }
+            /* out = att @ v */
+            for (int t2 = 0; t2 < tend; t2++) {
+                const float *v = A->qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
+                float *dv = A->dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
+                float s = 0.0f;
+                for (int i = 0; i < hs; i++) {
+                    s += v[i] * dy[i];
+                    dv[i] += a[t2] * dy[i];
                 }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 < tend; t2++) {
-                    float e = expf(pre[t2] - mx);
-                    a[t2] = e;
-                    sum += e;
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 < T; t2++) {
-                    if (t2 < tend) {
-                        a[t2] *= inv;
-                    } else {
-                        a[t2] = 0.0f;
-                        pre[t2] = 0.0f;
-                    }
-                }
-                float *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-                for (int i = 0; i < hs; i++)
-                    o[i] = 0.0f;
-                for (int t2 = 0; t2 < tend; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
-                    float w = a[t2];
-                    for (int i = 0; i < hs; i++)
-                        o[i] += w * v[i];
+                da[t2] = s;
+            }
+            /* softmax backward: dpre = a * (da - sum(a * da)) */
+            float dot = 0.0f;
+            for (int t2 = 0; t2 < tend; t2++)
+                dot += a[t2] * da[t2];
+            for (int t2 = 0; t2 < tend; t2++)
+                dpre[t2] = a[t2] * (da[t2] - dot);
+            /* pre = q . k * sc */
+            for (int t2 = 0; t2 < tend; t2++) {
+                const float *k = A->qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
+                float *dk = A->dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
+                float g = dpre[t2] * sc;
+                for (int i = 0; i < hs; i++) {
+                    dq[i] += k[i] * g;
+                    dk[i] += q[i] * g;
                 }
             }
+        }
+    }
 }
 
 static void cpu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const float *dout,
                               const float *qkv, const float *att, int B, int T, int C, int NH,
                               int causal)
 {
-    int hs = C / NH;
-    float sc = 1.0f / sqrtf((float)hs);
-    size_t C3 = (size_t)C * 3;
-    /* Parallel over (b,h): every write of one (b,h) pair stays inside that
-     * head's slice of dqkv, so no two threads touch the same element. */
-#pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float *a = att + (((size_t)b * NH + h) * T + t) * T;
-                float *da = datt + (((size_t)b * NH + h) * T + t) * T;
-                float *dpre = dpreatt + (((size_t)b * NH + h) * T + t) * T;
-                const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-                float *dq = dqkv + ((size_t)b * T + t) * C3 + (size_t)h * hs;
-                const float *dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
-                int tend = causal ? t + 1 : T;
-                for (int t2 = 0; t2 < T; t2++) {
-                    da[t2] = 0.0f;
-                    dpre[t2] = 0.0f;
-                }
-                /* out = att @ v */
-                for (int t2 = 0; t2 < tend; t2++) {
-                    const float *v = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
-                    float *dv = dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + 2 * C;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        s += v[i] * dy[i];
-                        dv[i] += a[t2] * dy[i];
-                    }
-                    da[t2] = s;
-                }
-                /* softmax backward: dpre = a * (da - sum(a * da)) */
-                float dot = 0.0f;
-                for (int t2 = 0; t2 < tend; t2++)
-                    dot += a[t2] * da[t2];
-                for (int t2 = 0; t2 < tend; t2++)
-                    dpre[t2] = a[t2] * (da[t2] - dot);
-                /* pre = q . k * sc */
-                for (int t2 = 0; t2 < tend; t2++) {
-                    const float *k = qkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
-                    float *dk = dqkv + ((size_t)b * T + t2) * C3 + (size_t)h * hs + C;
-                    float g = dpre[t2] * sc;
-                    for (int i = 0; i < hs; i++) {
-                        dq[i] += k[i] * g;
-                        dk[i] += q[i] * g;
-                    }
-                }
-            }
+    struct att A = {.dqkv = dqkv, .dpreatt = dpreatt, .datt = datt, .dout = dout, .qkv = qkv,
+                    .catt = att, .B = B, .T = T, .C = C, .NH = NH, .causal = causal};
+    kern__parallel_for((size_t)B * NH, 2, att_bwd_r, &A);
 }
 
 /* ---- cross-entropy ---- */
 
-static void cpu_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
-                         int N, int V)
+struct xe {
+    float *losses, *probs, *dlogits;
+    const float *logits, *cprobs;
+    const int *targets;
+    float dscale;
+    int V;
+};
+
+static void xent_fwd_r(void *p, size_t lo, size_t hi, int tid)
 {
-#pragma omp parallel for if ((size_t)N * V > KERN_CPU_PAR_MIN)
-    for (int i = 0; i < N; i++) {
-        const float *l = logits + (size_t)i * V;
-        float *p = probs + (size_t)i * V;
+    struct xe *x = p;
+    (void)tid;
+    int V = x->V;
+    for (size_t i = lo; i < hi; i++) {
+        const float *l = x->logits + i * V;
+        float *pr = x->probs + i * V;
         float mx = -INFINITY;
         for (int v = 0; v < V; v++)
             if (l[v] > mx)
                 mx = l[v];
         float s = 0.0f;
         for (int v = 0; v < V; v++) {
-            p[v] = expf(l[v] - mx);
-            s += p[v];
+            pr[v] = expf(l[v] - mx);
+            s += pr[v];
         }
         float inv = 1.0f / s;
         for (int v = 0; v < V; v++)
-            p[v] *= inv;
-        int tg = targets[i];
+            pr[v] *= inv;
+        int tg = x->targets[i];
         /* log-sum-exp form: exact even when p[target] underflows */
-        losses[i] = tg < 0 ? 0.0f : (logf(s) + mx - l[tg]);
+        x->losses[i] = tg < 0 ? 0.0f : (logf(s) + mx - l[tg]);
+    }
+}
+
+static void cpu_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
+                         int N, int V)
+{
+    struct xe x = {.losses = losses, .probs = probs, .logits = logits, .targets = targets, .V = V};
+    kern__parallel_for((size_t)N, KERN_CPU_PAR_MIN / (size_t)V + 1, xent_fwd_r, &x);
+}
+
+static void xent_bwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct xe *x = p;
+    (void)tid;
+    int V = x->V;
+    for (size_t i = lo; i < hi; i++) {
+        int tg = x->targets[i];
+        if (tg < 0)
+            continue;
+        const float *pr = x->cprobs + i * V;
+        float *d = x->dlogits + i * V;
+        for (int v = 0; v < V; v++)
+            d[v] += (pr[v] - (v == tg ? 1.0f : 0.0f)) * x->dscale;
     }
 }
 
 static void cpu_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
                          int N, int V)
 {
-#pragma omp parallel for if ((size_t)N * V > KERN_CPU_PAR_MIN)
-    for (int i = 0; i < N; i++) {
-        int tg = targets[i];
-        if (tg < 0)
-            continue;
-        const float *p = probs + (size_t)i * V;
-        float *d = dlogits + (size_t)i * V;
-        for (int v = 0; v < V; v++)
-            d[v] += (p[v] - (v == tg ? 1.0f : 0.0f)) * dscale;
-    }
+    struct xe x = {.dlogits = dlogits, .cprobs = probs, .targets = targets, .dscale = dscale,
+                   .V = V};
+    kern__parallel_for((size_t)N, KERN_CPU_PAR_MIN / (size_t)V + 1, xent_bwd_r, &x);
 }
 
 /* ---- optimizers ---- */
 
+struct opt {
+    float *p, *m, *v, *u;
+    const float *g, *cp;
+    float lr, b1, b2, eps, wd, bc1, bc2;
+};
+
+static void adamw_r(void *ctx, size_t lo, size_t hi, int tid)
+{
+    struct opt *o = ctx;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++) {
+        float g = o->g[i];
+        float mi = o->b1 * o->m[i] + (1.0f - o->b1) * g;
+        float vi = o->b2 * o->v[i] + (1.0f - o->b2) * g * g;
+        o->m[i] = mi;
+        o->v[i] = vi;
+        float mh = mi / o->bc1, vh = vi / o->bc2;
+        o->p[i] -= o->lr * (mh / (sqrtf(vh) + o->eps) + o->wd * o->p[i]);
+    }
+}
+
 static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
                       float beta1, float beta2, float eps, float wd, int t)
 {
-    float bc1 = 1.0f - powf(beta1, (float)t);
-    float bc2 = 1.0f - powf(beta2, (float)t);
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float mi = beta1 * m[i] + (1.0f - beta1) * g[i];
-        float vi = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        float mh = mi / bc1, vh = vi / bc2;
-        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    struct opt o = {.p = p, .g = g, .m = m, .v = v, .lr = lr, .b1 = beta1, .b2 = beta2,
+                    .eps = eps, .wd = wd, .bc1 = 1.0f - powf(beta1, (float)t),
+                    .bc2 = 1.0f - powf(beta2, (float)t)};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, adamw_r, &o);
+}
+
+static void adam_dir_r(void *ctx, size_t lo, size_t hi, int tid)
+{
+    struct opt *o = ctx;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++) {
+        float g = o->g[i];
+        float mi = o->b1 * o->m[i] + (1.0f - o->b1) * g;
+        float vi = o->b2 * o->v[i] + (1.0f - o->b2) * g * g;
+        o->m[i] = mi;
+        o->v[i] = vi;
+        o->u[i] = (mi / o->bc1) / (sqrtf(vi / o->bc2) + o->eps) + o->wd * o->cp[i];
     }
 }
 
 static void cpu_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
                          float beta1, float beta2, float eps, float wd, int t)
 {
-    float bc1 = 1.0f - powf(beta1, (float)t);
-    float bc2 = 1.0f - powf(beta2, (float)t);
-#pragma omp parallel for if (n > KERN_CPU_PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float mi = beta1 * m[i] + (1.0f - beta1) * g[i];
-        float vi = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        u[i] = (mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i];
-    }
+    struct opt o = {.u = u, .cp = p, .g = g, .m = m, .v = v, .b1 = beta1, .b2 = beta2,
+                    .eps = eps, .wd = wd, .bc1 = 1.0f - powf(beta1, (float)t),
+                    .bc2 = 1.0f - powf(beta2, (float)t)};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN, adam_dir_r, &o);
 }
-
 static const struct kern_backend CPU_BACKEND = {
     .name = "cpu",
     .dev = KERN_DEV_CPU,
