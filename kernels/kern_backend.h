@@ -2,7 +2,7 @@
  *
  * A backend is a struct of function pointers (ggml-backend style), so this
  * header compiles with a plain C compiler whether or not CUDA was built. The
- * CPU backend (kernels/cpu/, OpenBLAS + OpenMP loops) is the reference; the
+ * CPU backend (kernels/cpu/, OpenBLAS + our worker threads) is the reference; the
  * CUDA backend (kernels/cuda/, cuBLAS + own kernels) is tested against it.
  *
  * Conventions, taken from llm.c: all tensor pointers passed to ops are
@@ -132,7 +132,7 @@ int kern_have_cuda_build(void);
  * without a GPU fails instead of silently falling back. */
 int kern_backend_pick(const char *name, const struct kern_backend **out);
 
-/* Threads the CPU backend uses (OpenMP loops and OpenBLAS); 0 = all cores. */
+/* Threads the CPU backend uses (kernels/cpu/kern_pool.h); 0 = all cores. */
 void kern_cpu_set_threads(int n);
 int kern_cpu_threads(void);
 

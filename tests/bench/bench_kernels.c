@@ -65,7 +65,7 @@ int main(int argc, char **argv)
     /* The machine may be shared: every figure is the best of ROUNDS rounds,
      * and a shape's rounds interleave our call, the bare sgemm and the peak
      * product, so a burst of outside load hits all three alike. */
-    /* Our backend runs OpenBLAS single-threaded inside its own OpenMP
+    /* Our backend runs OpenBLAS single-threaded inside its own worker-thread
      * slices; the reference calls use OpenBLAS's own threads, as many. */
     int nthr = kern_cpu_threads();
     double t = 1e30;
