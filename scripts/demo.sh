@@ -1,10 +1,12 @@
 #!/bin/sh
-# make demo: the main job on an embedded default. Today that is the access
-# path of a collaborative run: a throwaway PostgreSQL, a coordinator with a
-# self-signed certificate, an organizer who creates a run and allowlists a
-# volunteer, and the volunteer's agent logging in and obtaining a signed
-# access pass. Everything runs on loopback and is torn down at exit
-# (CT_DEMO_KEEP=1 keeps it running until Ctrl-C).
+# make demo: the main job on an embedded default. A throwaway PostgreSQL, a
+# coordinator with a self-signed certificate, an organizer who creates the
+# Fashion-MNIST run (examples/fmnist-collab.json) and allowlists four
+# volunteers, and four local agents that log in and train the model
+# together; it ends with their test accuracy and the exported model.
+# Everything runs on loopback and is torn down at exit (CT_DEMO_KEEP=1
+# keeps the coordinator up until Ctrl-C). CT_DEMO_AGENTS and CT_DEMO_STEPS
+# change the number of agents (default 4) and steps (default the recipe's).
 set -eu
 cd "$(dirname "$0")/.."
 BIN=build/bin
@@ -48,25 +50,57 @@ tok=""
 tok=$(curl -sS --fail-with-body --cacert "$ca" -d '{"username":"organizer","password":"demo-organizer-pw"}' \
   "$url/api/v1/session" | sed 's/.*"token":"\([^"]*\)".*/\1/')
 
-step "Organizer: create the run, a volunteer account, and allowlist the volunteer"
-api POST /api/v1/runs '{"name":"fmnist-demo","target_batch_size":4096,"model_summary":"MLP 784-256-128-10 on Fashion-MNIST","description":"make demo"}'
-echo
-api POST /api/v1/users '{"username":"volunteer1","role":"volunteer","password":"demo-volunteer-pw"}'
-echo
-api PUT /api/v1/runs/fmnist-demo/allowlist/volunteer1
-echo
+AGENTS=${CT_DEMO_AGENTS:-4}
+ex=$(cd examples && pwd)
+cfg=$(sed -e "s|\"fmnist-train.manifest.json\"|\"$ex/fmnist-train.manifest.json\"|" \
+          -e "s|\"fmnist-test.manifest.json\"|\"$ex/fmnist-test.manifest.json\"|" \
+          ${CT_DEMO_STEPS:+-e "s|\"steps\": [0-9]*|\"steps\": $CT_DEMO_STEPS|"} \
+          examples/fmnist-collab.json | tr -d '\n')
+step "Organizer: create the run (examples/fmnist-collab.json) and allowlist $AGENTS volunteers"
+api POST /api/v1/runs "{\"name\":\"fmnist-demo\",\"target_batch_size\":2048,\"model_summary\":\"MLP 784-256-128-10 on Fashion-MNIST\",\"description\":\"make demo\",\"config\":$cfg}" >/dev/null
+echo "run fmnist-demo: global batch 2048"
+for i in $(seq 1 "$AGENTS"); do
+  api POST /api/v1/users "{\"username\":\"volunteer$i\",\"role\":\"volunteer\",\"password\":\"demo-volunteer-pw\"}" >/dev/null
+  api PUT "/api/v1/runs/fmnist-demo/allowlist/volunteer$i" >/dev/null
+done
+echo "volunteer1..volunteer$AGENTS allowlisted"
 
-step "Volunteer: crowdtrain-agent login --run fmnist-demo"
-echo "demo-volunteer-pw" | $BIN/crowdtrain-agent login --coordinator "$url" --ca-cert "$ca" \
-  --username volunteer1 --password-stdin --run fmnist-demo --config-dir "$work/agent"
+step "Volunteers: crowdtrain-agent login --run fmnist-demo (the first one's pass shown)"
+for i in $(seq 1 "$AGENTS"); do
+  if [ "$i" -eq 1 ]; then
+    echo "demo-volunteer-pw" | $BIN/crowdtrain-agent login --coordinator "$url" --ca-cert "$ca" \
+      --username volunteer1 --password-stdin --run fmnist-demo --config-dir "$work/agent1"
+  else
+    echo "demo-volunteer-pw" | $BIN/crowdtrain-agent login --coordinator "$url" --ca-cert "$ca" \
+      --username "volunteer$i" --password-stdin --config-dir "$work/agent$i" >/dev/null
+  fi
+done
+
+step "Training together: $AGENTS x crowdtrain-agent join --run fmnist-demo (agent 1 shown)"
+pids=""
+for i in $(seq 2 "$AGENTS"); do
+  $BIN/crowdtrain-agent join --run fmnist-demo --config-dir "$work/agent$i" --listen-ip 127.0.0.1 \
+    >"$work/agent$i.log" 2>&1 &
+  pids="$pids $!"
+done
+$BIN/crowdtrain-agent join --run fmnist-demo --config-dir "$work/agent1" --listen-ip 127.0.0.1 \
+  | tee "$work/agent1.log"
+fail=0
+for p in $pids; do wait "$p" || fail=1; done
+[ "$fail" -eq 0 ] || { echo "an agent failed:"; tail -n 5 "$work"/agent*.log; exit 1; }
+for i in $(seq 2 "$AGENTS"); do
+  printf 'agent %s: %s\n' "$i" "$(grep -a 'evaluation at step' "$work/agent$i.log" | tail -n 1)"
+done
+mkdir -p build/demo
+cp "$work/agent1/fmnist-demo.safetensors" build/demo/fmnist-demo.safetensors
+echo "checkpoints on the coordinator:"
+api GET /api/v1/runs/fmnist-demo/checkpoints; echo
 
 step "Public view of the run, and the coordinator's published signing key"
 curl -sS --cacert "$ca" "$url/api/v1/runs/fmnist-demo"; echo
 curl -sS --cacert "$ca" "$url/api/v1/keys"; echo
 
-step "Done: the agent holds a valid access pass (above)."
-echo "Collaborative training joins this path once the peer-to-peer layer and the"
-echo "training loop are wired into 'crowdtrain-agent join' (see README, Status)."
+step "Done: the model the volunteers trained together is build/demo/fmnist-demo.safetensors"
 if [ "${CT_DEMO_KEEP:-0}" = 1 ]; then
   echo "CT_DEMO_KEEP=1: coordinator stays up at $url (CA $ca); Ctrl-C to stop."
   wait "$coord_pid"

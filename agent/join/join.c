@@ -224,8 +224,13 @@ static int fetch_run(struct peer_state *s)
                                           : (long)json_integer_value(json_object_get(collab, "checkpoint_every"));
     if (s->ckpt_every <= 0)
         s->ckpt_every = 50;
+    char comp_buf[16] = "";
     const char *comp = s->o.compression ? s->o.compression
                                         : json_string_value(json_object_get(collab, "compression"));
+    if (comp) {
+        snprintf(comp_buf, sizeof comp_buf, "%s", comp);
+        comp = comp_buf;
+    }
     json_decref(collab);
     s->comp = AR_COMP_NONE;
     if (comp && !strcmp(comp, "fp16"))

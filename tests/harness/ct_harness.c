@@ -511,3 +511,58 @@ int ct_coord_cleanup(struct ct_coord *c)
     c->own_dir = 0;
     return rc;
 }
+
+pid_t ct_spawn(const char *const *argv, const char *logpath)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(1);
+    int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int nul = open("/dev/null", O_RDONLY);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    if (nul >= 0) {
+        dup2(nul, 0);
+        close(nul);
+    }
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+int ct_wait(pid_t pid, int timeout_s)
+{
+    double t0 = now_s();
+    int st = 0;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (now_s() - t0 > timeout_s) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            break;
+        }
+        usleep(20000);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+char *ct_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    struct buf b = {0};
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
+        on_write(tmp, 1, n, &b);
+    fclose(f);
+    if (len)
+        *len = b.len;
+    return b.p ? b.p : strdup("");
+}

@@ -80,6 +80,13 @@ const char *ct_bin(const char *name);
 /* Runs argv with stdin_text (may be NULL); captures stdout+stderr into *out
  * (heap, may be NULL); returns the exit status, 128+sig when signalled. */
 int ct_run(const char *const *argv, const char *stdin_text, char **out, int timeout_s);
+/* Starts argv in the background with stdout+stderr to logpath (dies with
+ * the test). Returns the pid or -1. */
+pid_t ct_spawn(const char *const *argv, const char *logpath);
+/* Waits up to timeout_s for pid (then SIGKILL); exit status or 128+sig. */
+int ct_wait(pid_t pid, int timeout_s);
+/* Reads a whole file (heap, NUL-terminated) or NULL. */
+char *ct_read_file(const char *path, size_t *len);
 /* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
 int ct_tempdir(const char *tag, char *out, size_t cap);
 void ct_rmrf(const char *dir);
