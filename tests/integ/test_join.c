@@ -194,11 +194,92 @@ static void test_four_agents_train_together(void **state)
     ct_resp_free(&r);
 }
 
+/* Waits until a log shows the agent at `step` (its progress line). */
+static int wait_for_step(const char *log, long step, int timeout_s)
+{
+    char needle[32];
+    snprintf(needle, sizeof needle, "step %6ld |", step);
+    for (int i = 0; i < timeout_s * 10; i++) {
+        char *t = ct_read_file(log, NULL);
+        int found = t && strstr(t, needle);
+        free(t);
+        if (found)
+            return 1;
+        usleep(100000);
+    }
+    return 0;
+}
+
+/* Failures: one agent is killed with SIGKILL and one leaves with Ctrl-C in
+ * the middle of the run; the others finish the run, in lockstep. */
+static void test_agents_leaving(void **state)
+{
+    (void)state;
+    char *body = run_body("fmnist-leave", 80);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
+    free(body);
+    assert_int_equal(r.status, 201);
+    ct_resp_free(&r);
+    for (int i = 0; i < NAGENTS; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "/api/v1/runs/fmnist-leave/allowlist/vol%d", i);
+        ct_http(&g_c, "PUT", path, g_org, NULL, &r);
+        ct_resp_free(&r);
+    }
+    pid_t pids[NAGENTS];
+    char logs[NAGENTS][300];
+    for (int i = 0; i < NAGENTS; i++) {
+        snprintf(logs[i], sizeof logs[i], "%s/leave.log", g_dirs[i]);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", "fmnist-leave", "--config-dir",
+                              g_dirs[i], "--listen-ip", "127.0.0.1", "--device", "cpu",
+                              "--round-window-ms", "150", "--no-eval", NULL};
+        pids[i] = ct_spawn(argv, logs[i]);
+    }
+    assert_true(wait_for_step(logs[0], 20, 300));
+    kill(pids[3], SIGKILL);
+    assert_true(wait_for_step(logs[0], 35, 300));
+    kill(pids[2], SIGINT);
+    assert_int_equal(ct_wait(pids[3], 30), 128 + SIGKILL);
+    int st2 = ct_wait(pids[2], 120);
+    char *log2 = ct_read_file(logs[2], NULL);
+    if (st2 != 0 || !strstr(log2, "left the run"))
+        fail_msg("the agent that got Ctrl-C exited %d:\n%s", st2, log2);
+    free(log2);
+    for (int i = 0; i < 2; i++) {
+        int st = ct_wait(pids[i], 600);
+        char *log = ct_read_file(logs[i], NULL);
+        if (st != 0)
+            fail_msg("agent %d exited %d:\n%s", i, st, log);
+        free(log);
+    }
+    /* the survivors reached the last step with identical parameters */
+    size_t l0 = 0, l1 = 0;
+    char p0[300], p1[300];
+    snprintf(p0, sizeof p0, "%s/fmnist-leave.safetensors", g_dirs[0]);
+    snprintf(p1, sizeof p1, "%s/fmnist-leave.safetensors", g_dirs[1]);
+    char *m0 = ct_read_file(p0, &l0), *m1 = ct_read_file(p1, &l1);
+    assert_non_null(m0);
+    assert_non_null(m1);
+    assert_int_equal(l0, l1);
+    assert_memory_equal(m0, m1, l0);
+    free(m0);
+    free(m1);
+    for (int i = 0; i < 2; i++)
+        assert_true(wait_for_step(logs[i], 79, 1));
+    ct_http(&g_c, "GET", "/api/v1/runs/fmnist-leave/checkpoints/latest", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    ct_resp_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_four_agents_train_together),
+        cmocka_unit_test(test_agents_leaving),
     };
+    if (getenv("CT_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("CT_TEST_FILTER"));
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
 }
