@@ -259,8 +259,8 @@ static void test_agents_leaving(void **state)
     }
     /* both survivors reached the last step and exported their model */
     for (int i = 0; i < 2; i++) {
-        char mp[300];
-        snprintf(mp, sizeof mp, "%s/fmnist-leave.safetensors", g_dirs[i]);
+        char mp[512];
+        snprintf(mp, sizeof mp, "%.255s/fmnist-leave.safetensors", g_dirs[i]);
         assert_int_equal(access(mp, R_OK), 0);
         assert_true(wait_for_step(logs[i], 79, 1));
     }
