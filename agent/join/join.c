@@ -72,7 +72,7 @@ static const struct cm_opt JOIN_OPTS[] = {
      "upload a checkpoint every K steps when chosen (default: the run's, else 50)", 0},
     {"compression", CM_OPT_STR, J(compression), NULL, "C",
      "none, fp16 or q8 (default: the run's, else none)", 0},
-    {"round-timeout-ms", CM_OPT_INT, J(round_timeout_ms), "30000", "MS", "deadline of one averaging round", 0},
+    {"round-timeout-ms", CM_OPT_INT, J(round_timeout_ms), "60000", "MS", "deadline of one averaging round", 0},
     {"round-window-ms", CM_OPT_INT, J(round_window_ms), "300", "MS",
      "a round's members are the peers that announce within this window of the first", 0},
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
@@ -624,7 +624,9 @@ static int train_loop(struct peer_state *s)
         rcfg.weight = s->o.aggregate_only ? 0 : samples;
         rcfg.comp = s->comp;
         rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
-        rcfg.stall_ms = 3000;
+        /* generous: on a loaded machine a slow peer must not be mistaken for a
+           dead one, since a part that is not averaged makes peers differ */
+        rcfg.stall_ms = 10000;
         struct join_round_summary sum;
         rc = join_net_allreduce(s->net, &rcfg, &sum);
         if (sum.n_averaged < sum.n_parts)

@@ -503,6 +503,10 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
     }
     glp_error_hook(NULL, NULL);
     glp_term_hook(NULL, NULL);
+    /* GLPK keeps one environment per thread; the coordinator solves on its
+     * HTTP worker threads, so release it (every problem is deleted by now)
+     * rather than leak it when a worker thread ends. */
+    glp_free_env();
     pthread_mutex_unlock(&g_glpk_mu);
     out->iterations = iters;
     rc = stage_rc;
