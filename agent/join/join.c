@@ -193,6 +193,35 @@ static int fetch_pass(struct peer_state *s)
     }
 }
 
+/* Renews the pass when a third of its lifetime is left, and hands the new
+ * token to the network side; on failure the old pass is kept (and tried
+ * again at the next step) until it expires. */
+static void renew_pass_if_due(struct peer_state *s)
+{
+    json_int_t iat = json_integer_value(json_object_get(s->pass, "issued_at"));
+    json_int_t exp = json_integer_value(json_object_get(s->pass, "expires_at"));
+    time_t now = time(NULL);
+    if (exp - now > (exp - iat) / 3)
+        return;
+    json_t *old = s->pass;
+    const char *old_token = s->token;
+    s->pass = NULL;
+    if (fetch_pass_once(s) != CM_OK || !s->token) {
+        fprintf(stderr, "\nwarning: renewing the access pass failed; keeping the current one\n");
+        json_decref(s->pass);
+        s->pass = old;
+        s->token = old_token;
+        return;
+    }
+    if (join_net_set_token(s->net, s->token) != CM_OK) {
+        fprintf(stderr, "\nwarning: could not install the renewed pass\n");
+    } else {
+        printf("\nrenewed the access pass (pass %s)\n",
+               json_string_value(json_object_get(s->pass, "pass_id")));
+    }
+    json_decref(old);
+}
+
 /* The run: target batch size and the training recipe. */
 static int fetch_run(struct peer_state *s)
 {
@@ -481,6 +510,7 @@ static int train_loop(struct peer_state *s)
     double sps = 0, last_loss = NAN;
     int64_t step = (int64_t)s->tr.opt->step;
     while (step < s->steps && !g_interrupts) {
+        renew_pass_if_due(s);
         memset(accum, 0, n * sizeof *accum);
         double samples = 0, loss_sum = 0, loss_n = 0, t_pub = 0, t_start = mono_s();
         struct collab_progress *seen = NULL;

@@ -18,7 +18,7 @@
 
 #define JOB_GRACE_MS 120000 /* an upper bound no operation reaches: they have their own deadlines */
 
-enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT };
+enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN };
 
 struct job {
     struct job *next;
@@ -141,6 +141,12 @@ static void run_job(struct join_net *n, struct job *j)
     case JOB_BOOT:
         rc = dht_bootstrap_async(n->dht, j->addrs, j->naddrs, dht_done, j);
         break;
+    case JOB_TOKEN:
+        rc = p2p_host_set_token(dht_node_host(n->dht), (const char *)j->value);
+        if (!rc)
+            rc = ar_engine_set_token(n->ar, (const char *)j->value);
+        finish(j, rc);
+        return;
     default:
         j->round.done = round_done;
         j->round.arg = j;
@@ -407,6 +413,19 @@ int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct j
         out->status = rc;
     job_unref(j);
     pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+int join_net_set_token(struct join_net *n, const char *token)
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j || !(j->value = (uint8_t *)strdup(token))) {
+        free(j);
+        return CM_ENOMEM;
+    }
+    j->kind = JOB_TOKEN;
+    int rc = submit(n, j);
+    release(n, j);
     return rc;
 }
 

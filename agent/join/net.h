@@ -58,6 +58,10 @@ struct join_round_summary {
 };
 int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out);
 
+/* Replaces the access token of the DHT node and the averaging engine (after
+ * a pass renewal). */
+int join_net_set_token(struct join_net *n, const char *token);
+
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);
 
