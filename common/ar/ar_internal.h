@@ -15,7 +15,7 @@
 #define AR__BACKOFF_MAX_MS 50
 
 /* Chunk states on the sender (out) and puller (in) sides. */
-enum { AR__C_TODO = 0, AR__C_FLIGHT, AR__C_DONE, AR__C_RETRY };
+enum { AR__C_PENDING = 0, AR__C_FLIGHT, AR__C_DONE, AR__C_RETRY };
 /* Sender states as the aggregator sees them. */
 enum { AR__S_ACTIVE = 0, AR__S_DONE, AR__S_DROPPED, AR__S_EXCLUDED };
 /* Round phases. */
