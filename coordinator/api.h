@@ -44,6 +44,16 @@ void api_schedule_get(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_list(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
 
+/* api_web.c: the dashboard's files and the logged-in user's own records */
+void api_web_index(struct coord_req *req, struct coord_resp *resp);
+void api_web_file(struct coord_req *req, struct coord_resp *resp);
+void api_me_passes(struct coord_req *req, struct coord_resp *resp);
+void api_me_sessions(struct coord_req *req, struct coord_resp *resp);
+void api_leaderboard(struct coord_req *req, struct coord_resp *resp);
+/* The built dashboard next to the binary (../web/dist) or in
+ * /usr/share/crowdtrain/web; heap string, or NULL when neither exists. */
+char *coord_web_default_dir(void);
+
 /* Validates a {} path parameter that names a run or user; sets 404/400. */
 int api_name_param(struct coord_req *req, struct coord_resp *resp, int i, const char *what);
 

@@ -30,6 +30,7 @@ struct coord_config {
     long dht_port;
     char *dht_listen_ip;
     char *dht_advertise;
+    char *web_dir;
 };
 
 #endif

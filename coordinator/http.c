@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -226,11 +227,15 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct coord_serve
         if (body)
             MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     }
+    int cache_set = 0; /* the dashboard's files say how long they may be cached */
     for (int i = 0; i < 2; i++)
-        if (resp->hdr_name[i][0])
+        if (resp->hdr_name[i][0]) {
             MHD_add_response_header(r, resp->hdr_name[i], resp->hdr_value[i]);
+            cache_set |= !strcasecmp(resp->hdr_name[i], MHD_HTTP_HEADER_CACHE_CONTROL);
+        }
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (!cache_set)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (resp->retry_after[0])
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, resp->retry_after);
     if (resp->location[0])

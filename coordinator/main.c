@@ -4,6 +4,7 @@
  *   create-user  create an account (the first organizer, typically)
  * Options come from flags, CROWDTRAIN_* environment variables and an
  * optional config file, in that precedence (common/cm_opts.h). */
+#include "coordinator/api.h"
 #include "coordinator/auth.h"
 #include "coordinator/backbone.h"
 #include "coordinator/config.h"
@@ -76,6 +77,9 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"dht-advertise", CM_OPT_STR, O(dht_advertise), NULL, "HOST",
      "host peers reach the backbone nodes at (default: the --public-url or --listen host, "
      "else 127.0.0.1)", 0},
+    {"web-dir", CM_OPT_STR, O(web_dir), NULL, "DIR",
+     "the built dashboard served at / (default: ../web/dist next to the binary, else "
+     "/usr/share/crowdtrain/web)", 0},
 };
 
 static const struct cm_cmd_spec SERVE = {
@@ -215,6 +219,12 @@ static int cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
 
+    if (!cfg.web_dir)
+        cfg.web_dir = coord_web_default_dir();
+    if (cfg.web_dir)
+        CM_LOGI("main", "dashboard files from %s", cfg.web_dir);
+    else
+        CM_LOGW("main", "no dashboard files found (build them with `make web`; --web-dir DIR)");
     if (mkdir(cfg.data_dir, 0700) != 0 && errno != EEXIST) {
         CM_LOGE("main", "creating data dir %s: %s", cfg.data_dir, strerror(errno));
         goto out;
