@@ -20,3 +20,13 @@ $(BENCH_AR): $(BUILD)/obj/tests/bench/bench_ar.o $(BUILD)/lib/libct_harness.a $(
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
 BENCHES += $(BENCH_AR)
+
+# All-reduce against PyTorch's gloo (`make bench`): separate peer processes,
+# next to tests/bench/bench_allreduce_gloo.py run by the binary itself.
+BENCH_AR_GLOO := $(BUILD)/tests/bench/bench_allreduce_gloo
+$(call objs_of,tests/bench/bench_allreduce_gloo.c): | $(AR_GEN_H)
+$(BENCH_AR_GLOO): $(BUILD)/obj/tests/bench/bench_allreduce_gloo.o $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
+BENCHES += $(BENCH_AR_GLOO)

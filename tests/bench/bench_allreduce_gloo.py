@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""PyTorch gloo side of tests/bench/bench_allreduce_gloo.c (make bench).
+
+Times torch.distributed.all_reduce (backend gloo, SUM) of FLOATS fp32 values
+among WORLD processes on loopback, on the same data as our engine: rank p's
+gradient is the hash of bench_allreduce_gloo.c's grad(p, i), pre-scaled by
+w_p / W (the sample-count weights 16 + 8p), so the sum is the weighted
+average our engine computes. One warm-up round, then REPS rounds; a round's
+time is the slowest rank's, measured after a barrier. Every rank's output of
+every round is compared with the expected values written by the C driver
+(exact average in double, rounded to fp32).
+
+Prints one line `gloo median_ms=M max_err=E` (or `gloo skip: why`); exits
+non-zero when a result is wrong.
+
+Debian's python3-torch belongs to /usr/bin/python3 (scripts/install-deps.sh
+--torch installs it).
+"""
+import argparse
+import os
+import socket
+import sys
+import time
+
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+except ImportError as e:  # reported, the C side prints it as a skip
+    print("gloo skip: %s (install with scripts/install-deps.sh --torch)" % e)
+    sys.exit(0)
+
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def grad(p, n, block=1 << 20):
+    """grad(p, i) for i in [0, n), bit-identical to the C function."""
+    out = np.empty(n, dtype=np.float32)
+    k2 = np.uint64(((p + 1) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        for s in range(0, n, block):
+            x = np.arange(s, min(n, s + block), dtype=np.uint64)
+            x = x * np.uint64(0x9E3779B97F4A7C15)
+            x ^= k2
+            x ^= x >> np.uint64(31)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(29)
+            out[s:s + len(x)] = ((x >> np.uint64(40)).astype(np.float64) / 8388608.0 - 1.0)
+    return out
+
+
+def weight(p):
+    return 16.0 + 8.0 * p
+
+
+def rank_main(rank, world, n, reps, port, expected_path, q):
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=world)
+    W = sum(weight(p) for p in range(world))
+    g0 = torch.from_numpy(grad(rank, n) * np.float32(weight(rank) / W))
+    expected = torch.from_numpy(np.fromfile(expected_path, dtype=np.float32, count=n))
+    t = torch.empty_like(g0)
+    times, worst = [], 0.0
+    for r in range(reps + 1):
+        t.copy_(g0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        err = (t - expected).abs().max().item()
+        if not err <= worst:
+            worst = err
+        if r > 0:
+            times.append(dt.item() * 1000)
+    e = torch.tensor([worst], dtype=torch.float64)
+    dist.all_reduce(e, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        q.put((times, e.item()))
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--floats", type=int, required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--expected", required=True)
+    ap.add_argument("--tol", type=float, default=1e-6)
+    a = ap.parse_args()
+    if not dist.is_available() or not dist.is_gloo_available():
+        print("gloo skip: torch.distributed without gloo")
+        return 0
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=rank_main,
+                         args=(r, a.world, a.floats, a.reps, port, a.expected, q))
+             for r in range(a.world)]
+    for p in procs:
+        p.start()
+    times, err = q.get(timeout=600)
+    for p in procs:
+        p.join()
+    if any(p.exitcode for p in procs):
+        print("gloo: a rank failed")
+        return 1
+    times.sort()
+    m = len(times)
+    med = times[m // 2] if m % 2 else (times[m // 2 - 1] + times[m // 2]) / 2
+    print("gloo rounds_ms=%s" % ",".join("%.0f" % x for x in times))
+    print("gloo median_ms=%.1f max_err=%.3g" % (med, err))
+    if not err <= a.tol:
+        print("gloo: result differs from the exact average by %.3g (> %.3g)" % (err, a.tol))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
