@@ -4,7 +4,7 @@
  * to check and read one.
  *
  *  - sched_solve: the linear program (5) of Appendix B, built and solved
- *    with GLPK (primal simplex with presolve), with the O(n^3) family
+ *    with GLPK (primal simplex; the role search re-solves warm), with the O(n^3) family
  *    g_ij <= a_ki + (1 - c_k) d_i rewritten through one auxiliary variable
  *    per aggregator so the model has O(n^2) rows; binary roles chosen with
  *    its help (sched_roles.c); aggregation shares from (6).
@@ -77,7 +77,9 @@ struct sched_solution {
     double xi;            /* optimum of LP (5) */
     double compute_rate;  /* sum s_i c_i / B, steps/s */
     double network_rate;  /* min over receivers of sum_j g_ji / gradient, steps/s */
-    double solve_ms;
+    double solve_ms;      /* all of sched_solve */
+    double lp_ms;         /* of which building and solving the relaxation (5) */
+    double roles_ms;      /* of which the role search and the final plan */
     int iterations;       /* simplex iterations: (5) and every role candidate */
     int rows, cols;       /* size of the model (5) as built */
 };

@@ -23,6 +23,14 @@ struct sched__ctx {
  * Must run inside sched_solve's GLPK error hook. */
 int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, double *net);
 
+/* The same value as sched__roles_eval, for a sequence of role assignments
+ * re-solved warm from the previous basis (the role search). Must run inside
+ * sched_solve's GLPK error hook. */
+struct sched__warm;
+int sched__warm_new(struct sched__ctx *x, struct sched__warm **out);
+int sched__warm_eval(struct sched__warm *w, const unsigned char *on, double *net);
+void sched__warm_free(struct sched__warm *w);
+
 /* Picks binary roles from the relaxation's c (see sched_roles.c); fills
  * on_out, h_out (the plan for those roles) and *net_out. */
 int sched__roles_choose(struct sched__ctx *x, const double *c_relaxed, unsigned char *on_out,

@@ -34,6 +34,7 @@
 
 #include <glpk.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,8 +146,178 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
     return CM_OK;
 }
 
+/* The same LP for a sequence of role assignments, warm-started: one GLPK
+ * problem whose rows are rewritten for each candidate, re-solved from the
+ * previous basis without the presolver. The role search evaluates hundreds
+ * of candidates that differ in one or a few peers; a cold build + presolve
+ * each costs ~0.7 ms at 256 peers, a warm re-solve a fraction of that. Only
+ * the optimum value is used (to compare candidates); the plan of the winner
+ * comes from a cold sched__roles_eval, so it does not depend on the path the
+ * search took. tests/unit/sched/test_sched_lp.c checks warm against cold. */
+struct sched__warm {
+    struct sched__ctx *x;
+    glp_prob *lp;
+    int *col;        /* [n] column of h_i, 0 when i cannot aggregate */
+    int H;           /* column of H = sum h */
+    int *row_dl;     /* [n] download rows */
+    int *row_ul;     /* [n] upload rows */
+    int *link_row;   /* [nl] link rows */
+    uint32_t *link_i, *link_j; /* [nl] the pair of each link row */
+    size_t nl;
+    int ind[4];
+    double val[4];
+};
+
+void sched__warm_free(struct sched__warm *w)
+{
+    if (!w)
+        return;
+    if (w->lp)
+        glp_delete_prob(w->lp);
+    free(w->col);
+    free(w->row_dl);
+    free(w->row_ul);
+    free(w->link_row);
+    free(w->link_i);
+    free(w->link_j);
+    free(w);
+}
+
+int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
+{
+    const struct sched_problem *p = x->p;
+    size_t n = p->n, nl = 0;
+    *out = NULL;
+    for (size_t i = 0; i < n * n; i++)
+        nl += isfinite(x->tmin[i]);
+    struct sched__warm *w = calloc(1, sizeof *w);
+    if (!w)
+        return CM_ENOMEM;
+    w->x = x;
+    w->col = calloc(n, sizeof *w->col);
+    w->row_dl = calloc(n, sizeof *w->row_dl);
+    w->row_ul = calloc(n, sizeof *w->row_ul);
+    w->link_row = calloc(nl + 1, sizeof *w->link_row);
+    w->link_i = calloc(nl + 1, sizeof *w->link_i);
+    w->link_j = calloc(nl + 1, sizeof *w->link_j);
+    int *ind = calloc(n + 2, sizeof *ind);
+    double *val = calloc(n + 2, sizeof *val);
+    if (!w->col || !w->row_dl || !w->row_ul || !w->link_row || !w->link_i || !w->link_j || !ind ||
+        !val) {
+        free(ind);
+        free(val);
+        sched__warm_free(w);
+        return CM_ENOMEM;
+    }
+    const double G = p->gradient_mbit;
+    w->lp = glp_create_prob();
+    glp_set_obj_dir(w->lp, GLP_MAX);
+    for (size_t i = 0; i < n; i++) {
+        if (!p->peers[i].inbound)
+            continue;
+        w->col[i] = glp_add_cols(w->lp, 1);
+        glp_set_col_bnds(w->lp, w->col[i], GLP_DB, 0, x->M[i]);
+    }
+    w->H = glp_add_cols(w->lp, 1);
+    glp_set_col_bnds(w->lp, w->H, GLP_LO, 0, 0);
+    glp_set_obj_coef(w->lp, w->H, 1);
+    int row = glp_add_rows(w->lp, 1), len = 0;
+    glp_set_row_bnds(w->lp, row, GLP_FX, 0, 0);
+    ind[++len] = w->H;
+    val[len] = 1;
+    for (size_t i = 0; i < n; i++)
+        if (w->col[i]) {
+            ind[++len] = w->col[i];
+            val[len] = -1;
+        }
+    glp_set_mat_row(w->lp, row, len, ind, val);
+    free(ind);
+    free(val);
+    for (size_t i = 0; i < n; i++) {
+        w->row_dl[i] = glp_add_rows(w->lp, 1);
+        glp_set_row_bnds(w->lp, w->row_dl[i], GLP_UP, 0, p->peers[i].down_mbps / G);
+        w->row_ul[i] = glp_add_rows(w->lp, 1);
+        glp_set_row_bnds(w->lp, w->row_ul[i], GLP_UP, 0, p->peers[i].up_mbps / G);
+        for (size_t j = 0; j < n; j++) {
+            double t = x->tmin[i * n + j];
+            if (!isfinite(t))
+                continue;
+            /* used when i sends to aggregator j or aggregator i returns to j */
+            if (!((p->peers[i].samples_per_s > 0 && w->col[j]) ||
+                  (w->col[i] && p->peers[j].samples_per_s > 0)))
+                continue;
+            w->link_row[w->nl] = glp_add_rows(w->lp, 1);
+            glp_set_row_bnds(w->lp, w->link_row[w->nl], GLP_UP, 0, t);
+            w->link_i[w->nl] = (uint32_t)i;
+            w->link_j[w->nl] = (uint32_t)j;
+            w->nl++;
+        }
+    }
+    *out = w;
+    return CM_OK;
+}
+
+/* Two-entry rows; entries with a zero coefficient are left out. */
+static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, double v2)
+{
+    int len = 0;
+    if (c1 && v1 != 0) {
+        w->ind[++len] = c1;
+        w->val[len] = v1;
+    }
+    if (c2 && v2 != 0) {
+        w->ind[++len] = c2;
+        w->val[len] = v2;
+    }
+    glp_set_mat_row(w->lp, row, len, w->ind, w->val);
+}
+
+int sched__warm_eval(struct sched__warm *w, const unsigned char *on, double *net)
+{
+    struct sched__ctx *x = w->x;
+    const struct sched_problem *p = x->p;
+    size_t n = p->n, ncomp = 0, nrecv = 0;
+    for (size_t i = 0; i < n; i++) {
+        ncomp += on[i] != 0;
+        nrecv += p->peers[i].samples_per_s > 0;
+    }
+    /* The rows of sched__roles_eval for these roles. */
+    for (size_t i = 0; i < n; i++) {
+        int recv_i = p->peers[i].samples_per_s > 0, on_i = on[i] != 0;
+        warm_row(w, w->row_dl[i], w->col[i], (double)ncomp - on_i - recv_i, w->H, recv_i);
+        warm_row(w, w->row_ul[i], w->col[i], (double)nrecv - recv_i - on_i, w->H, on_i);
+    }
+    for (size_t l = 0; l < w->nl; l++) {
+        size_t i = w->link_i[l], j = w->link_j[l];
+        int send = on[i] && w->col[j], ret = w->col[i] && p->peers[j].samples_per_s > 0;
+        warm_row(w, w->link_row[l], w->col[j], send, w->col[i], ret);
+    }
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.meth = GLP_PRIMAL;
+    parm.presolve = GLP_OFF;
+    int before = glp_get_it_cnt(w->lp);
+    int rc = glp_simplex(w->lp, &parm);
+    if (rc == GLP_EBADB || rc == GLP_ESING || rc == GLP_ECOND) {
+        /* the previous basis does not fit the new rows: start from the slacks */
+        glp_std_basis(w->lp);
+        rc = glp_simplex(w->lp, &parm);
+    }
+    x->iters += glp_get_it_cnt(w->lp) - before;
+    x->evals++;
+    if (rc != 0 || glp_get_status(w->lp) != GLP_OPT) {
+        CM_LOGE("sched", "GLPK: fixed-role LP (warm) failed (code %d, status %d)", rc,
+                glp_get_status(w->lp));
+        return CM_EINTERNAL;
+    }
+    *net = glp_get_obj_val(w->lp);
+    return CM_OK;
+}
+
 struct search {
     struct sched__ctx *x;
+    struct sched__warm *w;
     size_t n;
     unsigned char *best, *tmp;
     double best_tp, best_net;
@@ -163,7 +334,7 @@ static int try_roles(struct search *s, const unsigned char *on)
     if (compute <= s->best_tp * (1 + BETTER))
         return CM_OK; /* cannot beat the best whatever the network does */
     double net = 0;
-    int rc = sched__roles_eval(s->x, on, NULL, &net);
+    int rc = sched__warm_eval(s->w, on, &net);
     if (rc != CM_OK)
         return rc;
     double tp = fmin(compute, net);
@@ -191,13 +362,15 @@ int sched__roles_choose(struct sched__ctx *x, const double *c, unsigned char *on
 {
     const struct sched_problem *p = x->p;
     size_t n = p->n, nc = 0;
-    struct search s = {x, n, calloc(n, 1), calloc(n, 1), -1, 0};
+    struct search s = {x, NULL, n, calloc(n, 1), calloc(n, 1), -1, 0};
     size_t *order = calloc(n, sizeof *order);
     int rc = CM_OK;
     if (!s.best || !s.tmp || !order) {
         rc = CM_ENOMEM;
         goto out;
     }
+    if ((rc = sched__warm_new(x, &s.w)) != CM_OK)
+        goto out;
     for (size_t i = 0; i < n; i++)
         if (p->peers[i].samples_per_s > 0)
             order[nc++] = i;
@@ -256,6 +429,7 @@ finish:
         rc = sched__roles_eval(x, s.best, h_out, net_out);
     }
 out:
+    sched__warm_free(s.w);
     free(s.best);
     free(s.tmp);
     free(order);

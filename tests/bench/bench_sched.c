@@ -17,6 +17,8 @@
 #include "cm_err.h"
 #include "sched/sched.h"
 
+#define PAIRS 8 /* measured pair throughputs per peer (t_ij of §3.2) */
+
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static double urand(void)
 {
@@ -97,12 +99,13 @@ int main(int argc, char **argv)
     int reps = argc > 1 ? atoi(argv[1]) : 3; /* solves per size below 256 peers */
     if (reps < 1)
         reps = 1;
-    printf("%6s %6s %8s %8s %10s %10s %10s %9s %9s %s\n", "peers", "rows", "cols", "iters",
-           "solve_ms", "median_ms", "seed_ms", "ratio", "steps/s", "roles");
+    printf("%6s %6s %8s %6s %8s %8s %9s %10s %10s %8s %7s %9s %s\n", "peers", "rows", "cols",
+           "pairs", "iters", "lp_ms", "roles_ms", "min_ms", "median_ms", "seed_ms", "ratio",
+           "steps/s", "roles");
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         size_t n = sizes[si];
         struct sched_peer *pp = calloc(n, sizeof *pp);
-        struct sched_link *links = calloc(n * 2, sizeof *links);
+        struct sched_link *links = calloc(n * PAIRS, sizeof *links);
         if (!pp || !links)
             return 1;
         for (size_t i = 0; i < n; i++) {
@@ -114,17 +117,21 @@ int main(int argc, char **argv)
             pp[i].up_mbps = bw * (0.5 + 0.5 * urand());
             pp[i].down_mbps = bw;
             pp[i].inbound = urand() > 0.2;
-            if (urand() < 0.3) {
-                links[2 * i].to = (uint32_t)((i + 1 + (size_t)(urand() * (n - 1))) % n);
-                if (links[2 * i].to == i)
-                    links[2 * i].to = (uint32_t)((i + 1) % n);
-                links[2 * i].mbps = 20 + 200 * urand();
-                pp[i].links = &links[2 * i];
-                pp[i].nlinks = 1;
+            /* measured throughput to PAIRS other peers (agents report a sample of their
+             * peers): 20-1000 Mbit/s, so some pairs are slower than either end */
+            pp[i].links = &links[PAIRS * i];
+            for (size_t l = 0; l < PAIRS && l < n - 1; l++) {
+                links[PAIRS * i + l].to = (uint32_t)((i + 1 + l * (n / PAIRS > 1 ? n / PAIRS : 1) +
+                                                      (size_t)(urand() * 0.9 * (double)(n / PAIRS))) %
+                                                     n);
+                if (links[PAIRS * i + l].to == i)
+                    links[PAIRS * i + l].to = (uint32_t)((i + 1) % n);
+                links[PAIRS * i + l].mbps = 20 + 980 * urand();
+                pp[i].nlinks++;
             }
         }
         struct sched_problem p = {pp, n, 4096, 25557032.0 * 32 / 1e6};
-        double ms[16];
+        double ms[16], lp_ms[16], roles_ms[16];
         struct sched_solution s = {0};
         int nrep = reps > 16 ? 16 : reps;
         if (n >= 512)
@@ -138,12 +145,22 @@ int main(int argc, char **argv)
                 return 1;
             }
             ms[k] = s.solve_ms;
+            lp_ms[k] = s.lp_ms;
+            roles_ms[k] = s.roles_ms;
         }
+        size_t npairs = 0;
+        for (size_t i = 0; i < n; i++)
+            npairs += pp[i].nlinks;
+        /* sort the runs by total time; the parts are those of the median run */
         for (int a = 1; a < nrep; a++)
             for (int b = a; b > 0 && ms[b] < ms[b - 1]; b--) {
-                double t = ms[b];
+                double t = ms[b], tl = lp_ms[b], tr = roles_ms[b];
                 ms[b] = ms[b - 1];
+                lp_ms[b] = lp_ms[b - 1];
+                roles_ms[b] = roles_ms[b - 1];
                 ms[b - 1] = t;
+                lp_ms[b - 1] = tl;
+                roles_ms[b - 1] = tr;
             }
         size_t comp = 0, agg = 0;
         for (size_t i = 0; i < n; i++) {
@@ -151,9 +168,10 @@ int main(int argc, char **argv)
             agg += s.peers[i].share > 0;
         }
         double med = ms[nrep / 2];
-        printf("%6zu %6d %8d %8d %10.1f %10.1f %10.1f %9.2f %9.4f %zu compute, %zu aggregate\n",
-               n, s.rows, s.cols, s.iterations, ms[0], med, 50.0, med / 50.0, s.steps_per_s,
-               comp, agg);
+        printf("%6zu %6d %8d %6zu %8d %8.1f %9.1f %10.1f %10.1f %8.1f %7.2f %9.4f %zu compute, "
+               "%zu aggregate\n",
+               n, s.rows, s.cols, npairs, s.iterations, lp_ms[nrep / 2], roles_ms[nrep / 2], ms[0],
+               med, 50.0, med / 50.0, s.steps_per_s, comp, agg);
         fflush(stdout);
         sched_solution_cleanup(&s);
         free(pp);

@@ -18,6 +18,7 @@
 
 #include "cm_err.h"
 #include "sched/sched.h"
+#include "sched/sched_internal.h"
 
 #define G_RESNET50 (25557032.0 * 32 / 1e6) /* ResNet-50 fp32 gradient, Mbit (bench/dedloc_table1.json) */
 
@@ -538,6 +539,72 @@ static void test_independent_optimum(void **state)
     }
 }
 
+/* The role search re-solves its fixed-role LPs warm, rewriting rows of one
+ * GLPK problem (sched_roles.c); each value must equal a cold build and solve
+ * of the same roles, along a sequence of single flips and random jumps. */
+static void test_warm_matches_cold(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    static struct sched_peer pp[N];
+    static struct sched_link links[N][4];
+    double scale_s[N], M[N], *tmin = malloc(sizeof(double) * N * N);
+    unsigned char on[N];
+    assert_non_null(tmin);
+    for (int trial = 0; trial < 6; trial++) {
+        int n = 8 + trial * 6;
+        double G = 100 + 900 * urand(), B = 1024, total = 0;
+        for (int i = 0; i < n; i++) {
+            double s = urand() < 0.2 ? 0 : 10 + 290 * urand();
+            peer_set(&pp[i], i + 1, s, 20 + 980 * urand(), 20 + 980 * urand(), urand() < 0.8);
+            for (int l = 0; l < 3; l++) {
+                links[i][l].to = (uint32_t)((i + 1 + l * 3) % n);
+                links[i][l].mbps = 10 + 500 * urand();
+            }
+            pp[i].links = links[i];
+            pp[i].nlinks = 3;
+        }
+        pp[0].inbound = 1;
+        pp[0].samples_per_s = 100;
+        for (int i = 0; i < n; i++) {
+            scale_s[i] = pp[i].samples_per_s / B;
+            total += scale_s[i];
+        }
+        for (int i = 0; i < n * n; i++)
+            tmin[i] = INFINITY;
+        for (int i = 0; i < n; i++) {
+            M[i] = fmax(pp[i].up_mbps / G, total);
+            for (size_t l = 0; l < pp[i].nlinks; l++) {
+                size_t j = pp[i].links[l].to;
+                tmin[i * n + j] = fmin(tmin[i * n + j], pp[i].links[l].mbps / G);
+            }
+        }
+        struct sched_problem p = {pp, (size_t)n, B, G, 0};
+        struct sched__ctx x = {&p, scale_s, M, tmin, 0, 0};
+        struct sched__warm *w = NULL;
+        assert_int_equal(sched__warm_new(&x, &w), CM_OK);
+        for (int i = 0; i < n; i++)
+            on[i] = pp[i].samples_per_s > 0;
+        for (int step = 0; step < 40; step++) {
+            if (step % 10 == 9) { /* a jump */
+                for (int i = 0; i < n; i++)
+                    on[i] = pp[i].samples_per_s > 0 && urand() < 0.5;
+            } else { /* a flip */
+                int k = (int)(urand() * n);
+                if (pp[k].samples_per_s > 0)
+                    on[k] ^= 1;
+            }
+            double warm = -1, cold = -1;
+            assert_int_equal(sched__warm_eval(w, on, &warm), CM_OK);
+            assert_int_equal(sched__roles_eval(&x, on, NULL, &cold), CM_OK);
+            if (fabs(warm - cold) > 1e-9 * fmax(1, fabs(cold)))
+                fail_msg("n=%d step %d: warm %.15g, cold %.15g", n, step, warm, cold);
+        }
+        sched__warm_free(w);
+    }
+    free(tmin);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -549,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_independent_optimum),
+        cmocka_unit_test(test_warm_matches_cold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
