@@ -73,7 +73,7 @@ objs_of = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 include $(wildcard common/module.mk) $(wildcard kernels/module.mk) \
         $(wildcard coordinator/module.mk) $(wildcard agent/module.mk) \
-        $(wildcard tests/module.mk)
+        $(wildcard web/module.mk) $(wildcard tests/module.mk)
 
 .PHONY: bins tests
 bins: $(BINS)

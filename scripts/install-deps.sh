@@ -9,11 +9,17 @@ PKGS="build-essential pkg-config clang llvm libclang-rt-14-dev
 libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libpq-dev
 postgresql postgresql-contrib libglpk-dev libcmocka-dev libopenblas-dev libuv1-dev
 libprotobuf-c-dev protobuf-c-compiler libargon2-dev wrk dataset-fashion-mnist zlib1g-dev
-iproute2 iptables procps curl ca-certificates openssl vim-runtime"
+iproute2 iptables procps curl ca-certificates openssl vim-runtime chromium"
 
-# Extra packages only some targets need (browser tests, PyTorch fixtures).
+# The dashboard (web/) builds with node and npm, and the browser tests drive
+# Debian's chromium through playwright-core. A node installed another way
+# (e.g. NodeSource, which bundles npm) is kept: Debian's npm package would
+# conflict with it.
+command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs"
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
+
+# Extra packages only some targets need (PyTorch fixtures).
 case "${1:-}" in
-  --browser) PKGS="$PKGS chromium nodejs npm" ;;
   --torch) PKGS="$PKGS python3-torch python3-numpy" ;;
 esac
 

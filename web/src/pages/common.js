@@ -1,0 +1,47 @@
+// Pieces shared by the pages: the run's tab bar (only the tabs the role may
+// use) and a poller that refreshes a page without reloading it.
+import { h, message } from '../dom.js';
+import { role } from '../api.js';
+
+export function runTabs(run, active) {
+  const r = role();
+  const tabs = [['', 'Overview'], ['/leaderboard', 'Leaderboard']];
+  if (r === 'organizer') tabs.push(['/admin', 'Allowlist & peers']);
+  if (r === 'organizer' || r === 'auditor') tabs.push(['/audit', 'Audit']);
+  return h('div.run-head',
+    h('p.crumb', h('a', { href: '#/' }, 'Runs'), ' / '),
+    h('h1', { id: 'run-name' }, run),
+    h('ul.tabs', tabs.map(([suffix, text]) => h('li', h('a', {
+      href: `#/run/${encodeURIComponent(run)}${suffix}`,
+      'aria-current': suffix === active ? 'page' : null,
+    }, text)))));
+}
+
+// Calls fn now and every `ms` until the returned stop function runs. A
+// failing refresh shows its error in `status` and polling goes on.
+export function poll(fn, ms, status) {
+  let stopped = false;
+  let timer = null;
+  const tick = async () => {
+    if (stopped) return;
+    try {
+      await fn();
+      if (status) status.textContent = `updated ${new Date().toLocaleTimeString()}`;
+    } catch (e) {
+      if (status) status.textContent = `could not refresh: ${e.message}`;
+    }
+    if (!stopped) timer = setTimeout(tick, ms);
+  };
+  tick();
+  return () => { stopped = true; clearTimeout(timer); };
+}
+
+// The page for a role that may not see it (the API would answer 403 anyway).
+export function forbidden(main, what) {
+  main.appendChild(message('error', `${what} is for ${role() === 'anonymous' ? 'logged-in users' : 'other roles'}; you are ${role()}.`));
+  if (role() === 'anonymous') main.appendChild(h('p', h('a', { href: '#/login' }, 'Log in')));
+}
+
+export function errorBox(e) {
+  return message('error', e.status === 403 ? `Not allowed: ${e.message}` : e.message);
+}
