@@ -16,17 +16,38 @@ int collab_progress_encode(const struct collab_progress *p, char *out, size_t ca
 {
     int n = snprintf(out, cap,
                      "{\"v\":1,\"step\":%lld,\"samples\":%.0f,\"sps\":%.3f,\"t\":%lld,\"addr\":\"%s\","
-                     "\"client\":%d,\"aux\":%d}",
+                     "\"client\":%d,\"aux\":%d,\"st\":\"%s\",\"h\":\"%s\"}",
                      (long long)p->step, p->samples, p->sps, (long long)p->t_ms, p->addr,
-                     p->client ? 1 : 0, p->aux ? 1 : 0);
+                     p->client ? 1 : 0, p->aux ? 1 : 0, p->st, p->hash);
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
 int collab_announce_encode(const struct collab_announce *a, char *out, size_t cap)
 {
     int n = snprintf(out, cap,
-                     "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d,\"t\":%lld}",
-                     a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0, (long long)a->t_ms);
+                     "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d,\"t\":%lld,"
+                     "\"sv\":%lld}",
+                     a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0, (long long)a->t_ms,
+                     (long long)a->sched_version);
+    return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
+}
+
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+    static const char d[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = d[b[i] >> 4];
+        out[2 * i + 1] = d[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+int collab_outcome_encode(const struct collab_outcome *o, char *out, size_t cap)
+{
+    char rid[33];
+    hex(o->rid, sizeof o->rid, rid);
+    int n = snprintf(out, cap, "{\"v\":1,\"rid\":\"%s\",\"mask\":\"%016llx\",\"t\":%lld}", rid,
+                     (unsigned long long)o->mask, (long long)o->t_ms);
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -65,9 +86,9 @@ static int flag(json_t *j, const char *k, int *out)
 }
 
 /* "ip:port" or "" (client mode): printable, no quotes, bounded. */
-static int addr(json_t *j, char out[COLLAB_ADDR_MAX])
+static int addr(json_t *j, const char *key, char out[COLLAB_ADDR_MAX])
 {
-    json_t *v = json_object_get(j, "addr");
+    json_t *v = json_object_get(j, key);
     if (!json_is_string(v) || json_string_length(v) >= COLLAB_ADDR_MAX)
         return 0;
     const char *s = json_string_value(v);
@@ -77,6 +98,29 @@ static int addr(json_t *j, char out[COLLAB_ADDR_MAX])
             return 0;
     snprintf(out, COLLAB_ADDR_MAX, "%s", s);
     return 1;
+}
+
+/* Lowercase hex of exactly `digits` digits (or "" when allow_empty) into
+ * out (digits + 1 bytes). */
+static int hexstr(json_t *j, const char *k, size_t digits, int allow_empty, char *out)
+{
+    json_t *v = json_object_get(j, k);
+    if (!json_is_string(v))
+        return 0;
+    size_t len = json_string_length(v);
+    if (!(len == digits || (allow_empty && len == 0)))
+        return 0;
+    const char *s = json_string_value(v);
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    memcpy(out, s, len + 1);
+    return 1;
+}
+
+static uint8_t nib(char c)
+{
+    return (uint8_t)(c <= '9' ? c - '0' : c - 'a' + 10);
 }
 
 static int only_keys(json_t *j, const char *const *keys, size_t n)
@@ -95,16 +139,20 @@ static int only_keys(json_t *j, const char *const *keys, size_t n)
 
 int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out)
 {
-    static const char *const keys[] = {"v", "step", "samples", "sps", "t", "addr", "client", "aux"};
+    static const char *const keys[] = {"v",      "step", "samples", "sps", "t",
+                                       "addr",   "client", "aux",   "st",  "h"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
     double step = 0, t = 0;
-    int ok = only_keys(j, keys, 8) && num(j, "step", 0, (double)MAX_STEP, &step) &&
+    int ok = only_keys(j, keys, 10) && num(j, "step", 0, (double)MAX_STEP, &step) &&
              step == floor(step) && num(j, "samples", 0, MAX_SAMPLES, &out->samples) &&
-             num(j, "sps", 0, MAX_SPS, &out->sps) && num(j, "t", 0, 9e15, &t) && addr(j, out->addr) &&
-             flag(j, "client", &out->client) && flag(j, "aux", &out->aux);
+             num(j, "sps", 0, MAX_SPS, &out->sps) && num(j, "t", 0, 9e15, &t) &&
+             addr(j, "addr", out->addr) && flag(j, "client", &out->client) &&
+             flag(j, "aux", &out->aux) &&
+             (!json_object_get(j, "st") || addr(j, "st", out->st)) &&
+             (!json_object_get(j, "h") || hexstr(j, "h", COLLAB_HASH_HEX, 1, out->hash));
     json_decref(j);
     if (!ok)
         return CM_EPARSE;
@@ -115,21 +163,87 @@ int collab_progress_parse(const void *buf, size_t len, struct collab_progress *o
 
 int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out)
 {
-    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t"};
+    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t", "sv"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
-    double t = 0;
-    int ok = only_keys(j, keys, 6) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
-             addr(j, out->addr) && flag(j, "agg", &out->agg) && flag(j, "sends", &out->sends) &&
-             num(j, "t", 0, 9e15, &t);
+    double t = 0, sv = 0;
+    int ok = only_keys(j, keys, 7) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
+             addr(j, "addr", out->addr) && flag(j, "agg", &out->agg) &&
+             flag(j, "sends", &out->sends) && num(j, "t", 0, 9e15, &t) &&
+             (!json_object_get(j, "sv") || (num(j, "sv", 0, (double)MAX_STEP, &sv) && sv == floor(sv)));
     out->t_ms = (int64_t)t;
+    out->sched_version = (int64_t)sv;
     json_decref(j);
     /* an aggregator needs an address; a sender needs a weight */
     if (!ok || (out->agg && !out->addr[0]) || (out->sends && out->weight <= 0))
         return CM_EPARSE;
     return CM_OK;
+}
+
+int collab_outcome_parse(const void *buf, size_t len, struct collab_outcome *out)
+{
+    static const char *const keys[] = {"v", "rid", "mask", "t"};
+    memset(out, 0, sizeof *out);
+    json_t *j = load(buf, len);
+    if (!j)
+        return CM_EPARSE;
+    char rid[33], mask[17];
+    double t = 0;
+    int ok = only_keys(j, keys, 4) && hexstr(j, "rid", 32, 0, rid) && hexstr(j, "mask", 16, 0, mask) &&
+             num(j, "t", 0, 9e15, &t);
+    json_decref(j);
+    if (!ok)
+        return CM_EPARSE;
+    for (size_t i = 0; i < sizeof out->rid; i++)
+        out->rid[i] = (uint8_t)(nib(rid[2 * i]) << 4 | nib(rid[2 * i + 1]));
+    for (int i = 0; i < 16; i++)
+        out->mask = out->mask << 4 | nib(mask[i]);
+    out->t_ms = (int64_t)t;
+    return CM_OK;
+}
+
+size_t collab_outcome_final(const struct collab_outcome *o, size_t n, const uint8_t rid[16],
+                            const uint8_t (*members)[CM_ED25519_PUB_LEN], size_t n_members,
+                            int64_t window_ms, int64_t margin_ms, int64_t now_ms, uint64_t *mask,
+                            int *decided)
+{
+    /* the first valid outcome per member, in member order */
+    const struct collab_outcome *pick[64] = {0};
+    size_t seen = 0;
+    int64_t first = INT64_MAX;
+    if (n_members > 64)
+        n_members = 64;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(o[i].rid, rid, sizeof o[i].rid))
+            continue;
+        for (size_t m = 0; m < n_members; m++)
+            if (!memcmp(o[i].pub, members[m], CM_ED25519_PUB_LEN)) {
+                if (!pick[m]) {
+                    pick[m] = &o[i];
+                    seen++;
+                    if (o[i].t_ms < first)
+                        first = o[i].t_ms;
+                }
+                break;
+            }
+    }
+    *mask = 0;
+    *decided = 0;
+    if (!seen)
+        return 0;
+    int64_t close = first + window_ms;
+    uint64_t m_and = ~(uint64_t)0;
+    size_t counted = 0;
+    for (size_t m = 0; m < n_members; m++)
+        if (pick[m] && pick[m]->t_ms <= close) {
+            m_and &= pick[m]->mask;
+            counted++;
+        }
+    *mask = m_and;
+    *decided = seen == n_members || now_ms >= close + margin_ms;
+    return counted;
 }
 
 void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, int64_t now_ms,

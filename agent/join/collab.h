@@ -6,8 +6,9 @@
  *
  * Two kinds of DHT records, both dictionary entries authored and signed by
  * the peer (so nobody can overwrite another's):
- *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"}
- *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"}
+ *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h"]}
+ *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"[,"sv"]}
+ *   "<run>/outcome/<step>" {"v":1,"rid","mask","t"}
  * The parsers are pure, strict and bounded (network input; fuzzed). */
 #ifndef AGENT_COLLAB_H
 #define AGENT_COLLAB_H
@@ -19,6 +20,7 @@
 
 #define COLLAB_RECORD_MAX 512
 #define COLLAB_ADDR_MAX 64
+#define COLLAB_HASH_HEX 16 /* hex digits of a parameter hash prefix (64 bits) */
 
 struct collab_progress {
     uint8_t pub[CM_ED25519_PUB_LEN]; /* author, from the DHT record */
@@ -28,6 +30,8 @@ struct collab_progress {
     int64_t t_ms;                    /* when it was measured (author's clock) */
     char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
     int client, aux;                 /* client mode; aggregate-only auxiliary peer */
+    char st[COLLAB_ADDR_MAX];        /* state-transfer address "ip:port", "" = none */
+    char hash[COLLAB_HASH_HEX + 1];  /* parameter hash at `step` (hex prefix), "" = unknown */
 };
 
 struct collab_announce {
@@ -36,6 +40,18 @@ struct collab_announce {
     char addr[COLLAB_ADDR_MAX];
     int agg, sends;
     int64_t t_ms;   /* when it announced (author's clock) */
+    int64_t sched_version; /* schedule version it holds (0: none) */
+};
+
+/* What a member of a round reports after it: which parts it committed.
+ * The members agree on the parts every reporting member committed
+ * (collab_outcome_final); the others are skipped by everyone for that step,
+ * so survivors stay identical (docs/collaboration.md, "Outcome agreement"). */
+struct collab_outcome {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    uint8_t rid[16];  /* round id prefix: outcomes of another round are ignored */
+    uint64_t mask;    /* bit k = part k committed */
+    int64_t t_ms;
 };
 
 /* Encoders write a NUL-terminated record into out (COLLAB_RECORD_MAX). */
@@ -45,6 +61,20 @@ int collab_announce_encode(const struct collab_announce *a, char *out, size_t ca
  * author key is not in the bytes: the caller copies it from the record. */
 int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out);
 int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out);
+int collab_outcome_encode(const struct collab_outcome *o, char *out, size_t cap);
+int collab_outcome_parse(const void *buf, size_t len, struct collab_outcome *out);
+
+/* The agreed parts of a round: the AND of the masks of the outcomes of
+ * round `rid` made within window_ms of the first of them (author clocks, as
+ * for round members). Outcomes of other rounds and of authors not in
+ * members[] are ignored, and so are duplicates by author (first kept).
+ * *decided = 1 when the answer cannot change any more: every member has
+ * reported, or now_ms is past the close plus margin_ms. Returns the number
+ * of outcomes counted (0: *mask = 0). */
+size_t collab_outcome_final(const struct collab_outcome *o, size_t n, const uint8_t rid[16],
+                            const uint8_t (*members)[CM_ED25519_PUB_LEN], size_t n_members,
+                            int64_t window_ms, int64_t margin_ms, int64_t now_ms, uint64_t *mask,
+                            int *decided);
 
 struct collab_view {
     int64_t max_step;      /* highest step any fresh peer reports */

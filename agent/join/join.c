@@ -20,6 +20,7 @@
 #include "agent/commands.h"
 #include "agent/join/collab.h"
 #include "agent/join/net.h"
+#include "agent/train/steplog.h"
 #include "agent/train/trainer.h"
 #include "ckpt/safetensors.h"
 #include "cm_err.h"
@@ -40,9 +41,10 @@
 
 struct join_cfg {
     char *coordinator, *run, *config_dir, *device, *listen_ip, *advertise_ip, *export_path,
-        *compression;
+        *compression, *step_log;
     int aggregate_only, client_mode, no_eval;
-    long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms;
+    long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
+        outcome_window_ms;
     double max_upload_mbps, max_download_mbps;
 };
 
@@ -75,6 +77,10 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"round-timeout-ms", CM_OPT_INT, J(round_timeout_ms), "60000", "MS", "deadline of one averaging round", 0},
     {"round-window-ms", CM_OPT_INT, J(round_window_ms), "300", "MS",
      "a round's members are the peers that announce within this window of the first", 0},
+    {"outcome-window-ms", CM_OPT_INT, J(outcome_window_ms), "1500", "MS",
+     "members agree on a round's averaged parts from the outcomes published within this window", 0},
+    {"step-log", CM_OPT_STR, J(step_log), NULL, "FILE",
+     "append one JSON line per step (step, parameter hash, loss, round) to FILE", 0},
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
      "write the final parameters as safetensors (default CONFIG-DIR/<run>.safetensors)", 0},
     {"no-eval", CM_OPT_BOOL, J(no_eval), NULL, NULL, "skip the evaluation at the end", 0},
@@ -129,8 +135,12 @@ struct peer_state {
     struct agent_trainer tr;
     int trainer_ready;
     struct join_net *net;
-    char my_addr[COLLAB_ADDR_MAX];
+    char my_addr[COLLAB_ADDR_MAX], st_addr[COLLAB_ADDR_MAX];
     char progress_key[128];
+    char hash[65];        /* parameter hash at hash_step */
+    int64_t hash_step;
+    FILE *steplog;
+    uint64_t syncs;       /* states fetched from peers */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -339,9 +349,52 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
     p.client = s->o.client_mode;
     p.aux = s->o.aggregate_only;
+    if (!s->o.aggregate_only) {
+        snprintf(p.st, sizeof p.st, "%s", s->st_addr);
+        if (s->hash_step == step)
+            snprintf(p.hash, sizeof p.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
+    }
     char rec[COLLAB_RECORD_MAX];
     int rc = collab_progress_encode(&p, rec, sizeof rec);
     return rc ? rc : join_net_put(s->net, s->progress_key, rec, strlen(rec), 60000);
+}
+
+/* The parameter hash of the current state (after a step, a catch-up or a
+ * state transfer): published with progress so peers notice divergence. */
+static void update_hash(struct peer_state *s, int64_t step)
+{
+    if (s->o.aggregate_only || agent_param_hash(s->tr.model, s->hash) != CM_OK) {
+        s->hash_step = -1;
+        return;
+    }
+    s->hash_step = step;
+}
+
+/* Serves our state to a peer that asked for it (a late joiner, or a peer
+ * behind or diverged), when we hold the step it wants. */
+static void serve_state_if_wanted(struct peer_state *s, int64_t step)
+{
+    int64_t want = join_net_state_wanted(s->net);
+    if (want < 0 || want > step || s->o.aggregate_only || !s->st_addr[0])
+        return;
+    char err[512], file[4400];
+    if (agent_trainer_save(&s->tr, err, sizeof err) != CM_OK) {
+        fprintf(stderr, "\nwarning: saving the state for a peer: %s\n", err);
+        return;
+    }
+    snprintf(file, sizeof file, "%s/latest.ckpt", s->rundir);
+    FILE *f = fopen(file, "rb");
+    if (!f)
+        return;
+    uint8_t *buf = NULL;
+    long len = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)len)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+        join_net_state_publish(s->net, step, buf, (size_t)len);
+        buf = NULL;
+    }
+    free(buf);
+    fclose(f);
 }
 
 static int read_progress(struct peer_state *s, struct collab_progress **out, size_t *n)
@@ -382,6 +435,7 @@ static int gather(struct peer_state *s, int64_t step, double weight, struct coll
     me.sends = !s->o.aggregate_only;
     me.agg = !s->o.client_mode;
     me.t_ms = now_ms();
+    me.sched_version = 0;
     snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->my_addr);
     int rc = collab_announce_encode(&me, rec, sizeof rec);
     if (rc || (rc = join_net_put(s->net, key, rec, strlen(rec), 120000)) != CM_OK)
@@ -496,6 +550,136 @@ static void print_line(long step, double samples, double target, double sps, siz
     fflush(stdout);
 }
 
+/* The hash most fresh peers at `step` hold (ties: the smallest), counting
+ * ourselves; "" when nobody published one. */
+static void majority_hash(const struct collab_progress *p, size_t n, int64_t step, int64_t now,
+                          char out[COLLAB_HASH_HEX + 1])
+{
+    size_t best = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].step != step || !p[i].hash[0] || p[i].aux || p[i].t_ms < now - 30000)
+            continue;
+        size_t c = 0;
+        for (size_t k = 0; k < n; k++)
+            c += p[k].step == step && p[k].t_ms >= now - 30000 && !strcmp(p[k].hash, p[i].hash);
+        if (c > best || (c == best && strcmp(p[i].hash, out) < 0)) {
+            best = c;
+            snprintf(out, COLLAB_HASH_HEX + 1, "%s", p[i].hash);
+        }
+    }
+}
+
+/* Fetches the state of a peer at step >= min_step (preferring peers that
+ * hold the majority hash of their step) and loads it. CM_OK: *step moved. */
+static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
+{
+    struct collab_progress *p = NULL;
+    size_t n = 0;
+    if (read_progress(s, &p, &n) != CM_OK)
+        return CM_ECONN;
+    int64_t now = now_ms();
+    int rc = CM_ENOTFOUND;
+    for (int pass = 0; pass < 2 && rc != CM_OK; pass++) {
+        for (size_t i = 0; i < n && rc != CM_OK && !g_interrupts; i++) {
+            if (!p[i].st[0] || p[i].step < min_step || p[i].t_ms < now - 30000 ||
+                !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
+                continue;
+            char maj[COLLAB_HASH_HEX + 1];
+            majority_hash(p, n, p[i].step, now, maj);
+            if (pass == 0 && strcmp(maj, p[i].hash))
+                continue; /* first try peers that agree with the majority */
+            char dest[4400], err[512];
+            int64_t got = -1;
+            snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
+            rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got, 20000);
+            if (rc != CM_OK) {
+                fprintf(stderr, "\nwarning: fetching the state of peer at %s: %s\n", p[i].st,
+                        cm_strerror(rc));
+                continue;
+            }
+            int resumed = 0;
+            if ((rc = agent_trainer_resume(&s->tr, &resumed, err, sizeof err)) != CM_OK) {
+                fprintf(stderr, "\nwarning: loading a peer's state: %s\n", err);
+                continue;
+            }
+            *step = (int64_t)s->tr.opt->step;
+            update_hash(s, *step);
+            s->syncs++;
+            printf("\nfetched the state of step %lld from a peer (%s, hash %.16s)\n",
+                   (long long)*step, p[i].st, s->hash);
+            char line[256];
+            snprintf(line, sizeof line, "{\"step\":%lld,\"hash\":\"%s\",\"synced\":true,\"t_ms\":%lld}",
+                     (long long)*step, s->hash, (long long)now_ms());
+            agent_steplog_write(s->steplog, line);
+        }
+    }
+    free(p);
+    return rc;
+}
+
+/* Outcome agreement (docs/collaboration.md): every sender of the round
+ * publishes which parts it committed; the parts every counted outcome has
+ * are applied by everyone, the others are skipped (zero gradient) for this
+ * step, so survivors stay bit-identical even when an aggregator died. */
+#define OUTCOME_MARGIN_MS 300
+static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t rid[AR_ROUND_ID_LEN],
+                              uint64_t my_mask, const struct ar_member *am, size_t nmem,
+                              size_t *counted)
+{
+    char key[160], rec[COLLAB_RECORD_MAX];
+    snprintf(key, sizeof key, "%s/outcome/%lld", s->o.run, (long long)step);
+    struct collab_outcome me = {0};
+    memcpy(me.pub, s->key.pub, CM_ED25519_PUB_LEN);
+    memcpy(me.rid, rid, sizeof me.rid);
+    me.mask = my_mask;
+    me.t_ms = now_ms();
+    uint8_t senders[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN];
+    size_t ns = 0;
+    for (size_t i = 0; i < nmem; i++)
+        if (am[i].sends)
+            memcpy(senders[ns++], am[i].pub, CM_ED25519_PUB_LEN);
+    if (collab_outcome_encode(&me, rec, sizeof rec) != CM_OK ||
+        join_net_put(s->net, key, rec, strlen(rec), 120000) != CM_OK)
+        fprintf(stderr, "\nwarning: step %lld: could not publish the round's outcome\n", (long long)step);
+    int64_t give_up = me.t_ms + s->o.outcome_window_ms + 4 * OUTCOME_MARGIN_MS + 5000;
+    uint64_t mask = my_mask;
+    *counted = 0;
+    for (;;) {
+        struct join_record *r = NULL;
+        size_t nr = 0;
+        struct collab_outcome *o = NULL;
+        size_t no = 0;
+        if (join_net_get(s->net, key, &r, &nr) == CM_OK && (o = calloc(nr + 1, sizeof *o))) {
+            for (size_t i = 0; i < nr; i++)
+                if (collab_outcome_parse(r[i].value, r[i].len, &o[no]) == CM_OK) {
+                    memcpy(o[no].pub, r[i].author, CM_ED25519_PUB_LEN);
+                    no++;
+                }
+            o[no++] = me; /* our own, even before the DHT shows it */
+        }
+        join_records_free(r, nr);
+        int decided = 0;
+        uint64_t m = my_mask;
+        size_t c = o ? collab_outcome_final(o, no, rid, (const uint8_t(*)[CM_ED25519_PUB_LEN])senders,
+                                            ns, s->o.outcome_window_ms, OUTCOME_MARGIN_MS, now_ms(),
+                                            &m, &decided)
+                     : 0;
+        free(o);
+        if (decided || now_ms() > give_up) {
+            if (!decided)
+                fprintf(stderr, "\nwarning: step %lld: no agreement on the round's outcome; using ours\n",
+                        (long long)step);
+            else
+                mask = m;
+            *counted = c;
+            break;
+        }
+        usleep(20000);
+    }
+    return mask;
+}
+
 static int train_loop(struct peer_state *s)
 {
     struct kern_model *m = s->tr.model;
@@ -509,41 +693,46 @@ static int train_loop(struct peer_state *s)
     int rc = CM_OK;
     double sps = 0, last_loss = NAN;
     int64_t step = (int64_t)s->tr.opt->step;
+    update_hash(s, step);
     while (step < s->steps && !g_interrupts) {
         renew_pass_if_due(s);
+        serve_state_if_wanted(s, step);
         memset(accum, 0, n * sizeof *accum);
-        double samples = 0, loss_sum = 0, loss_n = 0, t_pub = 0, t_start = mono_s();
+        double samples = 0, loss_sum = 0, loss_n = 0, compute_s = 0;
         struct collab_progress *seen = NULL;
         size_t nseen = 0;
         struct collab_view view = {0};
-        int behind = 0;
+        int behind = 0, diverged = 0;
         for (;;) {
             if (!s->o.aggregate_only) {
+                /* Pledge the micro-batch before computing it: the others
+                   count samples in flight, so nobody starts micro-batches
+                   the target does not need (the batch overshoots by about
+                   one micro-batch instead of one per peer). */
+                float w = (float)s->tcfg.micro_batch;
+                publish_progress(s, step, samples + w, sps);
                 struct kern_eval ev;
                 double t0 = mono_s();
                 if ((rc = agent_trainer_compute_grads(&s->tr, &ev)) != CM_OK)
                     goto out;
                 if ((rc = m->be->download(grad, m->grads, n * sizeof *grad)) != CM_OK)
                     goto out;
-                float w = (float)s->tcfg.micro_batch;
                 for (size_t i = 0; i < n; i++)
                     accum[i] += w * grad[i];
                 samples += w;
                 loss_sum += ev.loss_sum;
                 loss_n += (double)ev.count;
                 double dt = mono_s() - t0;
+                compute_s += dt;
                 if (dt > 0)
                     sps = sps > 0 ? 0.8 * sps + 0.2 * (w / dt) : w / dt;
             } else {
                 usleep(50000);
+                publish_progress(s, step, samples, sps);
             }
             if (g_interrupts)
                 break;
-            double t = mono_s();
-            if (t - t_pub < 0.05)
-                continue;
-            t_pub = t;
-            publish_progress(s, step, samples, sps);
+            serve_state_if_wanted(s, step);
             free(seen);
             if (read_progress(s, &seen, &nseen) != CM_OK)
                 continue;
@@ -556,6 +745,9 @@ static int train_loop(struct peer_state *s)
                     seen[i].samples = samples;
                     seen[i].step = step;
                     seen[i].t_ms = now_ms();
+                    seen[i].hash[0] = 0;
+                    if (s->hash_step == step)
+                        snprintf(seen[i].hash, sizeof seen[i].hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     have_self = 1;
                 }
             if (!have_self) {
@@ -567,49 +759,66 @@ static int train_loop(struct peer_state *s)
                     self.sps = sps;
                     self.t_ms = now_ms();
                     self.aux = s->o.aggregate_only;
+                    if (s->hash_step == step)
+                        snprintf(self.hash, sizeof self.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     seen[nseen++] = self;
                 }
             }
-            collab_estimate(seen, nseen, step, now_ms(), 30000, s->target, &view);
+            int64_t now = now_ms();
+            collab_estimate(seen, nseen, step, now, 30000, s->target, &view);
             print_line((long)step, view.samples, s->target, sps, view.peers,
                        loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
             if (view.max_step > step) {
                 behind = 1;
                 break;
             }
+            if (!s->o.aggregate_only && s->hash_step == step) {
+                char maj[COLLAB_HASH_HEX + 1];
+                majority_hash(seen, nseen, step, now, maj);
+                if (maj[0] && strncmp(maj, s->hash, COLLAB_HASH_HEX) != 0) {
+                    diverged = 1;
+                    break;
+                }
+            }
             if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only))
                 break;
         }
-        if (g_interrupts) {
-            free(seen);
+        free(seen);
+        seen = NULL;
+        if (g_interrupts)
             break;
-        }
-        if (behind) {
-            free(seen);
-            printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
-                   (long long)view.max_step);
+        if (behind || diverged) {
+            int64_t want = behind ? view.max_step : step;
+            if (diverged)
+                printf("\nour parameters differ from the other peers' at step %lld: fetching their state\n",
+                       (long long)step);
+            else
+                printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
+                       (long long)view.max_step);
             int64_t got = step;
-            rc = catch_up(s, &got);
-            if (rc == CM_OK && got > step) {
+            if (sync_from_peer(s, want, &got) == CM_OK)
                 step = got;
-                continue;
-            }
-            /* no newer checkpoint yet: wait for one */
-            sleep(2);
+            else if (catch_up(s, &got) == CM_OK && got > step)
+                step = got, update_hash(s, step);
+            else
+                sleep(1); /* nobody could serve us yet */
             rc = CM_OK;
             continue;
         }
         struct collab_announce *mem = NULL;
         size_t nmem = 0;
-        free(seen);
         rc = gather(s, step, samples, &mem, &nmem);
         if (rc == CM_EBUSY) {
             printf("\nstep %lld: announced after the round closed; catching up\n", (long long)step);
             int64_t got = step;
             for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
-                if (catch_up(s, &got) == CM_OK && got > step)
+                if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
                     break;
-                sleep(2);
+                if (catch_up(s, &got) == CM_OK && got > step) {
+                    update_hash(s, got);
+                    break;
+                }
+                sleep(1);
             }
             step = got;
             rc = CM_OK;
@@ -621,6 +830,7 @@ static int train_loop(struct peer_state *s)
             nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
         struct ar_member am[AR_MAX_MEMBERS];
         size_t me = nmem, naggs = 0;
+        double global = 0;
         memset(am, 0, sizeof am);
         for (size_t i = 0; i < nmem; i++) {
             memcpy(am[i].pub, mem[i].pub, CM_ED25519_PUB_LEN);
@@ -629,6 +839,7 @@ static int train_loop(struct peer_state *s)
             if (mem[i].agg && p2p_addr_parse(mem[i].addr, &am[i].addr) != CM_OK)
                 am[i].fraction = 0;
             naggs += am[i].fraction > 0;
+            global += mem[i].sends ? mem[i].weight : 0;
             if (!memcmp(mem[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
                 me = i;
         }
@@ -655,13 +866,22 @@ static int train_loop(struct peer_state *s)
         rcfg.comp = s->comp;
         rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
         /* generous: on a loaded machine a slow peer must not be mistaken for a
-           dead one, since a part that is not averaged makes peers differ */
+           dead one (the outcome agreement then skips its part for everyone) */
         rcfg.stall_ms = 10000;
+        uint8_t rid[AR_ROUND_ID_LEN];
+        size_t n_parts = 0;
+        uint32_t owner[AR_MAX_MEMBERS];
+        size_t poff[AR_MAX_MEMBERS], plen[AR_MAX_MEMBERS];
+        if (ar_round_id(&rcfg, rid) != CM_OK ||
+            ar_partition(am, nmem, n, AR_ALIGN, &n_parts, owner, poff, plen) != CM_OK) {
+            free(mem);
+            rc = CM_EINTERNAL;
+            goto out;
+        }
         struct join_round_summary sum;
         rc = join_net_allreduce(s->net, &rcfg, &sum);
-        if (sum.n_averaged < sum.n_parts)
-            fprintf(stderr, "\nwarning: step %lld: %zu of %zu parts averaged (%s); the rest keep local values\n",
-                    (long long)step, sum.n_averaged, sum.n_parts, cm_strerror(sum.status));
+        if (rc != CM_OK && sum.n_parts == 0)
+            sum.averaged_mask = 0;
         for (size_t i = 0; i < sum.n_excluded; i++) {
             char pk[64];
             cm_b64url_encode(am[sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
@@ -669,22 +889,66 @@ static int train_loop(struct peer_state *s)
                     (long long)step, pk, ar_excl_reason_name(sum.excluded_reason[i]));
         }
         rc = CM_OK;
+        uint64_t all = n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << n_parts) - 1);
+        uint64_t agreed = sum.averaged_mask & all, mine = agreed;
+        size_t counted = 0;
+        if (!s->o.aggregate_only)
+            agreed = agree_outcome(s, step, rid, mine, am, nmem, &counted) & all;
+        if (agreed != all)
+            fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
+                            "are skipped this step\n", (long long)step, __builtin_popcountll(agreed), n_parts);
+        if (!s->o.aggregate_only && (agreed & ~mine)) {
+            /* the others averaged a part we could not get: our update would
+               differ from theirs, so take their state after the step instead */
+            fprintf(stderr, "\nwarning: step %lld: we missed parts the others averaged; fetching their state\n",
+                    (long long)step);
+            free(mem);
+            int64_t got = step;
+            for (int tries = 0; tries < 30 && !g_interrupts; tries++) {
+                if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
+                    break;
+                sleep(1);
+            }
+            step = got;
+            continue;
+        }
         if (!s->o.aggregate_only) {
+            for (size_t k = 0; k < n_parts; k++)
+                if (!(agreed >> k & 1))
+                    memset(accum + poff[k], 0, plen[k] * sizeof *accum);
             float gnorm = 0, lr = 0;
             if ((rc = m->be->upload(m->grads, accum, n * sizeof *accum)) != CM_OK ||
-                (rc = agent_trainer_apply(&s->tr, &gnorm, &lr)) != CM_OK)
+                (rc = agent_trainer_apply(&s->tr, &gnorm, &lr)) != CM_OK) {
+                free(mem);
                 goto out;
+            }
         } else {
             s->tr.opt->step++; /* the aggregate-only peer follows the step count */
         }
         step++;
+        update_hash(s, step);
         if (loss_n)
             last_loss = loss_sum / loss_n;
+        if (s->steplog && !s->o.aggregate_only) {
+            char line[1024], ridhex[17], loss[32];
+            cm_hex_encode(rid, 8, ridhex);
+            if (loss_n && isfinite(loss_sum / loss_n))
+                snprintf(loss, sizeof loss, "%.6f", loss_sum / loss_n);
+            else
+                snprintf(loss, sizeof loss, "null");
+            snprintf(line, sizeof line,
+                     "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
+                     "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
+                     "\"round_ms\":%.1f,\"compute_s\":%.3f,\"sched_version\":0,\"t_ms\":%lld}",
+                     (long long)step, s->hash, loss, samples, global, nmem, n_parts,
+                     __builtin_popcountll(agreed), counted, ridhex, sum.ms_total, compute_s,
+                     (long long)now_ms());
+            agent_steplog_write(s->steplog, line);
+        }
         if (step % s->ckpt_every == 0 && !s->o.aggregate_only &&
             collab_checkpoint_uploader(mem, nmem, step) == me)
             upload_checkpoint(s, step);
         free(mem);
-        (void)t_start;
     }
 out:
     printf("\n");
@@ -765,9 +1029,16 @@ int agent_cmd_join(int argc, char **argv)
     }
     const char *adv = s->o.advertise_ip ? s->o.advertise_ip
                       : strcmp(s->o.listen_ip, "0.0.0.0") ? s->o.listen_ip : "127.0.0.1";
-    if (!s->o.client_mode)
+    if (!s->o.client_mode) {
         snprintf(s->my_addr, sizeof s->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
                  join_net_ar_port(s->net));
+        snprintf(s->st_addr, sizeof s->st_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
+                 join_net_state_port(s->net));
+    }
+    if (s->o.step_log && !(s->steplog = fopen(s->o.step_log, "a"))) {
+        fprintf(stderr, "error: cannot open the step log %s\n", s->o.step_log);
+        goto out;
+    }
     snprintf(s->progress_key, sizeof s->progress_key, "%s/progress", s->o.run);
     char pk[64];
     cm_b64url_encode(s->key.pub, CM_ED25519_PUB_LEN, pk);
@@ -810,6 +1081,8 @@ int agent_cmd_join(int argc, char **argv)
 out:
     if (s->net)
         join_net_stop(s->net);
+    if (s->steplog)
+        fclose(s->steplog);
     if (s->trainer_ready)
         agent_trainer_cleanup(&s->tr);
     cm_ed25519_cleanup(&s->key);

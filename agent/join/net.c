@@ -14,11 +14,12 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #define JOB_GRACE_MS 120000 /* an upper bound no operation reaches: they have their own deadlines */
 
-enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN };
+enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN, JOB_REQ };
 
 struct job {
     struct job *next;
@@ -35,6 +36,10 @@ struct job {
     struct ar_round_config round;
     struct join_round_summary sum;
     struct join_net *net;
+    uint8_t peer_pub[CM_ED25519_PUB_LEN]; /* JOB_REQ */
+    uint32_t type, timeout_ms;
+    uint8_t *resp;
+    size_t resp_len;
 };
 
 struct join_net {
@@ -49,6 +54,13 @@ struct join_net {
     struct dht_node *dht;
     struct ar_engine *ar;
     uint16_t ar_port;
+    struct p2p_host *st_host; /* state transfer: serves snapshots, fetches */
+    uint16_t st_port;
+    pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
+    uint8_t *st_bytes;
+    size_t st_len;
+    int64_t st_step, st_wanted;
+    uint8_t st_sha[CM_SHA256_LEN];
     const struct join_net_config *cfg; /* during start only */
 };
 
@@ -64,6 +76,7 @@ static void job_unref(struct job *j)
     if (--j->refs)
         return;
     free(j->value);
+    free(j->resp);
     free(j->addrs);
     join_records_free(j->recs, j->nrecs);
     free(j);
@@ -100,11 +113,33 @@ static void dht_done(void *arg, const struct dht_result *res)
     finish(j, res->status);
 }
 
+static void req_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                     size_t len)
+{
+    struct job *j = arg;
+    (void)from;
+    if (status == CM_OK && len && (j->resp = malloc(len)) != NULL) {
+        memcpy(j->resp, body, len);
+        j->resp_len = len;
+    } else if (status == CM_OK && len) {
+        status = CM_ENOMEM;
+    }
+    finish(j, status);
+}
+
 static void round_done(void *arg, const struct ar_result *res)
 {
     struct job *j = arg;
     struct join_round_summary *s = &j->sum;
     s->status = res->status;
+    memcpy(s->round_id, res->round_id, sizeof s->round_id);
+    s->averaged_mask = 0;
+    for (size_t i = 0; i < res->n_parts && i < AR_MAX_MEMBERS; i++) {
+        s->part_off[i] = res->parts[i].offset;
+        s->part_len[i] = res->parts[i].len;
+        if (res->parts[i].averaged)
+            s->averaged_mask |= (uint64_t)1 << i;
+    }
     s->n_parts = res->n_parts;
     s->n_averaged = res->n_averaged;
     s->weight = -1;
@@ -145,8 +180,14 @@ static void run_job(struct join_net *n, struct job *j)
         rc = p2p_host_set_token(dht_node_host(n->dht), (const char *)j->value);
         if (!rc)
             rc = ar_engine_set_token(n->ar, (const char *)j->value);
+        if (!rc)
+            rc = p2p_host_set_token(n->st_host, (const char *)j->value);
         finish(j, rc);
         return;
+    case JOB_REQ:
+        rc = p2p_request(n->st_host, (const struct sockaddr *)j->addrs, j->peer_pub, j->type, j->value,
+                         j->len, j->timeout_ms, req_done, j);
+        break;
     default:
         j->round.done = round_done;
         j->round.arg = j;
@@ -183,6 +224,9 @@ static void on_async(uv_async_t *a)
         rev = x;
     }
     if (stopping && n->ctx) {
+        if (n->st_host)
+            p2p_host_close(n->st_host);
+        n->st_host = NULL;
         if (n->ar)
             ar_engine_free(n->ar);
         if (n->dht)
@@ -193,6 +237,72 @@ static void on_async(uv_async_t *a)
         n->ctx = NULL;
         uv_close((uv_handle_t *)&n->async, on_close);
     }
+}
+
+/* Request: min_step (8, big-endian) | offset (8) | max bytes (4).
+ * Response: ready (1: 1 = snapshot below, 0 = preparing, ask again) |
+ * step (8) | total length (8) | SHA-256 of the whole snapshot (32) | bytes. */
+#define ST_REQ_LEN 20
+#define ST_HDR_LEN 49
+
+static void put_be(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+}
+
+static uint64_t get_be(const uint8_t *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type,
+                            const uint8_t *body, size_t len, uint8_t **resp, size_t *resp_len)
+{
+    struct join_net *n = arg;
+    (void)h;
+    (void)from;
+    if (type != JOIN_MSG_STATE || len != ST_REQ_LEN)
+        return CM_EPROTO;
+    int64_t min_step = (int64_t)get_be(body, 8);
+    uint64_t off = get_be(body + 8, 8);
+    uint32_t max = (uint32_t)get_be(body + 16, 4);
+    if (min_step < 0 || max == 0)
+        return CM_EINVAL;
+    if (max > JOIN_STATE_CHUNK)
+        max = JOIN_STATE_CHUNK;
+    pthread_mutex_lock(&n->st_mu);
+    int ready = n->st_bytes && n->st_step >= min_step;
+    size_t take = 0;
+    if (ready && off > n->st_len) {
+        pthread_mutex_unlock(&n->st_mu);
+        return CM_ERANGE;
+    }
+    if (ready)
+        take = n->st_len - off < max ? n->st_len - off : max;
+    else if (min_step > n->st_wanted)
+        n->st_wanted = min_step;
+    uint8_t *out = malloc(ST_HDR_LEN + take);
+    if (!out) {
+        pthread_mutex_unlock(&n->st_mu);
+        return CM_ENOMEM;
+    }
+    out[0] = (uint8_t)ready;
+    put_be(out + 1, ready ? (uint64_t)n->st_step : 0, 8);
+    put_be(out + 9, ready ? n->st_len : 0, 8);
+    if (ready)
+        memcpy(out + 17, n->st_sha, CM_SHA256_LEN);
+    else
+        memset(out + 17, 0, CM_SHA256_LEN);
+    if (take)
+        memcpy(out + ST_HDR_LEN, n->st_bytes + off, take);
+    pthread_mutex_unlock(&n->st_mu);
+    *resp = out;
+    *resp_len = ST_HDR_LEN + take;
+    return CM_OK;
 }
 
 static void *thread_main(void *arg)
@@ -227,9 +337,23 @@ static void *thread_main(void *arg)
             n->ar_port = ar_engine_port(n->ar);
     }
     if (!rc) {
+        struct p2p_host_config hc = {0};
+        hc.key = c->key;
+        hc.token = c->token;
+        hc.listen_ip = c->listen_ip;
+        hc.max_inbound = 64;
+        hc.on_request = on_state_request;
+        hc.arg = n;
+        rc = p2p_host_new(n->ctx, &hc, &n->st_host);
+        if (!rc)
+            n->st_port = c->listen_ip ? p2p_host_port(n->st_host) : 0;
+    }
+    if (!rc) {
         uv_async_init(&n->loop, &n->async, on_async);
         n->async.data = n;
     } else {
+        if (n->st_host)
+            p2p_host_close(n->st_host);
         if (n->ar)
             ar_engine_free(n->ar);
         if (n->dht)
@@ -294,6 +418,8 @@ int join_net_start(const struct join_net_config *cfg, struct join_net **out)
     }
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
+    pthread_mutex_init(&n->st_mu, NULL);
+    n->st_wanted = -1;
     n->cfg = cfg;
     if (pthread_create(&n->th, NULL, thread_main, n)) {
         uv_loop_close(&n->loop);
@@ -350,6 +476,8 @@ void join_net_stop(struct join_net *n)
     uv_loop_close(&n->loop);
     pthread_mutex_destroy(&n->mu);
     pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->st_mu);
+    free(n->st_bytes);
     free(n);
 }
 
@@ -433,4 +561,158 @@ void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t cou
 {
     if (n->ctx)
         p2p_auth_set_revoked(p2p_ctx_auth(n->ctx), ids, count, generated_at);
+}
+
+uint16_t join_net_state_port(const struct join_net *n)
+{
+    return n->st_port;
+}
+
+void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, size_t len)
+{
+    uint8_t sha[CM_SHA256_LEN];
+    cm_sha256(bytes, len, sha);
+    pthread_mutex_lock(&n->st_mu);
+    free(n->st_bytes);
+    n->st_bytes = bytes;
+    n->st_len = len;
+    n->st_step = step;
+    memcpy(n->st_sha, sha, sizeof sha);
+    if (n->st_wanted <= step)
+        n->st_wanted = -1;
+    pthread_mutex_unlock(&n->st_mu);
+}
+
+int64_t join_net_state_wanted(const struct join_net *n)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&n->st_mu);
+    int64_t w = n->st_wanted;
+    pthread_mutex_unlock((pthread_mutex_t *)&n->st_mu);
+    return w;
+}
+
+/* One state request, blocking; *resp is heap. */
+static int state_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+                         int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = malloc(ST_REQ_LEN))) {
+        if (j)
+            free(j->addrs);
+        free(j);
+        return CM_ENOMEM;
+    }
+    j->kind = JOB_REQ;
+    *j->addrs = *addr;
+    memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
+    j->type = JOIN_MSG_STATE;
+    j->timeout_ms = 10000;
+    put_be(j->value, (uint64_t)min_step, 8);
+    put_be(j->value + 8, off, 8);
+    put_be(j->value + 16, JOIN_STATE_CHUNK, 4);
+    j->len = ST_REQ_LEN;
+    int rc = submit(n, j);
+    pthread_mutex_lock(&n->mu);
+    *resp = NULL;
+    *resp_len = 0;
+    if (rc == CM_OK) {
+        *resp = j->resp;
+        *resp_len = j->resp_len;
+        j->resp = NULL;
+    }
+    job_unref(j);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+                         int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms)
+{
+    struct sockaddr_storage sa;
+    if (p2p_addr_parse(addr, &sa) != CM_OK)
+        return CM_EINVAL;
+    char part[4200];
+    if ((size_t)snprintf(part, sizeof part, "%s.part", dest) >= sizeof part)
+        return CM_EINVAL;
+    int64_t end = p2p_now_ms() + deadline_ms;
+    uint8_t *buf = NULL, sha[CM_SHA256_LEN];
+    size_t total = 0, got = 0;
+    int64_t step = -1;
+    int rc = CM_EBUSY;
+    while (p2p_now_ms() < end) {
+        uint8_t *r = NULL;
+        size_t rl = 0;
+        rc = state_request(n, &sa, pub, min_step, got, &r, &rl);
+        if (rc != CM_OK)
+            break;
+        if (rl < ST_HDR_LEN) {
+            free(r);
+            rc = CM_EPROTO;
+            break;
+        }
+        if (!r[0]) { /* preparing */
+            free(r);
+            rc = CM_EBUSY;
+            usleep(100000);
+            continue;
+        }
+        int64_t rs = (int64_t)get_be(r + 1, 8);
+        uint64_t rt = get_be(r + 9, 8);
+        if (rs < min_step || rt == 0 || rt > ((uint64_t)1 << 36)) {
+            free(r);
+            rc = CM_EPROTO;
+            break;
+        }
+        if (step != rs || rt != total || memcmp(sha, r + 17, CM_SHA256_LEN)) {
+            /* a new snapshot (or the first): start over */
+            free(buf);
+            buf = malloc((size_t)rt);
+            if (!buf) {
+                free(r);
+                rc = CM_ENOMEM;
+                break;
+            }
+            step = rs;
+            total = (size_t)rt;
+            memcpy(sha, r + 17, CM_SHA256_LEN);
+            if (got != 0) {
+                got = 0;
+                free(r);
+                continue;
+            }
+        }
+        size_t take = rl - ST_HDR_LEN;
+        if (take > total - got || (take == 0 && got < total)) {
+            free(r);
+            rc = CM_EPROTO;
+            break;
+        }
+        memcpy(buf + got, r + ST_HDR_LEN, take);
+        got += take;
+        free(r);
+        if (got == total) {
+            uint8_t h[CM_SHA256_LEN];
+            cm_sha256(buf, total, h);
+            rc = memcmp(h, sha, sizeof h) ? CM_EBADSIG : CM_OK;
+            break;
+        }
+        rc = CM_ETIMEOUT;
+    }
+    if (rc == CM_OK) {
+        FILE *f = fopen(part, "wb");
+        rc = CM_EIO;
+        if (f) {
+            int ok = fwrite(buf, 1, total, f) == total;
+            ok = fflush(f) == 0 && ok;
+            ok = fsync(fileno(f)) == 0 && ok;
+            ok = fclose(f) == 0 && ok;
+            if (ok && rename(part, dest) == 0)
+                rc = CM_OK;
+            else
+                unlink(part);
+        }
+        *step_out = step;
+    }
+    free(buf);
+    return rc;
 }

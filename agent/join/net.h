@@ -55,12 +55,35 @@ struct join_round_summary {
     int excluded_reason[AR_MAX_MEMBERS];
     double ms_total;
     uint64_t bytes_sent, bytes_received;
+    uint8_t round_id[AR_ROUND_ID_LEN];
+    uint64_t averaged_mask;          /* bit k: part k committed (parts <= 64) */
+    size_t part_off[AR_MAX_MEMBERS], part_len[AR_MAX_MEMBERS]; /* elements */
 };
 int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out);
 
 /* Replaces the access token of the DHT node and the averaging engine (after
  * a pass renewal). */
 int join_net_set_token(struct join_net *n, const char *token);
+
+/* ---- state transfer (late joiners, peers behind or diverged) ----------
+ * Every peer that accepts connections serves its newest training state on
+ * a third p2p host (message P2P type JOIN_MSG_STATE, docs/protocol.md,
+ * "State transfer"): the training thread publishes a snapshot (the bytes of
+ * a checkpoint file) when someone asked for a newer step than the one
+ * published; requesters fetch it in chunks and check its SHA-256. */
+#define JOIN_MSG_STATE 48
+#define JOIN_STATE_CHUNK (192u * 1024u)
+uint16_t join_net_state_port(const struct join_net *n);
+/* Hands over a snapshot (bytes owned by the net afterwards) of `step`. */
+void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, size_t len);
+/* The highest step someone asked for and the snapshot does not have yet
+ * (-1: nobody waits). */
+int64_t join_net_state_wanted(const struct join_net *n);
+/* Fetches a peer's state of at least min_step into dest (written to
+ * dest.part, checked, renamed); *step_out = its step. Gives up after
+ * deadline_ms. CM_EBUSY: the peer did not produce it in time. */
+int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+                         int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);

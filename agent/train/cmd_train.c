@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "agent/commands.h"
+#include "agent/train/steplog.h"
 #include "agent/train/trainer.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -17,11 +18,13 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: crowdtrain-agent train --local --config FILE [--device cpu|cuda|auto]\n"
-               "                              [--threads N] [--steps N]\n\n"
+               "                              [--threads N] [--steps N] [--data-seed N] [--step-log FILE]\n\n"
                "Trains the model FILE describes in this process (docs/training.md).\n"
                "  --device   overrides the config's device (auto: CUDA when a GPU is present)\n"
                "  --threads  CPU threads (0 = all cores)\n"
-               "  --steps    overrides the config's step count (the schedule keeps its length)\n");
+               "  --steps    overrides the config's step count (the schedule keeps its length)\n"
+               "  --data-seed N  seed of the training data order (default: the config's seed)\n"
+               "  --step-log FILE  append one JSON line per step: step, parameter hash, loss\n");
 }
 
 static double now_s(void)
@@ -74,7 +77,11 @@ int agent_cmd_train(int argc, char **argv)
         {"local", no_argument, NULL, 'l'},      {"config", required_argument, NULL, 'c'},
         {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
         {"steps", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
+        {"step-log", required_argument, NULL, 'g'}, {"data-seed", required_argument, NULL, 'r'},
         {NULL, 0, NULL, 0}};
+    const char *step_log = NULL;
+    unsigned long long data_seed = 0;
+    FILE *slog = NULL;
     int local = 0, threads = -1;
     long steps = 0;
     const char *config = NULL, *device = NULL;
@@ -97,6 +104,14 @@ int agent_cmd_train(int argc, char **argv)
             steps = strtol(optarg, &end, 10);
             if (*end || steps < 1) {
                 fprintf(stderr, "train: --steps must be a positive integer\n");
+                return 2;
+            }
+            break;
+        case 'g': step_log = optarg; break;
+        case 'r':
+            data_seed = strtoull(optarg, &end, 10);
+            if (*end || !*optarg || data_seed == 0) {
+                fprintf(stderr, "train: --data-seed must be a positive integer\n");
                 return 2;
             }
             break;
@@ -132,6 +147,12 @@ int agent_cmd_train(int argc, char **argv)
         cfg.threads = threads;
     if (steps)
         cfg.steps = steps;
+    if (data_seed)
+        cfg.data_seed = data_seed;
+    if (step_log && !(slog = fopen(step_log, "a"))) {
+        fprintf(stderr, "train: cannot open the step log %s\n", step_log);
+        return 1;
+    }
     size_t text_len = 0;
     char *text = read_all(config, &text_len);
     struct agent_trainer t;
@@ -143,6 +164,8 @@ int agent_cmd_train(int argc, char **argv)
         fprintf(stderr, "train: %s\n", err);
         agent_trainer_cleanup(&t);
         free(text);
+        if (slog)
+            fclose(slog);
         return 1;
     }
     printf("train: %s model, %zu parameters, %s backend (%d threads), batch %d (micro %d), "
@@ -179,6 +202,14 @@ int agent_cmd_train(int argc, char **argv)
         win_count += bev.count;
         win_correct += bev.correct;
         long s = t.opt->step;
+        if (slog) {
+            char hash[65], line[256];
+            if ((rc = agent_param_hash(t.model, hash)))
+                goto fail;
+            snprintf(line, sizeof line, "{\"step\":%ld,\"hash\":\"%s\",\"loss\":%.6f,\"samples\":%ld}", s,
+                     hash, bev.count ? bev.loss_sum / (double)bev.count : 0.0, bev.count);
+            agent_steplog_write(slog, line);
+        }
         if (s % cfg.log_every == 0 || s == cfg.steps) {
             double now = now_s();
             double sps = (t.samples - samples_last) / (now - tlast);
@@ -219,8 +250,12 @@ int agent_cmd_train(int argc, char **argv)
     }
     agent_trainer_cleanup(&t);
     free(text);
+    if (slog)
+        fclose(slog);
     return 0;
 fail:
+    if (slog)
+        fclose(slog);
     fprintf(stderr, "train: %s\n", err);
     agent_trainer_cleanup(&t);
     free(text);

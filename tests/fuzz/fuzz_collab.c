@@ -1,5 +1,5 @@
 /* libFuzzer target for the DHT records of collaborative training (progress
- * and round announcements), which every peer reads from other peers. */
+ * and round announcements, round outcomes), which every peer reads from other peers. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,6 +21,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             __builtin_trap();
     }
     if (collab_announce_parse(data, size, &a) == 0 && a.agg && !a.addr[0])
+        __builtin_trap();
+    struct collab_outcome o, o2;
+    if (collab_outcome_parse(data, size, &o) == 0 &&
+        (collab_outcome_encode(&o, rec, sizeof rec) != 0 ||
+         collab_outcome_parse(rec, strlen(rec), &o2) != 0 || o2.mask != o.mask ||
+         memcmp(o2.rid, o.rid, sizeof o.rid) != 0))
         __builtin_trap();
     return 0;
 }

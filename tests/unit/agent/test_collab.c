@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "agent/join/collab.h"
@@ -134,6 +135,114 @@ static void test_canonical_and_uploader(void **state)
     assert_int_equal(collab_checkpoint_uploader(a, 0, 1), 0);
 }
 
+static void test_progress_state_and_hash(void **state)
+{
+    (void)state;
+    struct collab_progress p = {0}, q;
+    p.step = 7;
+    snprintf(p.addr, sizeof p.addr, "127.0.0.1:4000");
+    snprintf(p.st, sizeof p.st, "127.0.0.1:4001");
+    snprintf(p.hash, sizeof p.hash, "0123456789abcdef");
+    char rec[COLLAB_RECORD_MAX];
+    assert_int_equal(collab_progress_encode(&p, rec, sizeof rec), CM_OK);
+    assert_int_equal(collab_progress_parse(rec, strlen(rec), &q), CM_OK);
+    assert_string_equal(q.st, "127.0.0.1:4001");
+    assert_string_equal(q.hash, "0123456789abcdef");
+    /* older records without them still parse */
+    const char *old = "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0}";
+    assert_int_equal(collab_progress_parse(old, strlen(old), &q), CM_OK);
+    assert_string_equal(q.hash, "");
+    const char *bad[] = {
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0,\"h\":\"0123\"}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0,\"h\":\"0123456789ABCDEF\"}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0,\"st\":\"x y\"}",
+        "{\"v\":1,\"step\":1,\"samples\":1,\"sps\":1,\"t\":1,\"addr\":\"\",\"client\":0,\"aux\":0,\"st\":5}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(collab_progress_parse(bad[i], strlen(bad[i]), &q), CM_EPARSE);
+}
+
+static void test_outcome_records(void **state)
+{
+    (void)state;
+    struct collab_outcome o = {0}, q;
+    for (int i = 0; i < 16; i++)
+        o.rid[i] = (uint8_t)(i * 17);
+    o.mask = 0xfedcba9876543210ULL;
+    o.t_ms = 1234;
+    char rec[COLLAB_RECORD_MAX];
+    assert_int_equal(collab_outcome_encode(&o, rec, sizeof rec), CM_OK);
+    assert_int_equal(collab_outcome_parse(rec, strlen(rec), &q), CM_OK);
+    assert_memory_equal(q.rid, o.rid, 16);
+    assert_true(q.mask == o.mask);
+    assert_true(q.t_ms == 1234);
+    const char *bad[] = {
+        "{\"v\":1,\"rid\":\"00\",\"mask\":\"0000000000000001\",\"t\":1}",
+        "{\"v\":1,\"rid\":\"000102030405060708090a0b0c0d0e0f\",\"mask\":1,\"t\":1}",
+        "{\"v\":1,\"rid\":\"000102030405060708090a0b0c0d0e0f\",\"mask\":\"000000000000000g\",\"t\":1}",
+        "{\"v\":1,\"rid\":\"000102030405060708090a0b0c0d0e0f\",\"mask\":\"0000000000000001\",\"t\":1,\"x\":0}",
+        "{\"v\":1,\"rid\":\"000102030405060708090a0b0c0d0e0f\",\"mask\":\"0000000000000001\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(collab_outcome_parse(bad[i], strlen(bad[i]), &q), CM_EPARSE);
+}
+
+/* The agreed parts: the AND of the counted outcomes; decided once every
+ * member reported or the window closed; other rounds and strangers ignored. */
+static void test_outcome_final(void **state)
+{
+    (void)state;
+    uint8_t members[3][CM_ED25519_PUB_LEN] = {{1}, {2}, {3}};
+    uint8_t rid[16] = {9}, other[16] = {8};
+    struct collab_outcome o[6];
+    memset(o, 0, sizeof o);
+    for (int i = 0; i < 3; i++) {
+        memcpy(o[i].pub, members[i], CM_ED25519_PUB_LEN);
+        memcpy(o[i].rid, rid, 16);
+        o[i].mask = 0x7;
+        o[i].t_ms = 1000 + 10 * i;
+    }
+    uint64_t mask;
+    int decided;
+    /* two of three reported, window open: not decided yet */
+    assert_int_equal(collab_outcome_final(o, 2, rid, (const uint8_t(*)[32])members, 3, 500, 100, 1100,
+                                          &mask, &decided), 2);
+    assert_false(decided);
+    assert_true(mask == 0x7);
+    /* all reported: decided at once */
+    o[1].mask = 0x5; /* member 2 missed part 1 */
+    assert_int_equal(collab_outcome_final(o, 3, rid, (const uint8_t(*)[32])members, 3, 500, 100, 1100,
+                                          &mask, &decided), 3);
+    assert_true(decided);
+    assert_true(mask == 0x5);
+    /* a member that reported after the window is not counted */
+    o[1].t_ms = 2000;
+    assert_int_equal(collab_outcome_final(o, 3, rid, (const uint8_t(*)[32])members, 3, 500, 100, 2100,
+                                          &mask, &decided), 2);
+    assert_true(mask == 0x7);
+    /* one member silent: decided after close + margin only */
+    assert_int_equal(collab_outcome_final(o, 1, rid, (const uint8_t(*)[32])members, 3, 500, 100, 1550,
+                                          &mask, &decided), 1);
+    assert_false(decided);
+    collab_outcome_final(o, 1, rid, (const uint8_t(*)[32])members, 3, 500, 100, 1601, &mask, &decided);
+    assert_true(decided);
+    /* another round's outcome, a stranger and a duplicate change nothing */
+    o[3] = o[0];
+    memcpy(o[3].rid, other, 16);
+    o[3].mask = 0;
+    o[4] = o[2];
+    o[4].pub[0] = 77;
+    o[4].mask = 0;
+    o[5] = o[0];
+    o[5].mask = 0; /* duplicate author: the first is kept */
+    o[1].t_ms = 1010;
+    o[1].mask = 0x7;
+    assert_int_equal(collab_outcome_final(o, 6, rid, (const uint8_t(*)[32])members, 3, 500, 100, 1100,
+                                          &mask, &decided), 3);
+    assert_true(mask == 0x7);
+    assert_true(decided);
+}
+
 static void test_round_window(void **state)
 {
     (void)state;
@@ -171,6 +280,9 @@ int main(void)
         cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_canonical_and_uploader),
         cmocka_unit_test(test_round_window),
+        cmocka_unit_test(test_progress_state_and_hash),
+        cmocka_unit_test(test_outcome_records),
+        cmocka_unit_test(test_outcome_final),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
