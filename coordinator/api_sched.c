@@ -14,9 +14,12 @@
  *      key and stored with its inputs, result and solve time. A
  *      transaction-level advisory lock per run makes one coordinator solve
  *      while the others wait and then serve its result.
- *  GET  /api/v1/runs/{run}/schedules[/{version}]  organizers and auditors:
- *      past schedules with the inputs and per-peer results they were
- *      solved from.
+ *  GET  /api/v1/runs/{run}/schedules            organizers and auditors:
+ *      past schedules.
+ *  GET  /api/v1/runs/{run}/schedules/{version}  public: one version, signed
+ *      (agents fetch the version the other members of a round use);
+ *      organizers and auditors also get the inputs and per-peer results it
+ *      was solved from.
  *
  * The signed bytes are documented in docs/protocol.md ("Schedules"). */
 #include "coordinator/api.h"
@@ -829,13 +832,26 @@ void api_schedules_get(struct coord_req *req, struct coord_resp *resp)
     }
     cm_b64url_encode(payload, plen, p64);
     cm_b64url_encode(sig, sizeof sig, sig64);
-    json_t *o = json_pack("{s:s, s:I, s:s, s:I, s:I, s:I, s:f, s:o, s:o, s:s, s:s}", "run",
+    json_t *o = json_pack("{s:s, s:I, s:s, s:I, s:I, s:I, s:f, s:s, s:s}", "run",
                           req->params[0], "version", (json_int_t)v, "kid", PQgetvalue(r, 0, 0),
                           "created_at", (json_int_t)strtoll(PQgetvalue(r, 0, 1), NULL, 10),
                           "valid_from", (json_int_t)strtoll(PQgetvalue(r, 0, 2), NULL, 10),
                           "valid_until", (json_int_t)strtoll(PQgetvalue(r, 0, 3), NULL, 10),
-                          "solve_ms", strtod(PQgetvalue(r, 0, 4), NULL), "inputs", inputs,
-                          "result", result, "payload", p64, "signature", sig64);
+                          "solve_ms", strtod(PQgetvalue(r, 0, 4), NULL), "payload", p64,
+                          "signature", sig64);
+    /* The organizers' inputs (every peer's reports) and the solver's working figures are
+     * not public; the signed payload is (it is what GET /schedule serves). */
+    if (o && (req->user.role & COORD_ROLES_READ_ADMIN)) {
+        json_object_set(o, "inputs", inputs);
+        json_object_set(o, "result", result);
+    }
+    if (o && !strcmp(PQgetvalue(r, 0, 0), req->srv->kid)) {
+        char pub[64];
+        cm_b64url_encode(req->srv->signing_key.pub, CM_ED25519_PUB_LEN, pub);
+        json_object_set_new(o, "coordinator_public_key", json_string(pub));
+    }
+    json_decref(inputs);
+    json_decref(result);
     free(p64);
     PQclear(r);
     if (!o) {

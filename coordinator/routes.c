@@ -39,7 +39,7 @@ const struct coord_route coord_routes[] = {
     {"POST", "/api/v1/runs/{}/capabilities", api_capabilities_post, COORD_ROLES_ANY, BODY_SMALL, 1},
     {"GET", "/api/v1/runs/{}/schedule", api_schedule_get, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/runs/{}/schedules", api_schedules_list, COORD_ROLES_READ_ADMIN, 0, 0},
-    {"GET", "/api/v1/runs/{}/schedules/{}", api_schedules_get, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/runs/{}/schedules/{}", api_schedules_get, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/runs/{}/checkpoints", api_checkpoints_list, COORD_ROLES_ANY, 0, 0},
     {"GET", "/api/v1/runs/{}/checkpoints/{}", api_checkpoints_get, COORD_ROLES_ANY, 0, 0},
     /* The size limit is --checkpoint-max-mb, enforced by the stream handler. */

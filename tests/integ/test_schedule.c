@@ -339,7 +339,7 @@ static void test_schedule_served_and_resolved(void **state)
                             "(r->>'compute')::boolean = false"),
                      SCHED_SHARE_TOTAL);
 
-    /* ... and readable over the API by organizers and auditors, not volunteers. */
+    /* ... and readable over the API by organizers and auditors. */
     struct ct_resp h;
     ct_http(&g_c, "GET", "/api/v1/runs/resnet/schedules", g_org, NULL, &h);
     assert_int_equal(h.status, 200);
@@ -368,7 +368,20 @@ static void test_schedule_served_and_resolved(void **state)
     }
     assert_true(ps_seen);
     ct_resp_free(&h);
-    expect("GET", hp, g_vol, NULL, 403, NULL);
+    /* Any caller gets the signed form of a version (agents fetch the one a round uses),
+     * without the organizers' inputs and results. */
+    const char *who[] = {g_vol, NULL};
+    for (int w = 0; w < 2; w++) {
+        ct_http(&g_c, "GET", hp, who[w], NULL, &h);
+        assert_int_equal(h.status, 200);
+        assert_null(json_object_get(h.json, "inputs"));
+        assert_null(json_object_get(h.json, "result"));
+        assert_int_equal(json_integer_value(json_object_get(h.json, "version")), v1);
+        assert_non_null(json_string_value(json_object_get(h.json, "payload")));
+        assert_non_null(json_string_value(json_object_get(h.json, "signature")));
+        assert_non_null(json_string_value(json_object_get(h.json, "coordinator_public_key")));
+        ct_resp_free(&h);
+    }
     expect("GET", "/api/v1/runs/resnet/schedules/999", g_org, NULL, 404, "not_found");
     expect("GET", "/api/v1/runs/resnet/schedules/x1", g_org, NULL, 404, "not_found");
     expect("GET", "/api/v1/runs/nope/schedules", g_org, NULL, 404, "not_found");
