@@ -314,6 +314,17 @@ int p2p_auth_check_token(struct p2p_auth *a, const char *tok, size_t len, int64_
     return CM_OK;
 }
 
+int p2p_auth_check_claims(struct p2p_auth *a, const struct cm_pass_claims *claims, int64_t now_ms,
+                          enum p2p_reject *why)
+{
+    int64_t now_s = now_ms / 1000, skew_s = (a->skew_ms + 999) / 1000;
+    if (now_s >= claims->expires_at + skew_s || claims->issued_at > now_s + skew_s)
+        return reject(a, P2P_REJ_EXPIRED, why, claims->pass_id, CM_EEXPIRED);
+    if (p2p_auth_is_revoked(a, claims->pass_id))
+        return reject(a, P2P_REJ_REVOKED, why, claims->pass_id, CM_EREVOKED);
+    return CM_OK;
+}
+
 static int check_sig(const struct p2p_envelope *env, const uint8_t pub[CM_ED25519_PUB_LEN])
 {
     uint8_t tbs[P2P_SIGNED_LEN];

@@ -150,6 +150,11 @@ int p2p_auth_is_revoked(struct p2p_auth *a, const char *pass_id);
 int p2p_auth_check_token(struct p2p_auth *a, const char *tok, size_t len, int64_t now_ms,
                          struct cm_pass_claims *claims, enum p2p_reject *why);
 
+/* Re-checks the claims of a token verified earlier (a session's peer, see
+ * p2p_session.h): not expired (within the skew window), not revoked. */
+int p2p_auth_check_claims(struct p2p_auth *a, const struct cm_pass_claims *claims, int64_t now_ms,
+                          enum p2p_reject *why);
+
 /* Checks a received request addressed to `self_pub`: token, revocation, run,
  * signature under the token's peer key, recipient, time window, nonce
  * (recorded only when everything else passed). A PING may leave the

@@ -1,6 +1,7 @@
 /* Frame header codec (see p2p_frame.h). Pure functions: no allocation, no
  * I/O, every length bounded before use. */
 #include "p2p/p2p_frame.h"
+#include "p2p/p2p_session.h"
 #include "cm_err.h"
 
 int p2p_frame_parse_hdr(const uint8_t *buf, size_t len, struct p2p_frame_hdr *hdr)
@@ -14,7 +15,7 @@ int p2p_frame_parse_hdr(const uint8_t *buf, size_t len, struct p2p_frame_hdr *hd
     hdr->length = (uint32_t)buf[4] << 24 | (uint32_t)buf[5] << 16 | (uint32_t)buf[6] << 8 | buf[7];
     if (hdr->version != P2P_PROTO_VERSION)
         return CM_EVERSION;
-    if (hdr->flags != 0)
+    if (hdr->flags & ~P2P_FRAME_F_SESSION)
         return CM_EPROTO;
     if (hdr->length > P2P_FRAME_MAX_PAYLOAD)
         return CM_ETOOBIG;

@@ -2,7 +2,9 @@
  *
  * A connection carries a sequence of frames; each frame is an 8-byte header
  * followed by one serialized Envelope:
- *     'C' 'T' version(1 byte) flags(1 byte, 0) length(4 bytes, big endian)
+ *     'C' 'T' version(1 byte) flags(1 byte) length(4 bytes, big endian)
+ * flags is 0 (a signed Envelope follows) or P2P_FRAME_F_SESSION (a session
+ * frame, p2p_session.h); other bits are refused.
  * Decoding is a pure function over bytes, so the same code runs on sockets,
  * in unit tests and under libFuzzer (tests/fuzz/fuzz_p2p_frame.c). */
 #ifndef P2P_FRAME_H
@@ -26,7 +28,7 @@ struct p2p_frame_hdr {
 /* Parses the header at the start of buf.
  * Returns CM_OK and fills *hdr when a complete header is present,
  * 1 when more bytes are needed (len < 8), CM_EPROTO on a bad magic or
- * non-zero flags, CM_EVERSION on an unknown version (hdr->version is set),
+ * unknown flags, CM_EVERSION on an unknown version (hdr->version is set),
  * CM_ETOOBIG when the length exceeds P2P_FRAME_MAX_PAYLOAD. */
 int p2p_frame_parse_hdr(const uint8_t *buf, size_t len, struct p2p_frame_hdr *hdr);
 

@@ -8,9 +8,11 @@
 #include "p2p/p2p_frame.h"
 #include "p2p/p2p_msg.h"
 #include "p2p/p2p_rate.h"
+#include "p2p/p2p_session.h"
 #include "p2p/p2p_internal.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,6 +26,11 @@
 
 #define WRITE_SLICE (64u * 1024u)
 #define RX_CHUNK (64u * 1024u)
+/* A connection is upgraded to a session (p2p_session.h) once it has carried
+ * this many requests or bytes of request bodies: bulk transfers get cheap
+ * MACs, one-shot RPCs (most DHT traffic) do not pay for a handshake. */
+#define SESSION_AFTER_REQUESTS 4
+#define SESSION_AFTER_BYTES (256u * 1024u)
 
 /* C_WAITING: no descriptor yet; the process is at its budget and the
  * connection starts as soon as a closing one releases its descriptor. */
@@ -69,7 +76,15 @@ struct pending {
     uint8_t *body;
     size_t blen;
     int retried;
+    int internal; /* a HELLO: not counted in the stats */
     struct sockaddr_storage addr;
+};
+
+/* The initiator's side of a handshake in progress. */
+struct hello {
+    struct p2p_conn *c;
+    struct p2p_kx kx;
+    uint8_t nonce[P2P_NONCE_LEN];
 };
 
 struct p2p_conn {
@@ -93,6 +108,17 @@ struct p2p_conn {
     struct p2p_conn *hprev, *hnext; /* host's list */
     struct p2p_conn *cprev, *cnext; /* ctx's list */
     struct p2p_conn *wnext;         /* ctx's upload wait queue */
+    /* session (p2p_session.h): once tx_on, frames we send are session
+     * frames; once rx_on, session frames are accepted from the peer, whose
+     * key, pass and listening port the handshake established */
+    int tx_on, rx_on, tx_resign, hello_tried;
+    struct hello *hello; /* our HELLO in flight */
+    uint32_t n_requests;
+    size_t request_bytes;
+    struct p2p_mac stx, srx;
+    uint8_t peer_pub[CM_ED25519_PUB_LEN];
+    uint32_t peer_port;
+    struct cm_pass_claims peer_claims;
 };
 
 struct p2p_ctx {
@@ -117,6 +143,7 @@ struct p2p_ctx {
     uint32_t idle_ms, frame_ms;
     size_t max_queue;
     size_t nhosts;
+    int no_sessions;
     struct p2p_stats st;
 };
 
@@ -197,6 +224,7 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
         c->max_conns = lim > 256 ? lim - lim / 4 : 64;
     }
     c->latency_ms = cfg->latency_ms;
+    c->no_sessions = cfg->no_sessions;
     uv_timer_init(c->loop, &c->up_timer);
     uv_timer_init(c->loop, &c->down_timer);
     uv_timer_init(c->loop, &c->sweep_timer);
@@ -306,7 +334,7 @@ static void pending_finish(struct pending *p, int status, const struct p2p_peer 
     c->n_pend--;
     uv_timer_stop(&p->timer);
     uv_close((uv_handle_t *)&p->timer, pending_timer_closed);
-    if (status == CM_OK && from)
+    if (status == CM_OK && from && !p->internal)
         c->h->ctx->st.responses_ok++;
     p->cb(p->arg, status, from, body, len);
 }
@@ -321,8 +349,8 @@ static void pending_finish_detached(struct pending *p, int status)
 
 static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc);
 static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
-                         const uint8_t *recipient, const uint8_t nonce[P2P_NONCE_LEN],
-                         int32_t status, const uint8_t *body, size_t blen);
+                         const uint8_t *recipient, uint8_t nonce[P2P_NONCE_LEN], int32_t status,
+                         const uint8_t *body, size_t blen);
 
 static void pending_attach(struct pending *p, struct p2p_conn *c)
 {
@@ -371,6 +399,8 @@ static void conn_handle_closed(uv_handle_t *hd)
     int had_fd = c->has_fd;
     ctx->rx_held -= c->rx_cap;
     free(c->rx);
+    p2p_mac_cleanup(&c->stx);
+    p2p_mac_cleanup(&c->srx);
     free(c);
     host_handle_closed(h);
     if (had_fd)
@@ -832,7 +862,7 @@ static void down_timer_cb(uv_timer_t *t)
         read_start(c);
 }
 
-static void handle_payload(struct p2p_conn *c, const uint8_t *p, size_t n);
+static void handle_frame(struct p2p_conn *c, const uint8_t *frame, size_t plen);
 static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 static void read_start(struct p2p_conn *c)
@@ -911,7 +941,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                                          : "bad frame header");
             return;
         }
-        handle_payload(c, payload, plen);
+        handle_frame(c, payload - P2P_FRAME_HDR_LEN, plen);
         off += used;
         c->frame_start_ms = mono_ms();
     }
@@ -948,33 +978,58 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
-static void fill_peer(struct p2p_conn *c, const struct p2p_envelope *env,
-                      const struct cm_pass_claims *cl, struct p2p_peer *pe)
+/* What the dispatch needs of a received message, signed or session. */
+struct msg_in {
+    uint32_t kind, type;
+    uint64_t id;
+    int32_t status;
+    const uint8_t *body;
+    size_t blen;
+    uint8_t nonce[P2P_NONCE_LEN]; /* signed: the envelope's; session: the tag's first bytes */
+    uint32_t listen_port;
+};
+
+static void fill_peer(struct p2p_conn *c, uint32_t listen_port, const struct cm_pass_claims *cl,
+                      struct p2p_peer *pe)
 {
     memcpy(pe->pub, cl->peer_public_key, 32);
     pe->addr = c->remote;
-    pe->listen_port = env->listen_port;
-    if (env->listen_port)
-        p2p__addr_set_port(&pe->addr, (uint16_t)env->listen_port);
+    pe->listen_port = listen_port;
+    if (listen_port)
+        p2p__addr_set_port(&pe->addr, (uint16_t)listen_port);
     pe->claims = cl;
 }
 
+/* Builds and queues one frame: a session frame once the connection has a
+ * session (unless a pass renewal asks for one signed envelope first, which
+ * carries the new token to the peer), a signed envelope otherwise. For a
+ * session frame, nonce receives the first bytes of its tag: a signed
+ * response to it echoes them (see msg_in). */
 static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
-                         const uint8_t *recipient, const uint8_t nonce[P2P_NONCE_LEN],
-                         int32_t status, const uint8_t *body, size_t blen)
+                         const uint8_t *recipient, uint8_t nonce[P2P_NONCE_LEN], int32_t status,
+                         const uint8_t *body, size_t blen)
 {
     struct p2p_host *h = c->h;
+    uint8_t *frame;
+    size_t flen;
+    int rc;
+    if (c->tx_on && !c->tx_resign) {
+        rc = p2p_session_build(&c->stx, kind, type, id, status, body, blen, &frame, &flen);
+        if (rc)
+            return rc;
+        memcpy(nonce, frame + flen - P2P_SESSION_TAG_LEN, P2P_NONCE_LEN);
+        return conn_send(c, frame, flen);
+    }
     struct p2p_envelope_out o = {
         .kind = kind, .type = type, .request_id = id, .token = h->token,
         .recipient = recipient, .time_ms = p2p_now_ms(), .listen_port = h->advertise_port,
         .status = status, .body = body, .body_len = blen,
     };
     memcpy(o.nonce, nonce, P2P_NONCE_LEN);
-    uint8_t *frame;
-    size_t flen;
-    int rc = p2p_envelope_build(h->key, &o, &frame, &flen);
+    rc = p2p_envelope_build(h->key, &o, &frame, &flen);
     if (rc)
         return rc;
+    c->tx_resign = 0;
     return conn_send(c, frame, flen);
 }
 
@@ -1016,6 +1071,98 @@ static int serve_builtin(struct p2p_conn *c, const struct p2p_peer *pe, uint32_t
     return h->on_request(h->arg, h, pe, type, body, len, resp, rlen);
 }
 
+/* The responder's side of a HELLO (signed, already checked): derive the
+ * keys, answer with our ephemeral key (signed), then switch both directions
+ * to session frames. The initiator's frames after its HELLO may already be
+ * session frames once it has our answer. */
+static void serve_hello(struct p2p_conn *c, const struct msg_in *m, const struct cm_pass_claims *cl)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    int status = CM_OK;
+    struct p2p_kx kx = {0};
+    uint8_t ki[P2P_SESSION_KEY_LEN], kr[P2P_SESSION_KEY_LEN];
+    struct p2p_mac tx = {0}, rx = {0};
+    if (ctx->no_sessions)
+        status = CM_EUNSUPPORTED;
+    else if (c->tx_on || c->rx_on || c->hello)
+        status = CM_ESTATE; /* one session per connection; ours is on its way */
+    else if (m->blen != P2P_KX_LEN)
+        status = CM_EPARSE;
+    else if ((status = p2p_kx_new(&kx)) == CM_OK &&
+             (status = p2p_kx_derive(&kx, m->body, cl->peer_public_key, c->h->key->pub, m->body,
+                                     kx.pub, m->nonce, ki, kr)) == CM_OK &&
+             (status = p2p_mac_init(&rx, ki)) == CM_OK)
+        status = p2p_mac_init(&tx, kr);
+    uint8_t nonce[P2P_NONCE_LEN];
+    memcpy(nonce, m->nonce, P2P_NONCE_LEN);
+    if (c->state == C_OPEN)
+        send_envelope(c, P2P_KIND_RESPONSE, m->type, m->id, cl->peer_public_key, nonce, status,
+                      status ? NULL : kx.pub, status ? 0 : P2P_KX_LEN);
+    p2p_kx_cleanup(&kx);
+    OPENSSL_cleanse(ki, sizeof ki);
+    OPENSSL_cleanse(kr, sizeof kr);
+    if (status || c->state != C_OPEN) {
+        p2p_mac_cleanup(&tx);
+        p2p_mac_cleanup(&rx);
+        return;
+    }
+    c->stx = tx;
+    c->srx = rx;
+    c->tx_on = c->rx_on = 1;
+    memcpy(c->peer_pub, cl->peer_public_key, 32);
+    c->peer_claims = *cl;
+    c->peer_port = m->listen_port;
+    ctx->st.sessions++;
+}
+
+static void serve_request(struct p2p_conn *c, const struct msg_in *m,
+                          const struct cm_pass_claims *cl)
+{
+    struct p2p_host *h = c->h;
+    struct p2p_ctx *ctx = h->ctx;
+    if (m->type == P2P_MSG_HELLO) {
+        serve_hello(c, m, cl);
+        return;
+    }
+    struct p2p_peer pe;
+    fill_peer(c, m->listen_port, cl, &pe);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    int status = serve_builtin(c, &pe, m->type, m->body, m->blen, &resp, &rlen);
+    if (status > 0)
+        status = CM_EINTERNAL;
+    ctx->st.requests_served++;
+    uint8_t nonce[P2P_NONCE_LEN];
+    memcpy(nonce, m->nonce, P2P_NONCE_LEN);
+    if (c->state == C_OPEN)
+        send_envelope(c, P2P_KIND_RESPONSE, m->type, m->id, cl->peer_public_key, nonce, status,
+                      resp, resp ? rlen : 0);
+    free(resp);
+    /* Backpressure: a peer that asks faster than we can answer stops being
+     * read until its responses drain. */
+    if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
+        c->bp_paused = 1;
+        ctx->st.backpressure_pauses++;
+        read_stop(c);
+    }
+}
+
+/* A signed envelope on a connection with a session must come from the
+ * session's peer; it brings the peer's current pass (after a renewal). */
+static int session_update(struct p2p_conn *c, const struct cm_pass_claims *cl)
+{
+    if (!c->rx_on)
+        return CM_OK;
+    if (!cm_ct_equal(cl->peer_public_key, c->peer_pub, 32)) {
+        p2p_auth_count(&c->h->ctx->auth, P2P_REJ_SENDER, "signed by another key than the session's");
+        c->h->ctx->st.drops++;
+        conn_close(c, CM_EAUTH);
+        return CM_EAUTH;
+    }
+    c->peer_claims = *cl;
+    return CM_OK;
+}
+
 static void handle_request(struct p2p_conn *c, struct p2p_envelope *env)
 {
     struct p2p_host *h = c->h;
@@ -1027,25 +1174,13 @@ static void handle_request(struct p2p_conn *c, struct p2p_envelope *env)
         conn_close(c, CM_EAUTH);
         return;
     }
-    struct p2p_peer pe;
-    fill_peer(c, env, &cl, &pe);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    int status = serve_builtin(c, &pe, env->type, env->body, env->body_len, &resp, &rlen);
-    if (status > 0)
-        status = CM_EINTERNAL;
-    ctx->st.requests_served++;
-    if (c->state == C_OPEN)
-        send_envelope(c, P2P_KIND_RESPONSE, env->type, env->request_id, cl.peer_public_key,
-                      env->nonce, status, resp, resp ? rlen : 0);
-    free(resp);
-    /* Backpressure: a peer that asks faster than we can answer stops being
-     * read until its responses drain. */
-    if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
-        c->bp_paused = 1;
-        ctx->st.backpressure_pauses++;
-        read_stop(c);
-    }
+    if (session_update(c, &cl))
+        return;
+    struct msg_in m = {.kind = env->kind, .type = env->type, .id = env->request_id,
+                       .status = env->status, .body = env->body, .blen = env->body_len,
+                       .listen_port = env->listen_port};
+    memcpy(m.nonce, env->nonce, P2P_NONCE_LEN);
+    serve_request(c, &m, &cl);
 }
 
 static void handle_response(struct p2p_conn *c, struct p2p_envelope *env)
@@ -1065,8 +1200,10 @@ static void handle_response(struct p2p_conn *c, struct p2p_envelope *env)
         conn_close(c, CM_EAUTH);
         return;
     }
+    if (session_update(c, &cl)) /* fails p (the connection closed) */
+        return;
     struct p2p_peer pe;
-    fill_peer(c, env, &cl, &pe);
+    fill_peer(c, env->listen_port, &cl, &pe);
     pending_finish(p, env->status, &pe, env->body, env->body_len);
 }
 
@@ -1082,6 +1219,62 @@ static void handle_payload(struct p2p_conn *c, const uint8_t *p, size_t n)
     else
         handle_response(c, &env);
     p2p_envelope_cleanup(&env);
+}
+
+/* A session frame: the tag proves it comes from the session's peer, in
+ * order, unmodified; the peer's pass is checked again (expiry, revocation)
+ * as for every signed message. */
+static void handle_session(struct p2p_conn *c, const uint8_t *frame, size_t flen)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    struct p2p_session_msg sm;
+    if (!c->rx_on) {
+        conn_drop(c, P2P_REJ_MALFORMED, "session frame without a session");
+        return;
+    }
+    if (p2p_session_parse(frame + P2P_FRAME_HDR_LEN, flen - P2P_FRAME_HDR_LEN, &sm)) {
+        conn_drop(c, P2P_REJ_MALFORMED, "undecodable session frame");
+        return;
+    }
+    if (p2p_mac_verify(&c->srx, frame, flen)) {
+        conn_drop(c, P2P_REJ_SIGNATURE, "bad session tag");
+        return;
+    }
+    enum p2p_reject why;
+    struct pending *p = NULL;
+    if (sm.kind == P2P_KIND_RESPONSE) {
+        for (p = c->pend; p && p->id != sm.request_id;)
+            p = p->next;
+        if (!p)
+            return; /* late answer to a request that timed out */
+    }
+    if (p2p_auth_check_claims(&ctx->auth, &c->peer_claims, p2p_now_ms(), &why) ||
+        (p && p->has_expect && !cm_ct_equal(p->expect_pub, c->peer_pub, 32))) {
+        if (p)
+            pending_finish(p, CM_EAUTH, NULL, NULL, 0);
+        ctx->st.drops++;
+        conn_close(c, CM_EAUTH);
+        return;
+    }
+    struct msg_in m = {.kind = sm.kind, .type = sm.type, .id = sm.request_id,
+                       .status = sm.status, .body = sm.body, .blen = sm.body_len,
+                       .listen_port = c->peer_port};
+    memcpy(m.nonce, sm.tag, P2P_NONCE_LEN);
+    if (sm.kind == P2P_KIND_REQUEST) {
+        serve_request(c, &m, &c->peer_claims);
+        return;
+    }
+    struct p2p_peer pe;
+    fill_peer(c, c->peer_port, &c->peer_claims, &pe);
+    pending_finish(p, sm.status, &pe, sm.body, sm.body_len);
+}
+
+static void handle_frame(struct p2p_conn *c, const uint8_t *frame, size_t plen)
+{
+    if (frame[3] & P2P_FRAME_F_SESSION)
+        handle_session(c, frame, P2P_FRAME_HDR_LEN + plen);
+    else
+        handle_payload(c, frame + P2P_FRAME_HDR_LEN, plen);
 }
 
 /* ---- sweeping: idle connections and slow frames ------------------------ */
@@ -1269,6 +1462,11 @@ int p2p_host_set_token(struct p2p_host *h, const char *token)
         return CM_ENOMEM;
     free(h->token);
     h->token = t;
+    /* Our sessions' peers hold our old pass: the next frame on each is a
+     * signed envelope with the new token (p2p_session.h). */
+    for (struct p2p_conn *c = h->conns; c; c = c->hnext)
+        if (c->tx_on)
+            c->tx_resign = 1;
     return CM_OK;
 }
 
@@ -1361,21 +1559,13 @@ static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr
     return c;
 }
 
-int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
-                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
-                p2p_response_cb cb, void *arg)
+/* Sends one request on c and attaches its pending entry. internal: a HELLO
+ * (never retried on another connection, not counted). */
+static int request_on(struct p2p_host *h, struct p2p_conn *c, const struct sockaddr *addr,
+                      const uint8_t *peer_pub, uint32_t type, const uint8_t *body, size_t len,
+                      uint32_t timeout_ms, p2p_response_cb cb, void *arg, int internal,
+                      struct pending **out)
 {
-    if (h->closing)
-        return CM_ECLOSED;
-    if (!cb || !addr || (!peer_pub && type != P2P_MSG_PING) || len > P2P_FRAME_MAX_PAYLOAD - 4096 ||
-        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || timeout_ms == 0)
-        return CM_EINVAL;
-    int rc = CM_OK;
-    struct p2p_conn *c = conn_get(h, addr, &rc);
-    if (!c)
-        return rc;
-    if (c->wq_bytes > h->ctx->max_queue)
-        return CM_EBUSY;
     struct pending *p = calloc(1, sizeof *p);
     if (!p)
         return CM_ENOMEM;
@@ -1390,15 +1580,18 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
     }
     p->type = type;
     p->blen = len;
+    p->internal = p->retried = internal;
     memcpy(&p->addr, addr, p2p__addr_len(addr));
-    if (len && !(p->body = malloc(len))) {
+    if (len && !internal && !(p->body = malloc(len))) {
         free(p);
         return CM_ENOMEM;
     }
-    if (len)
+    if (len && !internal)
         memcpy(p->body, body, len);
     cm_random_bytes(p->nonce, P2P_NONCE_LEN);
-    rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, len);
+    if (out)
+        *out = p;
+    int rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, len);
     if (rc || c->state == C_CLOSING) { /* C_CLOSING: the write failed at once */
         free(p->body);
         free(p);
@@ -1409,6 +1602,89 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
     h->nhandles++;
     uv_timer_start(&p->timer, pending_timeout, timeout_ms, 0);
     pending_attach(p, c);
-    h->ctx->st.requests_sent++;
+    if (!internal)
+        h->ctx->st.requests_sent++;
     return CM_OK;
+}
+
+/* The initiator's side of a HELLO: on a signed answer from the expected
+ * key, derive the keys and switch both directions to session frames. Any
+ * failure leaves the connection with signed envelopes. */
+static void hello_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                       size_t len)
+{
+    struct hello *hs = arg;
+    struct p2p_conn *c = hs->c; /* alive: pendings finish before their connection is freed */
+    if (c->hello == hs)
+        c->hello = NULL;
+    uint8_t ki[P2P_SESSION_KEY_LEN], kr[P2P_SESSION_KEY_LEN];
+    struct p2p_mac tx = {0}, rx = {0};
+    if (status == CM_OK && from && len == P2P_KX_LEN && c->state == C_OPEN && !c->tx_on &&
+        p2p_kx_derive(&hs->kx, body, c->h->key->pub, from->pub, hs->kx.pub, body, hs->nonce, ki,
+                      kr) == CM_OK &&
+        p2p_mac_init(&tx, ki) == CM_OK && p2p_mac_init(&rx, kr) == CM_OK) {
+        c->stx = tx;
+        c->srx = rx;
+        c->tx_on = c->rx_on = 1;
+        memcpy(c->peer_pub, from->pub, 32);
+        c->peer_claims = *from->claims;
+        c->peer_port = from->listen_port;
+        c->h->ctx->st.sessions++;
+    } else {
+        p2p_mac_cleanup(&tx);
+        p2p_mac_cleanup(&rx);
+    }
+    OPENSSL_cleanse(ki, sizeof ki);
+    OPENSSL_cleanse(kr, sizeof kr);
+    p2p_kx_cleanup(&hs->kx);
+    free(hs);
+}
+
+/* Starts the handshake on a busy outgoing connection (once). */
+static void hello_start(struct p2p_host *h, struct p2p_conn *c, const struct sockaddr *addr,
+                        const uint8_t *peer_pub, uint32_t timeout_ms)
+{
+    struct hello *hs = calloc(1, sizeof *hs);
+    if (!hs)
+        return;
+    hs->c = c;
+    struct pending *p = NULL;
+    if (p2p_kx_new(&hs->kx) ||
+        request_on(h, c, addr, peer_pub, P2P_MSG_HELLO, hs->kx.pub, P2P_KX_LEN, timeout_ms,
+                   hello_done, hs, 1, &p)) {
+        p2p_kx_cleanup(&hs->kx);
+        free(hs);
+        c->n_requests = 0; /* try again after as many requests */
+        c->request_bytes = 0;
+        return;
+    }
+    memcpy(hs->nonce, p->nonce, P2P_NONCE_LEN);
+    c->hello = hs;
+    c->hello_tried = 1;
+}
+
+int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
+                p2p_response_cb cb, void *arg)
+{
+    if (h->closing)
+        return CM_ECLOSED;
+    if (!cb || !addr || (!peer_pub && type != P2P_MSG_PING) || len > P2P_FRAME_MAX_PAYLOAD - 4096 ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || timeout_ms == 0 ||
+        type == P2P_MSG_HELLO)
+        return CM_EINVAL;
+    int rc = CM_OK;
+    struct p2p_conn *c = conn_get(h, addr, &rc);
+    if (!c)
+        return rc;
+    if (c->wq_bytes > h->ctx->max_queue)
+        return CM_EBUSY;
+    c->n_requests++;
+    c->request_bytes += len;
+    if (peer_pub && !h->ctx->no_sessions && !c->hello_tried && c->state != C_CLOSING &&
+        (c->n_requests >= SESSION_AFTER_REQUESTS || c->request_bytes >= SESSION_AFTER_BYTES))
+        hello_start(h, c, addr, peer_pub, timeout_ms);
+    if (c->state == C_CLOSING)
+        return CM_ECONN;
+    return request_on(h, c, addr, peer_pub, type, body, len, timeout_ms, cb, arg, 0, NULL);
 }

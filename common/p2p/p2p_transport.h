@@ -10,6 +10,12 @@
  *                    listening socket. Many hosts may share one ctx and loop;
  *                    the in-process DHT swarms of the tests and benchmarks do.
  *
+ * Sessions: a connection that has carried a few requests (or enough
+ * bytes) is upgraded by a signed X25519 handshake; from then on its frames
+ * are authenticated by a per-connection MAC instead of a signature each
+ * (p2p_session.h, docs/protocol.md "Sessions"). The peer's pass is still
+ * checked on every message (expiry, revocation).
+ *
  * Behaviour: outgoing connections are reused per remote address; every
  * request has a deadline; a request whose reused connection is closed or
  * reset before its answer is sent once more on a fresh connection (the peer
@@ -45,6 +51,7 @@
 enum p2p_msg_type {
     P2P_MSG_PING = 1,
     P2P_MSG_STREAM_CHUNK = 2,
+    P2P_MSG_HELLO = 3, /* session handshake (p2p_session.h); internal to the transport */
     P2P_MSG_DHT_FIND_NODE = 16,
     P2P_MSG_DHT_FIND_VALUE = 17,
     P2P_MSG_DHT_STORE = 18,
@@ -62,6 +69,8 @@ struct p2p_ctx_config {
     size_t max_conn_queue;    /* 0: 8 MiB of unsent bytes per connection */
     size_t max_rx_buffered;   /* 0: 64 MiB of partial frames, all connections together */
     uint32_t latency_ms;      /* emulated one-way latency added to every frame sent (0: none) */
+    int no_sessions;          /* 1: never upgrade connections to sessions (p2p_session.h):
+                                 every frame is a signed envelope */
     struct p2p_auth_config auth;
 };
 
@@ -110,6 +119,7 @@ struct p2p_stats {
     uint64_t retries; /* requests sent again after their connection died under them */
     uint64_t conns_waited; /* connections that waited for a descriptor (budget reached) */
     uint64_t backpressure_pauses; /* times a peer's connection stopped being read */
+    uint64_t sessions; /* connections upgraded to session frames (either side) */
 };
 
 int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out);
