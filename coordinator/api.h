@@ -54,6 +54,15 @@ void api_leaderboard(struct coord_req *req, struct coord_resp *resp);
  * /usr/share/crowdtrain/web; heap string, or NULL when neither exists. */
 char *coord_web_default_dir(void);
 
+/* api_contrib.c, api_contrib_read.c: contribution accounting (docs/accounting.md) */
+void api_reports_post(struct coord_req *req, struct coord_resp *resp);
+void api_contrib_list(struct coord_req *req, struct coord_resp *resp);
+void api_contrib_steps(struct coord_req *req, struct coord_resp *resp);
+void api_contrib_flags(struct coord_req *req, struct coord_resp *resp);
+void api_me_contrib(struct coord_req *req, struct coord_resp *resp);
+void api_run_curve(struct coord_req *req, struct coord_resp *resp);
+void api_run_stats(struct coord_req *req, struct coord_resp *resp);
+
 /* Validates a {} path parameter that names a run or user; sets 404/400. */
 int api_name_param(struct coord_req *req, struct coord_resp *resp, int i, const char *what);
 

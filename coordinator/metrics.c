@@ -31,6 +31,9 @@ static const char *EVENT_NAMES[COORD_EV__COUNT] = {
     "crowdtrain_logins_total{result=\"ok\"}", "crowdtrain_logins_total{result=\"failed\"}",
     "crowdtrain_logins_total{result=\"throttled\"}", "crowdtrain_passes_issued_total",
     "crowdtrain_passes_revoked_total",
+    "crowdtrain_reports_total{result=\"recorded\"}", "crowdtrain_reports_total{result=\"duplicate\"}",
+    "crowdtrain_reports_total{result=\"conflict\"}", "crowdtrain_reports_total{result=\"rejected\"}",
+    "crowdtrain_report_exclusions_total",
 };
 
 int coord_metrics_new(size_t nroutes, struct coord_metrics **out)
@@ -187,6 +190,12 @@ int coord_metrics_render(struct coord_server *srv, char **out, size_t *len)
             sb_printf(&b, "# TYPE crowdtrain_passes_issued_total counter\n");
         if (e == COORD_EV_PASS_REVOKED)
             sb_printf(&b, "# TYPE crowdtrain_passes_revoked_total counter\n");
+        if (e == COORD_EV_REPORT_RECORDED)
+            sb_printf(&b, "# HELP crowdtrain_reports_total Contribution reports by outcome.\n"
+                          "# TYPE crowdtrain_reports_total counter\n");
+        if (e == COORD_EV_REPORT_EXCLUSION)
+            sb_printf(&b, "# HELP crowdtrain_report_exclusions_total Group members reported as excluded for bad data.\n"
+                          "# TYPE crowdtrain_report_exclusions_total counter\n");
         sb_printf(&b, "%s %lu\n", EVENT_NAMES[e], atomic_load(&m->events[e]));
     }
     if (b.oom) {

@@ -21,6 +21,11 @@ enum coord_event {
     COORD_EV_LOGIN_THROTTLED,
     COORD_EV_PASS_ISSUED,
     COORD_EV_PASS_REVOKED,
+    COORD_EV_REPORT_RECORDED, /* contribution reports (api_contrib.c) */
+    COORD_EV_REPORT_DUPLICATE,
+    COORD_EV_REPORT_CONFLICT,
+    COORD_EV_REPORT_REJECTED,
+    COORD_EV_REPORT_EXCLUSION, /* members excluded for bad data, as reported */
     COORD_EV__COUNT
 };
 void coord_metrics_event(struct coord_metrics *m, enum coord_event ev);

@@ -42,6 +42,16 @@ const struct coord_route coord_routes[] = {
     {"GET", "/api/v1/runs/{}/schedules/{}", api_schedules_get, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/runs/{}/checkpoints", api_checkpoints_list, COORD_ROLES_ANY, 0, 0},
     {"GET", "/api/v1/runs/{}/checkpoints/{}", api_checkpoints_get, COORD_ROLES_ANY, 0, 0},
+    /* Contribution accounting (api_contrib*.c, docs/accounting.md). Reports
+     * authenticate with the access pass and the peer's signature, not a session. */
+    {"POST", "/api/v1/runs/{}/reports", api_reports_post, COORD_PUBLIC, 64 * KiB, 1},
+    {"POST", "/api/v1/runs/{}/contributions", api_reports_post, COORD_PUBLIC, 64 * KiB, 1},
+    {"GET", "/api/v1/runs/{}/contributions", api_contrib_list, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/runs/{}/contributions/steps", api_contrib_steps, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/runs/{}/flags", api_contrib_flags, COORD_ROLES_READ_ADMIN, 0, 0},
+    {"GET", "/api/v1/me/contributions", api_me_contrib, COORD_ROLES_ANY, 0, 0},
+    {"GET", "/api/v1/runs/{}/curve", api_run_curve, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/runs/{}/stats", api_run_stats, COORD_PUBLIC, 0, 0},
     /* The size limit is --checkpoint-max-mb, enforced by the stream handler. */
     {"PUT", "/api/v1/runs/{}/checkpoints/{}", NULL, COORD_ROLES_ANY, (size_t)1 << 50, 0,
      &api_checkpoint_upload},

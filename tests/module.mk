@@ -38,7 +38,12 @@ INTEG_TESTS += $(patsubst %.c,$(BUILD)/%,$(INTEG_SRCS))
 $(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB)
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
-	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(INTEG_LIBS_$*) $(COMMON_LIB) $(LDLIBS) -lcmocka
+
+# Contribution accounting: the test signs reports with the
+# agent's encoder (agent/join/report.c), so it links the agent library.
+INTEG_LIBS_test_contrib = $(AGENT_LIB)
+$(BUILD)/tests/integ/test_contrib: $(AGENT_LIB)
 
 # Keep test objects around (make treats them as intermediate otherwise).
 .SECONDARY:

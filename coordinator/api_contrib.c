@@ -1,0 +1,257 @@
+/* POST /api/v1/runs/{run}/reports: a contribution report from an agent
+ * (docs/accounting.md; seed 000_02cc6b5d62a616fc.txt §4.3 and H.4). The
+ * caller has no session: it authenticates with its access pass and signs
+ * the payload with the pass's peer key. This file checks everything that
+ * needs no database — the pass's signature and expiry, the run, the report
+ * signature over the exact bytes, the payload schema — then hands the report
+ * to the batch writer (api_contrib_write.c) and waits for its commit.
+ *
+ * Verified passes are cached by the SHA-256 of the token bytes, so an agent
+ * reporting every step costs one Ed25519 verification per report (its own
+ * signature), not two. Revocation is not cached: the writer's INSERT joins
+ * the pass row, so a revoked pass stops counting at once. */
+#include "coordinator/api.h"
+#include "coordinator/api_contrib.h"
+#include "coordinator/metrics.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SIGN_PREFIX COORD_REPORT_FORMAT "\n"
+#define KEYS_MAX 16
+#define KEYS_TTL_S 30
+#define PASS_CACHE 4096 /* slots, direct-mapped by token digest */
+#define CLOCK_SKEW_S 60
+
+/* --- coordinator keys (any coordinator of this database may have signed the pass) --- */
+
+static pthread_mutex_t g_keys_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t g_keys[KEYS_MAX][CM_ED25519_PUB_LEN];
+static size_t g_nkeys;
+static time_t g_keys_at;
+
+COORD_DB_STMT(S_KEYS, 0, "SELECT encode(public_key, 'hex') FROM signing_keys ORDER BY created_at");
+
+/* Refreshes the key list when older than KEYS_TTL_S (force: older than 1 s,
+ * for a pass signed by a coordinator that started after the last refresh). */
+static void keys_refresh(struct coord_req *req, int force)
+{
+    time_t now = time(NULL);
+    pthread_mutex_lock(&g_keys_mu);
+    int stale = g_nkeys == 0 || now - g_keys_at >= (force ? 1 : KEYS_TTL_S);
+    pthread_mutex_unlock(&g_keys_mu);
+    if (!stale)
+        return;
+    struct coord_db_conn *c = NULL;
+    if (coord_db_acquire(req->srv->db, &c) != CM_OK)
+        return;
+    PGresult *r = coord_db_exec(c, &S_KEYS, NULL, NULL);
+    coord_db_release(req->srv->db, c);
+    if (!r)
+        return;
+    pthread_mutex_lock(&g_keys_mu);
+    g_nkeys = 0;
+    for (int i = 0; i < PQntuples(r) && g_nkeys < KEYS_MAX; i++) {
+        size_t n = 0;
+        const char *h = PQgetvalue(r, i, 0);
+        if (cm_hex_decode(h, strlen(h), g_keys[g_nkeys], CM_ED25519_PUB_LEN, &n) == CM_OK &&
+            n == CM_ED25519_PUB_LEN)
+            g_nkeys++;
+    }
+    g_keys_at = now;
+    pthread_mutex_unlock(&g_keys_mu);
+    PQclear(r);
+}
+
+static int verify_with_keys(const char *tok, size_t len, int64_t now, struct cm_pass_claims *c)
+{
+    uint8_t keys[KEYS_MAX][CM_ED25519_PUB_LEN];
+    pthread_mutex_lock(&g_keys_mu);
+    size_t n = g_nkeys;
+    memcpy(keys, g_keys, sizeof keys);
+    pthread_mutex_unlock(&g_keys_mu);
+    return cm_token_verify(tok, len, (const uint8_t(*)[CM_ED25519_PUB_LEN])keys, n, now,
+                           CLOCK_SKEW_S, c);
+}
+
+/* --- verified-pass cache ---------------------------------------------------- */
+
+struct pass_slot {
+    uint8_t digest[CM_SHA256_LEN];
+    int used;
+    struct cm_pass_claims claims;
+};
+static pthread_mutex_t g_pass_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pass_slot g_pass[PASS_CACHE];
+
+/* Verifies the pass (signature under a coordinator key, expiry). */
+static int pass_verify(struct coord_req *req, const char *tok, struct cm_pass_claims *out)
+{
+    size_t len = strlen(tok);
+    int64_t now = (int64_t)time(NULL);
+    uint8_t d[CM_SHA256_LEN];
+    cm_sha256(tok, len, d);
+    size_t slot = ((size_t)d[0] | (size_t)d[1] << 8) % PASS_CACHE;
+    pthread_mutex_lock(&g_pass_mu);
+    int hit = g_pass[slot].used && !memcmp(g_pass[slot].digest, d, sizeof d);
+    if (hit)
+        *out = g_pass[slot].claims;
+    pthread_mutex_unlock(&g_pass_mu);
+    if (hit)
+        return now >= out->expires_at + CLOCK_SKEW_S ? CM_EEXPIRED : CM_OK;
+
+    keys_refresh(req, 0);
+    int rc = verify_with_keys(tok, len, now, out);
+    if (rc == CM_ENOTFOUND || rc == CM_EBADSIG) { /* maybe a key we have not seen yet */
+        keys_refresh(req, 1);
+        rc = verify_with_keys(tok, len, now, out);
+    }
+    if (rc != CM_OK)
+        return rc;
+    pthread_mutex_lock(&g_pass_mu);
+    memcpy(g_pass[slot].digest, d, sizeof d);
+    g_pass[slot].claims = *out;
+    g_pass[slot].used = 1;
+    pthread_mutex_unlock(&g_pass_mu);
+    return CM_OK;
+}
+
+/* --- the handler --------------------------------------------------------- */
+
+static void reject(struct coord_req *req, struct coord_resp *resp, int status, const char *code,
+                   const char *msg)
+{
+    coord_metrics_event(req->srv->metrics, COORD_EV_REPORT_REJECTED);
+    coord_resp_error(resp, status, code, "%s", msg);
+}
+
+void api_reports_post(struct coord_req *req, struct coord_resp *resp)
+{
+    static const struct cm_json_field F[] = {
+        {"pass", CM_J_STRING, 1, 1, CM_TOKEN_MAX_LEN},
+        {"payload", CM_J_STRING, 1, 1, (COORD_REPORT_PAYLOAD_MAX * 4 + 2) / 3},
+        {"sig", CM_J_STRING, 1, 86, 86},
+    };
+    if (!api_name_param(req, resp, 0, "run"))
+        return;
+    if (!coord_req_check(req, resp, F, sizeof F / sizeof F[0])) {
+        coord_metrics_event(req->srv->metrics, COORD_EV_REPORT_REJECTED);
+        return;
+    }
+    const char *tok = json_string_value(json_object_get(req->json, "pass"));
+    const char *p64 = json_string_value(json_object_get(req->json, "payload"));
+    const char *s64 = json_string_value(json_object_get(req->json, "sig"));
+
+    struct cm_pass_claims claims;
+    int rc = pass_verify(req, tok, &claims);
+    if (rc != CM_OK) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the access pass does not verify: %s", cm_strerror(rc));
+        reject(req, resp, 401, "invalid_pass", msg);
+        return;
+    }
+    if (strcmp(claims.run, req->params[0]) != 0) {
+        reject(req, resp, 403, "wrong_run", "the access pass is for another run");
+        return;
+    }
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    size_t n = 0;
+    if (cm_b64url_decode(s64, strlen(s64), sig, sizeof sig, &n) != CM_OK || n != sizeof sig) {
+        reject(req, resp, 400, "invalid_request", "field 'sig': base64url of 64 bytes");
+        return;
+    }
+    size_t pre = sizeof SIGN_PREFIX - 1, plen = strlen(p64);
+    char *msg = malloc(pre + plen + 1); /* decoded payload is shorter than its base64 */
+    if (!msg) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    memcpy(msg, SIGN_PREFIX, pre);
+    if (cm_b64url_decode(p64, plen, (uint8_t *)msg + pre, plen, &n) != CM_OK || n == 0) {
+        free(msg);
+        reject(req, resp, 400, "invalid_request", "field 'payload': base64url (no padding)");
+        return;
+    }
+    char *payload = msg + pre;
+    size_t payload_len = n;
+    payload[payload_len] = '\0';
+    if (cm_ed25519_verify(claims.peer_public_key, msg, pre + payload_len, sig) != CM_OK) {
+        free(msg);
+        reject(req, resp, 401, "bad_signature",
+               "the report signature does not verify under the pass's peer key");
+        return;
+    }
+    struct coord_report *rep = malloc(sizeof *rep);
+    char err[256];
+    if (!rep) {
+        free(msg);
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    if (memchr(payload, '\0', payload_len) ||
+        coord_report_parse(payload, payload_len, rep, err, sizeof err) != CM_OK) {
+        if (memchr(payload, '\0', payload_len))
+            snprintf(err, sizeof err, "payload: contains a NUL byte");
+        reject(req, resp, 400, "invalid_report", err);
+    } else if (strcmp(rep->run, req->params[0]) != 0) {
+        reject(req, resp, 403, "wrong_run", "the payload's 'run' is not this run");
+    } else if (memcmp(rep->peer, claims.peer_public_key, CM_ED25519_PUB_LEN) != 0) {
+        reject(req, resp, 403, "wrong_peer", "the payload's 'peer' is not the pass's key");
+    } else {
+        struct coord_report_job job = {rep, payload, payload_len, {0}, 0, COORD_REPORT_FAILED};
+        memcpy(job.sig, sig, sizeof sig);
+        job.pass_id = strtoll(claims.pass_id, NULL, 10);
+        rc = coord_report_write(req->srv->db, &job, (int)req->srv->cfg->db_timeout_ms);
+        struct coord_metrics *m = req->srv->metrics;
+        json_t *ok = json_pack("{s:s, s:I}", "run", req->params[0], "step", (json_int_t)rep->step);
+        switch (rc == CM_OK ? job.result : COORD_REPORT_FAILED) {
+        case COORD_REPORT_RECORDED:
+            coord_metrics_event(m, COORD_EV_REPORT_RECORDED);
+            for (size_t i = 0; i < rep->n_excluded; i++)
+                coord_metrics_event(m, COORD_EV_REPORT_EXCLUSION);
+            json_object_set_new(ok, "status", json_string("recorded"));
+            coord_resp_json(resp, 201, ok);
+            ok = NULL;
+            break;
+        case COORD_REPORT_DUPLICATE:
+            coord_metrics_event(m, COORD_EV_REPORT_DUPLICATE);
+            json_object_set_new(ok, "status", json_string("already_recorded"));
+            coord_resp_json(resp, 200, ok);
+            ok = NULL;
+            break;
+        case COORD_REPORT_CONFLICT:
+            coord_metrics_event(m, COORD_EV_REPORT_CONFLICT);
+            coord_resp_error(resp, 409, "conflicting_report",
+                             "a different report for step %lld of this peer was recorded "
+                             "before; this one is kept as a conflict and not counted",
+                             (long long)rep->step);
+            break;
+        case COORD_REPORT_REVOKED:
+            reject(req, resp, 403, "pass_revoked", "the access pass is revoked or expired");
+            break;
+        case COORD_REPORT_NO_RUN:
+            reject(req, resp, 404, "not_found", "no such run");
+            break;
+        case COORD_REPORT_STEP_RANGE:
+            snprintf(err, sizeof err,
+                     "step %lld is more than %d steps beyond the run's highest corroborated step",
+                     (long long)rep->step, COORD_REPORT_STEP_AHEAD);
+            reject(req, resp, 422, "step_out_of_range", err);
+            break;
+        case COORD_REPORT_FAILED:
+        default:
+            coord_resp_error(resp, 503, "unavailable",
+                             "the report could not be stored now; retry later");
+            snprintf(resp->retry_after, sizeof resp->retry_after, "1");
+            break;
+        }
+        json_decref(ok);
+    }
+    free(rep);
+    free(msg);
+}

@@ -1,0 +1,90 @@
+/* Contribution reports inside the coordinator (docs/accounting.md; seed
+ * 000_02cc6b5d62a616fc.txt §4.3, H.1, H.4): the pure parser of a report's
+ * signed payload (fuzzed by tests/fuzz/fuzz_report.c), and the batch writer
+ * that stores accepted reports with group commit.
+ *
+ *   api_contrib_parse.c  coord_report_parse: bytes -> struct coord_report
+ *   api_contrib.c        POST .../reports: pass, signature, then the writer
+ *   api_contrib_write.c  the writer thread: one transaction per batch
+ *   api_contrib_read.c   the auditor, curve and stats endpoints */
+#ifndef COORD_API_CONTRIB_H
+#define COORD_API_CONTRIB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cm_crypto.h"
+#include "cm_token.h"
+
+#define COORD_REPORT_FORMAT "crowdtrain-report/1"
+#define COORD_REPORT_PAYLOAD_MAX (32 * 1024)
+#define COORD_REPORT_MEMBERS_MAX 64
+#define COORD_REPORT_GROUP_MAX 64
+#define COORD_REPORT_REASON_MAX 15
+#define COORD_REPORT_SAMPLES_MAX 1e9
+/* A step further than this beyond the run's highest corroborated step (or
+ * newest checkpoint) is refused: it cannot have happened yet. */
+#define COORD_REPORT_STEP_AHEAD 1000
+
+struct coord_report_member {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    double samples;
+};
+
+struct coord_report_excl {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    char reason[COORD_REPORT_REASON_MAX + 1];
+};
+
+struct coord_report {
+    char run[CM_NAME_MAX + 1];
+    uint8_t peer[CM_ED25519_PUB_LEN];
+    int64_t step;
+    char group[COORD_REPORT_GROUP_MAX + 1];
+    uint8_t round[32];
+    double samples, compute_s, loss, sps, round_ms;
+    int has_loss;
+    int parts, parts_averaged;
+    int64_t t;
+    size_t n_members;
+    struct coord_report_member members[COORD_REPORT_MEMBERS_MAX];
+    size_t n_excluded;
+    struct coord_report_excl excluded[COORD_REPORT_MEMBERS_MAX];
+};
+
+/* Parses the payload bytes of a report (docs/accounting.md): one JSON
+ * object, strict schema, bounded sizes, finite in-range numbers, distinct
+ * member keys. CM_OK, or CM_EPARSE with a sentence for the client in err. */
+int coord_report_parse(const void *buf, size_t len, struct coord_report *out, char *err,
+                       size_t cap);
+
+/* What the writer decided for one report. */
+enum coord_report_result {
+    COORD_REPORT_RECORDED,
+    COORD_REPORT_DUPLICATE,   /* same payload already stored */
+    COORD_REPORT_CONFLICT,    /* a different payload for (run, step, peer) exists */
+    COORD_REPORT_REVOKED,     /* the pass is revoked, expired or unknown */
+    COORD_REPORT_STEP_RANGE,  /* beyond the run's highest corroborated step + ahead */
+    COORD_REPORT_NO_RUN,      /* the run (of the pass) does not exist */
+    COORD_REPORT_FAILED,      /* database error or deadline: retry */
+};
+
+/* One report on its way to the database; the handler owns it and waits. */
+struct coord_report_job {
+    const struct coord_report *rep;
+    const char *payload; /* the exact signed bytes (NUL-terminated JSON text) */
+    size_t payload_len;
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    int64_t pass_id;
+    /* filled by the writer */
+    enum coord_report_result result;
+};
+
+struct coord_db_pool;
+/* Queues the job for the next batch and waits (at most timeout_ms) until
+ * the batch's transaction has committed or failed; job->result says which.
+ * The writer thread starts on first use and takes a pooled connection per
+ * batch. */
+int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms);
+
+#endif

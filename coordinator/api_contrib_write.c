@@ -1,0 +1,501 @@
+/* The batch writer of contribution reports (group commit). Request threads
+ * verify a report's pass and signature themselves, then queue it here and
+ * wait; one writer thread takes everything queued, stores it in one
+ * transaction (one multi-row statement per table) and wakes the waiters
+ * when the commit is durable. While a batch commits the next one gathers,
+ * so a busy coordinator commits hundreds of reports per fsync and an idle
+ * one commits each report at once.
+ *
+ * What the transaction does (docs/accounting.md, "Verification"):
+ *  1. inserts the reports whose pass is still valid (not revoked, not
+ *     expired, bound to this key and run) and whose step is within
+ *     COORD_REPORT_STEP_AHEAD of the run's highest corroborated step;
+ *     (run, step, peer) already present: nothing (ON CONFLICT DO NOTHING);
+ *  2. folds what each newly stored report saw of the other members into
+ *     contrib_seen (min, max, observers), and stores its exclusions;
+ *  3. classifies the reports not inserted: the same payload already stored
+ *     (a retry), a different one (a conflict, kept aside), a revoked pass,
+ *     or a step out of range.
+ * Only reports inserted in step 1 feed step 2, so a retry or a conflicting
+ * duplicate can never be counted twice. Keys are sorted before the upsert
+ * so concurrent coordinators lock rows in the same order. A batch that
+ * fails as a whole is retried report by report, so one bad report never
+ * takes the others down with it. */
+#include "coordinator/api_contrib.h"
+#include "coordinator/db.h"
+#include "cm_err.h"
+#include "cm_log.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BATCH_MAX 1024
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define AHEAD_SQL STR(COORD_REPORT_STEP_AHEAD)
+
+struct item {
+    struct coord_report_job *job;
+    struct item *next;
+    int queued; /* still in the queue (not yet taken by the writer) */
+    int done;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t g_done;
+static struct item *g_head, *g_tail;
+static struct coord_db_pool *g_pool;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_started;
+
+/* --- SQL ---------------------------------------------------------------- */
+
+#define ROWS_COLS                                                                                \
+    "i int, pass bigint, run text, step bigint, pk text, round text, grp text, samples float8, " \
+    "compute_s float8, loss float8, sps float8, round_ms float8, parts int, pa int, nm int, "    \
+    "nx int, payload text, sig text, sha text"
+
+COORD_DB_STMT(S_INSERT, 1,
+              "WITH u AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(" ROWS_COLS ")), "
+              "lim AS (SELECT r.id, r.name, greatest(0, "
+              "  (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id), "
+              "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id)) + " AHEAD_SQL " AS top "
+              "  FROM runs r WHERE r.name IN (SELECT DISTINCT run FROM u)) "
+              "INSERT INTO contrib_reports (run_id, step, peer_public_key, user_id, pass_id, round_id, "
+              "group_id, samples, compute_s, loss, sps, round_ms, parts, parts_averaged, n_members, "
+              "n_excluded, payload, signature, payload_sha256) "
+              "SELECT p.run_id, u.step, p.peer_public_key, p.user_id, p.id, decode(u.round, 'hex'), "
+              "u.grp, u.samples, u.compute_s, u.loss, u.sps, u.round_ms, u.parts, u.pa, u.nm, u.nx, "
+              "u.payload, decode(u.sig, 'hex'), decode(u.sha, 'hex') "
+              "FROM u JOIN passes p ON p.id = u.pass AND p.peer_public_key = decode(u.pk, 'hex') "
+              "AND p.revoked_at IS NULL AND p.expires_at > now() "
+              "JOIN lim ON lim.id = p.run_id AND lim.name = u.run "
+              "WHERE u.step <= lim.top ORDER BY p.run_id, u.step, p.peer_public_key "
+              "ON CONFLICT (run_id, step, peer_public_key) DO NOTHING "
+              "RETURNING pass_id, step, run_id");
+
+COORD_DB_STMT(S_SEEN, 1,
+              "INSERT INTO contrib_seen (run_id, step, round_id, subject, seen_min, seen_max, observers) "
+              "SELECT x.run_id, x.step, decode(x.round, 'hex'), decode(x.subject, 'hex'), x.mn, x.mx, x.n "
+              "FROM jsonb_to_recordset($1::jsonb) AS x(run_id bigint, step bigint, round text, "
+              "subject text, mn float8, mx float8, n int) "
+              "ON CONFLICT (run_id, step, subject, round_id) DO UPDATE SET "
+              "seen_min = least(contrib_seen.seen_min, EXCLUDED.seen_min), "
+              "seen_max = greatest(contrib_seen.seen_max, EXCLUDED.seen_max), "
+              "observers = contrib_seen.observers + EXCLUDED.observers");
+
+COORD_DB_STMT(S_EXCL, 1,
+              "INSERT INTO contrib_exclusions (run_id, step, subject, reporter, reason) "
+              "SELECT x.run_id, x.step, decode(x.subject, 'hex'), decode(x.reporter, 'hex'), x.reason "
+              "FROM jsonb_to_recordset($1::jsonb) AS x(run_id bigint, step bigint, subject text, "
+              "reporter text, reason text) ON CONFLICT DO NOTHING");
+
+/* For the reports not inserted: what is there already, and is the pass good. */
+COORD_DB_STMT(S_CLASSIFY, 1,
+              "SELECT u.i, p.id IS NOT NULL, coalesce(p.revoked_at IS NULL AND p.expires_at > now(), "
+              "false), r.id IS NOT NULL, c.id IS NOT NULL, "
+              "coalesce(c.payload_sha256 = decode(u.sha, 'hex'), false) "
+              "FROM jsonb_to_recordset($1::jsonb) AS u(" ROWS_COLS ") "
+              "LEFT JOIN passes p ON p.id = u.pass AND p.peer_public_key = decode(u.pk, 'hex') "
+              "LEFT JOIN runs r ON r.id = p.run_id AND r.name = u.run "
+              "LEFT JOIN contrib_reports c ON c.run_id = r.id AND c.step = u.step "
+              "AND c.peer_public_key = p.peer_public_key");
+
+COORD_DB_STMT(S_CONFLICT, 1,
+              "INSERT INTO contrib_conflicts (run_id, step, peer_public_key, user_id, payload_sha256, "
+              "payload, signature) "
+              "SELECT p.run_id, u.step, p.peer_public_key, p.user_id, decode(u.sha, 'hex'), u.payload, "
+              "decode(u.sig, 'hex') FROM jsonb_to_recordset($1::jsonb) AS u(" ROWS_COLS ") "
+              "JOIN passes p ON p.id = u.pass ON CONFLICT DO NOTHING");
+
+/* --- batch -------------------------------------------------------------- */
+
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+    cm_hex_encode(b, n, out);
+}
+
+static json_t *row_json(size_t i, const struct coord_report_job *j)
+{
+    const struct coord_report *r = j->rep;
+    char pk[65], round[65], sig[129], sha[65];
+    uint8_t digest[CM_SHA256_LEN];
+    hex(r->peer, sizeof r->peer, pk);
+    hex(r->round, sizeof r->round, round);
+    hex(j->sig, sizeof j->sig, sig);
+    cm_sha256(j->payload, j->payload_len, digest);
+    hex(digest, sizeof digest, sha);
+    json_t *o = json_object();
+    json_object_set_new(o, "i", json_integer((json_int_t)i));
+    json_object_set_new(o, "pass", json_integer(j->pass_id));
+    json_object_set_new(o, "run", json_string(r->run));
+    json_object_set_new(o, "step", json_integer(r->step));
+    json_object_set_new(o, "pk", json_string(pk));
+    json_object_set_new(o, "round", json_string(round));
+    json_object_set_new(o, "grp", json_string(r->group));
+    json_object_set_new(o, "samples", json_real(r->samples));
+    json_object_set_new(o, "compute_s", json_real(r->compute_s));
+    json_object_set_new(o, "loss", r->has_loss ? json_real(r->loss) : json_null());
+    json_object_set_new(o, "sps", json_real(r->sps));
+    json_object_set_new(o, "round_ms", json_real(r->round_ms));
+    json_object_set_new(o, "parts", json_integer(r->parts));
+    json_object_set_new(o, "pa", json_integer(r->parts_averaged));
+    json_object_set_new(o, "nm", json_integer((json_int_t)r->n_members));
+    json_object_set_new(o, "nx", json_integer((json_int_t)r->n_excluded));
+    json_object_set_new(o, "payload", json_stringn(j->payload, j->payload_len));
+    json_object_set_new(o, "sig", json_string(sig));
+    json_object_set_new(o, "sha", json_string(sha));
+    return o;
+}
+
+/* Runs a one-parameter statement with a JSON document; returns the result or NULL. */
+static PGresult *exec_json(struct coord_db_conn *c, struct coord_db_stmt *s, json_t *doc)
+{
+    char *text = json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    if (!text)
+        return NULL;
+    const char *p[] = {text};
+    PGresult *r = coord_db_exec(c, s, p, NULL);
+    free(text);
+    return r;
+}
+
+struct seen_key {
+    int64_t run_id, step;
+    uint8_t round[32], subject[32];
+    double mn, mx;
+    int n;
+};
+
+static int seen_cmp(const void *a, const void *b)
+{
+    const struct seen_key *x = a, *y = b;
+    if (x->run_id != y->run_id)
+        return x->run_id < y->run_id ? -1 : 1;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    int c = memcmp(x->subject, y->subject, 32);
+    return c ? c : memcmp(x->round, y->round, 32);
+}
+
+/* Folds the observations of the inserted reports (run_ids[i] > 0) into
+ * contrib_seen and stores their exclusions. */
+static int fold_observations(struct coord_db_conn *c, struct coord_report_job **jobs, size_t n,
+                             const int64_t *run_ids)
+{
+    size_t cap = 0;
+    for (size_t i = 0; i < n; i++)
+        if (run_ids[i] > 0)
+            cap += jobs[i]->rep->n_members;
+    struct seen_key *k = cap ? calloc(cap, sizeof *k) : NULL;
+    if (cap && !k)
+        return CM_ENOMEM;
+    size_t nk = 0;
+    json_t *excl = json_array();
+    for (size_t i = 0; i < n; i++) {
+        if (run_ids[i] <= 0)
+            continue;
+        const struct coord_report *r = jobs[i]->rep;
+        for (size_t m = 0; m < r->n_members; m++) {
+            if (!memcmp(r->members[m].pub, r->peer, 32))
+                continue; /* a peer does not vouch for itself */
+            struct seen_key *e = &k[nk++];
+            e->run_id = run_ids[i];
+            e->step = r->step;
+            memcpy(e->round, r->round, 32);
+            memcpy(e->subject, r->members[m].pub, 32);
+            e->mn = e->mx = r->members[m].samples;
+            e->n = 1;
+        }
+        for (size_t x = 0; x < r->n_excluded; x++) {
+            char subj[65], rep[65];
+            hex(r->excluded[x].pub, 32, subj);
+            hex(r->peer, 32, rep);
+            json_array_append_new(excl, json_pack("{s:I, s:I, s:s, s:s, s:s}", "run_id",
+                                                  (json_int_t)run_ids[i], "step",
+                                                  (json_int_t)r->step, "subject", subj, "reporter",
+                                                  rep, "reason", r->excluded[x].reason));
+        }
+    }
+    int rc = CM_OK;
+    if (nk) {
+        qsort(k, nk, sizeof *k, seen_cmp);
+        json_t *a = json_array();
+        for (size_t i = 0; i < nk;) {
+            struct seen_key acc = k[i];
+            size_t j = i + 1;
+            for (; j < nk && seen_cmp(&k[j], &acc) == 0; j++) {
+                acc.mn = k[j].mn < acc.mn ? k[j].mn : acc.mn;
+                acc.mx = k[j].mx > acc.mx ? k[j].mx : acc.mx;
+                acc.n++;
+            }
+            char round[65], subj[65];
+            hex(acc.round, 32, round);
+            hex(acc.subject, 32, subj);
+            json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:f, s:f, s:i}", "run_id",
+                                  (json_int_t)acc.run_id, "step", (json_int_t)acc.step, "round",
+                                  round, "subject", subj, "mn", acc.mn, "mx", acc.mx, "n", acc.n);
+            json_array_append_new(a, o);
+            i = j;
+        }
+        PGresult *r = exec_json(c, &S_SEEN, a);
+        json_decref(a);
+        if (!r)
+            rc = CM_EDB;
+        PQclear(r);
+    }
+    if (rc == CM_OK && json_array_size(excl)) {
+        PGresult *r = exec_json(c, &S_EXCL, excl);
+        if (!r)
+            rc = CM_EDB;
+        PQclear(r);
+    }
+    json_decref(excl);
+    free(k);
+    return rc;
+}
+
+/* Stores jobs[0..n) in one transaction and sets each result. CM_OK or an
+ * error (then nothing of the batch is stored and results are FAILED). */
+static int store_batch(struct coord_db_conn *c, struct coord_report_job **jobs, size_t n)
+{
+    int64_t *run_ids = calloc(n, sizeof *run_ids);
+    json_t *rows = json_array();
+    if (!run_ids || !rows) {
+        free(run_ids);
+        json_decref(rows);
+        return CM_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->result = COORD_REPORT_FAILED;
+        json_array_append_new(rows, row_json(i, jobs[i]));
+    }
+    int rc = CM_EDB;
+    PGresult *r = NULL;
+    if (coord_db_cmd(c, "BEGIN") != CM_OK)
+        goto out;
+    if (!(r = exec_json(c, &S_INSERT, rows)))
+        goto out;
+    /* RETURNING (pass_id, step, run_id): a batch holds one report per (pass, step)
+     * at most once inserted, so the pair finds its job. */
+    for (int t = 0; t < PQntuples(r); t++) {
+        long long pass = strtoll(PQgetvalue(r, t, 0), NULL, 10);
+        long long step = strtoll(PQgetvalue(r, t, 1), NULL, 10);
+        long long run = strtoll(PQgetvalue(r, t, 2), NULL, 10);
+        for (size_t i = 0; i < n; i++)
+            if (!run_ids[i] && jobs[i]->pass_id == pass && jobs[i]->rep->step == step) {
+                run_ids[i] = run;
+                break;
+            }
+    }
+    PQclear(r);
+    r = NULL;
+    if (fold_observations(c, jobs, n, run_ids) != CM_OK)
+        goto out;
+    json_t *rest = json_array(), *conflicts = json_array();
+    for (size_t i = 0; i < n; i++)
+        if (!run_ids[i])
+            json_array_append(rest, json_array_get(rows, i));
+    int ok = 1;
+    if (json_array_size(rest)) {
+        r = exec_json(c, &S_CLASSIFY, rest);
+        ok = r != NULL;
+        for (int t = 0; ok && t < PQntuples(r); t++) {
+            size_t i = (size_t)strtoull(PQgetvalue(r, t, 0), NULL, 10);
+            int pass_known = PQgetvalue(r, t, 1)[0] == 't', pass_ok = PQgetvalue(r, t, 2)[0] == 't';
+            int run_ok = PQgetvalue(r, t, 3)[0] == 't', exists = PQgetvalue(r, t, 4)[0] == 't';
+            int same = PQgetvalue(r, t, 5)[0] == 't';
+            if (i >= n)
+                continue;
+            if (exists && same) {
+                jobs[i]->result = COORD_REPORT_DUPLICATE;
+            } else if (exists) {
+                jobs[i]->result = COORD_REPORT_CONFLICT;
+                json_array_append(conflicts, json_array_get(rows, i));
+            } else if (!pass_known || !pass_ok) {
+                jobs[i]->result = COORD_REPORT_REVOKED;
+            } else if (!run_ok) {
+                jobs[i]->result = COORD_REPORT_NO_RUN;
+            } else {
+                jobs[i]->result = COORD_REPORT_STEP_RANGE;
+            }
+        }
+        PQclear(r);
+        r = NULL;
+    }
+    if (ok && json_array_size(conflicts)) {
+        r = exec_json(c, &S_CONFLICT, conflicts);
+        ok = r != NULL;
+        PQclear(r);
+        r = NULL;
+    }
+    json_decref(rest);
+    json_decref(conflicts);
+    if (!ok || coord_db_cmd(c, "COMMIT") != CM_OK)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (run_ids[i])
+            jobs[i]->result = COORD_REPORT_RECORDED;
+    rc = CM_OK;
+out:
+    if (rc != CM_OK) {
+        PQclear(r);
+        coord_db_cmd(c, "ROLLBACK");
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->result = COORD_REPORT_FAILED;
+    }
+    json_decref(rows);
+    free(run_ids);
+    return rc;
+}
+
+/* Two reports of one batch for the same (run, step, peer): the second waits
+ * for the next batch, where it is a retry or a conflict of the first. */
+static size_t split_duplicates(struct coord_report_job **jobs, size_t n,
+                               struct coord_report_job **later, size_t *nlater)
+{
+    size_t k = 0;
+    *nlater = 0;
+    for (size_t i = 0; i < n; i++) {
+        int dup = 0;
+        for (size_t j = 0; j < k && !dup; j++)
+            dup = jobs[j]->rep->step == jobs[i]->rep->step &&
+                  !memcmp(jobs[j]->rep->peer, jobs[i]->rep->peer, 32) &&
+                  !strcmp(jobs[j]->rep->run, jobs[i]->rep->run);
+        if (dup)
+            later[(*nlater)++] = jobs[i];
+        else
+            jobs[k++] = jobs[i];
+    }
+    return k;
+}
+
+static void write_all(struct coord_report_job **jobs, size_t n)
+{
+    struct coord_db_conn *c = NULL;
+    if (coord_db_acquire(g_pool, &c) != CM_OK) {
+        for (size_t i = 0; i < n; i++)
+            jobs[i]->result = COORD_REPORT_FAILED;
+        return;
+    }
+    struct coord_report_job **later = malloc(n * sizeof *later);
+    size_t nlater = 0, k = n;
+    if (later)
+        k = split_duplicates(jobs, n, later, &nlater);
+    if (store_batch(c, jobs, k) != CM_OK && k > 1) {
+        CM_LOGW("contrib", "a batch of %zu reports failed; storing them one by one", k);
+        for (size_t i = 0; i < k; i++)
+            store_batch(c, &jobs[i], 1);
+    }
+    for (size_t i = 0; i < nlater; i++) /* rare: the same report twice in one batch */
+        store_batch(c, &later[i], 1);
+    free(later);
+    coord_db_release(g_pool, c);
+}
+
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    struct item *batch[BATCH_MAX];
+    struct coord_report_job *jobs[BATCH_MAX];
+    for (;;) {
+        pthread_mutex_lock(&g_mu);
+        while (!g_head)
+            pthread_cond_wait(&g_work, &g_mu);
+        size_t n = 0;
+        while (g_head && n < BATCH_MAX) {
+            struct item *it = g_head;
+            g_head = it->next;
+            it->queued = 0;
+            batch[n] = it;
+            jobs[n++] = it->job;
+        }
+        if (!g_head)
+            g_tail = NULL;
+        pthread_mutex_unlock(&g_mu);
+
+        write_all(jobs, n);
+
+        pthread_mutex_lock(&g_mu);
+        for (size_t i = 0; i < n; i++)
+            batch[i]->done = 1;
+        pthread_cond_broadcast(&g_done);
+        pthread_mutex_unlock(&g_mu);
+    }
+    return NULL;
+}
+
+static void start_writer(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_done, &a);
+    pthread_condattr_destroy(&a);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, writer_main, NULL) == 0)
+        g_started = 1;
+    else
+        CM_LOGE("contrib", "could not start the report writer thread");
+    pthread_attr_destroy(&at);
+}
+
+int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms)
+{
+    job->result = COORD_REPORT_FAILED;
+    pthread_mutex_lock(&g_mu);
+    if (!g_pool)
+        g_pool = pool;
+    pthread_mutex_unlock(&g_mu);
+    pthread_once(&g_once, start_writer);
+    if (!g_started)
+        return CM_EINTERNAL;
+
+    struct item it = {job, NULL, 1, 0};
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (g_tail)
+        g_tail->next = &it;
+    else
+        g_head = &it;
+    g_tail = &it;
+    pthread_cond_signal(&g_work);
+    int rc = CM_OK;
+    while (!it.done) {
+        int w = it.queued ? pthread_cond_timedwait(&g_done, &g_mu, &dl)
+                          : pthread_cond_wait(&g_done, &g_mu);
+        if (w == ETIMEDOUT && it.queued) {
+            /* Not taken yet: leave the queue. Once taken, the batch's statements
+             * are bounded by the pool's statement timeout, so waiting is bounded. */
+            struct item **pp = &g_head, *prev = NULL;
+            while (*pp && *pp != &it) {
+                prev = *pp;
+                pp = &(*pp)->next;
+            }
+            if (*pp) {
+                *pp = it.next;
+                if (g_tail == &it)
+                    g_tail = prev;
+            }
+            rc = CM_ETIMEOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}

@@ -1,0 +1,695 @@
+/* ct-timeout: 180 */
+/* Integration tests of contribution accounting (docs/accounting.md; seed
+ * 000_02cc6b5d62a616fc.txt §4.3, H.4; coordinator/api_contrib*.c) against a
+ * real PostgreSQL and the real coordinator over HTTPS. Simulated agents hold
+ * real passes (users, a run, passes through the API) and sign reports with
+ * the agent's own encoder (agent/join/report.c):
+ *  - an honest round adds up: verified == claimed, and a claim becomes
+ *    verified only once another member's report corroborates it;
+ *  - an inflating peer is flagged and gets nothing verified; a peer others
+ *    excluded for bad data gets nothing verified and is listed in flags;
+ *  - bad signature, wrong key, revoked pass, wrong run, negative or absurd
+ *    counts, malformed JSON, unknown fields, a huge body, a step that cannot
+ *    have happened: refused, and nothing changes in the database;
+ *  - a retry is "already recorded", a different payload for the same step a
+ *    conflict, neither counted twice;
+ *  - CSV equals the JSON; volunteers see only their own; auditors read but
+ *    cannot write; the curve and stats add up; the agent's background
+ *    reporter delivers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent/join/report.h"
+#include "cm_crypto.h"
+#include "cm_err.h"
+#include "ct_harness.h"
+
+#define PW "a-long-password"
+#define NPEERS 8
+enum { V1A, V1B, V1C, V2A, V2B, MAL, REVOKED, OTHER_RUN };
+
+static struct ct_pg g_pg;
+static struct ct_coord g_c;
+static char *g_org, *g_aud, *g_vol1, *g_vol2, *g_mal;
+static struct cm_ed25519 g_key[NPEERS];
+static char *g_tok[NPEERS];
+static char g_pass_id[NPEERS][24];
+
+static long req(const char *method, const char *path, const char *bearer, const char *body)
+{
+    struct ct_resp r;
+    ct_http(&g_c, method, path, bearer, body, &r);
+    long s = r.status;
+    ct_resp_free(&r);
+    return s;
+}
+
+static json_t *get_json(const char *path, const char *bearer)
+{
+    struct ct_resp r;
+    ct_http(&g_c, "GET", path, bearer, NULL, &r);
+    if (r.status != 200)
+        fail_msg("GET %s: %ld %s", path, r.status, r.body ? r.body : "");
+    json_t *j = json_incref(r.json);
+    ct_resp_free(&r);
+    return j;
+}
+
+static char *make_user(const char *name, const char *role)
+{
+    char body[200];
+    snprintf(body, sizeof body, "{\"username\":\"%s\",\"role\":\"%s\",\"password\":\"" PW "\"}",
+             name, role);
+    if (req("POST", "/api/v1/users", g_org, body) != 201)
+        return NULL;
+    return ct_login(&g_c, name, PW);
+}
+
+static int get_pass(int i, const char *run, const char *bearer)
+{
+    char pk[64], body[200], path[128];
+    cm_b64url_encode(g_key[i].pub, 32, pk);
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", path, bearer, body, &r);
+    int ok = r.status == 201;
+    if (ok) {
+        g_tok[i] = strdup(json_string_value(json_object_get(r.json, "access_token")));
+        snprintf(g_pass_id[i], sizeof g_pass_id[i], "%s",
+                 json_string_value(json_object_get(r.json, "pass_id")));
+    }
+    ct_resp_free(&r);
+    return ok ? 0 : -1;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    int rc = ct_pg_start(&g_pg);
+    if (rc == CT_SKIP)
+        exit(CT_SKIP);
+    if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", PW) != 0 ||
+        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0 || !(g_org = ct_login(&g_c, "org", PW)))
+        return -1;
+    if (!(g_aud = make_user("aud", "auditor")) || !(g_vol1 = make_user("vol1", "volunteer")) ||
+        !(g_vol2 = make_user("vol2", "volunteer")) || !(g_mal = make_user("mallory", "volunteer")))
+        return -1;
+    if (req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"r1\",\"target_batch_size\":256,\"config\":{\"steps\":100}}") != 201 ||
+        req("POST", "/api/v1/runs", g_org, "{\"name\":\"r2\",\"target_batch_size\":256}") != 201)
+        return -1;
+    const char *allow[] = {"/api/v1/runs/r1/allowlist/vol1", "/api/v1/runs/r1/allowlist/vol2",
+                           "/api/v1/runs/r1/allowlist/mallory", "/api/v1/runs/r2/allowlist/vol1"};
+    for (int i = 0; i < 4; i++)
+        if (req("PUT", allow[i], g_org, NULL) != 201)
+            return -1;
+    for (int i = 0; i < NPEERS; i++)
+        if (cm_ed25519_generate(&g_key[i]) != CM_OK)
+            return -1;
+    const char *owner[NPEERS] = {g_vol1, g_vol1, g_vol1, g_vol2, g_vol2, g_mal, g_vol2, g_vol1};
+    for (int i = 0; i < NPEERS; i++)
+        if (get_pass(i, i == OTHER_RUN ? "r2" : "r1", owner[i]) != 0)
+            return -1;
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[REVOKED]);
+    if (req("POST", path, g_org, "{\"reason\":\"test\"}") != 200)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = ct_coord_cleanup(&g_c);
+    ct_pg_stop(&g_pg);
+    for (int i = 0; i < NPEERS; i++) {
+        cm_ed25519_cleanup(&g_key[i]);
+        free(g_tok[i]);
+    }
+    free(g_org);
+    free(g_aud);
+    free(g_vol1);
+    free(g_vol2);
+    free(g_mal);
+    return rc;
+}
+
+/* --- building reports ----------------------------------------------------- */
+
+static void round_id(int n, uint8_t out[32])
+{
+    char s[32];
+    snprintf(s, sizeof s, "round-%d", n);
+    cm_sha256(s, strlen(s), out);
+}
+
+/* A report of peer `me` at `step` in round `rnd`: it saw members[k] do seen[k]. */
+static void build(struct join_report *r, int me, int64_t step, int rnd, double samples,
+                  const int *members, const double *seen, size_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->step = step;
+    snprintf(r->group, sizeof r->group, "g%d", rnd);
+    round_id(rnd, r->round_id);
+    r->samples = samples;
+    r->compute_s = samples / 100.0;
+    r->loss = 2.0 - 0.1 * (double)step + 0.01 * me;
+    r->sps = 100;
+    r->round_ms = 150;
+    r->parts = 4;
+    r->parts_averaged = 4;
+    r->n_members = n;
+    for (size_t k = 0; k < n; k++) {
+        memcpy(r->members[k].pub, g_key[members[k]].pub, 32);
+        r->members[k].samples = seen[k];
+    }
+}
+
+/* Signs raw payload bytes with key `signer` and the pass of `pass_of`; posts
+ * to run `run`. Returns the status; *code gets the error code (or ""). */
+static long post_raw(const char *run, int signer, int pass_of, const char *payload, char code[40])
+{
+    char *body = NULL;
+    assert_int_equal(join_report_sign(&g_key[signer], g_tok[pass_of], payload, strlen(payload),
+                                      &body),
+                     CM_OK);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/reports", run);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", path, NULL, body, &r);
+    free(body);
+    long s = r.status;
+    const char *c = json_string_value(json_object_get(json_object_get(r.json, "error"), "code"));
+    if (code)
+        snprintf(code, 40, "%s", c ? c : "");
+    ct_resp_free(&r);
+    return s;
+}
+
+static char *encode(const struct join_report *r, const char *run, int me)
+{
+    static char buf[JOIN_REPORT_PAYLOAD_MAX + 1];
+    size_t len = 0;
+    assert_int_equal(join_report_encode(r, run, g_key[me].pub, 1763800000, buf, sizeof buf, &len),
+                     CM_OK);
+    return buf;
+}
+
+static long post(const struct join_report *r, int me, char code[40])
+{
+    return post_raw("r1", me, me, encode(r, "r1", me), code);
+}
+
+static void expect_post(const struct join_report *r, int me, long status, const char *code)
+{
+    char c[40];
+    long s = post(r, me, c);
+    if (s != status || (code && strcmp(c, code) != 0))
+        fail_msg("peer %d step %lld: expected %ld %s, got %ld %s", me, (long long)r->step, status,
+                 code ? code : "", s, c);
+}
+
+static long scalar(const char *sql)
+{
+    long v = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg, sql, &v), 0);
+    return v;
+}
+
+/* Rows of contributions/steps for one step, keyed by peer. */
+static json_t *step_row(int64_t step, int peer)
+{
+    char path[160], pk[64];
+    snprintf(path, sizeof path, "/api/v1/runs/r1/contributions/steps?from=%lld&to=%lld",
+             (long long)step, (long long)step);
+    cm_b64url_encode(g_key[peer].pub, 32, pk);
+    json_t *j = get_json(path, g_aud), *row, *found = NULL;
+    size_t i;
+    json_array_foreach(json_object_get(j, "rows"), i, row) if (!strcmp(
+        json_string_value(json_object_get(row, "peer_public_key")), pk)) found = json_incref(row);
+    json_decref(j);
+    return found;
+}
+
+static double num(json_t *o, const char *k)
+{
+    return json_number_value(json_object_get(o, k));
+}
+
+/* --- tests -------------------------------------------------------------------- */
+
+static void test_honest_round_adds_up(void **state)
+{
+    (void)state;
+    const int m[] = {V1A, V1B, V2A};
+    const double s[] = {64, 32, 128};
+    struct join_report r;
+    build(&r, V1A, 1, 1, 64, m, s, 3);
+    expect_post(&r, V1A, 201, NULL);
+    /* Alone so far: claimed, not verified. */
+    json_t *row = step_row(1, V1A);
+    assert_non_null(row);
+    assert_true(num(row, "claimed_samples") == 64 && num(row, "verified_samples") == 0);
+    assert_int_equal(json_integer_value(json_object_get(row, "observers")), 0);
+    json_decref(row);
+    build(&r, V1B, 1, 1, 32, m, s, 3);
+    expect_post(&r, V1B, 201, NULL);
+    build(&r, V2A, 1, 1, 128, m, s, 3);
+    expect_post(&r, V2A, 201, NULL);
+    double sum = 0;
+    for (int k = 0; k < 3; k++) {
+        row = step_row(1, m[k]);
+        assert_non_null(row);
+        assert_true(num(row, "verified_samples") == s[k]);
+        assert_true(num(row, "claimed_samples") == s[k]);
+        assert_int_equal(json_integer_value(json_object_get(row, "observers")), 2);
+        assert_false(json_is_true(json_object_get(row, "inflated")));
+        sum += num(row, "verified_samples");
+        json_decref(row);
+    }
+    assert_true(sum == 64 + 32 + 128);
+    /* The SQL view gives the same verified total. */
+    assert_int_equal(scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
+                     224);
+}
+
+static void test_inflating_peer_flagged(void **state)
+{
+    (void)state;
+    const int m[] = {V1A, MAL, V1B};
+    const double honest[] = {64, 50, 32}, claimed[] = {64, 500, 32};
+    struct join_report r;
+    build(&r, V1A, 2, 2, 64, m, honest, 3);
+    expect_post(&r, V1A, 201, NULL);
+    build(&r, MAL, 2, 2, 500, m, claimed, 3);
+    expect_post(&r, MAL, 201, NULL);
+    build(&r, V1B, 2, 2, 32, m, honest, 3);
+    expect_post(&r, V1B, 201, NULL);
+    json_t *row = step_row(2, MAL);
+    assert_non_null(row);
+    assert_true(json_is_true(json_object_get(row, "inflated")));
+    assert_true(num(row, "verified_samples") == 0);
+    assert_true(num(row, "seen_max") == 50);
+    json_decref(row);
+    /* Mallory vouching 500 for V1A changes nothing for V1A: the least observation counts. */
+    row = step_row(2, V1A);
+    assert_true(num(row, "verified_samples") == 64 && num(row, "seen_max") == 64);
+    json_decref(row);
+    json_t *f = get_json("/api/v1/runs/r1/flags", g_aud), *p;
+    size_t i;
+    int seen = 0;
+    json_array_foreach(json_object_get(f, "peers"), i, p)
+    {
+        if (strcmp(json_string_value(json_object_get(p, "username")), "mallory") == 0) {
+            seen = 1;
+            assert_int_equal(json_integer_value(json_object_get(p, "inflated_claims")), 1);
+        }
+    }
+    assert_true(seen);
+    json_decref(f);
+}
+
+static void test_excluded_peer_not_verified(void **state)
+{
+    (void)state;
+    const int m[] = {V1A, V1B, MAL};
+    const double s[] = {64, 32, 10};
+    struct join_report r;
+    for (int k = 0; k < 3; k++) {
+        build(&r, m[k], 3, 3, s[k], m, s, 3);
+        if (m[k] != MAL) {
+            memcpy(r.excluded[0].pub, g_key[MAL].pub, 32);
+            snprintf(r.excluded[0].reason, sizeof r.excluded[0].reason, "nonfinite");
+            r.n_excluded = 1;
+        }
+        expect_post(&r, m[k], 201, NULL);
+    }
+    json_t *row = step_row(3, MAL);
+    assert_true(json_is_true(json_object_get(row, "excluded")));
+    assert_false(json_is_true(json_object_get(row, "inflated")));
+    assert_true(num(row, "verified_samples") == 0);
+    json_decref(row);
+    row = step_row(3, V1A);
+    assert_true(num(row, "verified_samples") == 64);
+    json_decref(row);
+    json_t *f = get_json("/api/v1/runs/r1/flags", g_org), *p;
+    size_t i;
+    int seen = 0;
+    json_array_foreach(json_object_get(f, "peers"), i, p)
+    {
+        if (!strcmp(json_string_value(json_object_get(p, "username")), "mallory")) {
+            seen = 1;
+            assert_int_equal(json_integer_value(json_object_get(p, "excluded_reports")), 2);
+            assert_int_equal(json_integer_value(json_object_get(p, "excluded_by")), 2);
+        }
+    }
+    assert_true(seen);
+    assert_int_equal(json_array_size(json_object_get(f, "exclusions")), 2);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(f, "exclusions"), 0),
+                                          "reason")),
+        "nonfinite");
+    json_decref(f);
+}
+
+static long db_state(void)
+{
+    return scalar("SELECT (SELECT count(*) FROM contrib_reports) * 1000000 + "
+                  "(SELECT coalesce(sum(observers), 0) FROM contrib_seen) * 1000 + "
+                  "(SELECT count(*) FROM contrib_exclusions) + "
+                  "(SELECT count(*) FROM contrib_conflicts) * 100");
+}
+
+static void expect_raw(const char *run, int signer, int pass_of, const char *payload, long status,
+                       const char *code)
+{
+    char c[40];
+    long s = post_raw(run, signer, pass_of, payload, c);
+    if (s != status || strcmp(c, code) != 0)
+        fail_msg("%s: expected %ld %s, got %ld %s", payload, status, code, s, c);
+}
+
+static void test_bad_reports_change_nothing(void **state)
+{
+    (void)state;
+    long before = db_state();
+    const int m[] = {V1A, V1C};
+    const double s[] = {64, 16};
+    struct join_report r;
+    build(&r, V1C, 4, 4, 16, m, s, 2);
+    /* Signed with another key than the pass's. */
+    expect_raw("r1", V1A, V1C, encode(&r, "r1", V1C), 401, "bad_signature");
+    /* Payload names another peer than the pass (signed correctly). */
+    expect_raw("r1", V1C, V1C, encode(&r, "r1", V1A), 403, "wrong_peer");
+    /* A pass of run r2 used on r1, and a payload for r2 posted to r1. */
+    expect_raw("r1", OTHER_RUN, OTHER_RUN, encode(&r, "r1", OTHER_RUN), 403, "wrong_run");
+    expect_raw("r1", V1C, V1C, encode(&r, "r2", V1C), 403, "wrong_run");
+    /* Revoked pass. */
+    build(&r, REVOKED, 4, 4, 16, m, s, 2);
+    expect_raw("r1", REVOKED, REVOKED, encode(&r, "r1", REVOKED), 403, "pass_revoked");
+    /* A step that cannot have happened yet. */
+    build(&r, V1C, 5000000, 4, 16, m, s, 2);
+    expect_raw("r1", V1C, V1C, encode(&r, "r1", V1C), 422, "step_out_of_range");
+
+    /* Hand-made payloads: negative, absurd, non-numbers, unknown fields, too many members. */
+    char pk[64], other[64], rnd[65];
+    uint8_t rid[32];
+    round_id(4, rid);
+    cm_hex_encode(rid, 32, rnd);
+    cm_b64url_encode(g_key[V1C].pub, 32, pk);
+    cm_b64url_encode(g_key[V1A].pub, 32, other);
+    const char *bad[] = {
+        "\"samples\":-1,\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1",
+        "\"samples\":1e12,\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1",
+        "\"samples\":\"16\",\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1",
+        "\"samples\":16,\"compute_s\":1e9,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1",
+        "\"samples\":16,\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":2",
+        "\"samples\":16,\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1,"
+        "\"bonus\":1",
+        "\"samples\":16,\"compute_s\":1,\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1,"
+        "\"loss\":-3",
+    };
+    char payload[4096];
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(payload, sizeof payload,
+                 "{\"format\":\"crowdtrain-report/1\",\"run\":\"r1\",\"peer\":\"%s\",\"step\":4,"
+                 "\"group\":\"g4\",\"round\":\"%s\",%s,\"members\":{\"%s\":16},\"excluded\":[],"
+                 "\"t\":1}",
+                 pk, rnd, bad[k], other);
+        expect_raw("r1", V1C, V1C, payload, 400, "invalid_report");
+    }
+    /* Member count above 64. */
+    int n = snprintf(payload, sizeof payload,
+                     "{\"format\":\"crowdtrain-report/1\",\"run\":\"r1\",\"peer\":\"%s\","
+                     "\"step\":4,\"group\":\"g4\",\"round\":\"%s\",\"samples\":16,\"compute_s\":1,"
+                     "\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1,\"members\":{",
+                     pk, rnd);
+    for (int k = 0; k < 65; k++) {
+        uint8_t key[32] = {0};
+        char kb[64];
+        key[0] = (uint8_t)k;
+        key[1] = 7;
+        cm_b64url_encode(key, 32, kb);
+        n += snprintf(payload + n, sizeof payload - (size_t)n, "%s\"%s\":1", k ? "," : "", kb);
+    }
+    snprintf(payload + n, sizeof payload - (size_t)n, "},\"excluded\":[],\"t\":1}");
+    expect_raw("r1", V1C, V1C, payload, 400, "invalid_report");
+    expect_raw("r1", V1C, V1C, "not json at all", 400, "invalid_report");
+
+    /* Envelope problems. */
+    struct ct_resp resp;
+    ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL, "{\"pass\": ", &resp);
+    assert_int_equal(resp.status, 400);
+    ct_resp_free(&resp);
+    ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL,
+            "{\"pass\":\"a.b.c\",\"payload\":\"e30\",\"sig\":"
+            "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"}",
+            &resp);
+    assert_int_equal(resp.status, 401);
+    ct_resp_free(&resp);
+    /* A flipped signature byte. */
+    char *body = NULL;
+    build(&r, V1C, 4, 4, 16, m, s, 2);
+    const char *pl = encode(&r, "r1", V1C);
+    assert_int_equal(join_report_sign(&g_key[V1C], g_tok[V1C], pl, strlen(pl), &body), CM_OK);
+    json_t *b = json_loads(body, 0, NULL);
+    char sig[100];
+    snprintf(sig, sizeof sig, "%s", json_string_value(json_object_get(b, "sig")));
+    sig[10] = sig[10] == 'A' ? 'B' : 'A';
+    json_object_set_new(b, "sig", json_string(sig));
+    char *tampered = json_dumps(b, JSON_COMPACT);
+    ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL, tampered, &resp);
+    assert_int_equal(resp.status, 401);
+    ct_resp_free(&resp);
+    /* Unknown envelope field. */
+    json_object_set_new(b, "sig", json_string(json_string_value(json_object_get(b, "sig"))));
+    json_object_set_new(b, "extra", json_true());
+    free(tampered);
+    tampered = json_dumps(b, JSON_COMPACT);
+    ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL, tampered, &resp);
+    assert_int_equal(resp.status, 400);
+    ct_resp_free(&resp);
+    free(tampered);
+    json_decref(b);
+    free(body);
+    /* A huge body. */
+    size_t big = 2u << 20; /* above 1 MiB curl asks 100-continue, so the 413 arrives cleanly */
+    char *huge = malloc(big + 1);
+    memset(huge, ' ', big);
+    huge[0] = '{';
+    huge[big - 1] = '}';
+    huge[big] = '\0';
+    ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL, huge, &resp);
+    assert_int_equal(resp.status, 413);
+    ct_resp_free(&resp);
+    free(huge);
+    assert_int_equal(db_state(), before);
+    /* The same report, properly signed, is accepted afterwards. */
+    expect_post(&r, V1C, 201, NULL);
+}
+
+static void test_retry_not_counted_twice(void **state)
+{
+    (void)state;
+    const int m[] = {V1A, V1B, V2A};
+    const double s[] = {64, 32, 128};
+    struct join_report r;
+    build(&r, V1A, 1, 1, 64, m, s, 3);
+    long before = db_state();
+    expect_post(&r, V1A, 200, NULL);
+    expect_post(&r, V1A, 200, NULL);
+    assert_int_equal(db_state(), before);
+    /* A different payload for the same step: a conflict, kept aside. */
+    build(&r, V1A, 1, 1, 6400, m, s, 3);
+    expect_post(&r, V1A, 409, "conflicting_report");
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_conflicts"), 1);
+    assert_int_equal(scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
+                     224);
+    assert_int_equal(scalar("SELECT sum(observers) FROM contrib_seen WHERE step = 1"), 6);
+}
+
+/* Splits one CSV line (no quoted commas in our data) into fields. */
+static size_t split(char *line, char **f, size_t max)
+{
+    size_t n = 0;
+    for (char *save = NULL, *t = strtok_r(line, ",", &save); t && n < max;
+         t = strtok_r(NULL, ",", &save))
+        f[n++] = t;
+    return n;
+}
+
+static void test_csv_equals_api(void **state)
+{
+    (void)state;
+    json_t *j = get_json("/api/v1/runs/r1/contributions", g_aud);
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/r1/contributions?format=csv", g_aud, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(r.body);
+    char *save = NULL, *line = strtok_r(r.body, "\r\n", &save);
+    assert_string_equal(line, "username,peer_public_key,reports,steps,claimed_samples,"
+                              "verified_samples,compute_s,flagged_reports,first_at,last_at");
+    json_t *peers = json_object_get(j, "peers");
+    size_t rows = 0;
+    while ((line = strtok_r(NULL, "\r\n", &save))) {
+        char *f[16];
+        assert_int_equal(split(line, f, 16), 10);
+        json_t *p = json_array_get(peers, rows++);
+        assert_non_null(p);
+        assert_string_equal(f[0], json_string_value(json_object_get(p, "username")));
+        assert_string_equal(f[1], json_string_value(json_object_get(p, "peer_public_key")));
+        assert_int_equal(strtoll(f[2], NULL, 10), json_integer_value(json_object_get(p, "reports")));
+        assert_int_equal(strtoll(f[3], NULL, 10), json_integer_value(json_object_get(p, "steps")));
+        assert_true(strtod(f[4], NULL) == num(p, "claimed_samples"));
+        assert_true(strtod(f[5], NULL) == num(p, "verified_samples"));
+        assert_true(strtod(f[6], NULL) == num(p, "compute_s"));
+        assert_int_equal(strtoll(f[7], NULL, 10),
+                         json_integer_value(json_object_get(p, "flagged_reports")));
+    }
+    assert_int_equal(rows, json_array_size(peers));
+    assert_true(rows >= 5);
+    ct_resp_free(&r);
+    /* Totals add up to the per-peer rows, and to the SQL views. */
+    double v = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(peers, i, p) v += num(p, "verified_samples");
+    assert_true(v == num(json_object_get(j, "totals"), "verified_samples"));
+    assert_int_equal((long)v, scalar("SELECT sum(verified_samples)::bigint FROM contrib_user_totals "
+                                     "WHERE run = 'r1'"));
+    json_decref(j);
+    /* Accept: text/csv works too; by=user gives one row per user. */
+    const char *h[] = {"Accept: text/csv", NULL};
+    ct_http_raw(&g_c, "GET", "/api/v1/runs/r1/contributions?by=user", h, NULL, 0, &r);
+    assert_int_equal(r.status, 401); /* no bearer in the raw call: still refused */
+    ct_resp_free(&r);
+    ct_http(&g_c, "GET", "/api/v1/runs/r1/contributions?format=csv&by=user", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "username,peers,reports"));
+    assert_non_null(strstr(r.body, "\r\nmallory,"));
+    ct_resp_free(&r);
+}
+
+static void test_roles(void **state)
+{
+    (void)state;
+    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions", g_vol1, NULL), 403);
+    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions/steps", g_vol1, NULL), 403);
+    assert_int_equal(req("GET", "/api/v1/runs/r1/flags", g_mal, NULL), 403);
+    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions", NULL, NULL), 401);
+    /* Auditors read but cannot write. */
+    assert_int_equal(req("PUT", "/api/v1/runs/r1/allowlist/aud", g_aud, NULL), 403);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[V1A]);
+    assert_int_equal(req("POST", path, g_aud, "{}"), 403);
+    assert_int_equal(req("POST", "/api/v1/runs/r1/reports", g_aud, "{}"), 400);
+    /* A volunteer sees only their own contributions. */
+    json_t *me = get_json("/api/v1/me/contributions", g_vol2);
+    assert_string_equal(json_string_value(json_object_get(me, "username")), "vol2");
+    json_t *runs = json_object_get(me, "runs");
+    assert_int_equal(json_array_size(runs), 1);
+    json_t *run = json_array_get(runs, 0);
+    assert_string_equal(json_string_value(json_object_get(run, "run")), "r1");
+    assert_true(num(run, "verified_samples") == 128);
+    json_t *peers = json_object_get(run, "peers");
+    assert_int_equal(json_array_size(peers), 1);
+    char pk[64];
+    cm_b64url_encode(g_key[V2A].pub, 32, pk);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(peers, 0),
+                                                          "peer_public_key")),
+                        pk);
+    char *text = json_dumps(me, 0);
+    assert_null(strstr(text, "vol1"));
+    assert_null(strstr(text, "mallory"));
+    free(text);
+    json_decref(me);
+    /* Public curve and stats carry no usernames. */
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/r1/stats", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_null(strstr(r.body, "vol1"));
+    ct_resp_free(&r);
+}
+
+static void test_curve_and_stats(void **state)
+{
+    (void)state;
+    json_t *c = get_json("/api/v1/runs/r1/curve", NULL);
+    json_t *pts = json_object_get(c, "points");
+    assert_true(json_array_size(pts) >= 4);
+    json_t *p1 = json_array_get(pts, 0);
+    assert_int_equal(json_integer_value(json_object_get(p1, "step")), 1);
+    /* Step 1: losses 2 - 0.1 + 0.01 * peer, weighted by samples 64, 32, 128. */
+    double want = (64 * (1.9 + 0.01 * V1A) + 32 * (1.9 + 0.01 * V1B) + 128 * (1.9 + 0.01 * V2A)) /
+                  224;
+    assert_true(fabs(num(p1, "loss") - want) < 1e-9);
+    assert_true(num(p1, "samples") == 224);
+    assert_true(num(p1, "peers") == 3);
+    json_decref(c);
+    c = get_json("/api/v1/runs/r1/curve?max_points=2", NULL);
+    assert_true(json_array_size(json_object_get(c, "points")) <= 2);
+    assert_true(json_integer_value(json_object_get(c, "bucket")) >= 2);
+    json_decref(c);
+    assert_int_equal(req("GET", "/api/v1/runs/r1/curve?max_points=0", NULL, NULL), 400);
+    assert_int_equal(req("GET", "/api/v1/runs/nope/curve", NULL, NULL), 404);
+
+    json_t *s = get_json("/api/v1/runs/r1/stats", NULL);
+    assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 4);
+    assert_int_equal(json_integer_value(json_object_get(s, "total_steps")), 100);
+    json_t *t = json_object_get(s, "totals");
+    assert_int_equal(json_integer_value(json_object_get(t, "reports")),
+                     scalar("SELECT count(*) FROM contrib_reports"));
+    assert_true(json_array_size(json_object_get(s, "active_peers")) >= 1);
+    assert_true(num(s, "avg_round_ms") == 150);
+    json_decref(s);
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/metrics", NULL, NULL, &r);
+    assert_non_null(strstr(r.body, "crowdtrain_reports_total{result=\"recorded\"}"));
+    assert_null(strstr(r.body, "crowdtrain_reports_total{result=\"rejected\"} 0\n"));
+    assert_non_null(strstr(r.body, "crowdtrain_report_exclusions_total 2\n"));
+    ct_resp_free(&r);
+}
+
+/* The agent's background reporter delivers to the real coordinator. */
+static void test_agent_reporter(void **state)
+{
+    (void)state;
+    struct join_reporter *rp = NULL;
+    assert_int_equal(join_reporter_start(g_c.url, g_c.ca, "r1", &g_key[V2B], g_tok[V2B], &rp),
+                     CM_OK);
+    const int m[] = {V2B, V1C};
+    const double s[] = {8, 16};
+    struct join_report r;
+    for (int step = 5; step < 8; step++) {
+        build(&r, V2B, step, 100 + step, 8, m, s, 2);
+        assert_int_equal(join_reporter_submit(rp, &r), CM_OK);
+    }
+    assert_int_equal(join_reporter_set_token(rp, g_tok[V2B]), CM_OK);
+    assert_int_equal(join_reporter_stop(rp, 20000), 0);
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step BETWEEN 5 AND 7"), 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_honest_round_adds_up),
+        cmocka_unit_test(test_inflating_peer_flagged),
+        cmocka_unit_test(test_excluded_peer_not_verified),
+        cmocka_unit_test(test_bad_reports_change_nothing),
+        cmocka_unit_test(test_retry_not_counted_twice),
+        cmocka_unit_test(test_csv_equals_api),
+        cmocka_unit_test(test_roles),
+        cmocka_unit_test(test_curve_and_stats),
+        cmocka_unit_test(test_agent_reporter),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
