@@ -1,0 +1,30 @@
+/* libFuzzer target for the contribution report payload parser
+ * (coordinator/api_contrib_parse.c: coord_report_parse), the bytes an agent
+ * signs and the coordinator parses after checking the signature. Every
+ * rejection must explain itself; every accepted report must be within the
+ * documented bounds. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "coordinator/api_contrib.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static struct coord_report r;
+    char err[256];
+    if (coord_report_parse(data, size, &r, err, sizeof err) != 0) {
+        if (!err[0])
+            __builtin_trap();
+        return 0;
+    }
+    if (r.n_members > COORD_REPORT_MEMBERS_MAX || r.n_excluded > COORD_REPORT_MEMBERS_MAX ||
+        !(r.samples >= 0 && r.samples <= COORD_REPORT_SAMPLES_MAX) || r.step < 0 ||
+        r.parts_averaged > r.parts || !isfinite(r.compute_s) || strlen(r.group) == 0)
+        __builtin_trap();
+    for (size_t i = 0; i < r.n_members; i++)
+        if (!(r.members[i].samples >= 0 && r.members[i].samples <= COORD_REPORT_SAMPLES_MAX))
+            __builtin_trap();
+    return 0;
+}
