@@ -72,3 +72,11 @@ export function shortKey(k) {
 export function message(kind, text) {
   return h(`p.msg.${kind}`, { role: kind === 'error' ? 'alert' : 'status' }, text);
 }
+
+// Replaces el's children (skipping null/false, like h); Element.replaceChildren
+// would turn a null into the text "null".
+export function fill(el, ...children) {
+  clear(el);
+  append(el, children);
+  return el;
+}

@@ -1,6 +1,6 @@
 // Organizers: every run with its status (links to its allowlist, passes and
 // peers), a form to create a run, and the accounts (create one).
-import { h, table, fmtNum, fmtTime, message } from '../dom.js';
+import { h, table, fmtNum, fmtTime, message, fill } from '../dom.js';
 import { api, role } from '../api.js';
 import { forbidden, errorBox } from './common.js';
 
@@ -10,7 +10,7 @@ export function render(main) {
   const out = h('div', { id: 'admin-result', 'aria-live': 'polite' });
   const runsBox = h('section', { id: 'admin-runs' });
   const usersBox = h('section', { id: 'admin-users' });
-  const say = (kind, text) => out.replaceChildren(message(kind, text));
+  const say = (kind, text) => fill(out, message(kind, text));
 
   const rf = {
     name: h('input', { id: 'new-run-name', required: true, maxlength: 64, placeholder: 'name' }),
@@ -50,18 +50,18 @@ export function render(main) {
 
   async function loadRuns() {
     const r = await api.get('/api/v1/runs');
-    runsBox.replaceChildren(h('h2', 'Runs'), table(['run', 'status', 'model', 'target batch', 'created', ''],
+    fill(runsBox, h('h2', 'Runs'), table(['run', 'status', 'model', 'target batch', 'created', ''],
       r.runs.map((x) => [h('a', { href: `#/run/${encodeURIComponent(x.name)}` }, x.name), h(`span.badge.${x.status}`, x.status),
         x.model_summary, fmtNum(x.target_batch_size), fmtTime(x.created_at),
         h('a', { href: `#/run/${encodeURIComponent(x.name)}/admin` }, 'allowlist & peers')]), 'no runs yet', { id: 'admin-runs-table' }));
   }
   async function loadUsers() {
     const u = await api.get('/api/v1/users');
-    usersBox.replaceChildren(h('h2', 'Accounts'), table(['username', 'role', 'login', 'created', ''],
+    fill(usersBox, h('h2', 'Accounts'), table(['username', 'role', 'login', 'created', ''],
       u.users.map((x) => [h('span.user', x.username), x.role, x.login, fmtTime(x.created_at), x.disabled ? 'disabled' : '']),
       'none', { id: 'admin-users-table' }));
   }
   main.append(out, h('div.grid2', runForm, userForm), runsBox, usersBox);
-  Promise.all([loadRuns(), loadUsers()]).catch((e) => out.replaceChildren(errorBox(e)));
+  Promise.all([loadRuns(), loadUsers()]).catch((e) => fill(out, errorBox(e)));
   return null;
 }

@@ -3,7 +3,7 @@
 // evidence, flagged peers, and CSV downloads of the same numbers. Read-only.
 // Data: GET /api/v1/runs/{run}/contributions[?format=csv], /contributions/steps,
 // /flags (docs/accounting.md, "Auditor API").
-import { h, table, fmtNum, fmtDuration, fmtTime, shortKey, message } from '../dom.js';
+import { h, table, fmtNum, fmtDuration, fmtTime, shortKey, message, fill } from '../dom.js';
 import { api, seg, role } from '../api.js';
 import { runTabs, forbidden, errorBox } from './common.js';
 
@@ -73,8 +73,8 @@ export function render(main, [run]) {
       a.click();
       a.remove();
       setTimeout(() => URL.revokeObjectURL(url), 10000);
-      out.replaceChildren(message('ok', `downloaded ${name} (${fmtNum(blob.size)} bytes)`));
-    } catch (e) { out.replaceChildren(errorBox(e)); }
+      fill(out, message('ok', `downloaded ${name} (${fmtNum(blob.size)} bytes)`));
+    } catch (e) { fill(out, errorBox(e)); }
   }
   form.querySelector('#csv-download').addEventListener('click', () =>
     download(`${R}/contributions?${query({ format: 'csv', by: f.by.value })}`, `${run}-contributions-by-${f.by.value}.csv`));
@@ -82,7 +82,7 @@ export function render(main, [run]) {
     download(`${R}/contributions/steps?${stepQuery({ format: 'csv' })}`, `${run}-steps.csv`));
 
   async function load() {
-    out.replaceChildren(message('info', 'loading…'));
+    fill(out, message('info', 'loading…'));
     const user = f.user.value.trim();
     const [c, s, fl] = await Promise.all([
       api.get(`${R}/contributions?${query()}`),
@@ -91,39 +91,42 @@ export function render(main, [run]) {
     ]);
     const us = user ? c.users.filter((u) => u.username === user) : c.users;
     const ps = user ? c.peers.filter((p) => p.username === user) : c.peers;
-    const t = c.totals;
-    totals.replaceChildren(h('h2', 'Totals'), h('div.stats',
+    // The API totals cover every user; with a user filter, that user's row is the total.
+    const t = user ? (us[0] ? { ...us[0], users: 1 } : {
+      reports: 0, users: 0, peers: 0, steps: 0, claimed_samples: 0, verified_samples: 0, flagged_reports: 0, compute_s: 0,
+    }) : c.totals;
+    fill(totals, h('h2', user ? `Totals for ${user}` : 'Totals'), h('div.stats',
       [['reports', t.reports], ['users', t.users], ['devices', t.peers], ['steps', t.steps],
         ['claimed samples', t.claimed_samples], ['verified samples', t.verified_samples],
         ['flagged reports', t.flagged_reports]].map(([k, v]) => h('div.stat', h('div.label', k), h('div.value', { 'data-total': k }, fmtNum(v)))),
       h('div.stat', h('div.label', 'compute'), h('div.value', fmtDuration(t.compute_s)))));
-    users.replaceChildren(h('h2', 'Per user'), table(
+    fill(users, h('h2', 'Per user'), table(
       ['username', 'devices', 'reports', 'steps', 'claimed', 'verified', 'flagged', 'compute', 'first', 'last'],
       us.map((u) => [h('span.user', u.username), fmtNum(u.peers), fmtNum(u.reports), fmtNum(u.steps),
         fmtNum(u.claimed_samples), fmtNum(u.verified_samples),
         u.flagged_reports ? h('span.flag', fmtNum(u.flagged_reports)) : '0',
         fmtDuration(u.compute_s), fmtTime(u.first_at), fmtTime(u.last_at)]), 'no reports match', { id: 'audit-users-table' }));
-    peers.replaceChildren(h('h2', 'Per device'), table(
+    fill(peers, h('h2', 'Per device'), table(
       ['peer key', 'username', 'reports', 'claimed', 'verified', 'flagged', 'compute', 'last'],
       ps.map((p) => [h('code', { title: p.peer_public_key }, shortKey(p.peer_public_key)), p.username, fmtNum(p.reports),
         fmtNum(p.claimed_samples), fmtNum(p.verified_samples),
         p.flagged_reports ? h('span.flag', fmtNum(p.flagged_reports)) : '0', fmtDuration(p.compute_s), fmtTime(p.last_at)]),
       'no reports match', { id: 'audit-peers-table' }));
-    flags.replaceChildren(h('h2', 'Flagged devices'), table(
+    fill(flags, h('h2', 'Flagged devices'), table(
       ['peer key', 'username', 'inflated claims', 'excluded (reports / by)', 'conflicting duplicates', 'last'],
       fl.peers.map((p) => [h('code', { title: p.peer_public_key }, shortKey(p.peer_public_key)), p.username ?? '(never reported)',
         fmtNum(p.inflated_claims), `${fmtNum(p.excluded_reports)} / ${fmtNum(p.excluded_by)}`,
         fmtNum(p.conflicting_duplicates), fmtTime(p.last_at)]), 'no flags', { id: 'audit-flags-table' }));
-    steps.replaceChildren(h('h2', `Step detail${s.truncated ? ` (first ${STEP_ROWS} rows; narrow the steps or download the CSV)` : ''}`), table(
+    fill(steps, h('h2', `Step detail${s.truncated ? ` (first ${STEP_ROWS} rows; narrow the steps or download the CSV)` : ''}`), table(
       ['step', 'username', 'peer key', 'group', 'claimed', 'seen (min–max)', 'observers', 'verified', 'loss', 'received'],
       s.rows.map((x) => [fmtNum(x.step), x.username, h('code', { title: x.peer_public_key }, shortKey(x.peer_public_key)), x.group,
         fmtNum(x.claimed_samples), x.seen_min === null ? '—' : `${fmtNum(x.seen_min)}–${fmtNum(x.seen_max)}`,
         fmtNum(x.observers), h(x.inflated || x.excluded ? 'span.flag' : 'span', fmtNum(x.verified_samples)),
         x.loss === null || x.loss === undefined ? '—' : fmtNum(x.loss, 4), fmtTime(x.received_at)]),
       'no reports match', { id: 'audit-steps-table' }));
-    out.replaceChildren();
+    fill(out);
   }
-  form.addEventListener('submit', (ev) => { ev.preventDefault(); load().catch((e) => out.replaceChildren(errorBox(e))); });
-  load().catch((e) => out.replaceChildren(errorBox(e)));
+  form.addEventListener('submit', (ev) => { ev.preventDefault(); load().catch((e) => fill(out, errorBox(e))); });
+  load().catch((e) => fill(out, errorBox(e)));
   return null;
 }

@@ -1,5 +1,5 @@
 // Organizers and auditors: the audit log (GET /api/v1/audit), newest first.
-import { h, table, fmtTime } from '../dom.js';
+import { h, table, fmtTime, fill } from '../dom.js';
 import { api, role } from '../api.js';
 import { forbidden, errorBox } from './common.js';
 
@@ -10,10 +10,10 @@ export function render(main) {
   const box = h('div', { id: 'audit-log' }, 'loading…');
   main.appendChild(box);
   api.get('/api/v1/audit?limit=500').then((a) => {
-    box.replaceChildren(table(['#', 'time', 'who', 'action', 'target', 'details', 'from'],
+    fill(box, table(['#', 'time', 'who', 'action', 'target', 'details', 'from'],
       a.entries.map((e) => [String(e.id), fmtTime(e.at), e.actor, h('code', e.action), e.target,
         Object.keys(e.details || {}).length ? h('code.details', JSON.stringify(e.details)) : '', e.client_ip]),
       'no entries', { id: 'audit-log-table' }));
-  }).catch((e) => box.replaceChildren(errorBox(e)));
+  }).catch((e) => fill(box, errorBox(e)));
   return null;
 }

@@ -2,7 +2,7 @@
 // volunteer, their devices (a filled square per device active in the last
 // 10 minutes), greyed when inactive, like the sahajBERT participants chart
 // (seed 001). Data: GET /api/v1/runs/{run}/leaderboard.
-import { h, table, fmtNum, fmtDuration, fmtTime } from '../dom.js';
+import { h, table, fmtNum, fmtDuration, fmtTime, fill } from '../dom.js';
 import { api, seg, session } from '../api.js';
 import { barChart } from '../chart.js';
 import { runTabs, poll, errorBox } from './common.js';
@@ -29,13 +29,13 @@ export function render(main, [run]) {
     try {
       r = await api.get(`/api/v1/runs/${seg(run)}/leaderboard`);
     } catch (e) {
-      box.replaceChildren(errorBox(e));
+      fill(box, errorBox(e));
       throw e;
     }
     const top = r.users.slice(0, TOP);
     chart.update(top.map((u) => u.username), top.map((u) => u.verified_samples));
     const total = r.users.reduce((a, u) => a + u.verified_samples, 0);
-    box.replaceChildren(table(['#', 'volunteer', 'devices', 'verified samples', 'share', 'compute', 'steps', 'last report'],
+    fill(box, table(['#', 'volunteer', 'devices', 'verified samples', 'share', 'compute', 'steps', 'last report'],
       r.users.map((u, i) => [
         String(i + 1),
         h(`span.user${u.active ? '' : '.inactive'}${u.username === me ? '.me' : ''}`, u.username),

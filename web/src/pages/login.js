@@ -1,5 +1,5 @@
 // Log in with a username and password (POST /api/v1/session).
-import { h, message } from '../dom.js';
+import { h, message, fill } from '../dom.js';
 import { login } from '../api.js';
 
 export function render(main) {
@@ -13,12 +13,12 @@ export function render(main) {
     h('button', { type: 'submit' }, 'Log in'), out);
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
-    out.replaceChildren(message('info', 'logging in…'));
+    fill(out, message('info', 'logging in…'));
     try {
       await login(user.value.trim(), pass.value);
       location.hash = '#/me';
     } catch (e) {
-      out.replaceChildren(message('error', e.message));
+      fill(out, message('error', e.message));
     }
   });
   main.appendChild(form);

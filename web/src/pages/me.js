@@ -2,7 +2,7 @@
 // devices they joined with (one Ed25519 peer key per device, each with its
 // access passes), their open sessions, and their contribution per run and
 // device. Data: GET /api/v1/me, /me/passes, /me/sessions, /me/contributions.
-import { h, table, fmtNum, fmtDuration, fmtTime, shortKey, message } from '../dom.js';
+import { h, table, fmtNum, fmtDuration, fmtTime, shortKey, message, fill } from '../dom.js';
 import { api, session } from '../api.js';
 import { forbidden, errorBox, poll } from './common.js';
 
@@ -46,9 +46,9 @@ export function render(main) {
   main.appendChild(status);
 
   api.get('/api/v1/me').then((m) => {
-    who.replaceChildren('Logged in as ', h('strong', { id: 'me-username' }, m.username), ' · role ',
+    fill(who, 'Logged in as ', h('strong', { id: 'me-username' }, m.username), ' · role ',
       h('span', { id: 'me-role' }, m.role));
-  }).catch((e) => who.replaceChildren(errorBox(e)));
+  }).catch((e) => fill(who, errorBox(e)));
 
   const stop = poll(async () => {
     const [passes, contrib, sessions] = await Promise.all([
@@ -59,7 +59,7 @@ export function render(main) {
     const runs = contrib.runs || [];
     const totV = runs.reduce((a, r) => a + r.verified_samples, 0);
     const totC = runs.reduce((a, r) => a + r.compute_s, 0);
-    contribBox.replaceChildren(h('h2', 'Contribution'),
+    fill(contribBox, h('h2', 'Contribution'),
       contrib.error ? errorBox(contrib.error) : null,
       h('p.summary', h('strong', { id: 'my-verified' }, fmtNum(totV)), ' verified samples · ',
         fmtDuration(totC), ' of compute across ', String(runs.length), runs.length === 1 ? ' run' : ' runs'),
@@ -69,7 +69,7 @@ export function render(main) {
           fmtNum(r.steps), fmtDuration(r.compute_s), fmtTime(r.first_at), fmtTime(r.last_at)]),
         'no contribution reports yet: join a run with crowdtrain-agent join', { id: 'my-runs-table' }));
     const devices = devicesFrom(passes.passes, contrib);
-    devBox.replaceChildren(h('h2', 'Devices'),
+    fill(devBox, h('h2', 'Devices'),
       h('p.hint', 'Each device is the peer key its agent created at login; passes are renewed automatically.'),
       table(['peer key', 'runs', 'passes', 'state', 'latest expiry', 'verified samples'],
         devices.map((d) => [h('code', { title: d.key }, shortKey(d.key)), [...d.runs].join(', '),
@@ -80,7 +80,7 @@ export function render(main) {
         ? message('error', 'An organizer revoked a pass of yours: ' +
           passes.passes.filter((p) => p.state === 'revoked').map((p) => `${p.run} #${p.pass_id}: ${p.revoke_reason}`).join('; '))
         : null);
-    sessBox.replaceChildren(h('h2', 'Sessions'),
+    fill(sessBox, h('h2', 'Sessions'),
       table(['session', 'started', 'expires', ''],
         sessions.sessions.map((x) => [h('code', x.id), fmtTime(x.created_at), fmtTime(x.expires_at), x.current ? 'this browser' : '']),
         'none', { id: 'my-sessions-table' }));

@@ -2,7 +2,7 @@
 // throughput and the ETA to the run's last step, refreshed every few seconds
 // without reloading. Data: GET /api/v1/runs/{run}, /curve, /stats
 // (docs/accounting.md, "Learning curve and health").
-import { h, fmtNum, fmtDuration, fmtTime } from '../dom.js';
+import { h, fmtNum, fmtDuration, fmtTime, fill } from '../dom.js';
 import { api, seg } from '../api.js';
 import { lineChart } from '../chart.js';
 import { runTabs, poll, errorBox } from './common.js';
@@ -37,12 +37,12 @@ export function render(main, [run]) {
   main.appendChild(status);
 
   api.get(`/api/v1/runs/${seg(run)}`).then((r) => {
-    info.replaceChildren(
+    fill(info,
       h('p', h(`span.badge.${r.status}`, { id: 'run-status' }, r.status), ' ',
         h('span', { id: 'run-model' }, r.model_summary), ' · target batch ', fmtNum(r.target_batch_size),
         ' · created ', fmtTime(r.created_at)),
       r.description ? h('p.desc', { id: 'run-description' }, r.description) : null);
-  }).catch((e) => info.replaceChildren(errorBox(e)));
+  }).catch((e) => fill(info, errorBox(e)));
 
   const stop = poll(async () => {
     const [c, s] = await Promise.all([

@@ -2,7 +2,7 @@
 // (revoke, with a reason), and the peers of the current averaging schedule
 // with the role the solver gave each (computes and/or aggregates, its part
 // of the gradient). Every change goes through the API, which audits it.
-import { h, table, fmtNum, fmtTime, shortKey, message } from '../dom.js';
+import { h, table, fmtNum, fmtTime, shortKey, message, fill } from '../dom.js';
 import { api, seg, role } from '../api.js';
 import { runTabs, forbidden, errorBox } from './common.js';
 
@@ -16,14 +16,14 @@ export function render(main, [run]) {
   const passBox = h('section', { id: 'passes' });
   const peerBox = h('section', { id: 'peers' });
   main.append(out, statusBox, allowBox, passBox, peerBox);
-  const say = (kind, text) => out.replaceChildren(message(kind, text));
+  const say = (kind, text) => fill(out, message(kind, text));
   let keyOwner = new Map();
 
   async function loadRun() {
     const r = await api.get(R);
     const sel = h('select', { id: 'run-status-select' },
       ['open', 'paused', 'finished'].map((s) => h('option', { value: s, selected: s === r.status }, s)));
-    statusBox.replaceChildren(h('h2', 'Run'),
+    fill(statusBox, h('h2', 'Run'),
       h('p', 'Status ', sel, ' ', h('button', {
         id: 'run-status-save',
         onclick: async () => {
@@ -46,7 +46,7 @@ export function render(main, [run]) {
         await loadAllow();
       } catch (e) { say('error', e.message); }
     });
-    allowBox.replaceChildren(h('h2', `Allowlist (${a.allowlist.length})`), form,
+    fill(allowBox, h('h2', `Allowlist (${a.allowlist.length})`), form,
       table(['username', 'added', 'account', ''], a.allowlist.map((x) => [
         h('span.user', x.username), fmtTime(x.added_at), x.has_account ? 'yes' : 'not yet',
         h('button.danger', {
@@ -66,7 +66,7 @@ export function render(main, [run]) {
     const p = await api.get(`${R}/passes?state=all`);
     keyOwner = new Map(p.passes.map((x) => [x.peer_public_key, x.username]));
     const now = Date.now() / 1000;
-    passBox.replaceChildren(h('h2', 'Access passes'),
+    fill(passBox, h('h2', 'Access passes'),
       table(['pass', 'username', 'peer key', 'issued', 'expires', 'state', ''], p.passes.map((x) => {
         const state = x.revoked_at ? 'revoked' : x.expires_at > now ? 'active' : 'expired';
         let action = x.revoked_at ? h('span.reason', x.revoke_reason) : null;
@@ -111,14 +111,14 @@ export function render(main, [run]) {
         hist.schedules.slice(0, 20).map((x) => [String(x.version), fmtTime(x.created_at), String(x.peers), String(x.group_size),
           fmtNum(x.steps_per_s, 3), `${fmtNum(x.solve_ms, 1)} ms`]), 'none yet', { id: 'schedules-table' }));
     } catch (e) { parts.push(errorBox(e)); }
-    peerBox.replaceChildren(...parts);
+    fill(peerBox, ...parts);
   }
 
   (async () => {
     try {
       await Promise.all([loadRun(), loadAllow(), loadPasses()]);
       await loadPeers();
-    } catch (e) { out.replaceChildren(errorBox(e)); }
+    } catch (e) { fill(out, errorBox(e)); }
   })();
   return null;
 }

@@ -1,5 +1,5 @@
 // The list of runs (public).
-import { h, table, fmtNum, fmtTime } from '../dom.js';
+import { h, table, fmtNum, fmtTime, fill } from '../dom.js';
 import { api, role } from '../api.js';
 import { errorBox } from './common.js';
 
@@ -9,7 +9,7 @@ export function render(main) {
   main.appendChild(box);
   api.get('/api/v1/runs').then((r) => {
     const org = role() === 'organizer';
-    box.replaceChildren(table(['run', 'status', 'model', 'target batch', 'created', ''],
+    fill(box, table(['run', 'status', 'model', 'target batch', 'created', ''],
       r.runs.map((run) => [
         h('a', { href: `#/run/${encodeURIComponent(run.name)}` }, run.name),
         h(`span.badge.${run.status}`, run.status),
@@ -18,5 +18,5 @@ export function render(main) {
         h('span.links', h('a', { href: `#/run/${encodeURIComponent(run.name)}/leaderboard` }, 'leaderboard'),
           org ? [' · ', h('a', { href: `#/run/${encodeURIComponent(run.name)}/admin` }, 'manage')] : null),
       ]), 'no runs yet', { id: 'runs-table' }));
-  }).catch((e) => box.replaceChildren(errorBox(e)));
+  }).catch((e) => fill(box, errorBox(e)));
 }
