@@ -8,3 +8,13 @@ $(BENCH_SCHED): $(BUILD)/obj/tests/bench/bench_sched.o $(BUILD)/lib/libct_common
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_common.a $(LDLIBS)
+
+# DeDLOC Table 1 (`make bench`): averaging rounds of our engine under
+# per-peer bandwidth caps with all-reduce, a parameter server and the LP's plan.
+BENCH_TABLE1 := $(BUILD)/tests/bench/bench_table1
+$(call objs_of,tests/bench/bench_table1.c): | $(BUILD)/gen/ar/ar.pb-c.h
+BENCHES += $(BENCH_TABLE1)
+$(BENCH_TABLE1): $(BUILD)/obj/tests/bench/bench_table1.o $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
