@@ -255,8 +255,15 @@ test('volunteer-cannot-administer', async (page) => {
     ];
   }, RUN);
   assert.deepEqual(statuses, [403, 403, 403, 403, 403, 403]);
+  await page.goto(`${seed.url}/#/audit-log`);
+  await page.waitForSelector('.msg.error');
+  assert.equal(await page.$('#audit-log-table'), null);
+  await page.goto(`${seed.url}/#/run/${RUN}/audit`);
+  await page.waitForSelector('.msg.error');
+  assert.equal(await page.$('#csv-download'), null);
   await page.goto(`${seed.url}/#/run/${RUN}/admin`);
   await page.waitForSelector('.msg.error');
+  assert.equal(await page.textContent('.msg.error'), 'Managing a run is for organizers; you are a volunteer.');
 });
 
 test('organizer-actions', async (page) => {

@@ -5,7 +5,7 @@ import { api, role } from '../api.js';
 import { forbidden, errorBox } from './common.js';
 
 export function render(main) {
-  if (role() !== 'organizer') { forbidden(main, 'Managing runs'); return null; }
+  if (role() !== 'organizer') { forbidden(main, 'Managing runs', 'organizers'); return null; }
   main.appendChild(h('h1', 'Manage runs'));
   const out = h('div', { id: 'admin-result', 'aria-live': 'polite' });
   const runsBox = h('section', { id: 'admin-runs' });

@@ -19,7 +19,7 @@ function unixOf(v) {
 export function render(main, [run]) {
   main.appendChild(runTabs(run, '/audit'));
   const r = role();
-  if (r !== 'auditor' && r !== 'organizer') { forbidden(main, 'The audit page'); return null; }
+  if (r !== 'auditor' && r !== 'organizer') { forbidden(main, 'The audit page', 'auditors and organizers'); return null; }
   const R = `/api/v1/runs/${seg(run)}`;
   const f = {
     from: h('input', { id: 'f-from', type: 'datetime-local' }),

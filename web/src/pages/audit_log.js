@@ -5,7 +5,7 @@ import { forbidden, errorBox } from './common.js';
 
 export function render(main) {
   const r = role();
-  if (r !== 'auditor' && r !== 'organizer') { forbidden(main, 'The audit log'); return null; }
+  if (r !== 'auditor' && r !== 'organizer') { forbidden(main, 'The audit log', 'auditors and organizers'); return null; }
   main.appendChild(h('h1', 'Audit log'));
   const box = h('div', { id: 'audit-log' }, 'loading…');
   main.appendChild(box);

@@ -37,9 +37,10 @@ export function poll(fn, ms, status) {
 }
 
 // The page for a role that may not see it (the API would answer 403 anyway).
-export function forbidden(main, what) {
-  main.appendChild(message('error', `${what} is for ${role() === 'anonymous' ? 'logged-in users' : 'other roles'}; you are ${role()}.`));
-  if (role() === 'anonymous') main.appendChild(h('p', h('a', { href: '#/login' }, 'Log in')));
+export function forbidden(main, what, who) {
+  const r = role();
+  main.appendChild(message('error', r === 'anonymous' ? `${what} needs you to log in.` : `${what} is for ${who}; you are ${r === 'auditor' ? 'an' : 'a'} ${r}.`));
+  if (r === 'anonymous') main.appendChild(h('p', h('a', { href: '#/login' }, 'Log in')));
 }
 
 export function errorBox(e) {

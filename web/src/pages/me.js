@@ -35,7 +35,7 @@ function stateOf(d) {
 
 export function render(main) {
   const s = session();
-  if (!s) { forbidden(main, 'This page'); return null; }
+  if (!s) { forbidden(main, 'This page', 'logged-in users'); return null; }
   main.appendChild(h('h1', 'My contribution'));
   const who = h('p', { id: 'me' }, 'loading…');
   const contribBox = h('section', { id: 'my-contributions' });

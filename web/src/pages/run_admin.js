@@ -8,7 +8,7 @@ import { runTabs, forbidden, errorBox } from './common.js';
 
 export function render(main, [run]) {
   main.appendChild(runTabs(run, '/admin'));
-  if (role() !== 'organizer') { forbidden(main, 'Managing a run'); return null; }
+  if (role() !== 'organizer') { forbidden(main, 'Managing a run', 'organizers'); return null; }
   const R = `/api/v1/runs/${seg(run)}`;
   const out = h('div', { id: 'admin-result', 'aria-live': 'polite' });
   const statusBox = h('section', { id: 'run-settings' });
