@@ -16,9 +16,9 @@ int collab_progress_encode(const struct collab_progress *p, char *out, size_t ca
 {
     int n = snprintf(out, cap,
                      "{\"v\":1,\"step\":%lld,\"samples\":%.0f,\"sps\":%.3f,\"t\":%lld,\"addr\":\"%s\","
-                     "\"client\":%d,\"aux\":%d,\"st\":\"%s\",\"h\":\"%s\"}",
+                     "\"client\":%d,\"aux\":%d,\"st\":\"%s\",\"h\":\"%s\",\"pl\":%.0f}",
                      (long long)p->step, p->samples, p->sps, (long long)p->t_ms, p->addr,
-                     p->client ? 1 : 0, p->aux ? 1 : 0, p->st, p->hash);
+                     p->client ? 1 : 0, p->aux ? 1 : 0, p->st, p->hash, p->pledged);
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -139,20 +139,21 @@ static int only_keys(json_t *j, const char *const *keys, size_t n)
 
 int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out)
 {
-    static const char *const keys[] = {"v",      "step", "samples", "sps", "t",
-                                       "addr",   "client", "aux",   "st",  "h"};
+    static const char *const keys[] = {"v",    "step",   "samples", "sps", "t", "addr",
+                                       "client", "aux", "st",      "h",   "pl"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
     double step = 0, t = 0;
-    int ok = only_keys(j, keys, 10) && num(j, "step", 0, (double)MAX_STEP, &step) &&
+    int ok = only_keys(j, keys, 11) && num(j, "step", 0, (double)MAX_STEP, &step) &&
              step == floor(step) && num(j, "samples", 0, MAX_SAMPLES, &out->samples) &&
              num(j, "sps", 0, MAX_SPS, &out->sps) && num(j, "t", 0, 9e15, &t) &&
              addr(j, "addr", out->addr) && flag(j, "client", &out->client) &&
              flag(j, "aux", &out->aux) &&
              (!json_object_get(j, "st") || addr(j, "st", out->st)) &&
-             (!json_object_get(j, "h") || hexstr(j, "h", COLLAB_HASH_HEX, 1, out->hash));
+             (!json_object_get(j, "h") || hexstr(j, "h", COLLAB_HASH_HEX, 1, out->hash)) &&
+             (!json_object_get(j, "pl") || num(j, "pl", 0, MAX_SAMPLES, &out->pledged));
     json_decref(j);
     if (!ok)
         return CM_EPARSE;
@@ -262,6 +263,7 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
             continue;
         out->at_step++;
         out->samples += p[i].samples;
+        out->pledged += p[i].pledged;
         out->sps += p[i].sps;
     }
     if (out->samples >= target)

@@ -6,7 +6,7 @@
  *
  * Two kinds of DHT records, both dictionary entries authored and signed by
  * the peer (so nobody can overwrite another's):
- *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h"]}
+ *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h","pl"]}
  *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"[,"sv"]}
  *   "<run>/outcome/<step>" {"v":1,"rid","mask","t"}
  * The parsers are pure, strict and bounded (network input; fuzzed). */
@@ -27,6 +27,7 @@ struct collab_progress {
     int64_t step;                    /* optimizer steps done */
     double samples;                  /* samples accumulated toward step + 1 */
     double sps;                      /* recent samples per second */
+    double pledged;                  /* samples of the micro-batch in flight (not in `samples`) */
     int64_t t_ms;                    /* when it was measured (author's clock) */
     char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
     int client, aux;                 /* client mode; aggregate-only auxiliary peer */
@@ -82,6 +83,7 @@ struct collab_view {
     size_t at_step;        /* fresh peers at `step` (compute peers) */
     double samples;        /* samples accumulated at `step` by fresh peers (reported) */
     double sps;            /* their total throughput */
+    double pledged;        /* samples in flight at `step` (micro-batches being computed) */
     double eta_s;          /* estimated seconds until `target` (0 when reached) */
 };
 

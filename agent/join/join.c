@@ -20,6 +20,8 @@
 #include "agent/commands.h"
 #include "agent/join/collab.h"
 #include "agent/join/net.h"
+#include "agent/join/report.h"
+#include "agent/join/sched_follow.h"
 #include "agent/train/steplog.h"
 #include "agent/train/trainer.h"
 #include "ckpt/safetensors.h"
@@ -44,7 +46,7 @@ struct join_cfg {
         *compression, *step_log;
     int aggregate_only, client_mode, no_eval;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
-        outcome_window_ms;
+        outcome_window_ms, stall_ms;
     double max_upload_mbps, max_download_mbps;
 };
 
@@ -79,6 +81,8 @@ static const struct cm_opt JOIN_OPTS[] = {
      "a round's members are the peers that announce within this window of the first", 0},
     {"outcome-window-ms", CM_OPT_INT, J(outcome_window_ms), "1500", "MS",
      "members agree on a round's averaged parts from the outcomes published within this window", 0},
+    {"stall-ms", CM_OPT_INT, J(stall_ms), "10000", "MS",
+     "silence after which a peer in a round is given up for that round", 0},
     {"step-log", CM_OPT_STR, J(step_log), NULL, "FILE",
      "append one JSON line per step (step, parameter hash, loss, round) to FILE", 0},
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
@@ -141,6 +145,11 @@ struct peer_state {
     int64_t hash_step;
     FILE *steplog;
     uint64_t syncs;       /* states fetched from peers */
+    int corrupt;          /* CROWDTRAIN_TEST_CORRUPT_GRADIENTS: 1 nan, 2 huge (tests only) */
+    struct join_sched *js;     /* schedules (issue 7), NULL when unavailable */
+    struct join_reporter *rep; /* contribution reports (docs/accounting.md) */
+    struct join_caps caps;     /* last capabilities reported */
+    double caps_at, sched_at;  /* mono_s() of the last report / schedule refresh */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -223,6 +232,8 @@ static void renew_pass_if_due(struct peer_state *s)
         s->token = old_token;
         return;
     }
+    if (s->rep)
+        join_reporter_set_token(s->rep, s->token);
     if (join_net_set_token(s->net, s->token) != CM_OK) {
         fprintf(stderr, "\nwarning: could not install the renewed pass\n");
     } else {
@@ -339,11 +350,13 @@ static int catch_up(struct peer_state *s, int64_t *step_out)
     return CM_OK;
 }
 
-static int publish_progress(struct peer_state *s, int64_t step, double samples, double sps)
+static int publish_progress(struct peer_state *s, int64_t step, double samples, double sps,
+                            double pledged)
 {
     struct collab_progress p = {0};
     p.step = step;
     p.samples = samples;
+    p.pledged = pledged;
     p.sps = sps;
     p.t_ms = now_ms();
     snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
@@ -435,7 +448,7 @@ static int gather(struct peer_state *s, int64_t step, double weight, struct coll
     me.sends = !s->o.aggregate_only;
     me.agg = !s->o.client_mode;
     me.t_ms = now_ms();
-    me.sched_version = 0;
+    me.sched_version = s->js ? join_sched_version(s->js) : 0;
     snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->my_addr);
     int rc = collab_announce_encode(&me, rec, sizeof rec);
     if (rc || (rc = join_net_put(s->net, key, rec, strlen(rec), 120000)) != CM_OK)
@@ -550,6 +563,92 @@ static void print_line(long step, double samples, double target, double sps, siz
     fflush(stdout);
 }
 
+/* Capabilities for the schedule (docs/schedules.md): re-reported every
+ * minute and when they change materially; the schedule is refreshed every
+ * 30 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed
+ * (pairwise throughput is not measured yet). */
+static void schedule_upkeep(struct peer_state *s, double sps)
+{
+    if (!s->js)
+        return;
+    double t = mono_s();
+    struct join_caps c = {0};
+    c.sps = s->o.aggregate_only ? 0 : sps;
+    c.up_mbps = s->o.max_upload_mbps > 0 ? s->o.max_upload_mbps : 1000;
+    c.down_mbps = s->o.max_download_mbps > 0 ? s->o.max_download_mbps : 1000;
+    c.inbound = !s->o.client_mode;
+    if ((c.sps > 0 || s->o.aggregate_only) &&
+        (s->caps_at == 0 || t - s->caps_at > 60 || join_caps_changed(&s->caps, &c))) {
+        if (join_caps_report(&s->coord, s->o.run, s->key.pub, &c) == CM_OK)
+            s->caps = c;
+        s->caps_at = t;
+    }
+    if (s->sched_at == 0 || t - s->sched_at > 30) {
+        join_sched_refresh(s->js, &s->coord);
+        s->sched_at = t;
+    }
+}
+
+/* The round's aggregation fractions: the schedule version the members
+ * announced (the highest), fetched when we lack it; an even split among the
+ * members that accept connections when there is none. Returns the version
+ * used (0: even). */
+static int64_t plan_round(struct peer_state *s, const struct collab_announce *mem, struct ar_member *am,
+                          size_t nmem)
+{
+    int agg_ok[AR_MAX_MEMBERS];
+    int64_t v = 0;
+    for (size_t i = 0; i < nmem; i++) {
+        agg_ok[i] = am[i].fraction > 0;
+        if (mem[i].sched_version > v)
+            v = mem[i].sched_version;
+    }
+    if (v > 0 && s->js && !join_sched_has_version(s->js, v) &&
+        join_sched_fetch_version(s->js, &s->coord, v) != CM_OK)
+        fprintf(stderr, "\nwarning: could not get schedule version %lld; averaging with even parts\n",
+                (long long)v);
+    if (s->js && join_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)
+        return v;
+    for (size_t i = 0; i < nmem; i++)
+        am[i].fraction = agg_ok[i] ? 1.0 : 0.0;
+    return 0;
+}
+
+/* The contribution report of a round (queued; sent in the background). */
+static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid, double samples,
+                         double compute_s, double loss, double sps, const struct join_round_summary *sum,
+                         size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
+                         const struct ar_member *am, size_t nmem)
+{
+    if (!s->rep || s->o.aggregate_only)
+        return;
+    struct join_report *r = calloc(1, sizeof *r);
+    if (!r)
+        return;
+    r->step = step;
+    snprintf(r->group, sizeof r->group, "all");
+    memcpy(r->round_id, rid, sizeof r->round_id);
+    r->samples = samples;
+    r->compute_s = compute_s;
+    r->loss = isfinite(loss) ? loss : 0;
+    r->sps = sps;
+    r->round_ms = sum->ms_total;
+    r->parts = (int)n_parts;
+    r->parts_averaged = __builtin_popcountll(agreed);
+    for (size_t i = 0; i < nmem && r->n_members < JOIN_REPORT_MEMBERS_MAX; i++)
+        if (mem[i].sends) {
+            memcpy(r->members[r->n_members].pub, mem[i].pub, 32);
+            r->members[r->n_members++].samples = mem[i].weight;
+        }
+    for (size_t i = 0; i < sum->n_excluded && r->n_excluded < 64; i++) {
+        memcpy(r->excluded[r->n_excluded].pub, am[sum->excluded[i]].pub, 32);
+        snprintf(r->excluded[r->n_excluded++].reason, sizeof r->excluded[0].reason, "%s",
+                 ar_excl_reason_name(sum->excluded_reason[i]));
+    }
+    join_reporter_submit(s->rep, r);
+    free(r);
+}
+
 /* The hash most fresh peers at `step` hold (ties: the smallest), counting
  * ourselves; "" when nobody published one. */
 static void majority_hash(const struct collab_progress *p, size_t n, int64_t step, int64_t now,
@@ -582,7 +681,7 @@ static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
     int rc = CM_ENOTFOUND;
     for (int pass = 0; pass < 2 && rc != CM_OK; pass++) {
         for (size_t i = 0; i < n && rc != CM_OK && !g_interrupts; i++) {
-            if (!p[i].st[0] || p[i].step < min_step || p[i].t_ms < now - 30000 ||
+            if (!p[i].st[0] || p[i].step < min_step - 1 || p[i].t_ms < now - 30000 ||
                 !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
                 continue;
             char maj[COLLAB_HASH_HEX + 1];
@@ -592,7 +691,8 @@ static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
             char dest[4400], err[512];
             int64_t got = -1;
             snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
-            rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got, 20000);
+            rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
+                                      p[i].step >= min_step ? 20000 : 90000);
             if (rc != CM_OK) {
                 fprintf(stderr, "\nwarning: fetching the state of peer at %s: %s\n", p[i].st,
                         cm_strerror(rc));
@@ -696,6 +796,7 @@ static int train_loop(struct peer_state *s)
     update_hash(s, step);
     while (step < s->steps && !g_interrupts) {
         renew_pass_if_due(s);
+        schedule_upkeep(s, sps);
         serve_state_if_wanted(s, step);
         memset(accum, 0, n * sizeof *accum);
         double samples = 0, loss_sum = 0, loss_n = 0, compute_s = 0;
@@ -703,14 +804,15 @@ static int train_loop(struct peer_state *s)
         size_t nseen = 0;
         struct collab_view view = {0};
         int behind = 0, diverged = 0;
+        double hold_since = 0, mb_time = 0, t_pub = 0;
         for (;;) {
-            if (!s->o.aggregate_only) {
+            if (!s->o.aggregate_only && hold_since == 0) {
                 /* Pledge the micro-batch before computing it: the others
-                   count samples in flight, so nobody starts micro-batches
-                   the target does not need (the batch overshoots by about
-                   one micro-batch instead of one per peer). */
+                   then start no micro-batch the target does not need (the
+                   batch overshoots by about one micro-batch, not one per
+                   peer); the round is triggered by samples done. */
                 float w = (float)s->tcfg.micro_batch;
-                publish_progress(s, step, samples + w, sps);
+                publish_progress(s, step, samples, sps, w);
                 struct kern_eval ev;
                 double t0 = mono_s();
                 if ((rc = agent_trainer_compute_grads(&s->tr, &ev)) != CM_OK)
@@ -724,11 +826,18 @@ static int train_loop(struct peer_state *s)
                 loss_n += (double)ev.count;
                 double dt = mono_s() - t0;
                 compute_s += dt;
-                if (dt > 0)
+                if (dt > 0) {
                     sps = sps > 0 ? 0.8 * sps + 0.2 * (w / dt) : w / dt;
+                    mb_time = mb_time > 0 ? 0.8 * mb_time + 0.2 * dt : dt;
+                }
+                publish_progress(s, step, samples, sps, 0);
+                t_pub = mono_s();
             } else {
-                usleep(50000);
-                publish_progress(s, step, samples, sps);
+                usleep(s->o.aggregate_only ? 50000 : 5000);
+                if (mono_s() - t_pub > 0.2) {
+                    publish_progress(s, step, samples, sps, 0);
+                    t_pub = mono_s();
+                }
             }
             if (g_interrupts)
                 break;
@@ -782,13 +891,28 @@ static int train_loop(struct peer_state *s)
             }
             if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only))
                 break;
+            /* Micro-batches in flight will reach the target: wait for them
+               rather than start another, unless they take far longer than
+               ours do (their peer may have died). */
+            if (samples > 0 && view.samples + view.pledged >= s->target) {
+                if (hold_since == 0)
+                    hold_since = mono_s();
+                else if (mono_s() - hold_since > 1.0 + 3 * mb_time)
+                    hold_since = 0;
+            } else {
+                hold_since = 0;
+            }
         }
         free(seen);
         seen = NULL;
         if (g_interrupts)
             break;
         if (behind || diverged) {
-            int64_t want = behind ? view.max_step : step;
+            /* Ask for the state after the collaboration's next step: it is
+               served the moment that step is done, which leaves us the
+               whole of the following step to load it and join in (the
+               current one is too far along to make). */
+            int64_t want = behind ? (view.max_step < s->steps ? view.max_step + 1 : view.max_step) : step;
             if (diverged)
                 printf("\nour parameters differ from the other peers' at step %lld: fetching their state\n",
                        (long long)step);
@@ -843,6 +967,7 @@ static int train_loop(struct peer_state *s)
             if (!memcmp(mem[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
                 me = i;
         }
+        int64_t sched_v = naggs ? plan_round(s, mem, am, nmem) : 0;
         if (me == nmem || naggs == 0) {
             fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
                     (long long)step, nmem, naggs);
@@ -853,6 +978,9 @@ static int train_loop(struct peer_state *s)
         if (samples > 0)
             for (size_t i = 0; i < n; i++)
                 accum[i] /= (float)samples;
+        if (s->corrupt && samples > 0) /* test hook: behave like a broken or malicious peer */
+            for (size_t i = 0; i < n; i += 97)
+                accum[i] = s->corrupt == 1 ? NAN : 1e30f;
         struct ar_round_config rcfg = {0};
         rcfg.step = (uint64_t)step;
         rcfg.group_id = (const uint8_t *)"all";
@@ -867,7 +995,7 @@ static int train_loop(struct peer_state *s)
         rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
         /* generous: on a loaded machine a slow peer must not be mistaken for a
            dead one (the outcome agreement then skips its part for everyone) */
-        rcfg.stall_ms = 10000;
+        rcfg.stall_ms = (uint32_t)s->o.stall_ms;
         uint8_t rid[AR_ROUND_ID_LEN];
         size_t n_parts = 0;
         uint32_t owner[AR_MAX_MEMBERS];
@@ -925,6 +1053,8 @@ static int train_loop(struct peer_state *s)
         } else {
             s->tr.opt->step++; /* the aggregate-only peer follows the step count */
         }
+        report_round(s, step, rid, samples, compute_s, loss_n ? loss_sum / loss_n : NAN, sps, &sum,
+                     n_parts, agreed, mem, am, nmem);
         step++;
         update_hash(s, step);
         if (loss_n)
@@ -939,10 +1069,10 @@ static int train_loop(struct peer_state *s)
             snprintf(line, sizeof line,
                      "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
                      "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
-                     "\"round_ms\":%.1f,\"compute_s\":%.3f,\"sched_version\":0,\"t_ms\":%lld}",
+                     "\"round_ms\":%.1f,\"compute_s\":%.3f,\"sched_version\":%lld,\"t_ms\":%lld}",
                      (long long)step, s->hash, loss, samples, global, nmem, n_parts,
                      __builtin_popcountll(agreed), counted, ridhex, sum.ms_total, compute_s,
-                     (long long)now_ms());
+                     (long long)sched_v, (long long)now_ms());
             agent_steplog_write(s->steplog, line);
         }
         if (step % s->ckpt_every == 0 && !s->o.aggregate_only &&
@@ -955,6 +1085,32 @@ out:
     free(accum);
     free(grad);
     return rc;
+}
+
+/* After the last step: peers still behind may need our final state; serve
+ * it while any of them shows up (fresh progress below the last step, or a
+ * request), for at most a minute. */
+static void linger(struct peer_state *s, int64_t step)
+{
+    if (s->o.aggregate_only || !s->st_addr[0])
+        return;
+    double t0 = mono_s(), quiet_since = t0;
+    while (!g_interrupts && mono_s() - t0 < 60 && mono_s() - quiet_since < 3) {
+        publish_progress(s, step, 0, 0, 0);
+        serve_state_if_wanted(s, step);
+        struct collab_progress *p = NULL;
+        size_t n = 0;
+        int busy = join_net_state_wanted(s->net) >= 0;
+        if (read_progress(s, &p, &n) == CM_OK) {
+            int64_t now = now_ms();
+            for (size_t i = 0; i < n; i++)
+                busy |= !p[i].aux && p[i].step < step && p[i].t_ms > now - 3000;
+        }
+        free(p);
+        if (busy)
+            quiet_since = mono_s();
+        usleep(100000);
+    }
 }
 
 int agent_cmd_join(int argc, char **argv)
@@ -972,6 +1128,22 @@ int agent_cmd_join(int argc, char **argv)
     if (!s->o.run || !cm_name_valid(s->o.run)) {
         fprintf(stderr, "error: --run RUN is required (see --help)\n");
         goto out;
+    }
+    if (s->o.stall_ms < 500 || s->o.stall_ms > 600000 || s->o.round_timeout_ms < 1000 ||
+        s->o.outcome_window_ms < 50 || s->o.round_window_ms < 10) {
+        fprintf(stderr, "error: --stall-ms must be in [500, 600000], --round-timeout-ms >= 1000, "
+                        "--outcome-window-ms >= 50, --round-window-ms >= 10\n");
+        goto out;
+    }
+    const char *corrupt = getenv("CROWDTRAIN_TEST_CORRUPT_GRADIENTS");
+    if (corrupt && *corrupt) {
+        s->corrupt = !strcmp(corrupt, "nan") ? 1 : !strcmp(corrupt, "huge") ? 2 : 0;
+        if (!s->corrupt) {
+            fprintf(stderr, "error: CROWDTRAIN_TEST_CORRUPT_GRADIENTS must be nan or huge\n");
+            goto out;
+        }
+        fprintf(stderr, "warning: CROWDTRAIN_TEST_CORRUPT_GRADIENTS=%s: this peer sends corrupt "
+                        "gradients (a test of the others' defences)\n", corrupt);
     }
     if (s->o.aggregate_only && s->o.client_mode) {
         fprintf(stderr, "error: an --aggregate-only peer must accept connections (not --client-mode)\n");
@@ -1005,6 +1177,7 @@ int agent_cmd_join(int argc, char **argv)
         goto out;
     }
     s->trainer_ready = 1;
+    s->tr.resume_keeps_stream = 1; /* our own data order, whoever's state we load */
     int64_t step = 0;
     rc = catch_up(s, &step);
     if (rc != CM_OK && rc != CM_ENOTFOUND)
@@ -1035,6 +1208,16 @@ int agent_cmd_join(int argc, char **argv)
         snprintf(s->st_addr, sizeof s->st_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
                  join_net_state_port(s->net));
     }
+    if (join_sched_open(s->rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->coord_keys,
+                        s->n_coord_keys, &s->js) != CM_OK) {
+        fprintf(stderr, "warning: schedules unavailable; averaging with even parts\n");
+        s->js = NULL;
+    }
+    if (join_reporter_start(s->coord.url, s->coord.ca_cert, s->o.run, &s->key, s->token, &s->rep) !=
+        CM_OK) {
+        fprintf(stderr, "warning: contribution reports unavailable for this session\n");
+        s->rep = NULL;
+    }
     if (s->o.step_log && !(s->steplog = fopen(s->o.step_log, "a"))) {
         fprintf(stderr, "error: cannot open the step log %s\n", s->o.step_log);
         goto out;
@@ -1058,6 +1241,8 @@ int agent_cmd_join(int argc, char **argv)
     }
     if (g_interrupts)
         printf("left the run at step %llu (Ctrl-C)\n", (unsigned long long)s->tr.opt->step);
+    else
+        linger(s, (int64_t)s->tr.opt->step);
     if (!s->o.aggregate_only && !s->o.no_eval && s->tcfg.eval_manifest[0]) {
         struct kern_eval ev;
         if (agent_trainer_evaluate(&s->tr, s->tcfg.eval_batches, &ev, err, sizeof err) == CM_OK && ev.count)
@@ -1079,6 +1264,13 @@ int agent_cmd_join(int argc, char **argv)
     }
     status = 0;
 out:
+    if (s->rep) {
+        size_t left = join_reporter_stop(s->rep, 5000);
+        if (left)
+            fprintf(stderr, "warning: %zu contribution reports could not be sent\n", left);
+    }
+    if (s->js)
+        join_sched_close(s->js);
     if (s->net)
         join_net_stop(s->net);
     if (s->steplog)

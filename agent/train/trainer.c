@@ -304,6 +304,8 @@ int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_
     if (c.rng_len == sizeof t->mask_rng)
         memcpy(&t->mask_rng, c.rng, sizeof t->mask_rng);
     *resumed = 1;
+    if (t->resume_keeps_stream)
+        goto out;
     /* The stream restarts in a fresh order rather than replaying the
      * examples the first run already consumed. */
     cm_data_close(t->train);

@@ -34,6 +34,9 @@ struct agent_trainer {
     int *tokens, *targets;
     uint64_t mask_rng;
     double samples;                 /* examples consumed since start (this process) */
+    int resume_keeps_stream;        /* 1: resume leaves the data stream as it is (a
+                                       collaborative peer loading another peer's state
+                                       keeps its own data order); 0: restart it */
 };
 
 /* Builds backend, model, optimizer and the training data stream from cfg.
