@@ -11,9 +11,11 @@
  *      solved from (peers joined, left or changed) and that solve is older
  *      than HYSTERESIS_S, or the schedule nears the end of its validity, a
  *      new one is solved (common/sched/), signed with this coordinator's
- *      key and stored with its inputs, result and solve time. A
+ *      key and stored with its inputs, result and solve time: by the
+ *      background solver thread while a valid schedule exists (the GET
+ *      serves that one), in the request only when there is none. A
  *      transaction-level advisory lock per run makes one coordinator solve
- *      while the others wait and then serve its result.
+ *      while the others wait and then find its result.
  *  GET  /api/v1/runs/{run}/schedules            organizers and auditors:
  *      past schedules.
  *  GET  /api/v1/runs/{run}/schedules/{version}  public: one version, signed
@@ -29,6 +31,8 @@
 #include "sched/sched.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,16 +40,19 @@
 
 #define CAP_TTL_S 120         /* a capability report is live this long */
 #define HYSTERESIS_S 30       /* at most one solve per run per this many seconds */
+#define SETTLE_MS 5000        /* a report queues a background solve this much later */
 #define VALID_S 600           /* validity window of a schedule */
 #define REFRESH_S 300         /* re-solve when less validity than this is left */
 #define FAIL_WINDOW_S 3600    /* history used to estimate the failure rate */
 #define FAIL_MIN_PEER_S 600.0 /* less observed peer time than this: assume no failures */
 #define SCHED_LOCK_CLASS 0x5c4ed /* advisory lock class of schedule solves */
 #define DEFAULT_GRADIENT_BITS 32
-/* The solve runs inside the request (make bench: under 1 s at 256 peers,
- * about 10 s at 512 on a shared 2-core machine). Beyond this many live
- * peers the endpoint refuses clearly rather than hold requests that long. */
+/* Solves run in the background, except a run's first (make bench: about
+ * 0.2-0.5 s at 256 peers, 2-3 s at 512 on a shared 2-core machine). Beyond
+ * this many live peers the endpoint refuses clearly. */
 #define COORD_SCHED_MAX_PEERS 256
+
+static int solve_enqueue(struct coord_server *srv, const char *run, double delay_ms);
 
 static int num_field(json_t *o, const char *k, double lo, double hi, int lo_open, double *out,
                      struct coord_resp *resp, const char *where)
@@ -243,6 +250,8 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     }
     long long exp = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    /* Joins and changed figures are solved in the background, a burst of them once. */
+    solve_enqueue(req->srv, req->params[0], SETTLE_MS);
     coord_resp_json(resp, 200,
                     json_pack("{s:s, s:s, s:I, s:i}", "run", req->params[0], "peer_public_key",
                               json_string_value(json_object_get(req->json, "peer_public_key")),
@@ -637,9 +646,144 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
     return ok;
 }
 
-void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
+/* ---- the background solver ----
+ *
+ * A GET never waits for a re-solve while a valid schedule exists: it serves
+ * that one and queues the run here; a detached thread per coordinator
+ * process solves queued runs (under the same per-run advisory lock, so with
+ * several coordinators one solves and the others find its result). Only
+ * when a run has no valid schedule at all (its first, or after every one
+ * expired) does the GET solve itself, since it has nothing else to serve.
+ * Capability reports queue their run too, SETTLE_MS later, so a burst of
+ * joins is solved once; a change that arrives inside the hysteresis window
+ * is queued for the moment the window ends. */
+#define SOLVE_QUEUE_MAX 256
+
+struct solve_job {
+    char run[SCHED_RUN_MAX + 1];
+    double due_ms; /* CLOCK_MONOTONIC */
+};
+
+static pthread_mutex_t g_sq_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_sq_cv;
+static pthread_once_t g_sq_once = PTHREAD_ONCE_INIT;
+static struct solve_job g_sq[SOLVE_QUEUE_MAX];
+static size_t g_sq_n;
+static struct coord_server *g_sq_srv;
+static int g_sq_started;
+
+static double mono_ms(void)
 {
-    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int background);
+
+static void *solver_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_sq_mu);
+        struct solve_job job;
+        for (;;) {
+            size_t best = g_sq_n;
+            for (size_t i = 0; i < g_sq_n; i++)
+                if (best == g_sq_n || g_sq[i].due_ms < g_sq[best].due_ms)
+                    best = i;
+            double now = mono_ms();
+            if (best < g_sq_n && g_sq[best].due_ms <= now) {
+                job = g_sq[best];
+                g_sq[best] = g_sq[--g_sq_n];
+                break;
+            }
+            if (best == g_sq_n) {
+                pthread_cond_wait(&g_sq_cv, &g_sq_mu);
+            } else {
+                double due = g_sq[best].due_ms;
+                struct timespec ts = {(time_t)(due / 1e3), (long)(fmod(due, 1e3) * 1e6)};
+                pthread_cond_timedwait(&g_sq_cv, &g_sq_mu, &ts);
+            }
+        }
+        struct coord_server *srv = g_sq_srv;
+        pthread_mutex_unlock(&g_sq_mu);
+        if (atomic_load(&srv->draining))
+            continue;
+        struct coord_req req;
+        struct coord_resp resp;
+        memset(&req, 0, sizeof req);
+        memset(&resp, 0, sizeof resp);
+        req.srv = srv;
+        req.method = "SOLVE";
+        req.path = job.run;
+        req.params[0] = job.run;
+        req.nparams = 1;
+        schedule_resolve(&req, &resp, 1);
+        if (resp.status >= 500)
+            CM_LOGW("sched", "run %s: background solve: %s", job.run,
+                    json_string_value(json_object_get(json_object_get(resp.json, "error"),
+                                                      "message")));
+        if (req.db)
+            coord_db_release(srv->db, req.db);
+        json_decref(resp.json);
+        free(resp.raw);
+    }
+    return NULL;
+}
+
+static void solver_start(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_sq_cv, &a);
+    pthread_condattr_destroy(&a);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, solver_main, NULL) == 0)
+        g_sq_started = 1;
+    else
+        CM_LOGE("sched", "could not start the schedule solver thread; solving in requests");
+    pthread_attr_destroy(&at);
+}
+
+/* Queues a solve of `run` in delay_ms (an earlier request for the run wins).
+ * 0 when there is no solver thread (the caller solves itself). */
+static int solve_enqueue(struct coord_server *srv, const char *run, double delay_ms)
+{
+    pthread_mutex_lock(&g_sq_mu);
+    if (!g_sq_srv)
+        g_sq_srv = srv;
+    pthread_mutex_unlock(&g_sq_mu);
+    pthread_once(&g_sq_once, solver_start);
+    if (!g_sq_started)
+        return 0;
+    double due = mono_ms() + delay_ms;
+    pthread_mutex_lock(&g_sq_mu);
+    size_t i = 0;
+    while (i < g_sq_n && strcmp(g_sq[i].run, run) != 0)
+        i++;
+    if (i < g_sq_n) {
+        if (due < g_sq[i].due_ms)
+            g_sq[i].due_ms = due;
+    } else if (g_sq_n < SOLVE_QUEUE_MAX) {
+        snprintf(g_sq[g_sq_n].run, sizeof g_sq[g_sq_n].run, "%s", run);
+        g_sq[g_sq_n++].due_ms = due;
+    } /* a full queue drops the request: the next report or GET queues it again */
+    pthread_cond_signal(&g_sq_cv);
+    pthread_mutex_unlock(&g_sq_mu);
+    return 1;
+}
+
+/* GET (background = 0): serve the newest schedule, solving here only when
+ * there is no valid one. Background: solve when the newest is not good for
+ * the live inputs; no answer (resp only carries errors). */
+static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int background)
+{
+    if ((!background && !api_name_param(req, resp, 0, "run")) || !coord_req_db(req, resp))
         return;
     const char *p[] = {req->params[0]};
     PGresult *r = coord_db_exec(req->db, &S_RUN, p, NULL);
@@ -673,8 +817,11 @@ void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
+    int valid = nw.have && nw.until > now;
     if (!params_ok) {
-        if (nw.have && nw.until > now)
+        if (background)
+            ;
+        else if (valid)
             respond(req, resp, &nw, 0);
         else
             coord_resp_error(resp, 409, "run_not_schedulable",
@@ -691,14 +838,25 @@ void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
         free(nw.payload);
         return;
     }
-    if (newest_good(&nw, in.n ? in.sha : NULL, now) || (!in.n && nw.have && nw.until > now)) {
-        respond(req, resp, &nw, 0);
+    if (newest_good(&nw, in.n ? in.sha : NULL, now) || (!in.n && valid)) {
+        /* Inputs changed inside the hysteresis window: solve when it ends. */
+        if (in.n && strcmp(nw.sha, in.sha) != 0)
+            solve_enqueue(req->srv, req->params[0],
+                          1e3 * (double)(nw.created + HYSTERESIS_S - now) + 100);
+        if (!background)
+            respond(req, resp, &nw, 0);
         goto out;
     }
     if (!in.n) {
-        coord_resp_error(resp, 409, "no_peers",
-                         "no peer of run '%s' has reported its capabilities in the last %d s",
-                         req->params[0], CAP_TTL_S);
+        if (!background)
+            coord_resp_error(resp, 409, "no_peers",
+                             "no peer of run '%s' has reported its capabilities in the last %d s",
+                             req->params[0], CAP_TTL_S);
+        goto out;
+    }
+    /* Stale but still valid: serve it, solve in the background. */
+    if (!background && valid && solve_enqueue(req->srv, req->params[0], 0)) {
+        respond(req, resp, &nw, 0);
         goto out;
     }
     /* One solver per run across coordinators: wait for the lock, then look again. */
@@ -715,23 +873,32 @@ void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
     PQclear(r);
     now = (long long)time(NULL);
     if (newest_load(req, run_id, &nw) != CM_OK) {
+        coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
     int fresh = 0;
     if (!newest_good(&nw, in.sha, now)) {
-        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, &nw))
+        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, &nw)) {
+            coord_db_cmd(req->db, "ROLLBACK");
             goto out;
+        }
         fresh = 1;
     }
     if (coord_db_cmd(req->db, "COMMIT") != CM_OK) {
         coord_resp_error(resp, 500, "internal", "could not store the schedule");
         goto out;
     }
-    respond(req, resp, &nw, fresh);
+    if (!background)
+        respond(req, resp, &nw, fresh);
 out:
     free(nw.payload);
     inputs_free(&in);
+}
+
+void api_schedule_get(struct coord_req *req, struct coord_resp *resp)
+{
+    schedule_resolve(req, resp, 0);
 }
 
 /* ---- organizers and auditors: why did a peer get its role ---- */
