@@ -101,7 +101,7 @@ void ar__agg_drop(struct ar_round *r, int s)
 void ar__agg_complete(struct ar_round *r)
 {
     struct ar__agg *a = &r->agg;
-    free(a->sum);
+    ar__pool_put(r->pool, a->sum);
     a->sum = NULL;
     r->ms_reduce = (double)(ar__mono_ms() - r->t0);
     if (!r->buf || !ar__own_part_ok(r))

@@ -239,7 +239,10 @@ int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out)
     e->key = cfg->key;
     e->fin_cap = cfg->finished_memory ? cfg->finished_memory : 256;
     e->finished = calloc(e->fin_cap, sizeof *e->finished);
-    if (!e->finished) {
+    e->pool = ar__pool_new();
+    if (!e->finished || !e->pool) {
+        free(e->finished);
+        ar__pool_unref(e->pool);
         free(e);
         return CM_ENOMEM;
     }
@@ -251,6 +254,7 @@ int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out)
     int rc = p2p_host_new(cfg->ctx, &hc, &e->host);
     if (rc) {
         free(e->finished);
+        ar__pool_unref(e->pool);
         free(e);
         return rc;
     }
@@ -262,6 +266,7 @@ int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out)
     if ((rc = p2p_host_new(cfg->ctx, &hc, &e->fhost))) {
         p2p_host_close(e->host);
         free(e->finished);
+        ar__pool_unref(e->pool);
         free(e);
         return rc;
     }
@@ -282,6 +287,7 @@ void ar_engine_free(struct ar_engine *e)
     p2p_host_close(e->host);
     e->host = e->fhost = NULL;
     free(e->finished);
+    ar__pool_unref(e->pool);
     free(e);
 }
 

@@ -75,6 +75,7 @@ struct ar__link {
 
 struct ar_round {
     struct ar_engine *e;
+    struct ar__pool *pool; /* the engine's (a reference: rounds may outlive it) */
     struct ar_round *next;
     uint8_t id[AR_ROUND_ID_LEN];
     uint64_t step;
@@ -109,8 +110,27 @@ struct ar_round {
     void *arg;
 };
 
+/* Large arrays kept from one round to the next (ar_pool.c). The engine
+ * holds one reference, each round one; blocks are kept only while the
+ * engine lives. */
+#define AR__POOL_SLOTS 8
+struct blk;
+struct ar__pool {
+    unsigned refs;
+    struct blk *slot[AR__POOL_SLOTS];
+};
+
+struct ar__pool *ar__pool_new(void);
+void ar__pool_ref(struct ar__pool *pl);
+void ar__pool_unref(struct ar__pool *pl);
+/* bytes of memory (zeroed if zero), from the pool or fresh; NULL when out
+ * of memory. Give it back with ar__pool_put (NULL is ignored). */
+void *ar__pool_get(struct ar__pool *pl, size_t bytes, int zero);
+void ar__pool_put(struct ar__pool *pl, void *p);
+
 struct ar_engine {
     struct p2p_ctx *ctx;
+    struct ar__pool *pool;
     struct p2p_host *host;  /* listener, chunk sends, serving */
     struct p2p_host *fhost; /* fetches only: their own connections, so big
                                results never queue ahead of chunk Acks */

@@ -25,42 +25,168 @@ static int shape_ok(uint32_t enc, uint32_t count, size_t payload_len)
     return payload_len == ar_codec_size((int)enc, count) ? CM_OK : CM_ERANGE;
 }
 
+/* ---- zero-copy protobuf reading ----------------------------------------
+ * Data and Result carry the chunks, so they are read in place: the payload
+ * points into the received frame instead of being copied by protobuf-c.
+ * Same wire format (ar.proto); fields in any order, the last occurrence of a
+ * scalar wins, unknown fields are skipped, a known field with another wire
+ * type or anything truncated is an error. */
+
+struct pbr {
+    const uint8_t *p, *end;
+};
+
+static int pb_varint(struct pbr *r, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end)
+            return CM_EPARSE;
+        uint8_t b = *r->p++;
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = x;
+            return CM_OK;
+        }
+    }
+    return CM_EPARSE;
+}
+
+static int pb_fixed64(struct pbr *r, uint64_t *v)
+{
+    if (r->end - r->p < 8)
+        return CM_EPARSE;
+    uint64_t x = 0;
+    for (int i = 7; i >= 0; i--)
+        x = x << 8 | r->p[i];
+    r->p += 8;
+    *v = x;
+    return CM_OK;
+}
+
+static int pb_bytes(struct pbr *r, const uint8_t **d, size_t *n)
+{
+    uint64_t l;
+    if (pb_varint(r, &l) || l > (uint64_t)(r->end - r->p))
+        return CM_EPARSE;
+    *d = r->p;
+    *n = (size_t)l;
+    r->p += l;
+    return CM_OK;
+}
+
+/* Next field: its number and wire type (0 varint, 1 fixed64, 2 bytes,
+ * 5 fixed32); groups (3, 4) are refused. */
+static int pb_field(struct pbr *r, uint32_t *num, int *wt)
+{
+    uint64_t k;
+    if (pb_varint(r, &k) || (k >> 3) == 0 || (k >> 3) > 0x1fffffff)
+        return CM_EPARSE;
+    *num = (uint32_t)(k >> 3);
+    *wt = (int)(k & 7);
+    return *wt == 0 || *wt == 1 || *wt == 2 || *wt == 5 ? CM_OK : CM_EPARSE;
+}
+
+static int pb_skip(struct pbr *r, int wt)
+{
+    uint64_t v;
+    const uint8_t *d;
+    size_t n;
+    switch (wt) {
+    case 0:
+        return pb_varint(r, &v);
+    case 1:
+        return pb_fixed64(r, &v);
+    case 2:
+        return pb_bytes(r, &d, &n);
+    default:
+        if (r->end - r->p < 4)
+            return CM_EPARSE;
+        r->p += 4;
+        return CM_OK;
+    }
+}
+
+/* Reads a field of the expected wire type into a uint32 (varint, truncated
+ * to 32 bits as protobuf does), a uint64 (fixed64) or a double. */
+static int pb_u32(struct pbr *r, int wt, uint32_t *out)
+{
+    uint64_t v;
+    if (wt != 0 || pb_varint(r, &v))
+        return CM_EPARSE;
+    *out = (uint32_t)v;
+    return CM_OK;
+}
+
+static int pb_f64(struct pbr *r, int wt, uint64_t *out)
+{
+    return wt != 1 ? CM_EPARSE : pb_fixed64(r, out);
+}
+
+static int pb_dbl(struct pbr *r, int wt, double *out)
+{
+    uint64_t v;
+    if (pb_f64(r, wt, &v))
+        return CM_EPARSE;
+    memcpy(out, &v, sizeof v);
+    return CM_OK;
+}
+
+static int pb_len(struct pbr *r, int wt, const uint8_t **d, size_t *n)
+{
+    return wt != 2 ? CM_EPARSE : pb_bytes(r, d, n);
+}
+
 int ar_data_parse(const uint8_t *buf, size_t len, struct ar_data_msg *m)
 {
     memset(m, 0, sizeof *m);
-    Ctar__Data *d = ctar__data__unpack(NULL, len, buf);
-    if (!d)
+    struct pbr r = {buf, buf + len};
+    const uint8_t *round = NULL, *payload = NULL;
+    size_t round_len = 0, payload_len = 0;
+    uint32_t part = 0, chunk = 0, enc = 0, count = 0;
+    double weight = 0;
+    while (r.p < r.end) {
+        uint32_t num;
+        int wt, rc;
+        if (pb_field(&r, &num, &wt))
+            return CM_EPARSE;
+        switch (num) {
+        case 1: rc = pb_len(&r, wt, &round, &round_len); break;
+        case 2: rc = pb_u32(&r, wt, &part); break;
+        case 3: rc = pb_u32(&r, wt, &chunk); break;
+        case 4: rc = pb_dbl(&r, wt, &weight); break;
+        case 5: rc = pb_u32(&r, wt, &enc); break;
+        case 6: rc = pb_u32(&r, wt, &count); break;
+        case 7: rc = pb_len(&r, wt, &payload, &payload_len); break;
+        default: rc = pb_skip(&r, wt); break;
+        }
+        if (rc)
+            return CM_EPARSE;
+    }
+    if (round_len != AR_ROUND_ID_LEN)
         return CM_EPARSE;
-    int rc = CM_EPARSE;
-    if (d->round.len != AR_ROUND_ID_LEN)
-        goto fail;
     /* From here on the message names a round: the receiver can hold the
      * (authenticated) sender responsible for what is wrong with it. */
-    memcpy(m->round, d->round.data, AR_ROUND_ID_LEN);
-    m->part = d->part;
-    m->chunk = d->chunk;
+    memcpy(m->round, round, AR_ROUND_ID_LEN);
+    m->part = part;
+    m->chunk = chunk;
     m->has_round = 1;
-    if (!enc_ok(d->encoding))
-        goto fail;
-    if ((rc = shape_ok(d->encoding, d->count, d->payload.len)))
-        goto fail;
-    m->weight = d->weight;
-    m->encoding = d->encoding;
-    m->count = d->count;
-    m->payload = d->payload.data;
-    m->payload_len = d->payload.len;
-    m->pb_ = d;
+    if (!enc_ok(enc))
+        return CM_EPARSE;
+    int rc = shape_ok(enc, count, payload_len);
+    if (rc)
+        return rc;
+    m->weight = weight;
+    m->encoding = enc;
+    m->count = count;
+    m->payload = payload;
+    m->payload_len = payload_len;
     return CM_OK;
-fail:
-    ctar__data__free_unpacked(d, NULL);
-    return rc;
 }
 
 void ar_data_cleanup(struct ar_data_msg *m)
 {
-    if (m->pb_)
-        ctar__data__free_unpacked(m->pb_, NULL);
-    m->pb_ = NULL;
+    m->pb_ = NULL; /* nothing owned: the payload points into the input */
 }
 
 int ar_fetch_parse(const uint8_t *buf, size_t len, struct ar_fetch_msg *m)
@@ -80,49 +206,95 @@ int ar_fetch_parse(const uint8_t *buf, size_t len, struct ar_fetch_msg *m)
     return rc;
 }
 
+static int parse_exclusion(const uint8_t *d, size_t n, struct ar_exclusion *e)
+{
+    struct pbr r = {d, d + n};
+    uint32_t member = 0, reason = 0;
+    while (r.p < r.end) {
+        uint32_t num;
+        int wt, rc;
+        if (pb_field(&r, &num, &wt))
+            return CM_EPARSE;
+        if (num == 1)
+            rc = pb_u32(&r, wt, &member);
+        else if (num == 2)
+            rc = pb_u32(&r, wt, &reason);
+        else
+            rc = pb_skip(&r, wt);
+        if (rc)
+            return CM_EPARSE;
+    }
+    if (member >= AR_MAX_MEMBERS || reason < AR_EXCL_NONFINITE || reason > AR_EXCL_WEIGHT)
+        return CM_EPARSE;
+    e->member = member;
+    e->reason = (int)reason;
+    return CM_OK;
+}
+
 int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m)
 {
     memset(m, 0, sizeof *m);
-    Ctar__Result *r = ctar__result__unpack(NULL, len, buf);
-    if (!r)
-        return CM_EPARSE;
-    int rc = CM_EPARSE;
-    if (r->round.len != AR_ROUND_ID_LEN || !enc_ok(r->encoding) || !isfinite(r->weight) ||
-        r->weight < 0 || r->n_exclusions > AR_MAX_MEMBERS)
-        goto fail;
-    for (size_t i = 0; i < r->n_exclusions; i++) {
-        if (r->exclusions[i]->member >= AR_MAX_MEMBERS || r->exclusions[i]->reason < AR_EXCL_NONFINITE ||
-            r->exclusions[i]->reason > AR_EXCL_WEIGHT)
-            goto fail;
-        m->exclusions[i].member = r->exclusions[i]->member;
-        m->exclusions[i].reason = (int)r->exclusions[i]->reason;
+    struct pbr r = {buf, buf + len};
+    const uint8_t *round = NULL, *payload = NULL;
+    size_t round_len = 0, payload_len = 0;
+    uint32_t part = 0, chunk = 0, enc = 0, count = 0;
+    uint64_t counted = 0, dropped = 0, excluded = 0;
+    double weight = 0;
+    while (r.p < r.end) {
+        uint32_t num;
+        int wt, rc;
+        const uint8_t *d;
+        size_t n;
+        if (pb_field(&r, &num, &wt))
+            return CM_EPARSE;
+        switch (num) {
+        case 1: rc = pb_len(&r, wt, &round, &round_len); break;
+        case 2: rc = pb_u32(&r, wt, &part); break;
+        case 3: rc = pb_u32(&r, wt, &chunk); break;
+        case 4: rc = pb_dbl(&r, wt, &weight); break;
+        case 5: rc = pb_f64(&r, wt, &counted); break;
+        case 6: rc = pb_f64(&r, wt, &dropped); break;
+        case 7: rc = pb_f64(&r, wt, &excluded); break;
+        case 8:
+            rc = pb_len(&r, wt, &d, &n);
+            if (!rc && m->n_exclusions == AR_MAX_MEMBERS)
+                rc = CM_EPARSE;
+            if (!rc)
+                rc = parse_exclusion(d, n, &m->exclusions[m->n_exclusions++]);
+            break;
+        case 9: rc = pb_u32(&r, wt, &enc); break;
+        case 10: rc = pb_u32(&r, wt, &count); break;
+        case 11: rc = pb_len(&r, wt, &payload, &payload_len); break;
+        default: rc = pb_skip(&r, wt); break;
+        }
+        if (rc) {
+            memset(m, 0, sizeof *m);
+            return CM_EPARSE;
+        }
     }
-    if ((rc = shape_ok(r->encoding, r->count, r->payload.len)))
-        goto fail;
-    memcpy(m->round, r->round.data, AR_ROUND_ID_LEN);
-    m->part = r->part;
-    m->chunk = r->chunk;
-    m->weight = r->weight;
-    m->counted = r->counted;
-    m->dropped = r->dropped;
-    m->excluded = r->excluded;
-    m->n_exclusions = r->n_exclusions;
-    m->encoding = r->encoding;
-    m->count = r->count;
-    m->payload = r->payload.data;
-    m->payload_len = r->payload.len;
-    m->pb_ = r;
+    int rc = CM_EPARSE;
+    if (round_len != AR_ROUND_ID_LEN || !enc_ok(enc) || !isfinite(weight) || weight < 0 ||
+        (rc = shape_ok(enc, count, payload_len))) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
+    memcpy(m->round, round, AR_ROUND_ID_LEN);
+    m->part = part;
+    m->chunk = chunk;
+    m->weight = weight;
+    m->counted = counted;
+    m->dropped = dropped;
+    m->excluded = excluded;
+    m->encoding = enc;
+    m->count = count;
+    m->payload = payload;
+    m->payload_len = payload_len;
     return CM_OK;
-fail:
-    ctar__result__free_unpacked(r, NULL);
-    return rc;
 }
 
 void ar_result_cleanup(struct ar_result_msg *m)
 {
-    if (m->pb_)
-        ctar__result__free_unpacked(m->pb_, NULL);
-    m->pb_ = NULL;
+    m->pb_ = NULL; /* nothing owned: the payload points into the input */
 }
 
 /* Packs any generated message into a fresh heap buffer. */

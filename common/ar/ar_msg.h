@@ -1,7 +1,9 @@
 /* Averaging messages (common/ar/ar.proto): pure, bounded parsers and
  * builders, separate from any I/O so each parser has a round-trip test and a
- * libFuzzer target (tests/fuzz/fuzz_ar_msg.c). A parsed message borrows its
- * byte fields from the decoder's storage until its _cleanup. */
+ * libFuzzer target (tests/fuzz/fuzz_ar_*.c). Data and Result, which carry
+ * the chunks, are read in place: their payload points into the input buffer
+ * (no copy), so it lives as long as that buffer; _cleanup releases nothing
+ * but is kept so callers need not know. */
 #ifndef AR_MSG_H
 #define AR_MSG_H
 

@@ -59,12 +59,12 @@ size_t ar__chunk_len(const struct ar_round *r, size_t k, size_t c)
 
 static void round_free(struct ar_round *r)
 {
-    free(r->agg.sum);
+    ar__pool_put(r->pool, r->agg.sum);
     free(r->agg.recv);
     free(r->agg.cw);
     free(r->agg.final);
     free(r->agg.served);
-    free(r->agg.res);
+    ar__pool_put(r->pool, r->agg.res);
     if (r->agg.undo)
         for (size_t i = 0; i < r->agg.n_chunks * r->n_members; i++)
             free(r->agg.undo[i]);
@@ -72,10 +72,11 @@ static void round_free(struct ar_round *r)
     for (size_t k = 0; k < r->n_parts; k++) {
         free(r->link[k].ost);
         free(r->link[k].ist);
-        free(r->link[k].stage);
+        ar__pool_put(r->pool, r->link[k].stage);
     }
     free(r->scratch);
     free(r->encbuf);
+    ar__pool_unref(r->pool);
     free(r);
 }
 
@@ -208,7 +209,7 @@ static void finish(struct ar_round *r, int kill_status)
         L->odone = L->idone = 1;
         free(L->ost);
         free(L->ist);
-        free(L->stage);
+        ar__pool_put(r->pool, L->stage);
         L->ost = L->ist = NULL;
         L->stage = NULL;
     }
@@ -720,12 +721,12 @@ static int alloc_round(struct ar_round *r)
     if (r->my_part >= 0) {
         struct ar__agg *a = &r->agg;
         size_t nc = a->n_chunks ? a->n_chunks : 1;
-        a->sum = calloc(a->len ? a->len : 1, sizeof(double));
+        a->sum = ar__pool_get(r->pool, (a->len ? a->len : 1) * sizeof(double), 1);
         a->recv = calloc(nc, sizeof *a->recv);
         a->cw = calloc(nc, sizeof *a->cw);
         a->final = calloc(nc, 1);
         a->served = calloc(nc, sizeof *a->served);
-        a->res = malloc(nc * r->enc_chunk);
+        a->res = ar__pool_get(r->pool, nc * r->enc_chunk, 0);
         a->undo = calloc(nc * r->n_members, sizeof *a->undo);
         if (!a->sum || !a->recv || !a->cw || !a->final || !a->served || !a->res || !a->undo)
             return CM_ENOMEM;
@@ -738,7 +739,8 @@ static int alloc_round(struct ar_round *r)
         if (r->i_send && !(L->ost = calloc(nc, 1)))
             return CM_ENOMEM;
         if (r->i_pull && (!(L->ist = calloc(nc, 1)) ||
-                          !(L->stage = malloc((r->len[k] ? r->len[k] : 1) * sizeof(float)))))
+                          !(L->stage = ar__pool_get(r->pool, (r->len[k] ? r->len[k] : 1) *
+                                                                     sizeof(float), 0))))
             return CM_ENOMEM;
     }
     return CM_OK;
@@ -755,6 +757,8 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     if (!r)
         return CM_ENOMEM;
     r->e = e;
+    r->pool = e->pool;
+    ar__pool_ref(r->pool);
     if ((rc = ar_round_id(cfg, r->id)))
         goto fail;
     if (ar__engine_find(e, r->id) || ar__engine_finished(e, r->id)) {
