@@ -149,6 +149,7 @@ static double accuracy_of(const char *log)
 struct steps {
     char hash[MAXSTEPS + 1][65]; /* "" = no agent logged the step */
     double loss_sum[MAXSTEPS + 1], samples[MAXSTEPS + 1], round_ms[MAXSTEPS + 1];
+    double global[MAXSTEPS + 1]; /* samples the step's round averaged (its members' weights) */
     int mismatches, nan_losses, lines;
 };
 
@@ -188,6 +189,9 @@ static long fold_steplog(const char *path, struct steps *st, const char *who)
                     st->samples[step] += w;
                 }
                 st->round_ms[step] = json_number_value(json_object_get(j, "round_ms"));
+                if (json_integer_value(json_object_get(j, "agreed")) ==
+                    json_integer_value(json_object_get(j, "parts")))
+                    st->global[step] = json_number_value(json_object_get(j, "global_samples"));
                 if (first < 0)
                     first = step;
             }
@@ -556,6 +560,24 @@ static void test_slow_peer(void **state)
     printf("slow peer: median round %.0f ms; the caps explain %.0f ms (ratio %.2f)\n", med, bound_ms,
            med / bound_ms);
     assert_true(med <= 1.5 * bound_ms + 300);
+    /* Contribution accounting (issue 6): the verified samples of the run add
+       up to the samples its averaging rounds used. */
+    double used = 0;
+    for (long k = 1; k <= SLOW_STEPS; k++)
+        used += st.global[k];
+    double verified = -1;
+    for (int tries = 0; tries < 100 && verified != used; tries++) {
+        struct ct_resp r;
+        ct_http(&g_c, "GET", "/api/v1/runs/fmnist-slow/contributions", g_org, NULL, &r);
+        assert_int_equal(r.status, 200);
+        verified = json_number_value(json_object_get(json_object_get(r.json, "totals"), "verified_samples"));
+        ct_resp_free(&r);
+        if (verified != used)
+            usleep(100000);
+    }
+    printf("samples averaged %.0f, verified by the coordinator %.0f\n", used, verified);
+    assert_true(used > 0);
+    assert_true(verified == used);
 }
 
 /* ---- a peer sending garbage ------------------------------------------------ */
@@ -591,6 +613,25 @@ static void test_corrupt_peer(void **state)
     assert_non_null(log);
     assert_non_null(strstr(log, "excluded from the round (nonfinite)"));
     free(log);
+    /* and reported to the coordinator, which flags it */
+    int flagged = 0;
+    for (int tries = 0; tries < 100 && !flagged; tries++) {
+        struct ct_resp r;
+        ct_http(&g_c, "GET", "/api/v1/runs/fmnist-bad/flags", g_org, NULL, &r);
+        assert_int_equal(r.status, 200);
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(r.json, "peers"), i, p)
+            flagged |= !strcmp(json_string_value(json_object_get(p, "username")) ?: "", "vol3") &&
+                       json_integer_value(json_object_get(p, "excluded_reports")) > 0;
+        json_array_foreach(json_object_get(r.json, "peers"), i, p)
+            if (strcmp(json_string_value(json_object_get(p, "username")) ?: "", "vol3"))
+                fail_msg("an honest peer was flagged: %s", json_string_value(json_object_get(p, "username")));
+        ct_resp_free(&r);
+        if (!flagged)
+            usleep(100000);
+    }
+    assert_true(flagged);
     /* and training went on: the loss fell */
     double first = st.loss_sum[1] / st.samples[1], last = st.loss_sum[BAD_STEPS] / st.samples[BAD_STEPS];
     printf("loss %.3f at step 1, %.3f at step %d\n", first, last, BAD_STEPS);
