@@ -233,8 +233,10 @@ static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int p
 }
 
 int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
-                       size_t body_len, uint8_t **resp, size_t *rlen)
+                       size_t body_len, struct p2p_reply *reply)
 {
+    uint8_t **resp = &reply->body;
+    size_t *rlen = &reply->len;
     struct ar__agg *a = &r->agg;
     r->bytes_received += body_len;
     if (r->phase == AR__P_DEAD)
@@ -265,11 +267,14 @@ int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg
     out.count = (uint32_t)ar__chunk_len(r, a->part, c);
     out.payload = a->res + c * r->enc_chunk;
     out.payload_len = ar_codec_size(r->comp, out.count);
-    int rc = ar_result_build(&out, resp, rlen);
+    /* The averaged chunk goes from a->res straight into the frame. */
+    int rc = ar_result_build_head(&out, resp, rlen);
     if (rc)
         return rc;
+    reply->tail = out.payload;
+    reply->tail_len = out.payload_len;
     a->served[c] |= BIT(member);
-    r->bytes_sent += *rlen;
+    r->bytes_sent += *rlen + out.payload_len;
     r->chunks_sent++;
     return CM_OK;
 }

@@ -199,7 +199,7 @@ static int lookup(struct ar_engine *e, const uint8_t id[AR_ROUND_ID_LEN], const 
 }
 
 static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type,
-                      const uint8_t *body, size_t len, uint8_t **resp, size_t *rlen)
+                      const uint8_t *body, size_t len, struct p2p_reply *reply)
 {
     struct ar_engine *e = arg;
     (void)h;
@@ -211,7 +211,7 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
         if (!m.has_round)
             return CM_EPARSE;
         if (!(rc = lookup(e, m.round, from->pub, &r, &member)))
-            rc = ar__round_on_data(r, member, &m, prc, len, resp, rlen);
+            rc = ar__round_on_data(r, member, &m, prc, len, &reply->body, &reply->len);
         ar_data_cleanup(&m);
         return rc;
     }
@@ -221,7 +221,7 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
             return CM_EPARSE;
         if ((rc = lookup(e, m.round, from->pub, &r, &member)))
             return rc;
-        return ar__round_on_fetch(r, member, &m, len, resp, rlen);
+        return ar__round_on_fetch(r, member, &m, len, reply);
     }
     return CM_EUNSUPPORTED;
 }
@@ -249,7 +249,7 @@ int ar_engine_new(const struct ar_engine_config *cfg, struct ar_engine **out)
     struct p2p_host_config hc = {
         .key = cfg->key, .token = cfg->token, .listen_ip = cfg->listen_ip,
         .listen_port = cfg->listen_port, .advertise_port = cfg->advertise_port,
-        .max_inbound = cfg->max_inbound, .on_request = on_request, .arg = e,
+        .max_inbound = cfg->max_inbound, .on_request_reply = on_request, .arg = e,
     };
     int rc = p2p_host_new(cfg->ctx, &hc, &e->host);
     if (rc) {

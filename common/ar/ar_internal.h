@@ -154,7 +154,7 @@ int ar__member_of(const struct ar_round *r, const uint8_t pub[CM_ED25519_PUB_LEN
 int ar__round_on_data(struct ar_round *r, int sender, const struct ar_data_msg *m, int parse_rc,
                       size_t body_len, uint8_t **resp, size_t *rlen);
 int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,
-                       size_t body_len, uint8_t **resp, size_t *rlen);
+                       size_t body_len, struct p2p_reply *reply);
 /* Chunk geometry: chunks in a part of len elements, elements of chunk c of
  * part k. */
 size_t ar__n_chunks(const struct ar_round *r, size_t len);

@@ -310,6 +310,50 @@ static int pack(const ProtobufCMessage *msg, uint8_t **out, size_t *out_len)
     return CM_OK;
 }
 
+/* Appends the key and length of a bytes field of n bytes. */
+static size_t put_bytes_key(uint8_t *p, uint32_t field, size_t n)
+{
+    size_t k = 0;
+    p[k++] = (uint8_t)(field << 3 | 2);
+    uint64_t v = n;
+    do {
+        p[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return k;
+}
+
+/* Packs msg (its payload left empty, hence omitted) and the payload's key
+ * and length into a fresh buffer: payload is the last field of Data and
+ * Result, so head followed by the payload is the whole message. */
+static int pack_head(const ProtobufCMessage *msg, uint32_t field, size_t payload_len,
+                     uint8_t **out, size_t *out_len)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *b = malloc(n + 16);
+    if (!b)
+        return CM_ENOMEM;
+    protobuf_c_message_pack(msg, b);
+    if (payload_len)
+        n += put_bytes_key(b + n, field, payload_len);
+    *out = b;
+    *out_len = n;
+    return CM_OK;
+}
+
+int ar_data_build_head(const struct ar_data_msg *m, uint8_t **out, size_t *out_len)
+{
+    Ctar__Data d = CTAR__DATA__INIT;
+    d.round.data = (uint8_t *)m->round;
+    d.round.len = AR_ROUND_ID_LEN;
+    d.part = m->part;
+    d.chunk = m->chunk;
+    d.weight = m->weight;
+    d.encoding = m->encoding;
+    d.count = m->count;
+    return pack_head(&d.base, 7, m->payload_len, out, out_len);
+}
+
 int ar_data_build(const struct ar_data_msg *m, uint8_t **out, size_t *out_len)
 {
     Ctar__Data d = CTAR__DATA__INIT;
@@ -335,7 +379,7 @@ int ar_fetch_build(const struct ar_fetch_msg *m, uint8_t **out, size_t *out_len)
     return pack(&f.base, out, out_len);
 }
 
-int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_len)
+static int result_pack(const struct ar_result_msg *m, int head, uint8_t **out, size_t *out_len)
 {
     if (m->n_exclusions > AR_MAX_MEMBERS)
         return CM_EINVAL;
@@ -360,9 +404,21 @@ int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_le
     r.exclusions = exp;
     r.encoding = m->encoding;
     r.count = m->count;
+    if (head)
+        return pack_head(&r.base, 11, m->payload_len, out, out_len);
     r.payload.data = (uint8_t *)m->payload;
     r.payload.len = m->payload_len;
     return pack(&r.base, out, out_len);
+}
+
+int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_len)
+{
+    return result_pack(m, 0, out, out_len);
+}
+
+int ar_result_build_head(const struct ar_result_msg *m, uint8_t **out, size_t *out_len)
+{
+    return result_pack(m, 1, out, out_len);
 }
 
 int ar_ack_parse(const uint8_t *buf, size_t len, uint32_t *ready)

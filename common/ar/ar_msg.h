@@ -65,5 +65,10 @@ int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len);
 int ar_data_build(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);
 int ar_fetch_build(const struct ar_fetch_msg *m, uint8_t **out, size_t *out_len);
 int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_len);
+/* The same messages without copying the payload: *out receives every byte up
+ * to the payload (its key and length included), so head followed by
+ * m->payload is exactly what the full builder produces. */
+int ar_data_build_head(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);
+int ar_result_build_head(const struct ar_result_msg *m, uint8_t **out, size_t *out_len);
 
 #endif

@@ -271,9 +271,15 @@ static int send_data(struct ar_round *r, size_t k, size_t c)
 {
     struct ar__link *L = &r->link[k];
     size_t cnt = ar__chunk_len(r, k, c);
-    int rc = ar_codec_encode(r->comp, r->buf + r->off[k] + c * r->chunk, cnt, r->encbuf,
-                             r->enc_chunk);
-    if (rc)
+    const float *src = r->buf + r->off[k] + c * r->chunk;
+    const uint8_t *payload = r->encbuf;
+    int rc;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (r->comp == AR_COMP_NONE)
+        payload = (const uint8_t *)src; /* fp32 little-endian is the wire format */
+    else
+#endif
+    if ((rc = ar_codec_encode(r->comp, src, cnt, r->encbuf, r->enc_chunk)))
         return rc;
     struct ar_data_msg m;
     memset(&m, 0, sizeof m);
@@ -283,21 +289,23 @@ static int send_data(struct ar_round *r, size_t k, size_t c)
     m.weight = r->weight;
     m.encoding = (uint32_t)r->comp;
     m.count = (uint32_t)cnt;
-    m.payload = r->encbuf;
+    m.payload = payload;
     m.payload_len = ar_codec_size(r->comp, cnt);
     uint8_t *body;
     size_t blen;
-    if ((rc = ar_data_build(&m, &body, &blen)))
+    if ((rc = ar_data_build_head(&m, &body, &blen)))
         return rc;
     struct ar__req *q = malloc(sizeof *q);
     if (!q) {
         free(body);
         return CM_ENOMEM;
     }
-    *q = (struct ar__req){r, REQ_DATA, k, c, blen};
+    *q = (struct ar__req){r, REQ_DATA, k, c, blen + m.payload_len};
     const struct ar_member *mb = &r->members[r->owner[k]];
-    rc = p2p_request(r->e->host, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_DATA, body,
-                     blen, r->stall_ms, data_cb, q);
+    /* Gathered straight into the frame; a lost chunk is resent by out_pump. */
+    struct p2p_iov iov[2] = {{body, blen}, {payload, m.payload_len}};
+    rc = p2p_request_iov(r->e->host, (const struct sockaddr *)&mb->addr, mb->pub, AR_MSG_DATA,
+                         iov, 2, r->stall_ms, data_cb, q);
     free(body);
     if (rc) {
         free(q);

@@ -82,12 +82,20 @@ static int gmac(struct p2p_mac *m, const uint8_t *data, size_t len, uint8_t tag[
 }
 
 int p2p_session_build(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t request_id,
-                      int32_t status, const uint8_t *body, size_t body_len, uint8_t **out,
+                      int32_t status, const struct p2p_iov *body, size_t n, uint8_t **out,
                       size_t *out_len)
 {
+    size_t body_len = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (body[i].len > P2P_FRAME_MAX_PAYLOAD)
+            return CM_ETOOBIG;
+        body_len += body[i].len;
+    }
     size_t plen = P2P_SESSION_FIELDS_LEN + body_len + P2P_SESSION_TAG_LEN;
-    if (!m->evp || plen > P2P_FRAME_MAX_PAYLOAD || m->seq == UINT64_MAX)
-        return plen > P2P_FRAME_MAX_PAYLOAD ? CM_ETOOBIG : CM_ESTATE;
+    if (plen > P2P_FRAME_MAX_PAYLOAD)
+        return CM_ETOOBIG;
+    if (!m->evp || m->seq == UINT64_MAX)
+        return CM_ESTATE;
     uint8_t *b = malloc(P2P_FRAME_HDR_LEN + plen);
     if (!b)
         return CM_ENOMEM;
@@ -98,9 +106,11 @@ int p2p_session_build(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t 
     p = put_be(p, type, 4);
     p = put_be(p, request_id, 8);
     p = put_be(p, (uint32_t)status, 4);
-    if (body_len)
-        memcpy(p, body, body_len);
-    p += body_len;
+    for (size_t i = 0; i < n; i++) {
+        if (body[i].len)
+            memcpy(p, body[i].base, body[i].len);
+        p += body[i].len;
+    }
     int rc = gmac(m, b, (size_t)(p - b), p);
     if (rc) {
         free(b);

@@ -57,10 +57,17 @@ struct p2p_mac {
 int p2p_mac_init(struct p2p_mac *m, const uint8_t key[P2P_SESSION_KEY_LEN]);
 void p2p_mac_cleanup(struct p2p_mac *m);
 
+/* A piece of a message body (bodies may be gathered from several). */
+struct p2p_iov {
+    const void *base;
+    size_t len;
+};
+
 /* Builds a complete session frame (header, fields, body, tag) with the next
- * sequence number. *out is heap memory the caller frees. */
+ * sequence number; the body is the concatenation of the n pieces. *out is
+ * heap memory the caller frees. */
 int p2p_session_build(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t request_id,
-                      int32_t status, const uint8_t *body, size_t body_len, uint8_t **out,
+                      int32_t status, const struct p2p_iov *body, size_t n, uint8_t **out,
                       size_t *out_len);
 
 /* Checks the tag of a complete frame (frame = header + payload, len bytes)

@@ -156,6 +156,7 @@ struct p2p_host {
     uint16_t port, advertise_port;
     uint32_t max_inbound, n_inbound;
     p2p_request_cb on_request;
+    p2p_request_reply_cb on_request_reply;
     p2p_chunk_cb on_chunk;
     void *arg;
     struct p2p_conn *conns;
@@ -350,7 +351,7 @@ static void pending_finish_detached(struct pending *p, int status)
 static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc);
 static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
                          const uint8_t *recipient, uint8_t nonce[P2P_NONCE_LEN], int32_t status,
-                         const uint8_t *body, size_t blen);
+                         const struct p2p_iov *body, size_t n);
 
 static void pending_attach(struct pending *p, struct p2p_conn *c)
 {
@@ -380,8 +381,9 @@ static void pending_retry(struct pending *p, int err)
     p->id = h->next_id++;
     cm_random_bytes(p->nonce, P2P_NONCE_LEN);
     h->ctx->st.retries++;
+    struct p2p_iov one = {p->body, p->blen};
     if (send_envelope(c, P2P_KIND_REQUEST, p->type, p->id, p->has_expect ? p->expect_pub : NULL,
-                      p->nonce, 0, p->body, p->blen) ||
+                      p->nonce, 0, &one, 1) ||
         c->state == C_CLOSING) {
         pending_finish_detached(p, err);
         return;
@@ -1007,26 +1009,44 @@ static void fill_peer(struct p2p_conn *c, uint32_t listen_port, const struct cm_
  * response to it echoes them (see msg_in). */
 static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_t id,
                          const uint8_t *recipient, uint8_t nonce[P2P_NONCE_LEN], int32_t status,
-                         const uint8_t *body, size_t blen)
+                         const struct p2p_iov *body, size_t n)
 {
     struct p2p_host *h = c->h;
     uint8_t *frame;
     size_t flen;
     int rc;
     if (c->tx_on && !c->tx_resign) {
-        rc = p2p_session_build(&c->stx, kind, type, id, status, body, blen, &frame, &flen);
+        rc = p2p_session_build(&c->stx, kind, type, id, status, body, n, &frame, &flen);
         if (rc)
             return rc;
         memcpy(nonce, frame + flen - P2P_SESSION_TAG_LEN, P2P_NONCE_LEN);
         return conn_send(c, frame, flen);
     }
+    /* A signed envelope hashes and packs one contiguous body. */
+    const uint8_t *b = n ? body[0].base : NULL;
+    size_t blen = n ? body[0].len : 0;
+    uint8_t *gathered = NULL;
+    if (n > 1) {
+        blen = 0;
+        for (size_t i = 0; i < n; i++)
+            blen += body[i].len;
+        if (blen > P2P_FRAME_MAX_PAYLOAD)
+            return CM_ETOOBIG;
+        if (!(gathered = malloc(blen ? blen : 1)))
+            return CM_ENOMEM;
+        for (size_t i = 0, off = 0; i < n; off += body[i].len, i++)
+            if (body[i].len)
+                memcpy(gathered + off, body[i].base, body[i].len);
+        b = gathered;
+    }
     struct p2p_envelope_out o = {
         .kind = kind, .type = type, .request_id = id, .token = h->token,
         .recipient = recipient, .time_ms = p2p_now_ms(), .listen_port = h->advertise_port,
-        .status = status, .body = body, .body_len = blen,
+        .status = status, .body = b, .body_len = blen,
     };
     memcpy(o.nonce, nonce, P2P_NONCE_LEN);
     rc = p2p_envelope_build(h->key, &o, &frame, &flen);
+    free(gathered);
     if (rc)
         return rc;
     c->tx_resign = 0;
@@ -1095,9 +1115,10 @@ static void serve_hello(struct p2p_conn *c, const struct msg_in *m, const struct
         status = p2p_mac_init(&tx, kr);
     uint8_t nonce[P2P_NONCE_LEN];
     memcpy(nonce, m->nonce, P2P_NONCE_LEN);
+    struct p2p_iov one = {kx.pub, P2P_KX_LEN};
     if (c->state == C_OPEN)
         send_envelope(c, P2P_KIND_RESPONSE, m->type, m->id, cl->peer_public_key, nonce, status,
-                      status ? NULL : kx.pub, status ? 0 : P2P_KX_LEN);
+                      &one, status ? 0 : 1);
     p2p_kx_cleanup(&kx);
     OPENSSL_cleanse(ki, sizeof ki);
     OPENSSL_cleanse(kr, sizeof kr);
@@ -1126,18 +1147,23 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
     }
     struct p2p_peer pe;
     fill_peer(c, m->listen_port, cl, &pe);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    int status = serve_builtin(c, &pe, m->type, m->body, m->blen, &resp, &rlen);
+    struct p2p_reply rp = {0};
+    int status;
+    if (h->on_request_reply && m->type != P2P_MSG_PING && m->type != P2P_MSG_STREAM_CHUNK) {
+        status = h->on_request_reply(h->arg, h, &pe, m->type, m->body, m->blen, &rp);
+    } else {
+        status = serve_builtin(c, &pe, m->type, m->body, m->blen, &rp.body, &rp.len);
+    }
     if (status > 0)
         status = CM_EINTERNAL;
     ctx->st.requests_served++;
     uint8_t nonce[P2P_NONCE_LEN];
     memcpy(nonce, m->nonce, P2P_NONCE_LEN);
+    struct p2p_iov parts[2] = {{rp.body, rp.body ? rp.len : 0}, {rp.tail, rp.tail_len}};
     if (c->state == C_OPEN)
         send_envelope(c, P2P_KIND_RESPONSE, m->type, m->id, cl->peer_public_key, nonce, status,
-                      resp, resp ? rlen : 0);
-    free(resp);
+                      parts, rp.tail_len ? 2 : 1);
+    free(rp.body);
     /* Backpressure: a peer that asks faster than we can answer stops being
      * read until its responses drain. */
     if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
@@ -1373,6 +1399,7 @@ int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct 
     h->key = cfg->key;
     h->max_inbound = cfg->max_inbound ? cfg->max_inbound : 512;
     h->on_request = cfg->on_request;
+    h->on_request_reply = cfg->on_request_reply;
     h->on_chunk = cfg->on_chunk;
     h->arg = cfg->arg;
     cm_random_bytes(&h->next_id, sizeof h->next_id);
@@ -1562,10 +1589,13 @@ static struct p2p_conn *conn_get(struct p2p_host *h, const struct sockaddr *addr
 /* Sends one request on c and attaches its pending entry. internal: a HELLO
  * (never retried on another connection, not counted). */
 static int request_on(struct p2p_host *h, struct p2p_conn *c, const struct sockaddr *addr,
-                      const uint8_t *peer_pub, uint32_t type, const uint8_t *body, size_t len,
-                      uint32_t timeout_ms, p2p_response_cb cb, void *arg, int internal,
-                      struct pending **out)
+                      const uint8_t *peer_pub, uint32_t type, const struct p2p_iov *body,
+                      size_t n, uint32_t timeout_ms, p2p_response_cb cb, void *arg, int internal,
+                      int keep, struct pending **out)
 {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++)
+        len += body[i].len;
     struct pending *p = calloc(1, sizeof *p);
     if (!p)
         return CM_ENOMEM;
@@ -1580,18 +1610,20 @@ static int request_on(struct p2p_host *h, struct p2p_conn *c, const struct socka
     }
     p->type = type;
     p->blen = len;
-    p->internal = p->retried = internal;
+    p->internal = internal;
+    p->retried = !keep; /* without a copy of the body it cannot be sent again */
     memcpy(&p->addr, addr, p2p__addr_len(addr));
-    if (len && !internal && !(p->body = malloc(len))) {
+    if (len && keep && !(p->body = malloc(len))) {
         free(p);
         return CM_ENOMEM;
     }
-    if (len && !internal)
-        memcpy(p->body, body, len);
+    for (size_t i = 0, off = 0; keep && i < n; off += body[i].len, i++)
+        if (body[i].len)
+            memcpy(p->body + off, body[i].base, body[i].len);
     cm_random_bytes(p->nonce, P2P_NONCE_LEN);
     if (out)
         *out = p;
-    int rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, len);
+    int rc = send_envelope(c, P2P_KIND_REQUEST, type, p->id, peer_pub, p->nonce, 0, body, n);
     if (rc || c->state == C_CLOSING) { /* C_CLOSING: the write failed at once */
         free(p->body);
         free(p);
@@ -1649,9 +1681,10 @@ static void hello_start(struct p2p_host *h, struct p2p_conn *c, const struct soc
         return;
     hs->c = c;
     struct pending *p = NULL;
+    struct p2p_iov one = {hs->kx.pub, P2P_KX_LEN};
     if (p2p_kx_new(&hs->kx) ||
-        request_on(h, c, addr, peer_pub, P2P_MSG_HELLO, hs->kx.pub, P2P_KX_LEN, timeout_ms,
-                   hello_done, hs, 1, &p)) {
+        request_on(h, c, addr, peer_pub, P2P_MSG_HELLO, &one, 1, timeout_ms, hello_done, hs, 1, 0,
+                   &p)) {
         p2p_kx_cleanup(&hs->kx);
         free(hs);
         c->n_requests = 0; /* try again after as many requests */
@@ -1663,10 +1696,14 @@ static void hello_start(struct p2p_host *h, struct p2p_conn *c, const struct soc
     c->hello_tried = 1;
 }
 
-int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
-                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
-                p2p_response_cb cb, void *arg)
+/* Shared by p2p_request and p2p_request_iov. */
+static int request_start(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                         uint32_t type, const struct p2p_iov *body, size_t n, uint32_t timeout_ms,
+                         p2p_response_cb cb, void *arg, int keep)
 {
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++)
+        len += body[i].len;
     if (h->closing)
         return CM_ECLOSED;
     if (!cb || !addr || (!peer_pub && type != P2P_MSG_PING) || len > P2P_FRAME_MAX_PAYLOAD - 4096 ||
@@ -1686,5 +1723,20 @@ int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *
         hello_start(h, c, addr, peer_pub, timeout_ms);
     if (c->state == C_CLOSING)
         return CM_ECONN;
-    return request_on(h, c, addr, peer_pub, type, body, len, timeout_ms, cb, arg, 0, NULL);
+    return request_on(h, c, addr, peer_pub, type, body, n, timeout_ms, cb, arg, 0, keep, NULL);
+}
+
+int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
+                p2p_response_cb cb, void *arg)
+{
+    struct p2p_iov one = {body, len};
+    return request_start(h, addr, peer_pub, type, &one, 1, timeout_ms, cb, arg, 1);
+}
+
+int p2p_request_iov(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                    uint32_t type, const struct p2p_iov *body, size_t n, uint32_t timeout_ms,
+                    p2p_response_cb cb, void *arg)
+{
+    return request_start(h, addr, peer_pub, type, body, n, timeout_ms, cb, arg, 0);
 }

@@ -46,6 +46,7 @@
 #include "cm_crypto.h"
 #include "cm_token.h"
 #include "p2p/p2p_envelope.h"
+#include "p2p/p2p_session.h"
 
 /* Message types (mirrors enum Ctp2p__MsgType in p2p.proto). */
 enum p2p_msg_type {
@@ -90,6 +91,20 @@ struct p2p_peer {
 typedef int (*p2p_request_cb)(void *arg, struct p2p_host *h, const struct p2p_peer *from,
                               uint32_t type, const uint8_t *body, size_t len, uint8_t **resp,
                               size_t *resp_len);
+/* A reply in two pieces: body (malloc'd, owned by the transport afterwards,
+ * may be NULL) followed by tail (borrowed: it must stay valid until the
+ * handler returns, the transport builds the frame before anything else
+ * runs). Lets a handler answer with bulk data it keeps without copying it
+ * into a fresh body first. */
+struct p2p_reply {
+    uint8_t *body;
+    size_t len;
+    const uint8_t *tail;
+    size_t tail_len;
+};
+typedef int (*p2p_request_reply_cb)(void *arg, struct p2p_host *h, const struct p2p_peer *from,
+                                    uint32_t type, const uint8_t *body, size_t len,
+                                    struct p2p_reply *reply);
 /* Stream chunk handler: data borrowed for the call. Return 0 to accept. */
 typedef int (*p2p_chunk_cb)(void *arg, struct p2p_host *h, const struct p2p_peer *from,
                             uint64_t stream_id, uint64_t offset, uint64_t total_len,
@@ -108,6 +123,7 @@ struct p2p_host_config {
     uint16_t advertise_port;      /* port to announce; 0: the bound port */
     uint32_t max_inbound;         /* 0: 512 */
     p2p_request_cb on_request;
+    p2p_request_reply_cb on_request_reply; /* instead of on_request when set */
     p2p_chunk_cb on_chunk;
     void *arg;
 };
@@ -150,6 +166,14 @@ int p2p_host_set_token(struct p2p_host *h, const char *token);
 int p2p_request(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
                 uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
                 p2p_response_cb cb, void *arg);
+
+/* Like p2p_request with the body gathered from n pieces (copied once,
+ * straight into the frame), and without the transport's single resend on a
+ * fresh connection (which would need a copy of the body): for bulk senders
+ * that retry themselves. */
+int p2p_request_iov(struct p2p_host *h, const struct sockaddr *addr, const uint8_t *peer_pub,
+                    uint32_t type, const struct p2p_iov *body, size_t n, uint32_t timeout_ms,
+                    p2p_response_cb cb, void *arg);
 
 /* Sends `len` bytes (borrowed until done runs) as a stream of chunks of at
  * most chunk_size bytes (0: 64 KiB), with up to `window` chunks in flight
