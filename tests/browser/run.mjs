@@ -149,6 +149,13 @@ const rowsOf = (page, sel) => page.$$eval(`${sel} tbody tr`, (trs) => trs
   .filter((tr) => !tr.querySelector('td.empty'))
   .map((tr) => [...tr.children].map((td) => td.textContent.trim())));
 
+// An extra screenshot in the middle of a test.
+async function shot(page, name) {
+  const path = join(seed.screenshots, `${name}.png`);
+  await page.screenshot({ path, fullPage: true });
+  console.log(`  screenshot ${path}`);
+}
+
 const fmt = (x) => Number(x).toLocaleString('en-US', { maximumFractionDigits: 0 });
 
 // ---- the tests ----
@@ -312,8 +319,7 @@ test('organizer-actions', async (page) => {
   assert.ok(peers.every((r) => r[1] !== '?'), 'every scheduled peer has an owner');
   assert.ok(peers.some((r) => /aggregates/.test(r[2])), `someone aggregates: ${JSON.stringify(peers)}`);
   assert.equal(peers.find((r) => r[1] === 'dave')[2], 'aggregates only', 'the no-compute peer only aggregates');
-  await page.screenshot({ path: join(seed.screenshots, '05a-organizer-run-admin.png'), fullPage: true });
-  console.log(`  screenshot ${join(seed.screenshots, '05a-organizer-run-admin.png')}`);
+  await shot(page, '05a-organizer-run-admin');
   // The audit log page shows all of it, the reason as text.
   await page.goto(`${seed.url}/#/audit-log`);
   await page.waitForSelector('#audit-log-table tbody tr td code');
@@ -384,6 +390,15 @@ test('auditor', async (page) => {
   assert.match(lines[0], /^username,peers,reports,steps,claimed_samples,verified_samples/);
   assert.equal(lines.length - 1, ranged.json.users.length);
   assert.match(await page.textContent('#audit-result'), /downloaded .*-contributions-by-user\.csv/);
+  await shot(page, '07a-auditor-filtered');
+  // A time window before the run: nothing matches.
+  await page.fill('#f-step-from', '');
+  await page.fill('#f-step-to', '');
+  await page.fill('#f-user', '');
+  await page.fill('#f-to', '2001-01-01T00:00');
+  await page.click('#f-apply');
+  await page.waitForFunction(() => document.querySelector('[data-total="reports"]')?.textContent === '0');
+  assert.deepEqual(await rowsOf(page, '#audit-users-table'), []);
   // An auditor reads; writes are refused.
   const w = await call('PUT', `/api/v1/runs/${RUN}/allowlist/mallory`, { token: tok });
   assert.equal(w.status, 403);
