@@ -261,8 +261,11 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
 /* ---- GET /schedule ---- */
 
 COORD_DB_STMT(S_RUN, 1,
-              "SELECT id, target_batch_size, coalesce(config->>'model_parameters', ''), "
-              "coalesce(config->>'gradient_bits', '') FROM runs WHERE name = $1");
+              "SELECT id, target_batch_size, coalesce(config->>'model_parameters', "
+              "config->'collaboration'->>'model_parameters', ''), "
+              "coalesce(config->>'gradient_bits', config->'collaboration'->>'gradient_bits', "
+              "CASE config->'collaboration'->>'compression' WHEN 'fp16' THEN '16' "
+              "WHEN 'q8' THEN '8' ELSE '' END) FROM runs WHERE name = $1");
 /* Live: the report has not expired and the pass it came with is still valid
  * (a revoked peer drops out of the next schedule). */
 COORD_DB_STMT(S_LIVE, 1,
@@ -825,8 +828,9 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
             respond(req, resp, &nw, 0);
         else
             coord_resp_error(resp, 409, "run_not_schedulable",
-                             "run '%s' needs config.model_parameters (a positive integer) and "
-                             "optionally config.gradient_bits (8, 16 or 32) to be scheduled",
+                             "run '%s' needs config.collaboration.model_parameters (a "
+                             "positive integer; or config.model_parameters) and optionally "
+                             "gradient_bits (8, 16 or 32) to be scheduled",
                              req->params[0]);
         free(nw.payload);
         return;
