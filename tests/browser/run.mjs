@@ -13,7 +13,7 @@
 // Content-Security-Policy violation or uncaught page error. Exit 0 when all
 // pass.
 import { createRequire } from 'node:module';
-import { readFileSync, mkdirSync } from 'node:fs';
+import { readFileSync, mkdirSync, readdirSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import https from 'node:https';
 import crypto from 'node:crypto';
@@ -26,6 +26,8 @@ const seed = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const CA = readFileSync(seed.ca);
 const RUN = seed.run;
 mkdirSync(seed.screenshots, { recursive: true });
+// Only this run's screenshots: the directory is the suite's own.
+for (const f of readdirSync(seed.screenshots)) if (f.endsWith('.png')) unlinkSync(join(seed.screenshots, f));
 
 // ---- the API from node (verifying the coordinator's certificate) ----
 function call(method, path, { token, body, raw } = {}) {
@@ -195,6 +197,19 @@ test('overview-live', async (page) => {
   assert.equal(await page.textContent('#stat-step'), `${seed.steps + 1} / ${seed.total_steps}`);
 });
 
+test('overview-empty-run', async (page) => {
+  await page.goto(`${seed.url}/#/run/${seed.empty_run}`);
+  await page.waitForFunction(() => /^updated /.test(document.querySelector('#updated')?.textContent || ''));
+  assert.equal(await page.textContent('#stat-step'), '—');
+  assert.equal(await page.textContent('#stat-eta'), 'no last step set');
+  assert.equal(await pointsOf(page, 'loss'), 0);
+  assert.equal(await page.isVisible('#chart-loss + .chart-empty'), true);
+  // anonymous: runs list and run pages, no leaderboard names
+  await page.goto(`${seed.url}/#/run/${RUN}/leaderboard`);
+  await page.waitForSelector('main a[href="#/login"]');
+  assert.equal(await page.$('#leaderboard-table'), null);
+});
+
 test('leaderboard', async (page) => {
   await login(page, 'volunteer');
   await page.goto(`${seed.url}/#/run/${RUN}/leaderboard`);
@@ -319,7 +334,7 @@ test('organizer-actions', async (page) => {
   assert.ok(peers.every((r) => r[1] !== '?'), 'every scheduled peer has an owner');
   assert.ok(peers.some((r) => /aggregates/.test(r[2])), `someone aggregates: ${JSON.stringify(peers)}`);
   assert.equal(peers.find((r) => r[1] === 'dave')[2], 'aggregates only', 'the no-compute peer only aggregates');
-  await shot(page, '05a-organizer-run-admin');
+  await shot(page, 'organizer-run-admin-after-actions');
   // The audit log page shows all of it, the reason as text.
   await page.goto(`${seed.url}/#/audit-log`);
   await page.waitForSelector('#audit-log-table tbody tr td code');
@@ -390,7 +405,7 @@ test('auditor', async (page) => {
   assert.match(lines[0], /^username,peers,reports,steps,claimed_samples,verified_samples/);
   assert.equal(lines.length - 1, ranged.json.users.length);
   assert.match(await page.textContent('#audit-result'), /downloaded .*-contributions-by-user\.csv/);
-  await shot(page, '07a-auditor-filtered');
+  await shot(page, 'auditor-filtered');
   // A time window before the run: nothing matches.
   await page.fill('#f-step-from', '');
   await page.fill('#f-step-to', '');
