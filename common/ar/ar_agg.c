@@ -127,9 +127,15 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         a->final[c] = 2; /* nobody's gradient arrived for this chunk */
     } else {
         const double *sum = a->sum + c * r->chunk;
+        float *avg = r->scratch;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (r->comp == AR_COMP_NONE) /* fp32 is its own encoding: write it in place */
+            avg = (float *)(void *)(a->res + c * r->enc_chunk);
+#endif
         for (size_t i = 0; i < cnt; i++)
-            r->scratch[i] = (float)(sum[i] / w);
-        ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
+            avg[i] = (float)(sum[i] / w);
+        if (avg == r->scratch)
+            ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
     }
     for (size_t m = 0; m < r->n_members; m++) {
@@ -162,12 +168,20 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t c
     } else if (w != sd->weight) {
         return exclude(r, s, AR_EXCL_WEIGHT);
     }
-    double ss = 0;
-    for (size_t i = 0; i < cnt; i++) {
-        if (!isfinite(x[i]))
-            return exclude(r, s, AR_EXCL_NONFINITE);
+    /* Squared norm in double, in one branch-free (vectorizable) pass: a NaN
+     * or infinity anywhere makes it non-finite, and finite floats cannot
+     * overflow it (at most 2^18 values of at most 2^256 each). */
+    double acc[8] = {0}, ss = 0;
+    size_t i = 0;
+    for (; i + 8 <= cnt; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += (double)x[i + j] * (double)x[i + j];
+    for (; i < cnt; i++)
         ss += (double)x[i] * (double)x[i];
-    }
+    for (size_t j = 0; j < 8; j++)
+        ss += acc[j];
+    if (!isfinite(ss))
+        return exclude(r, s, AR_EXCL_NONFINITE);
     if (!(sqrt(ss) <= r->max_norm))
         return exclude(r, s, AR_EXCL_NORM);
     float *keep = malloc(cnt * sizeof *keep);
@@ -176,7 +190,7 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t c
     memcpy(keep, x, cnt * sizeof *keep);
     a->undo[c * r->n_members + (size_t)s] = keep;
     double *sum = a->sum + c * r->chunk;
-    for (size_t i = 0; i < cnt; i++)
+    for (i = 0; i < cnt; i++)
         sum[i] += w * (double)x[i];
     a->recv[c] |= BIT(s);
     a->cw[c] += w;

@@ -23,6 +23,7 @@
  * is freed only after its last callback. */
 #include "ar/ar_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -533,9 +534,13 @@ static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *bo
     }
     float *dst = L->stage + c * r->chunk;
     rc = ar_codec_decode(r->comp, m.payload, m.payload_len, cnt, dst);
+    /* An aggregator's garbage never reaches the buffer (a branch-free pass:
+     * NaN fails the comparison too). */
+    int bad = 0;
     for (size_t i = 0; !rc && i < cnt; i++)
-        if (!isfinite(dst[i]))
-            rc = CM_ENUMERIC; /* an aggregator's garbage never reaches the buffer */
+        bad |= !(fabsf(dst[i]) <= FLT_MAX);
+    if (!rc && bad)
+        rc = CM_ENUMERIC;
     if (!rc) {
         L->wmin = m.weight < L->wmin ? m.weight : L->wmin;
         L->wmax = m.weight > L->wmax ? m.weight : L->wmax;

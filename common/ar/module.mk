@@ -30,3 +30,7 @@ $(BENCH_AR_GLOO): $(BUILD)/obj/tests/bench/bench_allreduce_gloo.o $(BUILD)/lib/l
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
 BENCHES += $(BENCH_AR_GLOO)
+
+# The aggregator's per-element loops (norm, weighted sum, average) are the
+# engine's hot path: -O3 lets GCC vectorize them.
+$(call objs_of,common/ar/ar_agg.c common/ar/ar_codec.c): EXTRA_CFLAGS += -O3

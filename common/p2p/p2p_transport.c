@@ -25,7 +25,7 @@
 #include "cm_log.h"
 
 #define WRITE_SLICE (64u * 1024u)
-#define RX_CHUNK (64u * 1024u)
+#define RX_CHUNK (256u * 1024u)
 /* A connection is upgraded to a session (p2p_session.h) once it has carried
  * this many requests or bytes of request bodies: bulk transfers get cheap
  * MACs, one-shot RPCs (most DHT traffic) do not pay for a handshake. */
@@ -817,10 +817,11 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
     if (c->rx_len >= P2P_FRAME_HDR_LEN && p2p_frame_parse_hdr(c->rx, c->rx_len, &fh) == CM_OK &&
         P2P_FRAME_HDR_LEN + (size_t)fh.length > c->rx_len)
         need = P2P_FRAME_HDR_LEN + (size_t)fh.length - c->rx_len;
+    size_t whole = need; /* room for the rest of the frame: one allocation per frame */
     if (need && want > need)
         want = need;
     if (c->rx_cap - c->rx_len < want) {
-        size_t ncap = c->rx_len + want;
+        size_t ncap = c->rx_len + (whole > want ? whole : want);
         size_t room = ctx->max_rx_held > ctx->rx_held ? ctx->max_rx_held - ctx->rx_held : 0;
         if (ncap - c->rx_cap > room) {
             /* Partial frames of all connections together are bounded: this
@@ -956,15 +957,24 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                 conn_drop(c, P2P_REJ_MALFORMED, "receive memory limit reached");
                 return;
             }
-            uint8_t *n = realloc(c->rx, left);
+            /* Room for the whole frame when its header is in, so the rest
+             * is read in place without growing (and copying) again. */
+            size_t cap = left;
+            struct p2p_frame_hdr fh;
+            if (p2p_frame_parse_hdr(data + off, left, &fh) == CM_OK &&
+                P2P_FRAME_HDR_LEN + (size_t)fh.length > left &&
+                ctx->rx_held + P2P_FRAME_HDR_LEN + fh.length <= ctx->max_rx_held)
+                cap = P2P_FRAME_HDR_LEN + (size_t)fh.length;
+            uint8_t *n = realloc(c->rx, cap);
             if (!n) {
                 conn_close(c, CM_ENOMEM);
                 return;
             }
             memcpy(n, data + off, left);
             c->rx = n;
-            ctx->rx_held += left - c->rx_cap;
-            c->rx_cap = c->rx_len = left;
+            ctx->rx_held += cap - c->rx_cap;
+            c->rx_cap = cap;
+            c->rx_len = left;
         }
         return;
     }
