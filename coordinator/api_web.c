@@ -11,8 +11,9 @@
  * origin's scripts, styles and API: even a string that slipped past the
  * app's escaping could not run as script.
  *
- * Read endpoints for the logged-in user: their own access passes (devices)
- * across runs, and their own sessions. */
+ * Read endpoints for the pages: the logged-in user's own access passes
+ * (devices) across runs and their own sessions, and a run's leaderboard of
+ * verified contributions. docs/dashboard.md describes them. */
 #include "coordinator/api.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -326,15 +327,18 @@ void api_leaderboard(struct coord_req *req, struct coord_resp *resp)
         return;
     const char *p[] = {req->params[0]};
     PGresult *r = coord_db_exec(req->db, &S_LEADER_RUN, p, NULL);
-    int known = r && PQntuples(r) == 1;
-    if (r)
-        PQclear(r);
-    if (!r || (known && !(r = coord_db_exec(req->db, &S_LEADERS, p, NULL)))) {
+    if (!r) {
         coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
+    int known = PQntuples(r) == 1;
+    PQclear(r);
     if (!known) {
         coord_resp_error(resp, 404, "not_found", "no such run");
+        return;
+    }
+    if (!(r = coord_db_exec(req->db, &S_LEADERS, p, NULL))) {
+        coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
     json_t *a = json_array();
