@@ -419,7 +419,12 @@ static void *writer_main(void *arg)
             g_tail = NULL;
         pthread_mutex_unlock(&g_mu);
 
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         write_all(jobs, n);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        CM_LOGD("contrib", "batch of %zu reports stored in %.1f ms", n,
+                (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
 
         pthread_mutex_lock(&g_mu);
         for (size_t i = 0; i < n; i++)

@@ -40,10 +40,17 @@ $(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(INTEG_LIBS_$*) $(COMMON_LIB) $(LDLIBS) -lcmocka
 
-# Contribution accounting: the test signs reports with the
-# agent's encoder (agent/join/report.c), so it links the agent library.
+# Contribution accounting: the test and the bench sign reports with the
+# agent's encoder (agent/join/report.c), so they link the agent library.
 INTEG_LIBS_test_contrib = $(AGENT_LIB)
 $(BUILD)/tests/integ/test_contrib: $(AGENT_LIB)
+BENCH_REPORTS := $(BUILD)/tests/bench/bench_reports
+$(BENCH_REPORTS): $(BUILD)/obj/tests/bench/bench_reports.o $(AGENT_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(AGENT_LIB) $(COMMON_LIB) $(LDLIBS)
+tests/bench/bench_reports.sh: $(BENCH_REPORTS) $(COORD_BIN)
+BENCHES += tests/bench/bench_reports.sh
 
 # Keep test objects around (make treats them as intermediate otherwise).
 .SECONDARY:

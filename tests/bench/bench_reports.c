@@ -1,0 +1,386 @@
+/* Contribution-report throughput (issue 6): N simulated agents (default
+ * 1,000) in groups of G, each reporting every step to one coordinator on
+ * loopback over HTTPS with keep-alive (libcurl multi, one connection per
+ * agent). Started by tests/bench/bench_reports.sh, which brings up
+ * PostgreSQL (default durability: fsync and synchronous_commit on) and the
+ * coordinator.
+ *
+ * Setup: a volunteer, a run, N passes through the API. All reports are
+ * generated and signed before timing (signing is the agents' cost). Then:
+ *  1. warm-up: every agent reports once (TLS handshakes, prepared statements);
+ *  2. open loop at RATE reports/s for SECONDS: agent a reports step s at
+ *     t0 + s * N / RATE + a / RATE; latency counts from that scheduled time,
+ *     so a server that falls behind shows it (no coordinated omission);
+ *  3. closed loop: every agent sends its next report as soon as the last is
+ *     answered, for SECONDS/2: the most the coordinator sustains.
+ * Prints reports/s and latency percentiles of each phase, then checks the
+ * database: every report stored once, verified == claimed (honest groups),
+ * and the on-disk size per million reports.
+ *
+ *   bench_reports URL CA DB_URL ORG_PASSWORD [agents] [group] [rate] [seconds] */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <libpq-fe.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/join/report.h"
+#include "cm_crypto.h"
+#include "cm_err.h"
+
+static const char *g_url, *g_ca;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+struct buf {
+    char *p;
+    size_t len;
+};
+
+static size_t on_data(void *d, size_t sz, size_t n, void *ud)
+{
+    struct buf *b = ud;
+    size_t k = sz * n;
+    char *q = realloc(b->p, b->len + k + 1);
+    if (!q)
+        return 0;
+    memcpy(q + b->len, d, k);
+    b->p = q;
+    b->len += k;
+    b->p[b->len] = '\0';
+    return k;
+}
+
+/* Blocking request for setup; returns status, *out the parsed answer. */
+static long api(const char *method, const char *path, const char *bearer, const char *body,
+                json_t **out)
+{
+    CURL *h = curl_easy_init();
+    struct buf b = {0};
+    char url[512], auth[256];
+    snprintf(url, sizeof url, "%s%s", g_url, path);
+    struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
+    if (bearer) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
+        hl = curl_slist_append(hl, auth);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_CAINFO, g_ca);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+    if (body)
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    long status = 0;
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (out)
+        *out = b.p ? json_loads(b.p, 0, NULL) : NULL;
+    free(b.p);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(h);
+    return status;
+}
+
+static char *login(const char *user, const char *pw)
+{
+    char body[256];
+    json_t *j = NULL;
+    snprintf(body, sizeof body, "{\"username\":\"%s\",\"password\":\"%s\"}", user, pw);
+    long st = api("POST", "/api/v1/session", NULL, body, &j);
+    if (st != 200 && st != 201) {
+        fprintf(stderr, "bench_reports: login %s: HTTP %ld\n", user, st);
+        json_decref(j);
+        return NULL;
+    }
+    char *t = strdup(json_string_value(json_object_get(j, "token")));
+    json_decref(j);
+    return t;
+}
+
+struct agent {
+    struct cm_ed25519 key;
+    char *token;
+    CURL *h;
+    struct curl_slist *hl;
+    int busy;
+    int next;          /* index of its next report */
+    double due, sent;  /* scheduled and actual send time of the one in flight */
+    struct buf answer;
+};
+
+static int g_n, g_group, g_steps;
+static char **g_body; /* [agent * steps + step] */
+static double *g_lat;
+static size_t g_nlat, g_cap_lat;
+static long g_errors, g_non2xx;
+static double g_rate_done; /* reports/s of the last phase */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void lat_add(double s)
+{
+    if (g_nlat == g_cap_lat) {
+        g_cap_lat = g_cap_lat ? g_cap_lat * 2 : 65536;
+        g_lat = realloc(g_lat, g_cap_lat * sizeof *g_lat);
+    }
+    g_lat[g_nlat++] = s;
+}
+
+static void send_report(CURLM *m, struct agent *a, int idx, double due)
+{
+    a->answer.len = 0;
+    curl_easy_setopt(a->h, CURLOPT_POSTFIELDS, g_body[idx]);
+    a->busy = 1;
+    a->due = due;
+    a->sent = now_s();
+    curl_multi_add_handle(m, a->h);
+}
+
+/* Runs one phase. open: rate > 0 (scheduled), else closed loop. Reports
+ * first_step .. first_step + steps - 1 of every agent, or until `seconds`. */
+static void phase(const char *name, CURLM *m, struct agent *ag, int first_step, int steps,
+                  double rate, double seconds)
+{
+    g_nlat = 0;
+    g_errors = g_non2xx = 0;
+    double t0 = now_s() + 0.05;
+    for (int a = 0; a < g_n; a++)
+        ag[a].next = first_step;
+    int last = first_step + steps;
+    long done = 0;
+    for (;;) {
+        double t = now_s();
+        int active = 0;
+        for (int a = 0; a < g_n; a++) {
+            struct agent *x = &ag[a];
+            if (x->busy) {
+                active = 1;
+                continue;
+            }
+            if (x->next >= last || t - t0 > seconds)
+                continue;
+            active = 1;
+            double due = rate > 0 ? t0 + (double)(x->next - first_step) * g_n / rate + a / rate : t;
+            if (due <= t) {
+                send_report(m, x, a * g_steps + x->next, due);
+                x->next++;
+            }
+        }
+        if (!active)
+            break;
+        int running = 0;
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left))) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            struct agent *x = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+            long st = 0;
+            if (msg->data.result == CURLE_OK)
+                curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &st);
+            else
+                g_errors++;
+            if (st && st != 201 && st != 200) {
+                if (g_non2xx++ < 3)
+                    fprintf(stderr, "bench_reports: HTTP %ld %s\n", st,
+                            x->answer.p ? x->answer.p : "");
+            }
+            curl_multi_remove_handle(m, msg->easy_handle);
+            x->busy = 0;
+            lat_add(now_s() - (rate > 0 ? x->due : x->sent));
+            done++;
+        }
+        curl_multi_poll(m, NULL, 0, 1, NULL);
+    }
+    double el = now_s() - t0;
+    g_rate_done = (double)done / el;
+    qsort(g_lat, g_nlat, sizeof *g_lat, cmp_d);
+    double p50 = g_nlat ? g_lat[g_nlat / 2] : 0, p99 = g_nlat ? g_lat[(size_t)(g_nlat * 0.99)] : 0;
+    double mx = g_nlat ? g_lat[g_nlat - 1] : 0;
+    printf("%-26s %7ld reports in %5.1f s = %7.0f reports/s   p50 %6.1f ms  p99 %7.1f ms  "
+           "max %7.1f ms   errors %ld non-2xx %ld\n",
+           name, done, el, (double)done / el, p50 * 1e3, p99 * 1e3, mx * 1e3, g_errors, g_non2xx);
+    fflush(stdout);
+}
+
+static long pq_long(PGconn *pg, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    long v = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) ? atol(PQgetvalue(r, 0, 0)) : -1;
+    PQclear(r);
+    return v;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5) {
+        fprintf(stderr, "usage: bench_reports URL CA DB_URL ORG_PASSWORD [agents] [group] [rate] "
+                        "[seconds]\n");
+        return 2;
+    }
+    g_url = argv[1];
+    g_ca = argv[2];
+    const char *db = argv[3], *orgpw = argv[4];
+    g_n = argc > 5 ? atoi(argv[5]) : 1000;
+    g_group = argc > 6 ? atoi(argv[6]) : 8;
+    double rate = argc > 7 ? atof(argv[7]) : 5000;
+    double secs = argc > 8 ? atof(argv[8]) : 10;
+    if (g_n < 2 || g_group < 2 || g_group > 64 || rate <= 0 || secs <= 0)
+        return 2;
+    int open_steps = (int)ceil(rate * secs / g_n);
+    g_steps = 1 + open_steps + (int)ceil(rate * secs / g_n) + 2; /* warm-up, open, closed */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
+    char *org = login("org", orgpw);
+    if (!org) {
+        fprintf(stderr, "bench_reports: cannot log in as org\n");
+        return 1;
+    }
+    api("POST", "/api/v1/users", org,
+        "{\"username\":\"vol\",\"role\":\"volunteer\",\"password\":\"bench-volunteer-pw\"}", NULL);
+    api("POST", "/api/v1/runs", org,
+        "{\"name\":\"bench\",\"target_batch_size\":4096,\"config\":{\"steps\":100000}}", NULL);
+    api("PUT", "/api/v1/runs/bench/allowlist/vol", org, NULL, NULL);
+    char *vol = login("vol", "bench-volunteer-pw");
+    struct agent *ag = calloc((size_t)g_n, sizeof *ag);
+    g_body = calloc((size_t)g_n * (size_t)g_steps, sizeof *g_body);
+    if (!vol || !ag || !g_body)
+        return 1;
+    double ts = now_s();
+    for (int a = 0; a < g_n; a++) {
+        char pk[64], body[128];
+        json_t *j = NULL;
+        cm_ed25519_generate(&ag[a].key);
+        cm_b64url_encode(ag[a].key.pub, 32, pk);
+        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
+        if (api("POST", "/api/v1/runs/bench/passes", vol, body, &j) != 201) {
+            fprintf(stderr, "bench_reports: pass %d refused\n", a);
+            return 1;
+        }
+        ag[a].token = strdup(json_string_value(json_object_get(j, "access_token")));
+        json_decref(j);
+    }
+    printf("setup: %d passes in %.1f s\n", g_n, now_s() - ts);
+    /* Honest groups of g_group consecutive agents; every member reports all of them. */
+    ts = now_s();
+    size_t bytes = 0;
+    for (int s = 0; s < g_steps; s++) {
+        for (int a = 0; a < g_n; a++) {
+            int g0 = a / g_group * g_group, gn = g0 + g_group > g_n ? g_n - g0 : g_group;
+            struct join_report r;
+            memset(&r, 0, sizeof r);
+            r.step = s;
+            snprintf(r.group, sizeof r.group, "g%d", g0 / g_group);
+            char rid[64];
+            snprintf(rid, sizeof rid, "%d/%d", s, g0);
+            cm_sha256(rid, strlen(rid), r.round_id);
+            r.samples = 32 + (a % 5) * 8;
+            r.compute_s = r.samples / 200.0;
+            r.loss = 2.5 * exp(-s / 50.0) + 0.01 * (a % 7);
+            r.sps = 200;
+            r.round_ms = 180 + a % 40;
+            r.parts = gn;
+            r.parts_averaged = gn;
+            r.n_members = (size_t)gn;
+            for (int k = 0; k < gn; k++) {
+                memcpy(r.members[k].pub, ag[g0 + k].key.pub, 32);
+                r.members[k].samples = 32 + ((g0 + k) % 5) * 8;
+            }
+            char payload[JOIN_REPORT_PAYLOAD_MAX + 1];
+            size_t len = 0;
+            if (join_report_encode(&r, "bench", ag[a].key.pub, 1763800000 + s, payload,
+                                   sizeof payload, &len) != CM_OK ||
+                join_report_sign(&ag[a].key, ag[a].token, payload, len,
+                                 &g_body[(size_t)a * g_steps + s]) != CM_OK)
+                return 1;
+            bytes += strlen(g_body[(size_t)a * g_steps + s]);
+        }
+    }
+    printf("setup: %d reports signed in %.1f s (mean body %zu bytes, groups of %d)\n",
+           g_n * g_steps, now_s() - ts, bytes / ((size_t)g_n * g_steps), g_group);
+
+    CURLM *m = curl_multi_init();
+    curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, (long)g_n + 16);
+    char url[512];
+    snprintf(url, sizeof url, "%s/api/v1/runs/bench/reports", g_url);
+    for (int a = 0; a < g_n; a++) {
+        CURL *h = ag[a].h = curl_easy_init();
+        ag[a].hl = curl_slist_append(NULL, "Content-Type: application/json");
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, ag[a].hl);
+        curl_easy_setopt(h, CURLOPT_CAINFO, g_ca);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &ag[a].answer);
+        curl_easy_setopt(h, CURLOPT_PRIVATE, (char *)&ag[a]);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    }
+    printf("%d agents, groups of %d, %d cores; PostgreSQL fsync on\n", g_n, g_group,
+           (int)sysconf(_SC_NPROCESSORS_ONLN));
+    phase("warm-up (connect, 1 each)", m, ag, 0, 1, 250, 60); /* staggered: no handshake storm */
+    char name[64];
+    snprintf(name, sizeof name, "open loop at %.0f/s", rate);
+    phase(name, m, ag, 1, open_steps, rate, secs + 5);
+    double open_p99 = g_nlat ? g_lat[(size_t)(g_nlat * 0.99)] : 1e9;
+    double open_rate = g_rate_done;
+    long open_bad = g_errors + g_non2xx;
+    phase("closed loop (max)", m, ag, 1 + open_steps, g_steps - 1 - open_steps, 0, secs / 2);
+
+    for (int a = 0; a < g_n; a++) {
+        curl_easy_cleanup(ag[a].h);
+        curl_slist_free_all(ag[a].hl);
+    }
+    curl_multi_cleanup(m);
+
+    PGconn *pg = PQconnectdb(db);
+    if (PQstatus(pg) != CONNECTION_OK) {
+        fprintf(stderr, "bench_reports: %s", PQerrorMessage(pg));
+        return 1;
+    }
+    long n = pq_long(pg, "SELECT count(*) FROM contrib_reports");
+    long dup = pq_long(pg, "SELECT count(*) - count(DISTINCT (run_id, step, peer_public_key)) "
+                           "FROM contrib_reports");
+    /* Steps every agent reported (the closed loop stops mid-step). */
+    char q[256];
+    snprintf(q, sizeof q,
+             "SELECT count(*) FROM contrib_claims WHERE verified_samples <> claimed_samples AND "
+             "step IN (SELECT step FROM contrib_reports GROUP BY step HAVING count(*) = %d)", g_n);
+    long unverified = pq_long(pg, q);
+    long size = pq_long(pg, "SELECT pg_total_relation_size('contrib_reports') + "
+                            "pg_total_relation_size('contrib_seen')");
+    double t1 = now_s();
+    long tot = pq_long(pg, "SELECT count(*) FROM contrib_user_totals WHERE run = 'bench'");
+    double q_ms = (now_s() - t1) * 1e3;
+    PQfinish(pg);
+    printf("stored %ld reports, %ld duplicates, %ld of complete steps not fully verified (all groups honest)\n", n,
+           dup, unverified);
+    printf("database size: %.1f MB for %ld reports = %.2f GB per million reports "
+           "(contrib_reports + contrib_seen, with indexes and TOAST)\n",
+           (double)size / 1e6, n, n > 0 ? (double)size / (double)n * 1e6 / 1e9 : 0);
+    printf("auditor totals over %ld reports: %.0f ms (%ld user rows)\n", n, q_ms, tot);
+    printf("open loop: %.0f reports/s sustained vs goal 5000: %.2fx; p99 %.1f ms vs goal 100 ms: "
+           "%.2fx\n",
+           open_rate, open_rate / 5000, open_p99 * 1e3, open_p99 * 1e3 / 100);
+    int ok = dup == 0 && unverified == 0 && open_bad == 0;
+    if (!ok)
+        printf("bench_reports: FAILED a correctness check (see above)\n");
+    return ok ? 0 : 1;
+}
