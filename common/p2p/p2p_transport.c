@@ -617,6 +617,19 @@ static void conn_touch(struct p2p_conn *c)
 
 /* ---- writing ----------------------------------------------------------- */
 
+/* How much a capped direction waits to accrue before the next write or read
+ * round: 2 ms of traffic (at least a packet, at most the bucket). Waking for
+ * every 1500 bytes cost a timer, a write or read per connection and, for
+ * reads, a pause and resume of every connection about every millisecond;
+ * the long-run rate is the bucket's either way. */
+static size_t rate_quantum(const struct p2p_rate *r)
+{
+    double q = r->bytes_per_s * 0.002;
+    if (q > r->burst)
+        q = r->burst;
+    return q < 1500 ? 1500 : (size_t)q;
+}
+
 static void up_timer_cb(uv_timer_t *t)
 {
     struct p2p_ctx *ctx = t->data;
@@ -624,7 +637,11 @@ static void up_timer_cb(uv_timer_t *t)
     /* Serve waiting connections in FIFO order until the bucket is empty;
      * a connection that still has data goes back to the tail. */
     struct p2p_conn *c;
-    while ((c = ctx->wait_head) && p2p_rate_available(&ctx->up, now_ns()) > 0) {
+    size_t n_wait = 0;
+    for (c = ctx->wait_head; c; c = c->wnext)
+        n_wait++;
+    /* Each waiting connection once: one that cannot write yet queues again. */
+    while (n_wait-- && (c = ctx->wait_head) && p2p_rate_available(&ctx->up, now_ns()) > 0) {
         ctx->wait_head = c->wnext;
         if (!ctx->wait_head)
             ctx->wait_tail = NULL;
@@ -634,7 +651,7 @@ static void up_timer_cb(uv_timer_t *t)
     }
     if (ctx->wait_head && !ctx->up_timer_armed) {
         ctx->up_timer_armed = 1;
-        uv_timer_start(&ctx->up_timer, up_timer_cb, p2p_rate_wait_ms(&ctx->up, 1500, now_ns()), 0);
+        uv_timer_start(&ctx->up_timer, up_timer_cb, p2p_rate_wait_ms(&ctx->up, rate_quantum(&ctx->up), now_ns()), 0);
     }
 }
 
@@ -671,7 +688,10 @@ static void conn_flush(struct p2p_conn *c)
         struct wframe *f = c->wq_head;
         size_t n = f->len - f->off;
         size_t avail = p2p_rate_available(&ctx->up, now_ns());
-        if (avail == 0) {
+        size_t q = rate_quantum(&ctx->up);
+        /* Capped: write a quantum at a time (or the frame's end), not
+         * whatever trickle has accrued: fewer, larger writes. */
+        if (avail == 0 || (p2p_rate_limited(&ctx->up) && avail < (n < q ? n : q))) {
             if (!c->in_wait) {
                 c->in_wait = 1;
                 if (ctx->wait_tail)
@@ -683,7 +703,7 @@ static void conn_flush(struct p2p_conn *c)
             if (!ctx->up_timer_armed) {
                 ctx->up_timer_armed = 1;
                 uv_timer_start(&ctx->up_timer, up_timer_cb,
-                               p2p_rate_wait_ms(&ctx->up, 1500, now_ns()), 0);
+                               p2p_rate_wait_ms(&ctx->up, rate_quantum(&ctx->up), now_ns()), 0);
             }
             return;
         }
@@ -854,10 +874,10 @@ static void down_timer_cb(uv_timer_t *t)
 {
     struct p2p_ctx *ctx = t->data;
     ctx->down_timer_armed = 0;
-    if (p2p_rate_available(&ctx->down, now_ns()) == 0) {
+    if (p2p_rate_available(&ctx->down, now_ns()) < rate_quantum(&ctx->down)) {
         ctx->down_timer_armed = 1;
         uv_timer_start(&ctx->down_timer, down_timer_cb,
-                       p2p_rate_wait_ms(&ctx->down, 1500, now_ns()), 0);
+                       p2p_rate_wait_ms(&ctx->down, rate_quantum(&ctx->down), now_ns()), 0);
         return;
     }
     ctx->down_paused = 0;
@@ -904,7 +924,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     conn_touch(c);
     if (p2p_rate_limited(&ctx->down)) {
         p2p_rate_consume(&ctx->down, (size_t)nread);
-        if (p2p_rate_available(&ctx->down, now_ns()) == 0) {
+        if (p2p_rate_available(&ctx->down, now_ns()) < rate_quantum(&ctx->down)) {
             /* Pause every connection of the process until the bucket
              * refills; the kernel's receive window then throttles the
              * senders, which is what a slow home link does. */
@@ -914,7 +934,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             if (!ctx->down_timer_armed) {
                 ctx->down_timer_armed = 1;
                 uv_timer_start(&ctx->down_timer, down_timer_cb,
-                               p2p_rate_wait_ms(&ctx->down, 1500, now_ns()), 0);
+                               p2p_rate_wait_ms(&ctx->down, rate_quantum(&ctx->down), now_ns()), 0);
             }
         }
     }
