@@ -16,9 +16,10 @@ int collab_progress_encode(const struct collab_progress *p, char *out, size_t ca
 {
     int n = snprintf(out, cap,
                      "{\"v\":1,\"step\":%lld,\"samples\":%.0f,\"sps\":%.3f,\"t\":%lld,\"addr\":\"%s\","
-                     "\"client\":%d,\"aux\":%d,\"st\":\"%s\",\"h\":\"%s\",\"pl\":%.0f}",
+                     "\"client\":%d,\"aux\":%d,\"st\":\"%s\",\"h\":\"%s\",\"pl\":%.0f,\"ps\":%lld}",
                      (long long)p->step, p->samples, p->sps, (long long)p->t_ms, p->addr,
-                     p->client ? 1 : 0, p->aux ? 1 : 0, p->st, p->hash, p->pledged);
+                     p->client ? 1 : 0, p->aux ? 1 : 0, p->st, p->hash, p->pledged,
+                     (long long)(p->pstep == p->step - 1 ? p->step - 1 : p->step));
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -140,25 +141,31 @@ static int only_keys(json_t *j, const char *const *keys, size_t n)
 int collab_progress_parse(const void *buf, size_t len, struct collab_progress *out)
 {
     static const char *const keys[] = {"v",    "step",   "samples", "sps", "t", "addr",
-                                       "client", "aux", "st",      "h",   "pl"};
+                                       "client", "aux", "st",      "h",   "pl", "ps"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
     double step = 0, t = 0;
-    int ok = only_keys(j, keys, 11) && num(j, "step", 0, (double)MAX_STEP, &step) &&
+    double ps = -1;
+    int ok = only_keys(j, keys, 12) && num(j, "step", 0, (double)MAX_STEP, &step) &&
              step == floor(step) && num(j, "samples", 0, MAX_SAMPLES, &out->samples) &&
              num(j, "sps", 0, MAX_SPS, &out->sps) && num(j, "t", 0, 9e15, &t) &&
              addr(j, "addr", out->addr) && flag(j, "client", &out->client) &&
              flag(j, "aux", &out->aux) &&
              (!json_object_get(j, "st") || addr(j, "st", out->st)) &&
              (!json_object_get(j, "h") || hexstr(j, "h", COLLAB_HASH_HEX, 1, out->hash)) &&
-             (!json_object_get(j, "pl") || num(j, "pl", 0, MAX_SAMPLES, &out->pledged));
+             (!json_object_get(j, "pl") || num(j, "pl", 0, MAX_SAMPLES, &out->pledged)) &&
+             (!json_object_get(j, "ps") || (num(j, "ps", 0, (double)MAX_STEP, &ps) && ps == floor(ps)));
     json_decref(j);
     if (!ok)
         return CM_EPARSE;
     out->step = (int64_t)step;
     out->t_ms = (int64_t)t;
+    /* a parameter step is the step, or one behind it (a round averaging) */
+    out->pstep = ps < 0 ? out->step : (int64_t)ps;
+    if (out->pstep > out->step || out->pstep < out->step - 1)
+        return CM_EPARSE;
     return CM_OK;
 }
 
@@ -252,6 +259,7 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
 {
     memset(out, 0, sizeof *out);
     out->max_step = step;
+    out->max_pstep = -1;
     for (size_t i = 0; i < n; i++) {
         /* tolerate clocks up to fresh_ms ahead of ours */
         if (p[i].t_ms < now_ms - fresh_ms || p[i].t_ms > now_ms + fresh_ms)
@@ -259,6 +267,8 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
         out->peers++;
         if (p[i].step > out->max_step)
             out->max_step = p[i].step;
+        if (!p[i].aux && p[i].pstep > out->max_pstep)
+            out->max_pstep = p[i].pstep;
         if (p[i].step != step || p[i].aux)
             continue;
         out->at_step++;

@@ -6,7 +6,7 @@
  *
  * Two kinds of DHT records, both dictionary entries authored and signed by
  * the peer (so nobody can overwrite another's):
- *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h","pl"]}
+ *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h","pl","ps"]}
  *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"[,"sv"]}
  *   "<run>/outcome/<step>" {"v":1,"rid","mask","t"}
  * The parsers are pure, strict and bounded (network input; fuzzed). */
@@ -28,6 +28,8 @@ struct collab_progress {
     double samples;                  /* samples accumulated toward step + 1 */
     double sps;                      /* recent samples per second */
     double pledged;                  /* samples of the micro-batch in flight (not in `samples`) */
+    int64_t pstep;                   /* step of its parameters: `step`, or `step` - 1 while
+                                        the previous round averages (delayed updates) */
     int64_t t_ms;                    /* when it was measured (author's clock) */
     char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
     int client, aux;                 /* client mode; aggregate-only auxiliary peer */
@@ -79,6 +81,7 @@ size_t collab_outcome_final(const struct collab_outcome *o, size_t n, const uint
 
 struct collab_view {
     int64_t max_step;      /* highest step any fresh peer reports */
+    int64_t max_pstep;     /* highest parameter step any fresh peer reports */
     size_t peers;          /* fresh peers */
     size_t at_step;        /* fresh peers at `step` (compute peers) */
     double samples;        /* samples accumulated at `step` by fresh peers (reported) */

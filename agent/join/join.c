@@ -32,6 +32,7 @@
 #include "p2p/p2p_transport.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -44,7 +45,7 @@
 struct join_cfg {
     char *coordinator, *run, *config_dir, *device, *listen_ip, *advertise_ip, *export_path,
         *compression, *step_log;
-    int aggregate_only, client_mode, no_eval;
+    int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
         outcome_window_ms, stall_ms;
     double max_upload_mbps, max_download_mbps;
@@ -81,6 +82,8 @@ static const struct cm_opt JOIN_OPTS[] = {
      "a round's members are the peers that announce within this window of the first", 0},
     {"outcome-window-ms", CM_OPT_INT, J(outcome_window_ms), "1500", "MS",
      "members agree on a round's averaged parts from the outcomes published within this window", 0},
+    {"delayed-updates", CM_OPT_BOOL, J(delayed_updates), NULL, NULL,
+     "overlap averaging with the next accumulation, at one step of staleness (seed 000 §3.2)", 0},
     {"stall-ms", CM_OPT_INT, J(stall_ms), "10000", "MS",
      "silence after which a peer in a round is given up for that round", 0},
     {"step-log", CM_OPT_STR, J(step_log), NULL, "FILE",
@@ -150,6 +153,7 @@ struct peer_state {
     struct join_reporter *rep; /* contribution reports (docs/accounting.md) */
     struct join_caps caps;     /* last capabilities reported */
     double caps_at, sched_at;  /* mono_s() of the last report / schedule refresh */
+    pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -357,6 +361,9 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     p.step = step;
     p.samples = samples;
     p.pledged = pledged;
+    p.pstep = (int64_t)s->tr.opt->step;
+    if (p.pstep > step || p.pstep < step - 1)
+        p.pstep = step;
     p.sps = sps;
     p.t_ms = now_ms();
     snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
@@ -780,39 +787,314 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
     return mask;
 }
 
+/* One averaging round: what the accumulation hands over and what comes
+ * back. With --delayed-updates it runs on its own thread while the next
+ * accumulation goes on (seed 000 §3.2, "delayed parameter updates"). */
+struct round_job {
+    struct peer_state *s;
+    int64_t step;       /* the round's step (parameters' step before it) */
+    float *accum;       /* mean gradient in, averaged gradient out (n floats) */
+    double samples, loss_sum, loss_n, compute_s, sps;
+    /* results */
+    int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
+    int missed;         /* the others agreed on parts we lack: fetch their state */
+    uint64_t agreed;
+    size_t n_parts, counted, nmem, me;
+    struct collab_announce *mem;
+    struct ar_member am[AR_MAX_MEMBERS];
+    uint8_t rid[AR_ROUND_ID_LEN];
+    struct join_round_summary sum;
+    int64_t sched_v;
+    double global, t_wait, t_round; /* seconds waited for it / it took (gather to outcome) */
+    /* thread */
+    pthread_t th;
+    int threaded;
+    volatile int done;
+};
+
+/* Gather, plan, average and agree on the outcome; leaves in j->accum the
+ * gradient every member applies (parts not agreed zeroed). */
+static void run_round_timed(struct round_job *j);
+static void run_round(struct round_job *j)
+{
+    double t0 = mono_s();
+    run_round_timed(j);
+    j->t_round = mono_s() - t0;
+}
+
+static void run_round_timed(struct round_job *j)
+{
+    struct peer_state *s = j->s;
+    size_t n = s->tr.model->nparams;
+    j->rc = gather(s, j->step, j->samples, &j->mem, &j->nmem);
+    if (j->rc != CM_OK)
+        return;
+    if (j->nmem > AR_MAX_MEMBERS)
+        j->nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
+    struct ar_member *am = j->am;
+    size_t naggs = 0;
+    j->me = j->nmem;
+    memset(am, 0, sizeof j->am);
+    for (size_t i = 0; i < j->nmem; i++) {
+        const struct collab_announce *mi = &j->mem[i];
+        memcpy(am[i].pub, mi->pub, CM_ED25519_PUB_LEN);
+        am[i].sends = mi->sends;
+        am[i].fraction = mi->agg ? 1.0 : 0.0;
+        if (mi->agg && p2p_addr_parse(mi->addr, &am[i].addr) != CM_OK)
+            am[i].fraction = 0;
+        naggs += am[i].fraction > 0;
+        j->global += mi->sends ? mi->weight : 0;
+        if (!memcmp(mi->pub, s->key.pub, CM_ED25519_PUB_LEN))
+            j->me = i;
+    }
+    if (naggs) {
+        pthread_mutex_lock(&s->js_mu);
+        j->sched_v = plan_round(s, j->mem, am, j->nmem);
+        pthread_mutex_unlock(&s->js_mu);
+    }
+    if (j->me == j->nmem || naggs == 0) {
+        fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
+                (long long)j->step, j->nmem, naggs);
+        j->rc = CM_ESTATE;
+        return;
+    }
+    float *accum = j->accum;
+    if (j->samples > 0)
+        for (size_t i = 0; i < n; i++)
+            accum[i] /= (float)j->samples;
+    if (s->corrupt && j->samples > 0) /* test hook: behave like a broken or malicious peer */
+        for (size_t i = 0; i < n; i += 97)
+            accum[i] = s->corrupt == 1 ? NAN : 1e30f;
+    struct ar_round_config rcfg = {0};
+    rcfg.step = (uint64_t)j->step;
+    rcfg.group_id = (const uint8_t *)"all";
+    rcfg.group_id_len = 3;
+    rcfg.members = am;
+    rcfg.n_members = j->nmem;
+    rcfg.my_index = j->me;
+    rcfg.buf = s->o.aggregate_only ? NULL : accum;
+    rcfg.n = n;
+    rcfg.weight = s->o.aggregate_only ? 0 : j->samples;
+    rcfg.comp = s->comp;
+    rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
+    /* generous: on a loaded machine a slow peer must not be mistaken for a
+       dead one (the outcome agreement then skips its part for everyone) */
+    rcfg.stall_ms = (uint32_t)s->o.stall_ms;
+    uint32_t owner[AR_MAX_MEMBERS];
+    size_t poff[AR_MAX_MEMBERS], plen[AR_MAX_MEMBERS];
+    if (ar_round_id(&rcfg, j->rid) != CM_OK ||
+        ar_partition(am, j->nmem, n, AR_ALIGN, &j->n_parts, owner, poff, plen) != CM_OK) {
+        j->rc = CM_EINTERNAL;
+        return;
+    }
+    int rc = join_net_allreduce(s->net, &rcfg, &j->sum);
+    if (rc != CM_OK && j->sum.n_parts == 0)
+        j->sum.averaged_mask = 0;
+    for (size_t i = 0; i < j->sum.n_excluded; i++) {
+        char pk[64];
+        cm_b64url_encode(am[j->sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
+        fprintf(stderr, "\nwarning: step %lld: peer %s excluded from the round (%s)\n",
+                (long long)j->step, pk, ar_excl_reason_name(j->sum.excluded_reason[i]));
+    }
+    uint64_t all = j->n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << j->n_parts) - 1);
+    uint64_t mine = j->sum.averaged_mask & all;
+    j->agreed = mine;
+    if (!s->o.aggregate_only)
+        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, &j->counted) & all;
+    if (j->agreed != all)
+        fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
+                        "are skipped this step\n",
+                (long long)j->step, __builtin_popcountll(j->agreed), j->n_parts);
+    if (!s->o.aggregate_only && (j->agreed & ~mine)) {
+        /* the others averaged a part we could not get: our update would
+           differ from theirs, so take their state after the step instead */
+        fprintf(stderr, "\nwarning: step %lld: we missed parts the others averaged; fetching their state\n",
+                (long long)j->step);
+        j->missed = 1;
+        return;
+    }
+    for (size_t k = 0; k < j->n_parts; k++)
+        if (!(j->agreed >> k & 1) && !s->o.aggregate_only)
+            memset(accum + poff[k], 0, plen[k] * sizeof *accum);
+    j->rc = CM_OK;
+}
+
+static void *round_thread(void *arg)
+{
+    struct round_job *j = arg;
+    run_round(j);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int round_done(struct round_job *j)
+{
+    return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+}
+
+/* Fetches the state after `step` from a peer (the round went on without
+ * us), falling back to the coordinator's newest checkpoint. */
+static int64_t resync_after(struct peer_state *s, int64_t step)
+{
+    int64_t got = step;
+    for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
+        if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
+            return got;
+        if (catch_up(s, &got) == CM_OK && got > step) {
+            update_hash(s, got);
+            return got;
+        }
+        sleep(1);
+    }
+    return got;
+}
+
+/* Applies a finished round: the optimizer step, the hash, the step log, the
+ * contribution report, the checkpoint. Returns CM_OK and moves *step, or a
+ * fatal error. */
+static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step, double *last_loss)
+{
+    struct kern_model *m = s->tr.model;
+    size_t n = m->nparams;
+    if (j->threaded) {
+        double t0 = mono_s();
+        pthread_join(j->th, NULL);
+        j->t_wait = mono_s() - t0;
+        j->threaded = 0;
+    }
+    if (j->rc == CM_EBUSY || j->missed) {
+        if (j->rc == CM_EBUSY)
+            printf("\nstep %lld: announced after the round closed; catching up\n", (long long)j->step);
+        *step = resync_after(s, j->step);
+        return CM_OK;
+    }
+    if (j->rc == CM_ESTATE) {
+        sleep(1);
+        return CM_OK;
+    }
+    if (j->rc != CM_OK)
+        return j->rc;
+    int rc;
+    if (!s->o.aggregate_only) {
+        float gnorm = 0, lr = 0;
+        if ((rc = m->be->upload(m->grads, j->accum, n * sizeof *j->accum)) != CM_OK ||
+            (rc = agent_trainer_apply(&s->tr, &gnorm, &lr)) != CM_OK)
+            return rc;
+    } else {
+        s->tr.opt->step++; /* the aggregate-only peer follows the step count */
+    }
+    double loss = j->loss_n ? j->loss_sum / j->loss_n : NAN;
+    report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, j->sps, &j->sum, j->n_parts,
+                 j->agreed, j->mem, j->am, j->nmem);
+    *step = j->step + 1;
+    update_hash(s, *step);
+    if (j->loss_n)
+        *last_loss = loss;
+    if (s->steplog && !s->o.aggregate_only) {
+        char line[1024], ridhex[17], ls[32];
+        cm_hex_encode(j->rid, 8, ridhex);
+        if (isfinite(loss))
+            snprintf(ls, sizeof ls, "%.6f", loss);
+        else
+            snprintf(ls, sizeof ls, "null");
+        snprintf(line, sizeof line,
+                 "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
+                 "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
+                 "\"round_ms\":%.1f,\"round_s\":%.3f,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
+                 "\"t_ms\":%lld}",
+                 (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
+                 __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, j->t_round,
+                 j->compute_s, j->t_wait, (long long)j->sched_v, (long long)now_ms());
+        agent_steplog_write(s->steplog, line);
+    }
+    if (*step % s->ckpt_every == 0 && !s->o.aggregate_only &&
+        collab_checkpoint_uploader(j->mem, j->nmem, *step) == j->me)
+        upload_checkpoint(s, *step);
+    return CM_OK;
+}
+
+static void job_reset(struct round_job *j)
+{
+    free(j->mem);
+    float *keep = j->accum;
+    struct peer_state *s = j->s;
+    memset(j, 0, sizeof *j);
+    j->accum = keep;
+    j->s = s;
+}
+
 static int train_loop(struct peer_state *s)
 {
     struct kern_model *m = s->tr.model;
     size_t n = m->nparams;
-    float *accum = calloc(n, sizeof *accum), *grad = malloc(n * sizeof *grad);
-    if (!accum || !grad) {
-        free(accum);
-        free(grad);
-        return CM_ENOMEM;
-    }
+    /* two rounds' buffers: one accumulating, one averaging (delayed updates) */
+    struct round_job jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    float *grad = malloc(n * sizeof *grad);
+    jobs[0].accum = calloc(n, sizeof(float));
+    jobs[1].accum = calloc(n, sizeof(float));
+    jobs[0].s = jobs[1].s = s;
+    struct round_job *inflight = NULL; /* the averaging round in progress (delayed updates) */
     int rc = CM_OK;
-    double sps = 0, last_loss = NAN;
+    if (!grad || !jobs[0].accum || !jobs[1].accum) {
+        rc = CM_ENOMEM;
+        goto out;
+    }
+    double sps = 0, last_loss = NAN, mb_time = 0;
     int64_t step = (int64_t)s->tr.opt->step;
+    int cur = 0;
     update_hash(s, step);
-    while (step < s->steps && !g_interrupts) {
+    while (!g_interrupts) {
+        /* the round we accumulate for: the next one while one is averaging */
+        int64_t acc_step = inflight ? inflight->step + 1 : step;
+        if (acc_step >= s->steps) {
+            if (!inflight)
+                break;
+            if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
+                goto out;
+            job_reset(inflight);
+            inflight = NULL;
+            continue;
+        }
         renew_pass_if_due(s);
-        schedule_upkeep(s, sps);
+        if (!inflight) {
+            pthread_mutex_lock(&s->js_mu);
+            schedule_upkeep(s, sps);
+            pthread_mutex_unlock(&s->js_mu);
+        }
         serve_state_if_wanted(s, step);
+        struct round_job *j = &jobs[cur];
+        job_reset(j);
+        j->step = acc_step;
+        float *accum = j->accum;
         memset(accum, 0, n * sizeof *accum);
         double samples = 0, loss_sum = 0, loss_n = 0, compute_s = 0;
         struct collab_progress *seen = NULL;
         size_t nseen = 0;
         struct collab_view view = {0};
-        int behind = 0, diverged = 0;
-        double hold_since = 0, mb_time = 0, t_pub = 0;
+        int behind = 0, diverged = 0, restart = 0;
+        double hold_since = 0, t_pub = 0;
         for (;;) {
+            if (inflight && round_done(inflight)) {
+                /* the previous round is averaged: apply it under the
+                   accumulation (one step of staleness for what came before) */
+                int64_t expect = inflight->step + 1;
+                if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
+                    goto out;
+                job_reset(inflight);
+                inflight = NULL;
+                if (step != expect) { /* resynced: what we accumulated is moot */
+                    restart = 1;
+                    break;
+                }
+            }
             if (!s->o.aggregate_only && hold_since == 0) {
                 /* Pledge the micro-batch before computing it: the others
                    then start no micro-batch the target does not need (the
                    batch overshoots by about one micro-batch, not one per
                    peer); the round is triggered by samples done. */
                 float w = (float)s->tcfg.micro_batch;
-                publish_progress(s, step, samples, sps, w);
+                publish_progress(s, acc_step, samples, sps, w);
                 struct kern_eval ev;
                 double t0 = mono_s();
                 if ((rc = agent_trainer_compute_grads(&s->tr, &ev)) != CM_OK)
@@ -830,12 +1112,12 @@ static int train_loop(struct peer_state *s)
                     sps = sps > 0 ? 0.8 * sps + 0.2 * (w / dt) : w / dt;
                     mb_time = mb_time > 0 ? 0.8 * mb_time + 0.2 * dt : dt;
                 }
-                publish_progress(s, step, samples, sps, 0);
+                publish_progress(s, acc_step, samples, sps, 0);
                 t_pub = mono_s();
             } else {
                 usleep(s->o.aggregate_only ? 50000 : 5000);
                 if (mono_s() - t_pub > 0.2) {
-                    publish_progress(s, step, samples, sps, 0);
+                    publish_progress(s, acc_step, samples, sps, 0);
                     t_pub = mono_s();
                 }
             }
@@ -852,10 +1134,12 @@ static int train_loop(struct peer_state *s)
             for (size_t i = 0; i < nseen; i++)
                 if (!memcmp(seen[i].pub, s->key.pub, CM_ED25519_PUB_LEN)) {
                     seen[i].samples = samples;
-                    seen[i].step = step;
+                    seen[i].pledged = 0;
+                    seen[i].step = acc_step;
+                    seen[i].pstep = step;
                     seen[i].t_ms = now_ms();
                     seen[i].hash[0] = 0;
-                    if (s->hash_step == step)
+                    if (s->hash_step == acc_step)
                         snprintf(seen[i].hash, sizeof seen[i].hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     have_self = 1;
                 }
@@ -863,27 +1147,28 @@ static int train_loop(struct peer_state *s)
                 struct collab_progress *g = realloc(seen, (nseen + 1) * sizeof *seen);
                 if (g) {
                     seen = g;
-                    self.step = step;
+                    self.step = acc_step;
+                    self.pstep = step;
                     self.samples = samples;
                     self.sps = sps;
                     self.t_ms = now_ms();
                     self.aux = s->o.aggregate_only;
-                    if (s->hash_step == step)
+                    if (s->hash_step == acc_step)
                         snprintf(self.hash, sizeof self.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     seen[nseen++] = self;
                 }
             }
             int64_t now = now_ms();
-            collab_estimate(seen, nseen, step, now, 30000, s->target, &view);
-            print_line((long)step, view.samples, s->target, sps, view.peers,
+            collab_estimate(seen, nseen, acc_step, now, 30000, s->target, &view);
+            print_line((long)acc_step, view.samples, s->target, sps, view.peers,
                        loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
-            if (view.max_step > step) {
+            if (view.max_step > acc_step) {
                 behind = 1;
                 break;
             }
-            if (!s->o.aggregate_only && s->hash_step == step) {
+            if (!s->o.aggregate_only && !inflight && s->hash_step == acc_step) {
                 char maj[COLLAB_HASH_HEX + 1];
-                majority_hash(seen, nseen, step, now, maj);
+                majority_hash(seen, nseen, acc_step, now, maj);
                 if (maj[0] && strncmp(maj, s->hash, COLLAB_HASH_HEX) != 0) {
                     diverged = 1;
                     break;
@@ -905,14 +1190,34 @@ static int train_loop(struct peer_state *s)
         }
         free(seen);
         seen = NULL;
-        if (g_interrupts)
-            break;
-        if (behind || diverged) {
-            /* Ask for the state after the collaboration's next step: it is
-               served the moment that step is done, which leaves us the
-               whole of the following step to load it and join in (the
-               current one is too far along to make). */
-            int64_t want = behind ? (view.max_step < s->steps ? view.max_step + 1 : view.max_step) : step;
+        if (restart)
+            continue;
+        if (g_interrupts || behind || diverged) {
+            /* finish the round in flight first: its step is ours too */
+            if (inflight) {
+                int64_t expect = inflight->step + 1;
+                if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
+                    goto out;
+                job_reset(inflight);
+                inflight = NULL;
+                if (!g_interrupts && step == expect && !diverged && view.max_step <= step)
+                    continue; /* that was all we were behind by */
+            }
+            if (g_interrupts)
+                break;
+            /* Ask for the parameters after the collaboration's next step:
+               they are served the moment that step is applied, which leaves
+               us the whole of the following accumulation to load them and
+               join in (the current one is too far along to make). With
+               delayed updates the peers' parameters are one step behind
+               the round they accumulate for, and the next parameters are
+               those of that round. */
+            int64_t want = step;
+            if (behind) {
+                want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + 1;
+                if (want > s->steps)
+                    want = s->steps;
+            }
             if (diverged)
                 printf("\nour parameters differ from the other peers' at step %lld: fetching their state\n",
                        (long long)step);
@@ -926,163 +1231,47 @@ static int train_loop(struct peer_state *s)
                 step = got, update_hash(s, step);
             else
                 sleep(1); /* nobody could serve us yet */
-            rc = CM_OK;
             continue;
         }
-        struct collab_announce *mem = NULL;
-        size_t nmem = 0;
-        rc = gather(s, step, samples, &mem, &nmem);
-        if (rc == CM_EBUSY) {
-            printf("\nstep %lld: announced after the round closed; catching up\n", (long long)step);
-            int64_t got = step;
-            for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
-                if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
-                    break;
-                if (catch_up(s, &got) == CM_OK && got > step) {
-                    update_hash(s, got);
-                    break;
-                }
-                sleep(1);
-            }
-            step = got;
-            rc = CM_OK;
-            continue;
-        }
-        if (rc != CM_OK)
-            goto out;
-        if (nmem > AR_MAX_MEMBERS)
-            nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
-        struct ar_member am[AR_MAX_MEMBERS];
-        size_t me = nmem, naggs = 0;
-        double global = 0;
-        memset(am, 0, sizeof am);
-        for (size_t i = 0; i < nmem; i++) {
-            memcpy(am[i].pub, mem[i].pub, CM_ED25519_PUB_LEN);
-            am[i].sends = mem[i].sends;
-            am[i].fraction = mem[i].agg ? 1.0 : 0.0;
-            if (mem[i].agg && p2p_addr_parse(mem[i].addr, &am[i].addr) != CM_OK)
-                am[i].fraction = 0;
-            naggs += am[i].fraction > 0;
-            global += mem[i].sends ? mem[i].weight : 0;
-            if (!memcmp(mem[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
-                me = i;
-        }
-        int64_t sched_v = naggs ? plan_round(s, mem, am, nmem) : 0;
-        if (me == nmem || naggs == 0) {
-            fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
-                    (long long)step, nmem, naggs);
-            free(mem);
-            sleep(1);
-            continue;
-        }
-        if (samples > 0)
-            for (size_t i = 0; i < n; i++)
-                accum[i] /= (float)samples;
-        if (s->corrupt && samples > 0) /* test hook: behave like a broken or malicious peer */
-            for (size_t i = 0; i < n; i += 97)
-                accum[i] = s->corrupt == 1 ? NAN : 1e30f;
-        struct ar_round_config rcfg = {0};
-        rcfg.step = (uint64_t)step;
-        rcfg.group_id = (const uint8_t *)"all";
-        rcfg.group_id_len = 3;
-        rcfg.members = am;
-        rcfg.n_members = nmem;
-        rcfg.my_index = me;
-        rcfg.buf = s->o.aggregate_only ? NULL : accum;
-        rcfg.n = n;
-        rcfg.weight = s->o.aggregate_only ? 0 : samples;
-        rcfg.comp = s->comp;
-        rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
-        /* generous: on a loaded machine a slow peer must not be mistaken for a
-           dead one (the outcome agreement then skips its part for everyone) */
-        rcfg.stall_ms = (uint32_t)s->o.stall_ms;
-        uint8_t rid[AR_ROUND_ID_LEN];
-        size_t n_parts = 0;
-        uint32_t owner[AR_MAX_MEMBERS];
-        size_t poff[AR_MAX_MEMBERS], plen[AR_MAX_MEMBERS];
-        if (ar_round_id(&rcfg, rid) != CM_OK ||
-            ar_partition(am, nmem, n, AR_ALIGN, &n_parts, owner, poff, plen) != CM_OK) {
-            free(mem);
-            rc = CM_EINTERNAL;
-            goto out;
-        }
-        struct join_round_summary sum;
-        rc = join_net_allreduce(s->net, &rcfg, &sum);
-        if (rc != CM_OK && sum.n_parts == 0)
-            sum.averaged_mask = 0;
-        for (size_t i = 0; i < sum.n_excluded; i++) {
-            char pk[64];
-            cm_b64url_encode(am[sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
-            fprintf(stderr, "\nwarning: step %lld: peer %s excluded from the round (%s)\n",
-                    (long long)step, pk, ar_excl_reason_name(sum.excluded_reason[i]));
-        }
-        rc = CM_OK;
-        uint64_t all = n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << n_parts) - 1);
-        uint64_t agreed = sum.averaged_mask & all, mine = agreed;
-        size_t counted = 0;
-        if (!s->o.aggregate_only)
-            agreed = agree_outcome(s, step, rid, mine, am, nmem, &counted) & all;
-        if (agreed != all)
-            fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
-                            "are skipped this step\n", (long long)step, __builtin_popcountll(agreed), n_parts);
-        if (!s->o.aggregate_only && (agreed & ~mine)) {
-            /* the others averaged a part we could not get: our update would
-               differ from theirs, so take their state after the step instead */
-            fprintf(stderr, "\nwarning: step %lld: we missed parts the others averaged; fetching their state\n",
-                    (long long)step);
-            free(mem);
-            int64_t got = step;
-            for (int tries = 0; tries < 30 && !g_interrupts; tries++) {
-                if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
-                    break;
-                sleep(1);
-            }
-            step = got;
-            continue;
-        }
-        if (!s->o.aggregate_only) {
-            for (size_t k = 0; k < n_parts; k++)
-                if (!(agreed >> k & 1))
-                    memset(accum + poff[k], 0, plen[k] * sizeof *accum);
-            float gnorm = 0, lr = 0;
-            if ((rc = m->be->upload(m->grads, accum, n * sizeof *accum)) != CM_OK ||
-                (rc = agent_trainer_apply(&s->tr, &gnorm, &lr)) != CM_OK) {
-                free(mem);
+        /* the accumulation is complete: the previous round must be applied
+           before this one starts (one step of staleness at most) */
+        if (inflight) {
+            int64_t expect = inflight->step + 1;
+            if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
                 goto out;
-            }
-        } else {
-            s->tr.opt->step++; /* the aggregate-only peer follows the step count */
+            job_reset(inflight);
+            inflight = NULL;
+            if (step != expect)
+                continue;
         }
-        report_round(s, step, rid, samples, compute_s, loss_n ? loss_sum / loss_n : NAN, sps, &sum,
-                     n_parts, agreed, mem, am, nmem);
-        step++;
-        update_hash(s, step);
-        if (loss_n)
-            last_loss = loss_sum / loss_n;
-        if (s->steplog && !s->o.aggregate_only) {
-            char line[1024], ridhex[17], loss[32];
-            cm_hex_encode(rid, 8, ridhex);
-            if (loss_n && isfinite(loss_sum / loss_n))
-                snprintf(loss, sizeof loss, "%.6f", loss_sum / loss_n);
-            else
-                snprintf(loss, sizeof loss, "null");
-            snprintf(line, sizeof line,
-                     "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
-                     "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
-                     "\"round_ms\":%.1f,\"compute_s\":%.3f,\"sched_version\":%lld,\"t_ms\":%lld}",
-                     (long long)step, s->hash, loss, samples, global, nmem, n_parts,
-                     __builtin_popcountll(agreed), counted, ridhex, sum.ms_total, compute_s,
-                     (long long)sched_v, (long long)now_ms());
-            agent_steplog_write(s->steplog, line);
+        j->samples = samples;
+        j->loss_sum = loss_sum;
+        j->loss_n = loss_n;
+        j->compute_s = compute_s;
+        j->sps = sps;
+        if (s->o.delayed_updates && !s->o.aggregate_only &&
+            pthread_create(&j->th, NULL, round_thread, j) == 0) {
+            j->threaded = 1;
+            inflight = j;
+            cur ^= 1;
+            continue;
         }
-        if (step % s->ckpt_every == 0 && !s->o.aggregate_only &&
-            collab_checkpoint_uploader(mem, nmem, step) == me)
-            upload_checkpoint(s, step);
-        free(mem);
+        run_round(j);
+        if ((rc = finish_round(s, j, &step, &last_loss)) != CM_OK)
+            goto out;
+    }
+    if (inflight) {
+        rc = finish_round(s, inflight, &step, &last_loss);
+        inflight = NULL;
     }
 out:
+    if (inflight && inflight->threaded)
+        pthread_join(inflight->th, NULL);
     printf("\n");
-    free(accum);
+    free(jobs[0].mem);
+    free(jobs[1].mem);
+    free(jobs[0].accum);
+    free(jobs[1].accum);
     free(grad);
     return rc;
 }
@@ -1118,6 +1307,7 @@ int agent_cmd_join(int argc, char **argv)
     struct peer_state *s = calloc(1, sizeof *s);
     if (!s)
         return 1;
+    pthread_mutex_init(&s->js_mu, NULL);
     int rc = cm_opts_parse(&JOIN, &s->o, argc, argv, NULL, NULL, stderr);
     if (rc != CM_OK) {
         cm_opts_free(&JOIN, &s->o);
@@ -1282,6 +1472,7 @@ out:
     json_decref(s->pass);
     free(s->config_text);
     cm_opts_free(&JOIN, &s->o);
+    pthread_mutex_destroy(&s->js_mu);
     free(s);
     return status;
 }

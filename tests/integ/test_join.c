@@ -16,7 +16,9 @@
  *  - a peer capped to a tenth of the others' bandwidth slows rounds only as
  *    much as its caps explain;
  *  - a peer that sends NaN or huge gradients is excluded by the others and
- *    the run goes on unaffected. */
+ *    the run goes on unaffected;
+ *  - with --delayed-updates the averaging overlaps the next accumulation and
+ *    the peers still stay identical. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -638,6 +640,65 @@ static void test_corrupt_peer(void **state)
     assert_true(last < 0.8 * first);
 }
 
+/* ---- delayed parameter updates --------------------------------------------- */
+
+#define DPU_STEPS 40
+
+static void test_delayed_updates(void **state)
+{
+    (void)state;
+    assert_int_equal(create_run("fmnist-dpu", DPU_STEPS), 0);
+    pid_t pids[NAGENTS];
+    char logs[NAGENTS][320], steplogs[NAGENTS][320];
+    for (int i = 0; i < NAGENTS; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/dpu.log", g_dirs[i]);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/dpu.steps", g_dirs[i]);
+        const char *extra[] = {"--no-eval", "--delayed-updates", NULL};
+        pids[i] = spawn_agent(i, "fmnist-dpu", logs[i], steplogs[i], extra);
+    }
+    for (int i = 0; i < NAGENTS; i++)
+        assert_int_equal(ct_wait(pids[i], 900), 0);
+    static struct steps st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < NAGENTS; i++)
+        fold_steplog(steplogs[i], &st, "agent");
+    assert_int_equal(st.mismatches, 0);
+    assert_int_equal(st.nan_losses, 0);
+    for (long k = 1; k <= DPU_STEPS; k++)
+        if (!st.hash[k][0])
+            fail_msg("no agent logged step %ld", k);
+    /* the averaging (gathering the members, the all-reduce, the outcome
+       agreement) ran under the next accumulation: the step loop waited for
+       the rounds less than they took, by at least half the computing done
+       meanwhile (here computing is much shorter than a round, so the loop
+       still waits most of a round) */
+    double wait = 0, round = 0, compute = 0;
+    FILE *f = fopen(steplogs[0], "r");
+    assert_non_null(f);
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        wait += json_number_value(json_object_get(j, "wait_s"));
+        round += json_number_value(json_object_get(j, "round_s"));
+        compute += json_number_value(json_object_get(j, "compute_s"));
+        json_decref(j);
+    }
+    fclose(f);
+    printf("delayed updates: rounds took %.2f s in all, the loop waited %.2f s for them, computing "
+           "took %.2f s\n", round, wait, compute);
+    if (round == 0 || wait > round - 0.5 * compute) {
+        char *t = ct_read_file(steplogs[0], NULL);
+        printf("%s\n", t ? t : "");
+        free(t);
+    }
+    assert_true(round > 0);
+    assert_true(compute > 0);
+    assert_true(wait <= round - 0.5 * compute);
+    double first = st.loss_sum[1] / st.samples[1], last = st.loss_sum[DPU_STEPS] / st.samples[DPU_STEPS];
+    printf("loss %.3f at step 1, %.3f at step %d\n", first, last, DPU_STEPS);
+    assert_true(last < 0.8 * first);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -645,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_slow_peer),
         cmocka_unit_test(test_corrupt_peer),
+        cmocka_unit_test(test_delayed_updates),
     };
     if (getenv("CT_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CT_TEST_FILTER"));
