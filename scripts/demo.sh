@@ -42,6 +42,7 @@ done
 url=$(cat "$work/coord/coordinator.url")
 ca="$work/coord/tls-cert.pem"
 echo "coordinator: $url"
+echo "dashboard:   $url/ (live loss curve, peers, leaderboard; log in as organizer / demo-organizer-pw)"
 api() { # api METHOD PATH [BODY] -- as the organizer
   curl -sS --fail-with-body --cacert "$ca" -X "$1" -H "Authorization: Bearer $tok" \
     -H 'Content-Type: application/json' ${3:+-d "$3"} "$url$2"
@@ -96,12 +97,16 @@ cp "$work/agent1/fmnist-demo.safetensors" build/demo/fmnist-demo.safetensors
 echo "checkpoints on the coordinator:"
 api GET /api/v1/runs/fmnist-demo/checkpoints; echo
 
+step "Contributions the coordinator verified (signed reports of every round), and the learning curve's last points"
+api GET "/api/v1/runs/fmnist-demo/contributions?format=csv&by=user"
+curl -sS --cacert "$ca" "$url/api/v1/runs/fmnist-demo/curve?max_points=5"; echo
+
 step "Public view of the run, and the coordinator's published signing key"
 curl -sS --cacert "$ca" "$url/api/v1/runs/fmnist-demo"; echo
 curl -sS --cacert "$ca" "$url/api/v1/keys"; echo
 
 step "Done: the model the volunteers trained together is build/demo/fmnist-demo.safetensors"
 if [ "${CT_DEMO_KEEP:-0}" = 1 ]; then
-  echo "CT_DEMO_KEEP=1: coordinator stays up at $url (CA $ca); Ctrl-C to stop."
+  echo "CT_DEMO_KEEP=1: coordinator and dashboard stay up at $url/ (CA $ca); Ctrl-C to stop."
   wait "$coord_pid"
 fi
