@@ -1,7 +1,7 @@
 /* The aggregator side of a round (ar.h, ar_round.c): validates each chunk a
- * sender delivers, sums it at once into the part's double-precision
- * accumulator weighted by the sender's sample count, finalizes a chunk when
- * every sender still in the round delivered it (average = sum / weight of
+ * sender delivers and keeps it, finalizes a chunk when every sender still in
+ * the round delivered it (average = sum of the kept chunks weighted by the
+ * senders' sample counts, in double precision and member order, / weight of
  * the senders counted), encodes it once and serves it to the members (seed
  * 000_02cc6b5d62a616fc.txt, section 3.2: "receiver nodes accumulate the
  * gradients from all senders and return the average"; DESIGN.md, "Security":
@@ -57,26 +57,21 @@ static int exclude(struct ar_round *r, int s, int reason)
         sd->reason = reason;
         a->excluded |= BIT(s);
         /* Its contribution leaves every chunk not yet final (those already
-         * returned to members cannot be taken back). */
+         * returned to members cannot be taken back): nothing is summed
+         * before a chunk is final, so dropping its copy is enough. */
         for (size_t c = 0; c < a->n_chunks; c++) {
             float **u = &a->undo[c * r->n_members + (size_t)s];
-            if (a->final[c] || !(a->recv[c] & BIT(s)) || !*u)
+            if (a->final[c] || !(a->recv[c] & BIT(s)))
                 continue;
-            size_t cnt = ar__chunk_len(r, a->part, c);
-            double *sum = a->sum + c * r->chunk;
-            for (size_t i = 0; i < cnt; i++)
-                sum[i] -= sd->weight * (double)(*u)[i];
             a->recv[c] &= ~BIT(s);
             free(*u);
             *u = NULL;
             /* The weight is recounted from who is left, not subtracted, so
-             * a chunk nobody is left in has exactly zero weight (and sum). */
+             * a chunk nobody is left in has exactly zero weight. */
             a->cw[c] = 0;
             for (size_t m = 0; m < r->n_members; m++)
                 if (a->recv[c] & BIT(m))
                     a->cw[c] += a->snd[m].weight;
-            if (!a->recv[c])
-                memset(sum, 0, cnt * sizeof *sum);
         }
         if (a->n_excl < AR_MAX_MEMBERS)
             a->excl[a->n_excl++] = (struct ar_exclusion){(uint32_t)s, (uint32_t)a->part, reason};
@@ -96,13 +91,11 @@ void ar__agg_drop(struct ar_round *r, int s)
     ar__agg_finalize_scan(r);
 }
 
-/* The whole part is final: release the sums; the owner's own buffer gets
- * exactly the bytes the others fetch, so every member ends bit-identical. */
+/* The whole part is final: the owner's own buffer gets exactly the bytes
+ * the others fetch, so every member ends bit-identical. */
 void ar__agg_complete(struct ar_round *r)
 {
     struct ar__agg *a = &r->agg;
-    ar__pool_put(r->pool, a->sum);
-    a->sum = NULL;
     r->ms_reduce = (double)(ar__mono_ms() - r->t0);
     if (!r->buf || !ar__own_part_ok(r))
         return;
@@ -126,14 +119,31 @@ static void finalize_chunk(struct ar_round *r, size_t c)
     if (!(w > 0)) {
         a->final[c] = 2; /* nobody's gradient arrived for this chunk */
     } else {
-        const double *sum = a->sum + c * r->chunk;
+        /* Weighted sum in double, in member order (the same result whatever
+         * the arrival order), over a chunk-sized accumulator that stays in
+         * cache. */
+        double *acc = r->acc;
+        int first = 1;
+        for (size_t s = 0; s < r->n_members; s++) {
+            if (!(a->recv[c] & BIT(s)))
+                continue;
+            const float *x = a->undo[c * r->n_members + s];
+            double ws = a->snd[s].weight;
+            if (first)
+                for (size_t i = 0; i < cnt; i++)
+                    acc[i] = ws * (double)x[i];
+            else
+                for (size_t i = 0; i < cnt; i++)
+                    acc[i] += ws * (double)x[i];
+            first = 0;
+        }
         float *avg = r->scratch;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         if (r->comp == AR_COMP_NONE) /* fp32 is its own encoding: write it in place */
             avg = (float *)(void *)(a->res + c * r->enc_chunk);
 #endif
         for (size_t i = 0; i < cnt; i++)
-            avg[i] = (float)(sum[i] / w);
+            avg[i] = (float)(acc[i] / w);
         if (avg == r->scratch)
             ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
@@ -154,12 +164,41 @@ void ar__agg_finalize_scan(struct ar_round *r)
         finalize_chunk(r, c);
 }
 
-/* Validates one chunk of sender s, then sums it in: a bad chunk never
- * enters the sum. */
-int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t cnt, double w)
+static int accept_check(struct ar_round *r, int s, const float *x, size_t cnt, double w);
+
+/* Validates one chunk of sender s, then keeps it for the chunk's sum: a
+ * bad chunk never enters a sum. x is malloc'd and becomes the round's
+ * (freed here when refused) when owned, else it is copied. */
+int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, double w, int owned)
 {
     struct ar__agg *a = &r->agg;
     struct ar__sender *sd = &a->snd[s];
+    int rc = accept_check(r, s, x, cnt, w);
+    if (rc) {
+        if (owned)
+            free(x);
+        return rc;
+    }
+    float *keep = x;
+    if (!owned) {
+        if (!(keep = malloc(cnt * sizeof *keep)))
+            return CM_EBUSY; /* not kept: the sender retries */
+        memcpy(keep, x, cnt * sizeof *keep);
+    }
+    a->undo[c * r->n_members + (size_t)s] = keep;
+    a->recv[c] |= BIT(s);
+    a->cw[c] += w;
+    sd->last_ms = ar__mono_ms();
+    if (++sd->n_recv == a->n_chunks)
+        sd->state = AR__S_DONE;
+    finalize_chunk(r, c);
+    return CM_OK;
+}
+
+/* The sender's weight and the chunk's values; excludes s when they fail. */
+static int accept_check(struct ar_round *r, int s, const float *x, size_t cnt, double w)
+{
+    struct ar__sender *sd = &r->agg.snd[s];
     if (!sd->has_weight) {
         if (!isfinite(w) || w <= 0 || w > r->max_weight)
             return exclude(r, s, AR_EXCL_WEIGHT);
@@ -184,20 +223,6 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t c
         return exclude(r, s, AR_EXCL_NONFINITE);
     if (!(sqrt(ss) <= r->max_norm))
         return exclude(r, s, AR_EXCL_NORM);
-    float *keep = malloc(cnt * sizeof *keep);
-    if (!keep)
-        return CM_EBUSY; /* not summed: the sender retries */
-    memcpy(keep, x, cnt * sizeof *keep);
-    a->undo[c * r->n_members + (size_t)s] = keep;
-    double *sum = a->sum + c * r->chunk;
-    for (i = 0; i < cnt; i++)
-        sum[i] += w * (double)x[i];
-    a->recv[c] |= BIT(s);
-    a->cw[c] += w;
-    sd->last_ms = ar__mono_ms();
-    if (++sd->n_recv == a->n_chunks)
-        sd->state = AR__S_DONE;
-    finalize_chunk(r, c);
     return CM_OK;
 }
 
@@ -239,11 +264,18 @@ static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int p
         return CM_OK; /* a retry after a lost answer: already summed */
     if (a->final[m->chunk])
         return CM_ESTATE;
-    int drc = ar_codec_decode(r->comp, m->payload, m->payload_len, m->count, r->scratch);
-    if (drc)
+    /* Decoded straight into the copy the aggregator keeps until the chunk
+     * is final. */
+    float *x = malloc(m->count * sizeof *x);
+    if (!x)
+        return CM_EBUSY; /* not kept: the sender retries */
+    int drc = ar_codec_decode(r->comp, m->payload, m->payload_len, m->count, x);
+    if (drc) {
+        free(x);
         return exclude(r, s, drc == CM_ENUMERIC ? AR_EXCL_NONFINITE : AR_EXCL_MALFORMED);
+    }
     r->chunks_received++;
-    return ar__agg_accept(r, s, m->chunk, r->scratch, m->count, m->weight);
+    return ar__agg_accept(r, s, m->chunk, x, m->count, m->weight, 1);
 }
 
 int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg *m,

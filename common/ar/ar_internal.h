@@ -34,15 +34,14 @@ struct ar__sender {
 struct ar__agg {
     size_t part, offset, len, n_chunks, n_final;
     size_t final_prefix; /* leading chunks that are final (told to members in Acks) */
-    double *sum;        /* len: weighted sums, freed once every chunk is final */
     uint64_t *recv;     /* per chunk: senders summed in */
     double *cw;         /* per chunk: their total weight */
     uint8_t *final;     /* per chunk: 0 open, 1 averaged, 2 failed (no sender heard) */
     uint64_t *served;   /* per chunk: members that fetched it */
     uint8_t *res;       /* encoded averaged chunks, chunk c at c * enc_chunk */
-    float **undo;       /* [c * n_members + s]: sender s's contribution to chunk
-                           c while c is not final, so an excluded sender can be
-                           taken out of the sum; freed when c is final */
+    float **undo;       /* [c * n_members + s]: sender s's validated chunk c,
+                           kept until c is final and summed then (so an
+                           excluded sender is taken out by dropping it) */
     uint64_t senders, pullers, dropped, excluded;
     struct ar__sender snd[AR_MAX_MEMBERS];
     size_t n_excl;
@@ -97,7 +96,8 @@ struct ar_round {
     int my_part; /* -1: I do not aggregate */
     struct ar__agg agg;
     struct ar__link link[AR_MAX_MEMBERS];
-    float *scratch; /* chunk floats, for decoding */
+    float *scratch; /* chunk floats, for encoding averages */
+    double *acc;    /* chunk doubles: the weighted sum of one chunk */
     uint8_t *encbuf; /* enc_chunk bytes, for encoding */
     int64_t t0, deadline_at, reduce_deadline_at, linger_until;
     double ms_send, ms_reduce, ms_fetch;
@@ -161,7 +161,7 @@ size_t ar__n_chunks(const struct ar_round *r, size_t len);
 size_t ar__chunk_len(const struct ar_round *r, size_t k, size_t c);
 
 /* Aggregator side (ar_agg.c). */
-int ar__agg_accept(struct ar_round *r, int s, size_t c, const float *x, size_t cnt, double w);
+int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, double w, int owned);
 void ar__agg_complete(struct ar_round *r);
 void ar__agg_finalize_scan(struct ar_round *r);
 void ar__agg_drop(struct ar_round *r, int s);

@@ -60,7 +60,6 @@ size_t ar__chunk_len(const struct ar_round *r, size_t k, size_t c)
 
 static void round_free(struct ar_round *r)
 {
-    ar__pool_put(r->pool, r->agg.sum);
     free(r->agg.recv);
     free(r->agg.cw);
     free(r->agg.final);
@@ -76,6 +75,7 @@ static void round_free(struct ar_round *r)
         ar__pool_put(r->pool, r->link[k].stage);
     }
     free(r->scratch);
+    free(r->acc);
     free(r->encbuf);
     ar__pool_unref(r->pool);
     free(r);
@@ -215,8 +215,10 @@ static void finish(struct ar_round *r, int kill_status)
         L->stage = NULL;
     }
     free(r->scratch);
+    free(r->acc);
     free(r->encbuf);
     r->scratch = NULL;
+    r->acc = NULL;
     r->encbuf = NULL;
     r->buf = NULL; /* the caller's again */
     r->done(r->arg, &res);
@@ -731,17 +733,18 @@ static int alloc_round(struct ar_round *r)
     r->encbuf = malloc(r->enc_chunk);
     if (!r->scratch || !r->encbuf)
         return CM_ENOMEM;
+    if (r->my_part >= 0 && !(r->acc = malloc(r->chunk * sizeof(double))))
+        return CM_ENOMEM;
     if (r->my_part >= 0) {
         struct ar__agg *a = &r->agg;
         size_t nc = a->n_chunks ? a->n_chunks : 1;
-        a->sum = ar__pool_get(r->pool, (a->len ? a->len : 1) * sizeof(double), 1);
         a->recv = calloc(nc, sizeof *a->recv);
         a->cw = calloc(nc, sizeof *a->cw);
         a->final = calloc(nc, 1);
         a->served = calloc(nc, sizeof *a->served);
         a->res = ar__pool_get(r->pool, nc * r->enc_chunk, 0);
         a->undo = calloc(nc * r->n_members, sizeof *a->undo);
-        if (!a->sum || !a->recv || !a->cw || !a->final || !a->served || !a->res || !a->undo)
+        if (!a->recv || !a->cw || !a->final || !a->served || !a->res || !a->undo)
             return CM_ENOMEM;
     }
     for (size_t k = 0; k < r->n_parts; k++) {
@@ -844,7 +847,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
         if (r->i_send)
             for (size_t c = 0; c < a->n_chunks && a->snd[r->me].state == AR__S_ACTIVE; c++)
                 ar__agg_accept(r, (int)r->me, c, r->buf + a->offset + c * r->chunk,
-                           ar__chunk_len(r, a->part, c), r->weight);
+                               ar__chunk_len(r, a->part, c), r->weight, 0);
         if (a->n_chunks == 0)
             ar__agg_complete(r);
         else
