@@ -5,6 +5,9 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "dht/dht_node.h"
+#include "dht/dht_types.h"
+
+#include <jansson.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,6 +29,8 @@ struct bb_node {
     struct dht_node *node;
     int64_t token_exp;
     char address[300];
+    int64_t sched_version; /* newest schedule announced in the DHT */
+    int64_t sched_put_at;  /* when (Unix s), to refresh it before it expires */
     struct bb_node *next;
 };
 
@@ -144,6 +149,8 @@ static int start_node(struct coord_backbone *b, int64_t run_id, const char *run,
     return CM_OK;
 }
 
+static void announce_schedule(struct coord_backbone *b, struct bb_node *n, const char *rid);
+
 static void publish(struct coord_backbone *b, struct bb_node *n)
 {
     char rid[24], pub[2 * CM_ED25519_PUB_LEN + 1];
@@ -174,6 +181,62 @@ static void publish(struct coord_backbone *b, struct bb_node *n)
         free(ids);
     }
     PQclear(r);
+    announce_schedule(b, n, rid);
+}
+
+/* Announces the run's newest signed schedule in the DHT under
+ * "<run>/schedule" (docs/schedules.md): agents that cannot reach the
+ * coordinator still learn it; they verify its signature as for the REST
+ * answer. Re-put when a new version appears and every few minutes. */
+#define BB_SCHED_TTL_S 600
+static void announce_schedule(struct coord_backbone *b, struct bb_node *n, const char *rid)
+{
+    const char *p[] = {rid};
+    PGresult *r = q(b->pg,
+                    "SELECT version, payload, encode(signature, 'hex') FROM schedules WHERE run_id = $1 "
+                    "ORDER BY version DESC LIMIT 1",
+                    1, p);
+    if (!r || PQntuples(r) != 1) {
+        PQclear(r);
+        return;
+    }
+    int64_t version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    int64_t now = (int64_t)time(NULL);
+    if (version == n->sched_version && now - n->sched_put_at < BB_SCHED_TTL_S / 3) {
+        PQclear(r);
+        return;
+    }
+    const char *payload = PQgetvalue(r, 0, 1), *sig_hex = PQgetvalue(r, 0, 2);
+    size_t plen = strlen(payload), slen = 0;
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1), sig64[128];
+    char *value = NULL;
+    if (p64 && cm_hex_decode(sig_hex, strlen(sig_hex), sig, sizeof sig, &slen) == CM_OK &&
+        slen == sizeof sig) {
+        cm_b64url_encode(payload, plen, p64);
+        cm_b64url_encode(sig, sizeof sig, sig64);
+        json_t *o = json_pack("{s:s, s:I, s:s, s:s}", "run", n->run, "version", (json_int_t)version,
+                              "payload", p64, "signature", sig64);
+        value = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+    }
+    free(p64);
+    PQclear(r);
+    char key[CM_NAME_MAX + 16];
+    snprintf(key, sizeof key, "%s/schedule", n->run);
+    int stored = 0;
+    if (value && strlen(value) <= DHT_MAX_VALUE &&
+        dht_put(n->node, key, strlen(key), "s", 1, value, strlen(value),
+                p2p_now_ms() + BB_SCHED_TTL_S * 1000LL, 3000, &stored) == CM_OK) {
+        n->sched_version = version;
+        n->sched_put_at = now;
+    } else if (value && strlen(value) > DHT_MAX_VALUE) {
+        CM_LOGW("backbone", "schedule %lld of run %s is too large for the DHT (%zu bytes)",
+                (long long)version, n->run, strlen(value));
+        n->sched_version = version; /* do not retry every period */
+        n->sched_put_at = now;
+    }
+    free(value);
 }
 
 static void unpublish(struct coord_backbone *b, struct bb_node *n)

@@ -574,6 +574,26 @@ static void print_line(long step, double samples, double target, double sps, siz
  * minute and when they change materially; the schedule is refreshed every
  * 30 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed
  * (pairwise throughput is not measured yet). */
+/* The schedule the coordinators' backbone nodes announce in the DHT
+ * ("<run>/schedule"), for when the coordinator cannot be reached: verified
+ * with the coordinator keys like the REST answer. */
+static void sched_from_dht(struct peer_state *s)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s/schedule", s->o.run);
+    struct join_record *r = NULL;
+    size_t nr = 0;
+    if (join_net_get(s->net, key, &r, &nr) != CM_OK)
+        return;
+    for (size_t i = 0; i < nr; i++) {
+        json_t *o = json_loadb((const char *)r[i].value, r[i].len, JSON_REJECT_DUPLICATES, NULL);
+        if (o)
+            join_sched_accept(s->js, o, (int64_t)time(NULL), 1);
+        json_decref(o);
+    }
+    join_records_free(r, nr);
+}
+
 static void schedule_upkeep(struct peer_state *s, double sps)
 {
     if (!s->js)
@@ -591,7 +611,8 @@ static void schedule_upkeep(struct peer_state *s, double sps)
         s->caps_at = t;
     }
     if (s->sched_at == 0 || t - s->sched_at > 30) {
-        join_sched_refresh(s->js, &s->coord);
+        if (join_sched_refresh(s->js, &s->coord) != CM_OK)
+            sched_from_dht(s);
         s->sched_at = t;
     }
 }
@@ -611,7 +632,8 @@ static int64_t plan_round(struct peer_state *s, const struct collab_announce *me
             v = mem[i].sched_version;
     }
     if (v > 0 && s->js && !join_sched_has_version(s->js, v) &&
-        join_sched_fetch_version(s->js, &s->coord, v) != CM_OK)
+        join_sched_fetch_version(s->js, &s->coord, v) != CM_OK &&
+        (sched_from_dht(s), !join_sched_has_version(s->js, v)))
         fprintf(stderr, "\nwarning: could not get schedule version %lld; averaging with even parts\n",
                 (long long)v);
     if (s->js && join_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)

@@ -3,7 +3,8 @@
  * address comes with each pass; two peers with passes from the coordinator
  * bootstrap from it and find each other's values; a revoked pass is refused
  * by the backbone once the coordinator refreshed its revocation list; a run
- * that closes loses its backbone node. */
+ * that closes loses its backbone node; the run's newest signed schedule is
+ * announced in the DHT, verifiable with the coordinator's key. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@
 #include "cm_err.h"
 #include "ct_harness.h"
 #include "dht/dht_node.h"
+#include "sched/sched.h"
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
@@ -40,7 +42,8 @@ static int setup(void **state)
     ct_http(&g_c, "POST", "/api/v1/users", g_org,
             "{\"username\":\"vol\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}", &r);
     ct_resp_free(&r);
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, "{\"name\":\"swarm\",\"target_batch_size\":64}", &r);
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org,
+            "{\"name\":\"swarm\",\"target_batch_size\":64,\"config\":{\"model_parameters\":1000000}}", &r);
     ct_resp_free(&r);
     ct_http(&g_c, "PUT", "/api/v1/runs/swarm/allowlist/vol", g_org, NULL, &r);
     ct_resp_free(&r);
@@ -157,6 +160,63 @@ static void test_peers_meet_through_backbone(void **state)
     stop_peer(&b);
 }
 
+static void test_schedule_announced(void **state)
+{
+    (void)state;
+    struct peer a = {0}, b = {0};
+    get_pass(&a);
+    get_pass(&b);
+    char pk[64], body[512];
+    struct ct_resp r;
+    for (int i = 0; i < 2; i++) {
+        cm_b64url_encode(i ? b.key.pub : a.key.pub, 32, pk);
+        snprintf(body, sizeof body,
+                 "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,"
+                 "\"download_mbps\":100,\"accepts_inbound\":true}", pk);
+        ct_http(&g_c, "POST", "/api/v1/runs/swarm/capabilities", g_vol, body, &r);
+        assert_int_equal(r.status, 200);
+        ct_resp_free(&r);
+    }
+    long version = 0;
+    for (int i = 0; i < 150 && version == 0; i++) {
+        ct_http(&g_c, "GET", "/api/v1/runs/swarm/schedule", NULL, NULL, &r);
+        if (r.status == 200)
+            version = (long)json_integer_value(json_object_get(r.json, "version"));
+        ct_resp_free(&r);
+        if (!version)
+            usleep(100000);
+    }
+    assert_true(version > 0);
+    assert_int_equal(start_peer(&b), CM_OK);
+    int ok = 0;
+    for (int i = 0; i < 30 && !ok; i++) {
+        struct dht_result res;
+        const char *key = "swarm/schedule";
+        if (dht_get(b.node, key, strlen(key), 5000, &res) == CM_OK) {
+            for (size_t k = 0; k < res.nrec && !ok; k++) {
+                json_t *o = json_loadb((const char *)res.rec[k].value, res.rec[k].value_len, 0, NULL);
+                const char *p64 = json_string_value(json_object_get(o, "payload"));
+                const char *s64 = json_string_value(json_object_get(o, "signature"));
+                static uint8_t payload[SCHED_JSON_MAX];
+                uint8_t sig[64];
+                size_t plen = 0, slen = 0;
+                if (p64 && s64 && json_integer_value(json_object_get(o, "version")) >= version &&
+                    cm_b64url_decode(p64, strlen(p64), payload, sizeof payload, &plen) == CM_OK &&
+                    cm_b64url_decode(s64, strlen(s64), sig, sizeof sig, &slen) == CM_OK && slen == 64)
+                    for (size_t c = 0; c < b.ncoord && !ok; c++)
+                        ok = sched_verify(b.coord[c], payload, plen, sig) == CM_OK;
+                json_decref(o);
+            }
+            dht_result_cleanup(&res);
+        }
+        if (!ok)
+            sleep(1);
+    }
+    assert_true(ok);
+    stop_peer(&a);
+    stop_peer(&b);
+}
+
 static void test_revoked_pass_refused(void **state)
 {
     (void)state;
@@ -203,6 +263,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peers_meet_through_backbone),
+        cmocka_unit_test(test_schedule_announced),
         cmocka_unit_test(test_revoked_pass_refused),
         cmocka_unit_test(test_closed_run_loses_backbone),
     };
