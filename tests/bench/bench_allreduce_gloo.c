@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,6 +111,7 @@ struct reply {
     double max_err;  /* CMD_VERIFY: max |buf - expected| */
     uint64_t hash;   /* CMD_VERIFY: FNV-1a of the buffer */
     uint64_t wire_sent, wire_received;
+    double cpu_ms;   /* CMD_VERIFY: CPU time (user + system) of the last round */
 };
 
 struct hello {
@@ -164,7 +166,16 @@ struct peer {
     float *grad0, *buf;
     const float *expected;
     int quit, in_round;
+    double cpu0; /* CPU ms at the start of the round */
 };
+
+static double cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
 
 static void on_done(void *arg, const struct ar_result *r)
 {
@@ -209,7 +220,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         return;
     }
     if (c.op == CMD_VERIFY) {
-        struct reply rep = {0};
+        struct reply rep = {.cpu_ms = cpu_ms() - p->cpu0};
         verify(p, c.comp, &rep);
         if (write_all(p->wr, &rep, sizeof rep))
             p->quit = 1;
@@ -224,6 +235,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .n = p->n, .weight = weight_of(p->idx), .comp = c.comp, .deadline_ms = 600000,
         .stall_ms = 20000, .linger_ms = 60000, .done = on_done, .arg = p};
     p->in_round = 1;
+    p->cpu0 = cpu_ms();
     int rc_ = ar_round_start(p->eng, &rc, NULL);
     if (rc_) {
         struct reply rep = {.status = rc_};
@@ -373,7 +385,7 @@ static uint64_t g_step;
 /* One timed round, then verification. Returns the round time in ms, or -1
  * when the round failed or its result is wrong. */
 static double swarm_round(struct swarm *s, int comp, double mbps, double *max_err,
-                          uint64_t *wire_out)
+                          uint64_t *wire_out, double *cpu_out)
 {
     struct cmd c = {.op = CMD_ROUND, .comp = comp, .step = ++g_step, .mbps = mbps};
     double t0 = now_ms();
@@ -397,6 +409,7 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
         if (write_all(s->to[i], &c, sizeof c))
             return -1;
     uint64_t h0 = 0, wire = 0;
+    double cpu = 0;
     *max_err = 0;
     for (size_t i = 0; i < s->n_peers; i++) {
         struct reply r;
@@ -416,9 +429,12 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
         if (r.max_err > *max_err)
             *max_err = r.max_err;
         wire = r.wire_sent > wire ? r.wire_sent : wire;
+        cpu += r.cpu_ms;
     }
     if (wire_out)
         *wire_out = wire;
+    if (cpu_out)
+        *cpu_out = cpu;
     return bad ? -1 : ms;
 }
 
@@ -429,22 +445,32 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Median of reps rounds after warm_up rounds; -1 on any failure. */
-static double measure(struct swarm *s, int comp, double mbps, int warm_up, int reps,
-                      double *max_err)
+static double median(double *t, int n)
 {
-    double t[32], err;
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Median time of reps rounds after warm_up rounds (and the median CPU time
+ * of all peers together in *cpu_ms); -1 on any failure. */
+static double measure(struct swarm *s, int comp, double mbps, int warm_up, int reps,
+                      double *max_err, double *cpu_ms)
+{
+    double t[32], c[32], err, cpu = 0;
     *max_err = 0;
     for (int i = 0; i < warm_up + reps; i++) {
-        double ms = swarm_round(s, comp, mbps, &err, NULL);
+        double ms = swarm_round(s, comp, mbps, &err, NULL, &cpu);
         if (ms < 0)
             return -1;
         if (err > *max_err)
             *max_err = err;
-        if (i >= warm_up)
+        if (i >= warm_up) {
             t[i - warm_up] = ms;
+            c[i - warm_up] = cpu;
+        }
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    return reps % 2 ? t[reps / 2] : (t[reps / 2 - 1] + t[reps / 2]) / 2;
+    *cpu_ms = median(c, reps);
+    return median(t, reps);
 }
 
 /* Expected weighted average in double, rounded to fp32, in memory the peer
@@ -470,7 +496,7 @@ static float *expected_new(size_t n_peers, size_t n)
 /* Runs the gloo script; returns its median ms or -1. It reads the expected
  * values from a file and checks every rank's output against them. */
 static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected, double *max_err,
-                       char *why, size_t why_len)
+                       double *cpu_ms, char *why, size_t why_len)
 {
     if (getenv("BENCH_AR_NO_GLOO")) {
         snprintf(why, why_len, "skipped (BENCH_AR_NO_GLOO set)");
@@ -500,10 +526,11 @@ static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected
     char line[512];
     snprintf(why, why_len, "the gloo script printed no result");
     while (f && fgets(line, sizeof line, f)) {
-        double m, e;
-        if (sscanf(line, "gloo median_ms=%lf max_err=%lf", &m, &e) == 2) {
+        double m, e, c;
+        if (sscanf(line, "gloo median_ms=%lf max_err=%lf cpu_ms=%lf", &m, &e, &c) == 3) {
             ms = m;
             *max_err = e;
+            *cpu_ms = c;
         } else if (!strncmp(line, "gloo skip: ", 11)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(why, why_len, "skipped (%.150s)", line + 11);
@@ -524,8 +551,9 @@ static int table(size_t floats, int reps, double cap)
 {
     int bad = 0;
     size_t sizes[2] = {4, 8};
-    printf("all-reduce of %zu fp32 values (%.1f MB) on loopback, separate processes; "
-           "median of %d rounds after 1 warm-up\n",
+    printf("all-reduce of %zu fp32 values (%.1f MB) among N local agent processes on loopback; "
+           "time of a round = slowest peer, median of %d rounds after 1 warm-up; CPU = user + "
+           "system time of all peers (or ranks) in that round\n",
            floats, (double)floats * 4 / 1e6, reps);
     for (size_t k = 0; k < 2; k++) {
         size_t np = sizes[k];
@@ -535,36 +563,40 @@ static int table(size_t floats, int reps, double cap)
             fprintf(stderr, "cannot start %zu peers\n", np);
             return 1;
         }
-        double e32, e16, eg = 0;
-        double t32 = measure(&s, AR_COMP_NONE, 0, 1, reps, &e32);
-        double t16 = measure(&s, AR_COMP_FP16, 0, 1, reps, &e16);
+        double e32, e16, eg = 0, c32 = 0, c16 = 0, cg = 0;
+        double t32 = measure(&s, AR_COMP_NONE, 0, 1, reps, &e32, &c32);
+        double t16 = measure(&s, AR_COMP_FP16, 0, 1, reps, &e16, &c16);
         char why[256] = "";
-        double tg = run_gloo(np, floats, reps, exp, &eg, why, sizeof why);
+        double tg = run_gloo(np, floats, reps, exp, &eg, &cg, why, sizeof why);
         if (t32 < 0 || t16 < 0)
             bad = 1;
-        printf("N=%zu uncapped: ours fp32 %7.0f ms (max |err| %.2g), gloo fp32 ", np, t32, e32);
+        printf("N=%zu uncapped  ours fp32 %6.0f ms, CPU %6.0f ms (max |err| %.2g)%s\n", np, t32,
+               c32, e32, t32 < 0 ? "  WRONG" : "");
+        if (tg >= 0) {
+            printf("N=%zu uncapped  gloo fp32 %6.0f ms, CPU %6.0f ms (max |err| %.2g)\n", np, tg,
+                   cg, eg);
+            printf("N=%zu uncapped  ours/gloo fp32: time %.2f, CPU %.2f%s\n", np, t32 / tg,
+                   c32 / cg, t32 <= tg ? "  (goal: time <= 1, met)" : "  (goal: time <= 1)");
+        } else {
+            printf("N=%zu uncapped  gloo %s\n", np, why);
+        }
+        printf("N=%zu uncapped  ours fp16 %6.0f ms, CPU %6.0f ms (max |err| %.2g)%s", np, t16,
+               c16, e16, t16 < 0 ? "  WRONG" : "");
         if (tg >= 0)
-            printf("%7.0f ms (max |err| %.2g), ours/gloo %.2f%s", tg, eg, t32 / tg,
-                   t32 < 0 ? "  WRONG" : t32 <= tg ? "  (goal met)" : "  (goal: <= 1)");
-        else
-            printf("%s", why);
-        printf("\n");
-        printf("N=%zu uncapped: ours fp16 %7.0f ms (max |err| %.2g)", np, t16, e16);
-        if (tg >= 0)
-            printf(", ours fp16 / gloo fp32 %.2f", t16 / tg);
+            printf(", ours fp16 / gloo fp32: time %.2f", t16 / tg);
         printf("\n");
         int comps[2] = {AR_COMP_NONE, AR_COMP_FP16};
         for (int j = 0; j < 2; j++) {
-            double err;
-            double ms = measure(&s, comps[j], cap, 0, 1, &err);
+            double err, cpu = 0;
+            double ms = measure(&s, comps[j], cap, 0, 1, &err, &cpu);
             double tmin = 2.0 * (double)(np - 1) / (double)np * (double)floats *
                           enc_bytes(comps[j]) / (cap * 1e6 / 8) * 1000;
             if (ms < 0)
                 bad = 1;
-            printf("N=%zu capped %.0f Mbit/s up+down: ours %s %7.0f ms, bound 2(N-1)/N*P*bytes/u "
-                   "%7.0f ms, ratio %.3f%s (max |err| %.2g)\n",
+            printf("N=%zu capped %.0f Mbit/s up+down, ours %s %6.0f ms, bound 2(N-1)/N*P*bytes/u "
+                   "%6.0f ms, ratio %.3f%s (max |err| %.2g)\n",
                    np, cap, comp_name(comps[j]), ms, tmin, ms / tmin,
-                   ms < 0 ? "  WRONG" : ms / tmin <= 1.1 ? "  (goal <= 1.1 met)" : "  (goal: <= 1.1)",
+                   ms < 0 ? "  WRONG" : ms / tmin <= 1.1 ? "  (goal <= 1.1, met)" : "  (goal <= 1.1)",
                    err);
         }
         fflush(stdout);
@@ -599,15 +631,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "cannot start %zu peers\n", np);
             return 1;
         }
-        double t[32], err;
+        double t[32], err, cpu;
         uint64_t wire = 0;
         rc = 0;
         for (int i = 0; i < reps; i++) {
-            t[i] = swarm_round(&s, comp, mbps, &err, &wire);
+            t[i] = swarm_round(&s, comp, mbps, &err, &wire, &cpu);
             if (t[i] < 0)
                 rc = 1;
-            printf("N=%zu %s %s: round %d %.0f ms (max |err| %.2g)\n", np, comp_name(comp),
-                   mbps > 0 ? argv[3] : "uncapped", i, t[i], err);
+            printf("N=%zu %s %s: round %d %.0f ms, CPU of all peers %.0f ms = %.2f ns per byte "
+                   "of the buffer (max |err| %.2g)\n",
+                   np, comp_name(comp), mbps > 0 ? argv[3] : "uncapped", i, t[i], cpu,
+                   cpu * 1e6 / ((double)n * 4), err);
         }
         if (mbps > 0) {
             double tmin = 2.0 * (double)(np - 1) / (double)np * (double)n * enc_bytes(comp) /

@@ -18,6 +18,7 @@ Debian's python3-torch belongs to /usr/bin/python3 (scripts/install-deps.sh
 """
 import argparse
 import os
+import resource
 import socket
 import sys
 import time
@@ -54,6 +55,11 @@ def weight(p):
     return 16.0 + 8.0 * p
 
 
+def cpu_s():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def rank_main(rank, world, n, reps, port, expected_path, q):
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -63,23 +69,29 @@ def rank_main(rank, world, n, reps, port, expected_path, q):
     g0 = torch.from_numpy(grad(rank, n) * np.float32(weight(rank) / W))
     expected = torch.from_numpy(np.fromfile(expected_path, dtype=np.float32, count=n))
     t = torch.empty_like(g0)
-    times, worst = [], 0.0
+    times, cpus, worst = [], [], 0.0
     for r in range(reps + 1):
         t.copy_(g0)
         dist.barrier()
         t0 = time.perf_counter()
+        c0 = cpu_s()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        c1 = cpu_s()
         dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        # CPU time of this rank (all its threads, gloo's included), summed
+        cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+        dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
         err = (t - expected).abs().max().item()
         if not err <= worst:
             worst = err
         if r > 0:
             times.append(dt.item() * 1000)
+            cpus.append(cpu.item() * 1000)
     e = torch.tensor([worst], dtype=torch.float64)
     dist.all_reduce(e, op=dist.ReduceOp.MAX)
     if rank == 0:
-        q.put((times, e.item()))
+        q.put((times, cpus, e.item()))
     dist.destroy_process_group()
 
 
@@ -104,7 +116,7 @@ def main():
              for r in range(a.world)]
     for p in procs:
         p.start()
-    times, err = q.get(timeout=600)
+    times, cpus, err = q.get(timeout=600)
     for p in procs:
         p.join()
     if any(p.exitcode for p in procs):
@@ -113,8 +125,11 @@ def main():
     times.sort()
     m = len(times)
     med = times[m // 2] if m % 2 else (times[m // 2 - 1] + times[m // 2]) / 2
-    print("gloo rounds_ms=%s" % ",".join("%.0f" % x for x in times))
-    print("gloo median_ms=%.1f max_err=%.3g" % (med, err))
+    cpus.sort()
+    cmed = cpus[m // 2] if m % 2 else (cpus[m // 2 - 1] + cpus[m // 2]) / 2
+    print("gloo rounds_ms=%s cpu_ms=%s" % (",".join("%.0f" % x for x in times),
+                                          ",".join("%.0f" % x for x in cpus)))
+    print("gloo median_ms=%.1f max_err=%.3g cpu_ms=%.1f" % (med, err, cmed))
     if not err <= a.tol:
         print("gloo: result differs from the exact average by %.3g (> %.3g)" % (err, a.tol))
         return 1
