@@ -13,6 +13,54 @@
 
 #include "cm_err.h"
 
+/* binary16 conversions with F16C on x86-64 (every CPU with AVX2 has it):
+ * the same IEEE round-to-nearest-even as ar_f32_to_f16, 8 values per
+ * instruction instead of a branchy scalar loop, which made fp16 rounds cost
+ * twice the CPU of fp32 ones. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#include <immintrin.h>
+#define AR_F16C 1
+
+static int have_f16c(void)
+{
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return known;
+}
+
+/* Finite values beyond +-65504 saturate (as the scalar path); NaN and
+ * infinities are converted as they are. Returns how many values it did. */
+__attribute__((target("avx,f16c"))) static size_t f16_encode_f16c(const float *x, size_t count,
+                                                                  uint8_t *out)
+{
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 c = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+        __m256 nonfinite = _mm256_cmp_ps(_mm256_and_ps(v, absmask), inf, _CMP_NLT_UQ);
+        c = _mm256_blendv_ps(c, v, nonfinite);
+        _mm_storeu_si128((__m128i *)(void *)(out + 2 * i),
+                         _mm256_cvtps_ph(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static size_t f16_decode_f16c(const uint8_t *in, size_t count,
+                                                                  float *out)
+{
+    size_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))));
+    return i;
+}
+#endif
+
 size_t ar_codec_size(int comp, size_t count)
 {
     switch (comp) {
@@ -151,8 +199,13 @@ int ar_codec_encode(int comp, const float *x, size_t count, uint8_t *out, size_t
             put_f32(out + 4 * i, x[i]);
 #endif
         break;
-    case AR_COMP_FP16:
-        for (size_t i = 0; i < count; i++) {
+    case AR_COMP_FP16: {
+        size_t i = 0;
+#ifdef AR_F16C
+        if (have_f16c())
+            i = f16_encode_f16c(x, count, out);
+#endif
+        for (; i < count; i++) {
             float v = x[i];
             if (isfinite(v) && fabsf(v) > 65504.0f)
                 v = copysignf(65504.0f, v);
@@ -161,6 +214,7 @@ int ar_codec_encode(int comp, const float *x, size_t count, uint8_t *out, size_t
             out[2 * i + 1] = (uint8_t)(h >> 8);
         }
         break;
+    }
     default:
         for (size_t b = 0; b < count; b += AR_Q8_BLOCK) {
             size_t k = count - b < AR_Q8_BLOCK ? count - b : AR_Q8_BLOCK;
@@ -187,10 +241,16 @@ int ar_codec_decode(int comp, const uint8_t *in, size_t len, size_t count, float
             out[i] = get_f32(in + 4 * i);
 #endif
         return CM_OK;
-    case AR_COMP_FP16:
-        for (size_t i = 0; i < count; i++)
+    case AR_COMP_FP16: {
+        size_t i = 0;
+#ifdef AR_F16C
+        if (have_f16c())
+            i = f16_decode_f16c(in, count, out);
+#endif
+        for (; i < count; i++)
             out[i] = ar_f16_to_f32((uint16_t)(in[2 * i] | in[2 * i + 1] << 8));
         return CM_OK;
+    }
     default:
         break;
     }

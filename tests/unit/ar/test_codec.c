@@ -83,6 +83,48 @@ static void test_fp16_known(void **s)
     assert_int_equal(ar_codec_encode(AR_COMP_FP16, x, 2, b, 4), 0);
     assert_int_equal(ar_codec_decode(AR_COMP_FP16, b, 4, 2, y), 0);
     assert_true(y[0] == 65504.0f && y[1] == -65504.0f);
+
+    /* The vectorized paths (F16C where the CPU has it) give exactly the
+     * scalar conversions: every binary16 value decodes to the same bits,
+     * and floats of every magnitude (ties, subnormals, saturation, Inf,
+     * NaN) encode to the same codes, in arrays long enough to vectorize. */
+    enum { M = 0x10000 };
+    uint8_t *hb = malloc(2 * M);
+    float *hf = malloc(4 * M), *xf = malloc(4 * M);
+    for (uint32_t h = 0; h < M; h++) {
+        hb[2 * h] = (uint8_t)h;
+        hb[2 * h + 1] = (uint8_t)(h >> 8);
+    }
+    assert_int_equal(ar_codec_decode(AR_COMP_FP16, hb, 2 * M, M, hf), 0);
+    for (uint32_t h = 0; h < M; h++) {
+        float want = ar_f16_to_f32((uint16_t)h);
+        if (isnan(want))
+            assert_true(isnan(hf[h]));
+        else
+            assert_memory_equal(&hf[h], &want, 4);
+    }
+    for (uint32_t i = 0; i < M; i++) {
+        /* every binary16 value, then the midpoints and neighbours around it */
+        float f = ar_f16_to_f32((uint16_t)(i >> 2 | (i & 1) << 15));
+        if (i & 2)
+            f = nextafterf(f, INFINITY);
+        xf[i] = isnan(f) ? f : f * (i % 3 == 0 ? 1.0f : 1.0f + 0x1p-11f);
+    }
+    xf[5] = 1e30f;
+    xf[6] = -65519.0f;
+    xf[7] = 65520.0f;
+    assert_int_equal(ar_codec_encode(AR_COMP_FP16, xf, M, hb, 2 * M), 0);
+    for (uint32_t i = 0; i < M; i++) {
+        float v = xf[i];
+        if (isfinite(v) && fabsf(v) > 65504.0f)
+            v = copysignf(65504.0f, v);
+        uint16_t want = ar_f32_to_f16(v), got = (uint16_t)(hb[2 * i] | hb[2 * i + 1] << 8);
+        if (isnan(v))
+            assert_true((got & 0x7c00) == 0x7c00 && (got & 0x3ff));
+        else
+            assert_int_equal(got, want);
+    }
+    free(hb), free(hf), free(xf);
 }
 
 static void test_fp16_bound(void **s)
