@@ -320,7 +320,8 @@ struct search {
     struct sched__warm *w;
     size_t n;
     unsigned char *best, *tmp;
-    double best_tp, best_net;
+    double best_tp, best_net, best_compute;
+    int pruned; /* candidates skipped because they cannot beat the best */
 };
 
 static int try_roles(struct search *s, const unsigned char *on)
@@ -331,8 +332,23 @@ static int try_roles(struct search *s, const unsigned char *on)
             compute += s->x->scale_s[i];
     if (!(compute > 0))
         return CM_OK;
-    if (compute <= s->best_tp * (1 + BETTER))
+    if (compute <= s->best_tp * (1 + BETTER)) {
+        s->pruned++;
         return CM_OK; /* cannot beat the best whatever the network does */
+    }
+    /* Another computing peer only tightens rows (aggregators download one more
+     * contribution, it uploads its gradient, its links carry it), so the network
+     * rate of a superset of the best's computing peers is at most the best's: when
+     * the best is network-bound, no superset can beat it. */
+    if (s->best_tp >= 0 && s->best_net <= s->best_compute) {
+        size_t i = 0;
+        while (i < s->n && (!s->best[i] || on[i]))
+            i++;
+        if (i == s->n) {
+            s->pruned++;
+            return CM_OK;
+        }
+    }
     double net = 0;
     int rc = sched__warm_eval(s->w, on, &net);
     if (rc != CM_OK)
@@ -341,6 +357,7 @@ static int try_roles(struct search *s, const unsigned char *on)
     if (tp > s->best_tp * (1 + BETTER) + 1e-300) {
         s->best_tp = tp;
         s->best_net = net;
+        s->best_compute = compute;
         if (s->best != on)
             memcpy(s->best, on, s->n);
     }
@@ -362,7 +379,7 @@ int sched__roles_choose(struct sched__ctx *x, const double *c, unsigned char *on
 {
     const struct sched_problem *p = x->p;
     size_t n = p->n, nc = 0;
-    struct search s = {x, NULL, n, calloc(n, 1), calloc(n, 1), -1, 0};
+    struct search s = {x, NULL, n, calloc(n, 1), calloc(n, 1), -1, 0, 0, 0};
     size_t *order = calloc(n, sizeof *order);
     int rc = CM_OK;
     if (!s.best || !s.tmp || !order) {
