@@ -19,6 +19,51 @@
 
 #define BIT(i) (1ull << (i))
 
+/* The per-element loops of the aggregator, vectorized by the compiler
+ * (-O3, see module.mk), with an AVX2 clone on x86-64 chosen at load time:
+ * the same operations in the same order per element, so the results are
+ * bit-identical whichever runs. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AR_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define AR_KERNEL
+#endif
+
+/* acc = w x (first) or acc += w x, in double. */
+AR_KERNEL static void acc_add(double *restrict acc, const float *restrict x, double w, size_t n,
+                              int first)
+{
+    if (first)
+        for (size_t i = 0; i < n; i++)
+            acc[i] = w * (double)x[i];
+    else
+        for (size_t i = 0; i < n; i++)
+            acc[i] += w * (double)x[i];
+}
+
+/* out = acc / w rounded to fp32. */
+AR_KERNEL static void acc_div(float *restrict out, const double *restrict acc, double w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (float)(acc[i] / w);
+}
+
+/* Sum of squares in double, eight partial sums (a fixed order, so the same
+ * value on every CPU); non-finite iff some value is. */
+AR_KERNEL static double sum_sq(const float *x, size_t n)
+{
+    double acc[8] = {0}, ss = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++)
+            acc[j] += (double)x[i + j] * (double)x[i + j];
+    for (; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    for (size_t j = 0; j < 8; j++)
+        ss += acc[j];
+    return ss;
+}
+
 int ar__own_part_ok(const struct ar_round *r)
 {
     const struct ar__agg *a = &r->agg;
@@ -127,14 +172,7 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         for (size_t s = 0; s < r->n_members; s++) {
             if (!(a->recv[c] & BIT(s)))
                 continue;
-            const float *x = a->undo[c * r->n_members + s];
-            double ws = a->snd[s].weight;
-            if (first)
-                for (size_t i = 0; i < cnt; i++)
-                    acc[i] = ws * (double)x[i];
-            else
-                for (size_t i = 0; i < cnt; i++)
-                    acc[i] += ws * (double)x[i];
+            acc_add(acc, a->undo[c * r->n_members + s], a->snd[s].weight, cnt, first);
             first = 0;
         }
         float *avg = r->scratch;
@@ -142,8 +180,7 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         if (r->comp == AR_COMP_NONE) /* fp32 is its own encoding: write it in place */
             avg = (float *)(void *)(a->res + c * r->enc_chunk);
 #endif
-        for (size_t i = 0; i < cnt; i++)
-            avg[i] = (float)(acc[i] / w);
+        acc_div(avg, acc, w, cnt);
         if (avg == r->scratch)
             ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
@@ -210,15 +247,7 @@ static int accept_check(struct ar_round *r, int s, const float *x, size_t cnt, d
     /* Squared norm in double, in one branch-free (vectorizable) pass: a NaN
      * or infinity anywhere makes it non-finite, and finite floats cannot
      * overflow it (at most 2^18 values of at most 2^256 each). */
-    double acc[8] = {0}, ss = 0;
-    size_t i = 0;
-    for (; i + 8 <= cnt; i += 8)
-        for (size_t j = 0; j < 8; j++)
-            acc[j] += (double)x[i + j] * (double)x[i + j];
-    for (; i < cnt; i++)
-        ss += (double)x[i] * (double)x[i];
-    for (size_t j = 0; j < 8; j++)
-        ss += acc[j];
+    double ss = sum_sq(x, cnt);
     if (!isfinite(ss))
         return exclude(r, s, AR_EXCL_NONFINITE);
     if (!(sqrt(ss) <= r->max_norm))

@@ -33,4 +33,4 @@ BENCHES += $(BENCH_AR_GLOO)
 
 # The aggregator's per-element loops (norm, weighted sum, average) are the
 # engine's hot path: -O3 lets GCC vectorize them.
-$(call objs_of,common/ar/ar_agg.c common/ar/ar_codec.c): EXTRA_CFLAGS += -O3
+$(call objs_of,common/ar/ar_agg.c common/ar/ar_codec.c common/ar/ar_round.c): EXTRA_CFLAGS += -O3

@@ -112,6 +112,7 @@ struct reply {
     uint64_t hash;   /* CMD_VERIFY: FNV-1a of the buffer */
     uint64_t wire_sent, wire_received;
     double cpu_ms;   /* CMD_VERIFY: CPU time (user + system) of the last round */
+    long faults;     /* CMD_VERIFY: minor page faults during the last round */
 };
 
 struct hello {
@@ -167,7 +168,15 @@ struct peer {
     const float *expected;
     int quit, in_round;
     double cpu0; /* CPU ms at the start of the round */
+    long flt0;   /* minor faults at the start of the round */
 };
+
+static long minflt(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
 
 static double cpu_ms(void)
 {
@@ -220,7 +229,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         return;
     }
     if (c.op == CMD_VERIFY) {
-        struct reply rep = {.cpu_ms = cpu_ms() - p->cpu0};
+        struct reply rep = {.cpu_ms = cpu_ms() - p->cpu0, .faults = minflt() - p->flt0};
         verify(p, c.comp, &rep);
         if (write_all(p->wr, &rep, sizeof rep))
             p->quit = 1;
@@ -236,6 +245,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .stall_ms = 20000, .linger_ms = 60000, .done = on_done, .arg = p};
     p->in_round = 1;
     p->cpu0 = cpu_ms();
+    p->flt0 = minflt();
     int rc_ = ar_round_start(p->eng, &rc, NULL);
     if (rc_) {
         struct reply rep = {.status = rc_};
@@ -384,6 +394,8 @@ static uint64_t g_step;
 
 /* One timed round, then verification. Returns the round time in ms, or -1
  * when the round failed or its result is wrong. */
+static long g_faults; /* page faults of all peers in the last round */
+
 static double swarm_round(struct swarm *s, int comp, double mbps, double *max_err,
                           uint64_t *wire_out, double *cpu_out)
 {
@@ -411,6 +423,7 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
     uint64_t h0 = 0, wire = 0;
     double cpu = 0;
     *max_err = 0;
+    g_faults = 0;
     for (size_t i = 0; i < s->n_peers; i++) {
         struct reply r;
         if (read_all(s->from[i], &r, sizeof r))
@@ -430,6 +443,7 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
             *max_err = r.max_err;
         wire = r.wire_sent > wire ? r.wire_sent : wire;
         cpu += r.cpu_ms;
+        g_faults += r.faults;
     }
     if (wire_out)
         *wire_out = wire;
@@ -639,9 +653,9 @@ int main(int argc, char **argv)
             if (t[i] < 0)
                 rc = 1;
             printf("N=%zu %s %s: round %d %.0f ms, CPU of all peers %.0f ms = %.2f ns per byte "
-                   "of the buffer (max |err| %.2g)\n",
+                   "of the buffer, %ld page faults (max |err| %.2g)\n",
                    np, comp_name(comp), mbps > 0 ? argv[3] : "uncapped", i, t[i], cpu,
-                   cpu * 1e6 / ((double)n * 4), err);
+                   cpu * 1e6 / ((double)n * 4), g_faults, err);
         }
         if (mbps > 0) {
             double tmin = 2.0 * (double)(np - 1) / (double)np * (double)n * enc_bytes(comp) /
