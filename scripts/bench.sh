@@ -5,6 +5,14 @@
 # same run (PyTorch for kernels, wrk against our own server, the bandwidth
 # bound for averaging).
 set -u
+# The all-reduce benchmark compares with PyTorch's gloo in the same run:
+# Debian's python3-torch (for /usr/bin/python3) is installed when missing and
+# we are root; otherwise that comparison prints why it was skipped.
+case " $* " in
+  *bench_allreduce_gloo*)
+    ./scripts/install-deps.sh --torch >/dev/null 2>&1 ||
+      echo "bench: python3-torch is missing (scripts/install-deps.sh --torch): no gloo comparison" ;;
+esac
 mkdir -p build/bench
 out=build/bench/results.txt
 : >"$out"

@@ -54,9 +54,10 @@ __attribute__((target("avx,f16c"))) static size_t f16_decode_f16c(const uint8_t 
                                                                   float *out)
 {
     size_t i = 0;
-    for (; i + 8 <= count; i += 8)
-        _mm256_storeu_ps(out + i,
-                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))));
+    for (; i + 8 <= count; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i));
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
     return i;
 }
 #endif

@@ -651,7 +651,8 @@ static void up_timer_cb(uv_timer_t *t)
     }
     if (ctx->wait_head && !ctx->up_timer_armed) {
         ctx->up_timer_armed = 1;
-        uv_timer_start(&ctx->up_timer, up_timer_cb, p2p_rate_wait_ms(&ctx->up, rate_quantum(&ctx->up), now_ns()), 0);
+        uv_timer_start(&ctx->up_timer, up_timer_cb,
+                       p2p_rate_wait_ms(&ctx->up, rate_quantum(&ctx->up), now_ns()), 0);
     }
 }
 
@@ -1210,7 +1211,8 @@ static int session_update(struct p2p_conn *c, const struct cm_pass_claims *cl)
     if (!c->rx_on)
         return CM_OK;
     if (!cm_ct_equal(cl->peer_public_key, c->peer_pub, 32)) {
-        p2p_auth_count(&c->h->ctx->auth, P2P_REJ_SENDER, "signed by another key than the session's");
+        p2p_auth_count(&c->h->ctx->auth, P2P_REJ_SENDER,
+                       "signed by another key than the session's");
         c->h->ctx->st.drops++;
         conn_close(c, CM_EAUTH);
         return CM_EAUTH;
@@ -1519,10 +1521,11 @@ int p2p_host_set_token(struct p2p_host *h, const char *token)
         return CM_ENOMEM;
     free(h->token);
     h->token = t;
-    /* Our sessions' peers hold our old pass: the next frame on each is a
-     * signed envelope with the new token (p2p_session.h). */
+    /* Our sessions' peers hold our old pass (so will a handshake in flight,
+     * signed with it): the next frame on each is a signed envelope with the
+     * new token (p2p_session.h). */
     for (struct p2p_conn *c = h->conns; c; c = c->hnext)
-        if (c->tx_on)
+        if (c->tx_on || c->hello)
             c->tx_resign = 1;
     return CM_OK;
 }

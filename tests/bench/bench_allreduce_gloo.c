@@ -610,7 +610,9 @@ static int table(size_t floats, int reps, double cap)
             printf("N=%zu capped %.0f Mbit/s up+down, ours %s %6.0f ms, bound 2(N-1)/N*P*bytes/u "
                    "%6.0f ms, ratio %.3f%s (max |err| %.2g)\n",
                    np, cap, comp_name(comps[j]), ms, tmin, ms / tmin,
-                   ms < 0 ? "  WRONG" : ms / tmin <= 1.1 ? "  (goal <= 1.1, met)" : "  (goal <= 1.1)",
+                   ms < 0              ? "  WRONG"
+                   : ms / tmin <= 1.1 ? "  (goal <= 1.1, met)"
+                                      : "  (goal <= 1.1)",
                    err);
         }
         fflush(stdout);

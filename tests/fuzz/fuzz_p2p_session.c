@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p2p_session_parse(data, size, &m) == 0) {
         if (m.kind != 1 && m.kind != 2)
             abort();
-        if (m.status > 0 || m.body < data || m.body + m.body_len + P2P_SESSION_TAG_LEN != data + size ||
+        if (m.status > 0 || m.body < data ||
+            m.body + m.body_len + P2P_SESSION_TAG_LEN != data + size ||
             m.tag != data + size - P2P_SESSION_TAG_LEN)
             abort();
     }
