@@ -752,9 +752,39 @@ static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
  * are applied by everyone, the others are skipped (zero gradient) for this
  * step, so survivors stay bit-identical even when an aggregator died. */
 #define OUTCOME_MARGIN_MS 300
+/* 1 when the outcomes name another round id more often than ours (ties:
+ * the smaller id wins): then our view of the round's members was not the
+ * others', and our update would not be theirs. One vote per author. */
+static int odd_round(const struct collab_outcome *o, size_t n, const uint8_t rid[16])
+{
+    size_t mine = 0, best = 0;
+    const uint8_t *best_rid = NULL;
+    for (size_t i = 0; i < n; i++) {
+        int dup = 0;
+        for (size_t k = 0; k < i && !dup; k++)
+            dup = !memcmp(o[k].pub, o[i].pub, CM_ED25519_PUB_LEN);
+        if (dup)
+            continue;
+        size_t c = 0;
+        for (size_t k = 0; k < n; k++) {
+            int first = 1;
+            for (size_t q = 0; q < k && first; q++)
+                first = memcmp(o[q].pub, o[k].pub, CM_ED25519_PUB_LEN) != 0;
+            c += first && !memcmp(o[k].rid, o[i].rid, 16);
+        }
+        if (!memcmp(o[i].rid, rid, 16))
+            mine = c;
+        else if (c > best || (c == best && best_rid && memcmp(o[i].rid, best_rid, 16) < 0)) {
+            best = c;
+            best_rid = o[i].rid;
+        }
+    }
+    return best_rid && (best > mine || (best == mine && memcmp(best_rid, rid, 16) < 0));
+}
+
 static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t rid[AR_ROUND_ID_LEN],
                               uint64_t my_mask, const struct ar_member *am, size_t nmem,
-                              size_t *counted)
+                              size_t *counted, int *odd)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
     snprintf(key, sizeof key, "%s/outcome/%lld", s->o.run, (long long)step);
@@ -794,8 +824,10 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
                                             ns, s->o.outcome_window_ms, OUTCOME_MARGIN_MS, now_ms(),
                                             &m, &decided)
                      : 0;
+        int is_odd = o ? odd_round(o, no, rid) : 0;
         free(o);
         if (decided || now_ms() > give_up) {
+            *odd = is_odd;
             if (!decided)
                 fprintf(stderr, "\nwarning: step %lld: no agreement on the round's outcome; using ours\n",
                         (long long)step);
@@ -912,6 +944,18 @@ static void run_round_timed(struct round_job *j)
     int rc = join_net_allreduce(s->net, &rcfg, &j->sum);
     if (rc != CM_OK && j->sum.n_parts == 0)
         j->sum.averaged_mask = 0;
+    /* one entry per excluded peer (each aggregator of a part reports it) */
+    size_t ne = 0;
+    for (size_t i = 0; i < j->sum.n_excluded; i++) {
+        size_t k = 0;
+        while (k < ne && j->sum.excluded[k] != j->sum.excluded[i])
+            k++;
+        if (k == ne) {
+            j->sum.excluded[ne] = j->sum.excluded[i];
+            j->sum.excluded_reason[ne++] = j->sum.excluded_reason[i];
+        }
+    }
+    j->sum.n_excluded = ne;
     for (size_t i = 0; i < j->sum.n_excluded; i++) {
         char pk[64];
         cm_b64url_encode(am[j->sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
@@ -921,8 +965,16 @@ static void run_round_timed(struct round_job *j)
     uint64_t all = j->n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << j->n_parts) - 1);
     uint64_t mine = j->sum.averaged_mask & all;
     j->agreed = mine;
-    if (!s->o.aggregate_only)
-        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, &j->counted) & all;
+    if (!s->o.aggregate_only) {
+        int odd = 0;
+        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, &j->counted, &odd) & all;
+        if (odd) {
+            fprintf(stderr, "\nwarning: step %lld: the other peers averaged a round with other members "
+                            "than we saw; fetching their state\n", (long long)j->step);
+            j->missed = 1;
+            return;
+        }
+    }
     if (j->agreed != all)
         fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
                         "are skipped this step\n",
@@ -1477,7 +1529,12 @@ int agent_cmd_join(int argc, char **argv)
     status = 0;
 out:
     if (s->rep) {
+        struct join_reporter_stats rs;
+        join_reporter_stats(s->rep, &rs);
         size_t left = join_reporter_stop(s->rep, 5000);
+        printf("contribution reports: %llu accepted, %llu refused, %llu dropped%s\n",
+               (unsigned long long)rs.sent, (unsigned long long)rs.refused,
+               (unsigned long long)rs.dropped, left ? " (some still queued at exit)" : "");
         if (left)
             fprintf(stderr, "warning: %zu contribution reports could not be sent\n", left);
     }
