@@ -520,6 +520,15 @@ static void in_pump(struct ar_round *r, size_t k)
     }
 }
 
+/* 1 when no value is NaN or infinite (one branch-free, vectorizable pass). */
+static int all_finite(const float *x, size_t n)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad |= !(fabsf(x[i]) <= FLT_MAX);
+    return !bad;
+}
+
 /* Checks and stages one averaged chunk; CM_OK or why the part is lost. */
 static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *body, size_t len)
 {
@@ -538,10 +547,7 @@ static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *bo
     rc = ar_codec_decode(r->comp, m.payload, m.payload_len, cnt, dst);
     /* An aggregator's garbage never reaches the buffer (a branch-free pass:
      * NaN fails the comparison too). */
-    int bad = 0;
-    for (size_t i = 0; !rc && i < cnt; i++)
-        bad |= !(fabsf(dst[i]) <= FLT_MAX);
-    if (!rc && bad)
+    if (!rc && !all_finite(dst, cnt))
         rc = CM_ENUMERIC;
     if (!rc) {
         L->wmin = m.weight < L->wmin ? m.weight : L->wmin;
