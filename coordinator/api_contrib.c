@@ -130,6 +130,82 @@ static void reject(struct coord_req *req, struct coord_resp *resp, int status, c
     coord_resp_error(resp, status, code, "%s", msg);
 }
 
+/* One report from verification to the answer: one allocation holding the
+ * parsed report, the writer's job and the signed message. */
+struct report_call {
+    struct coord_report rep;
+    struct coord_report_job job;
+    int rc; /* of handing the job to the writer */
+    char msg[]; /* SIGN_PREFIX || payload bytes || NUL */
+};
+
+/* The writer's answer as an HTTP answer (on a server thread). */
+static void report_finish(void *ctx, struct coord_req *req, struct coord_resp *resp)
+{
+    struct report_call *call = ctx;
+    const struct coord_report *rep = &call->rep;
+    struct coord_metrics *m = req->srv->metrics;
+    char err[256];
+    json_t *ok = NULL;
+    switch (call->rc == CM_OK ? call->job.result : COORD_REPORT_FAILED) {
+    case COORD_REPORT_RECORDED:
+        coord_metrics_event(m, COORD_EV_REPORT_RECORDED);
+        for (size_t i = 0; i < rep->n_excluded; i++)
+            coord_metrics_event(m, COORD_EV_REPORT_EXCLUSION);
+        ok = json_pack("{s:s, s:s, s:I}", "status", "recorded", "run", rep->run, "step",
+                       (json_int_t)rep->step);
+        if (ok)
+            coord_resp_json(resp, 201, ok);
+        else
+            coord_resp_error(resp, 500, "internal", "out of memory");
+        break;
+    case COORD_REPORT_DUPLICATE:
+        coord_metrics_event(m, COORD_EV_REPORT_DUPLICATE);
+        ok = json_pack("{s:s, s:s, s:I}", "status", "already_recorded", "run", rep->run, "step",
+                       (json_int_t)rep->step);
+        if (ok)
+            coord_resp_json(resp, 200, ok);
+        else
+            coord_resp_error(resp, 500, "internal", "out of memory");
+        break;
+    case COORD_REPORT_CONFLICT:
+        coord_metrics_event(m, COORD_EV_REPORT_CONFLICT);
+        coord_resp_error(resp, 409, "conflicting_report",
+                         "a different report for step %lld of this peer was recorded "
+                         "before; this one is kept as a conflict and not counted",
+                         (long long)rep->step);
+        break;
+    case COORD_REPORT_REVOKED:
+        reject(req, resp, 403, "pass_revoked", "the access pass is revoked or expired");
+        break;
+    case COORD_REPORT_NO_RUN:
+        reject(req, resp, 404, "not_found", "no such run");
+        break;
+    case COORD_REPORT_STEP_RANGE:
+        snprintf(err, sizeof err,
+                 "step %lld is more than %d steps beyond the run's highest corroborated step",
+                 (long long)rep->step, COORD_REPORT_STEP_AHEAD);
+        reject(req, resp, 422, "step_out_of_range", err);
+        break;
+    case COORD_REPORT_FAILED:
+    default:
+        coord_resp_error(resp, 503, "unavailable", "the report could not be stored now; retry later");
+        snprintf(resp->retry_after, sizeof resp->retry_after, "1");
+        break;
+    }
+}
+
+static void report_release(void *ctx)
+{
+    free(ctx);
+}
+
+static void report_stored(struct coord_report_job *job, void *arg)
+{
+    (void)job;
+    coord_deferred_done(arg);
+}
+
 void api_reports_post(struct coord_req *req, struct coord_resp *resp)
 {
     static const struct cm_json_field F[] = {
@@ -166,14 +242,16 @@ void api_reports_post(struct coord_req *req, struct coord_resp *resp)
         return;
     }
     size_t pre = sizeof SIGN_PREFIX - 1, plen = strlen(p64);
-    char *msg = malloc(pre + plen + 1); /* decoded payload is shorter than its base64 */
-    if (!msg) {
+    /* the decoded payload is shorter than its base64 */
+    struct report_call *call = malloc(sizeof *call + pre + plen + 1);
+    if (!call) {
         coord_resp_error(resp, 500, "internal", "out of memory");
         return;
     }
+    char *msg = call->msg;
     memcpy(msg, SIGN_PREFIX, pre);
     if (cm_b64url_decode(p64, plen, (uint8_t *)msg + pre, plen, &n) != CM_OK || n == 0) {
-        free(msg);
+        free(call);
         reject(req, resp, 400, "invalid_request", "field 'payload': base64url (no padding)");
         return;
     }
@@ -181,18 +259,13 @@ void api_reports_post(struct coord_req *req, struct coord_resp *resp)
     size_t payload_len = n;
     payload[payload_len] = '\0';
     if (cm_ed25519_verify(claims.peer_public_key, msg, pre + payload_len, sig) != CM_OK) {
-        free(msg);
+        free(call);
         reject(req, resp, 401, "bad_signature",
                "the report signature does not verify under the pass's peer key");
         return;
     }
-    struct coord_report *rep = malloc(sizeof *rep);
+    struct coord_report *rep = &call->rep;
     char err[256];
-    if (!rep) {
-        free(msg);
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        return;
-    }
     if (memchr(payload, '\0', payload_len) ||
         coord_report_parse(payload, payload_len, rep, err, sizeof err) != CM_OK) {
         if (memchr(payload, '\0', payload_len))
@@ -203,55 +276,23 @@ void api_reports_post(struct coord_req *req, struct coord_resp *resp)
     } else if (memcmp(rep->peer, claims.peer_public_key, CM_ED25519_PUB_LEN) != 0) {
         reject(req, resp, 403, "wrong_peer", "the payload's 'peer' is not the pass's key");
     } else {
-        struct coord_report_job job = {rep, payload, payload_len, {0}, 0, COORD_REPORT_FAILED};
-        memcpy(job.sig, sig, sizeof sig);
-        job.pass_id = strtoll(claims.pass_id, NULL, 10);
-        rc = coord_report_write(req->srv->db, &job, (int)req->srv->cfg->db_timeout_ms);
-        struct coord_metrics *m = req->srv->metrics;
-        json_t *ok = json_pack("{s:s, s:I}", "run", req->params[0], "step", (json_int_t)rep->step);
-        switch (rc == CM_OK ? job.result : COORD_REPORT_FAILED) {
-        case COORD_REPORT_RECORDED:
-            coord_metrics_event(m, COORD_EV_REPORT_RECORDED);
-            for (size_t i = 0; i < rep->n_excluded; i++)
-                coord_metrics_event(m, COORD_EV_REPORT_EXCLUSION);
-            json_object_set_new(ok, "status", json_string("recorded"));
-            coord_resp_json(resp, 201, ok);
-            ok = NULL;
-            break;
-        case COORD_REPORT_DUPLICATE:
-            coord_metrics_event(m, COORD_EV_REPORT_DUPLICATE);
-            json_object_set_new(ok, "status", json_string("already_recorded"));
-            coord_resp_json(resp, 200, ok);
-            ok = NULL;
-            break;
-        case COORD_REPORT_CONFLICT:
-            coord_metrics_event(m, COORD_EV_REPORT_CONFLICT);
-            coord_resp_error(resp, 409, "conflicting_report",
-                             "a different report for step %lld of this peer was recorded "
-                             "before; this one is kept as a conflict and not counted",
-                             (long long)rep->step);
-            break;
-        case COORD_REPORT_REVOKED:
-            reject(req, resp, 403, "pass_revoked", "the access pass is revoked or expired");
-            break;
-        case COORD_REPORT_NO_RUN:
-            reject(req, resp, 404, "not_found", "no such run");
-            break;
-        case COORD_REPORT_STEP_RANGE:
-            snprintf(err, sizeof err,
-                     "step %lld is more than %d steps beyond the run's highest corroborated step",
-                     (long long)rep->step, COORD_REPORT_STEP_AHEAD);
-            reject(req, resp, 422, "step_out_of_range", err);
-            break;
-        case COORD_REPORT_FAILED:
-        default:
-            coord_resp_error(resp, 503, "unavailable",
-                             "the report could not be stored now; retry later");
-            snprintf(resp->retry_after, sizeof resp->retry_after, "1");
-            break;
+        memset(&call->job, 0, sizeof call->job);
+        call->job.rep = rep;
+        call->job.payload = payload;
+        call->job.payload_len = payload_len;
+        memcpy(call->job.sig, sig, sizeof sig);
+        call->job.pass_id = strtoll(claims.pass_id, NULL, 10);
+        int timeout_ms = (int)req->srv->cfg->db_timeout_ms;
+        /* Park the connection until the batch commits: no server thread waits. */
+        struct coord_deferred *d = coord_req_defer(req, report_finish, report_release, call);
+        if (d) {
+            call->rc = coord_report_submit(req->srv->db, &call->job, timeout_ms, report_stored, d);
+            if (call->rc != CM_OK)
+                coord_deferred_done(d); /* answered at once: 503 */
+            return;
         }
-        json_decref(ok);
+        call->rc = coord_report_write(req->srv->db, &call->job, timeout_ms);
+        report_finish(call, req, resp);
     }
-    free(rep);
-    free(msg);
+    free(call);
 }

@@ -69,7 +69,8 @@ enum coord_report_result {
     COORD_REPORT_FAILED,      /* database error or deadline: retry */
 };
 
-/* One report on its way to the database; the handler owns it and waits. */
+/* One report on its way to the database; the handler owns it until the
+ * writer has called `done`. */
 struct coord_report_job {
     const struct coord_report *rep;
     const char *payload; /* the exact signed bytes (NUL-terminated JSON text) */
@@ -78,13 +79,24 @@ struct coord_report_job {
     int64_t pass_id;
     /* filled by the writer */
     enum coord_report_result result;
+    /* the writer's own */
+    void (*done)(struct coord_report_job *job, void *arg);
+    void *arg;
+    int64_t deadline_ns; /* CLOCK_MONOTONIC; not taken by then: FAILED unwritten */
+    struct coord_report_job *next;
 };
 
 struct coord_db_pool;
-/* Queues the job for the next batch and waits (at most timeout_ms) until
- * the batch's transaction has committed or failed; job->result says which.
- * The writer thread starts on first use and takes a pooled connection per
- * batch. */
+/* Queues the job for the next batch and returns at once. The writer thread
+ * (started on first use; it takes a pooled connection per batch) stores the
+ * batch in one transaction and then calls done(job, arg) exactly once, from
+ * its own thread, with job->result set: after the commit is durable, or
+ * FAILED when the batch failed or the job waited longer than timeout_ms in
+ * the queue. Once taken, a batch is bounded by the pool's statement
+ * timeout. CM_OK: queued; otherwise done will not be called. */
+int coord_report_submit(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms,
+                        void (*done)(struct coord_report_job *job, void *arg), void *arg);
+/* The same, waiting in the calling thread for the result. */
 int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms);
 
 #endif

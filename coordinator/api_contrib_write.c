@@ -1,8 +1,8 @@
 /* The batch writer of contribution reports (group commit). Request threads
- * verify a report's pass and signature themselves, then queue it here and
- * wait; one writer thread takes everything queued, stores it in one
- * transaction (one multi-row statement per table) and wakes the waiters
- * when the commit is durable. While a batch commits the next one gathers,
+ * verify a report's pass and signature themselves, then queue it here (and
+ * park their connection: no thread waits); one writer thread takes
+ * everything queued, stores it in one transaction (one multi-row statement
+ * per table) and calls each job's completion when the commit is durable. While a batch commits the next one gathers,
  * so a busy coordinator commits hundreds of reports per fsync and an idle
  * one commits each report at once.
  *
@@ -38,17 +38,9 @@
 #define STR(x) STR_(x)
 #define AHEAD_SQL STR(COORD_REPORT_STEP_AHEAD)
 
-struct item {
-    struct coord_report_job *job;
-    struct item *next;
-    int queued; /* still in the queue (not yet taken by the writer) */
-    int done;
-};
-
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_work = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t g_done;
-static struct item *g_head, *g_tail;
+static struct coord_report_job *g_head, *g_tail;
 static struct coord_db_pool *g_pool;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_started;
@@ -398,50 +390,56 @@ static void write_all(struct coord_report_job **jobs, size_t n)
     coord_db_release(g_pool, c);
 }
 
+static int64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 static void *writer_main(void *arg)
 {
     (void)arg;
-    struct item *batch[BATCH_MAX];
-    struct coord_report_job *jobs[BATCH_MAX];
+    struct coord_report_job *taken[BATCH_MAX], *jobs[BATCH_MAX];
     for (;;) {
         pthread_mutex_lock(&g_mu);
         while (!g_head)
             pthread_cond_wait(&g_work, &g_mu);
         size_t n = 0;
         while (g_head && n < BATCH_MAX) {
-            struct item *it = g_head;
-            g_head = it->next;
-            it->queued = 0;
-            batch[n] = it;
-            jobs[n++] = it->job;
+            taken[n++] = g_head;
+            g_head = g_head->next;
         }
         if (!g_head)
             g_tail = NULL;
         pthread_mutex_unlock(&g_mu);
 
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        write_all(jobs, n);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        CM_LOGD("contrib", "batch of %zu reports stored in %.1f ms", n,
-                (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
-
-        pthread_mutex_lock(&g_mu);
-        for (size_t i = 0; i < n; i++)
-            batch[i]->done = 1;
-        pthread_cond_broadcast(&g_done);
-        pthread_mutex_unlock(&g_mu);
+        /* Jobs that waited past their deadline are answered FAILED (503,
+         * retry) unwritten: their callers' clients have given up or will. */
+        int64_t t0 = mono_ns();
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            taken[i]->result = COORD_REPORT_FAILED;
+            if (taken[i]->deadline_ns > t0)
+                jobs[k++] = taken[i];
+        }
+        if (k < n)
+            CM_LOGW("contrib", "%zu reports waited past their deadline in the queue", n - k);
+        if (k)
+            write_all(jobs, k);
+        CM_LOGD("contrib", "batch of %zu reports stored in %.1f ms", k,
+                (double)(mono_ns() - t0) / 1e6);
+        for (size_t i = 0; i < n; i++) {
+            struct coord_report_job *j = taken[i];
+            j->next = NULL;
+            j->done(j, j->arg); /* j may be gone after this */
+        }
     }
     return NULL;
 }
 
 static void start_writer(void)
 {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&g_done, &a);
-    pthread_condattr_destroy(&a);
     pthread_t t;
     pthread_attr_t at;
     pthread_attr_init(&at);
@@ -453,7 +451,8 @@ static void start_writer(void)
     pthread_attr_destroy(&at);
 }
 
-int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms)
+int coord_report_submit(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms,
+                        void (*done)(struct coord_report_job *job, void *arg), void *arg)
 {
     job->result = COORD_REPORT_FAILED;
     pthread_mutex_lock(&g_mu);
@@ -463,44 +462,52 @@ int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job,
     pthread_once(&g_once, start_writer);
     if (!g_started)
         return CM_EINTERNAL;
-
-    struct item it = {job, NULL, 1, 0};
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    job->done = done;
+    job->arg = arg;
+    job->deadline_ns = mono_ns() + (int64_t)timeout_ms * 1000000;
+    job->next = NULL;
     pthread_mutex_lock(&g_mu);
     if (g_tail)
-        g_tail->next = &it;
+        g_tail->next = job;
     else
-        g_head = &it;
-    g_tail = &it;
+        g_head = job;
+    g_tail = job;
     pthread_cond_signal(&g_work);
-    int rc = CM_OK;
-    while (!it.done) {
-        int w = it.queued ? pthread_cond_timedwait(&g_done, &g_mu, &dl)
-                          : pthread_cond_wait(&g_done, &g_mu);
-        if (w == ETIMEDOUT && it.queued) {
-            /* Not taken yet: leave the queue. Once taken, the batch's statements
-             * are bounded by the pool's statement timeout, so waiting is bounded. */
-            struct item **pp = &g_head, *prev = NULL;
-            while (*pp && *pp != &it) {
-                prev = *pp;
-                pp = &(*pp)->next;
-            }
-            if (*pp) {
-                *pp = it.next;
-                if (g_tail == &it)
-                    g_tail = prev;
-            }
-            rc = CM_ETIMEOUT;
-            break;
-        }
-    }
     pthread_mutex_unlock(&g_mu);
-    return rc;
+    return CM_OK;
+}
+
+/* --- the synchronous form ------------------------------------------------- */
+
+struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+};
+
+static void wake(struct coord_report_job *job, void *arg)
+{
+    (void)job;
+    struct waiter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+int coord_report_write(struct coord_db_pool *pool, struct coord_report_job *job, int timeout_ms)
+{
+    struct waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    int rc = coord_report_submit(pool, job, timeout_ms, wake, &w);
+    if (rc != CM_OK)
+        return rc;
+    /* Bounded: the writer answers every job, FAILED past its deadline, and
+     * a batch it has taken is bounded by the statement timeout. */
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return CM_OK;
 }

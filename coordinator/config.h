@@ -15,6 +15,7 @@ struct coord_config {
     char *idp_userinfo_url;
     char *idp_ca_cert;
     long threads;
+    long max_connections;
     long db_pool;
     long db_timeout_ms;
     long session_ttl;

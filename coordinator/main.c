@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,7 +51,12 @@ static const struct cm_opt SERVE_OPTS[] = {
      "the provider's userinfo endpoint (asked with the volunteer's bearer token)", 0},
     {"idp-ca-cert", CM_OPT_STR, O(idp_ca_cert), NULL, "FILE",
      "CA bundle to verify the provider with (default: system CAs)", 0},
-    {"threads", CM_OPT_INT, O(threads), "8", "N", "HTTP worker threads", 0},
+    {"threads", CM_OPT_INT, O(threads), "8", "N",
+     "HTTP worker threads (requests waiting for the database hold one; contribution reports "
+     "do not)", 0},
+    {"max-connections", CM_OPT_INT, O(max_connections), "4096", "N",
+     "open client connections at most (each agent keeps one); the open-file limit is raised "
+     "to fit", 0},
     {"db-pool", CM_OPT_INT, O(db_pool), "16", "N", "database connections", 0},
     {"db-timeout-ms", CM_OPT_INT, O(db_timeout_ms), "5000", "MS",
      "longest wait for a database connection and for one statement", 0},
@@ -100,6 +106,7 @@ static int validate(const struct coord_config *c)
         const char *name;
         long v, lo, hi;
     } ranges[] = {{"threads", c->threads, 1, 256},
+                  {"max-connections", c->max_connections, 16, 1000000},
                   {"db-pool", c->db_pool, 1, 1000},
                   {"db-timeout-ms", c->db_timeout_ms, 100, 600000},
                   {"session-ttl", c->session_ttl, 60, 90L * 24 * 3600},
@@ -148,6 +155,29 @@ static int connect_retry(const char *url, int statement_timeout_ms, PGconn **pg)
         sleep(1);
     }
     return rc;
+}
+
+/* Each client connection is a descriptor; so are database connections,
+ * checkpoint files and the backbone's sockets. Raise the soft limit to fit
+ * --max-connections (up to the hard limit; say so when it does not fit). */
+static void raise_nofile(long max_connections)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t want = (rlim_t)max_connections + 1024;
+    if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max)
+        want = rl.rlim_max;
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        CM_LOGW("main", "could not raise the open-file limit to %llu: %s", (unsigned long long)want,
+                strerror(errno));
+    if ((long)want < max_connections + 1024)
+        CM_LOGW("main", "open-file limit %llu is below --max-connections %ld + 1024: new "
+                "connections will be refused before that many are open",
+                (unsigned long long)want, max_connections);
 }
 
 static int run_migrations(PGconn *pg)
@@ -218,6 +248,7 @@ static int cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    raise_nofile(cfg.max_connections);
 
     if (!cfg.web_dir)
         cfg.web_dir = coord_web_default_dir();

@@ -109,6 +109,22 @@ void coord_resp_raw(struct coord_resp *resp, int status, const char *content_typ
 /* Borrows a database connection for the rest of the request; on failure
  * sets a 503 response and returns NULL. */
 struct coord_db_conn *coord_req_db(struct coord_req *req, struct coord_resp *resp);
+/* Answering later. A handler that waits for another thread (the report
+ * writer's group commit) must not hold a server thread meanwhile: it calls
+ * coord_req_defer, hands the returned ticket to that thread, leaves resp
+ * empty and returns. The connection is parked (no thread, not polled) until
+ * the other thread calls coord_deferred_done(ticket), exactly once; then
+ * finish(ctx, req, resp) runs on a server thread and fills the answer.
+ * release(ctx) runs once neither side needs ctx any more (after finish, or
+ * when the connection closed first). NULL: cannot defer (out of memory, or
+ * no transport to park): answer synchronously instead. */
+typedef void (*coord_finish_fn)(void *ctx, struct coord_req *req, struct coord_resp *resp);
+struct coord_deferred;
+struct coord_deferred *coord_req_defer(struct coord_req *req, coord_finish_fn finish,
+                                       void (*release)(void *ctx), void *ctx);
+/* Any thread; wakes the parked connection. The ticket is gone afterwards. */
+void coord_deferred_done(struct coord_deferred *ticket);
+
 /* Query-string argument, or NULL. Header value, or NULL. */
 const char *coord_req_query(struct coord_req *req, const char *key);
 const char *coord_req_header(struct coord_req *req, const char *key);
@@ -129,6 +145,7 @@ struct coord_server {
     uint16_t port;
     atomic_int draining;
     atomic_int inflight;
+    atomic_int suspended; /* connections parked by coord_req_defer */
     struct coord_metrics *metrics;
     struct coord_cache *runs_cache;
 };

@@ -11,7 +11,7 @@ AGENTS=${BENCH_REPORTS_AGENTS:-1000}
 GROUP=${BENCH_REPORTS_GROUP:-8}
 RATE=${BENCH_REPORTS_RATE:-5000}
 SECS=${BENCH_REPORTS_SECONDS:-10}
-THREADS=${BENCH_REPORTS_THREADS:-64}
+THREADS=${BENCH_REPORTS_THREADS:-4}
 work=$(mktemp -d /tmp/ct-bench-reports-XXXXXX)
 chmod 755 "$work"
 pid=""
@@ -31,7 +31,8 @@ pid=$!
 i=0
 while [ ! -s "$work/coord/coordinator.url" ]; do i=$((i + 1)); [ $i -gt 200 ] && { cat "$work/coord.log"; exit 1; }; sleep 0.1; done
 url=$(cat "$work/coord/coordinator.url")
-echo "coordinator: $THREADS HTTP threads (handlers wait for the group commit)"
-trap '[ -n "${BENCH_REPORTS_KEEPLOG:-}" ] && grep contrib "$work/coord.log" > "$BENCH_REPORTS_KEEPLOG"; cleanup' EXIT INT TERM
+echo "coordinator: $THREADS HTTP threads (reports park their connection until the group commit)"
+trap '[ -n "${BENCH_REPORTS_KEEPLOG:-}" ] && grep -E "${BENCH_REPORTS_KEEPGREP:-contrib}" "$work/coord.log" > "$BENCH_REPORTS_KEEPLOG"; cleanup' EXIT INT TERM
+BENCH_REPORTS_COORD_PID=$pid BENCH_REPORTS_PG_PID=$(head -n 1 "$work/pg/data/postmaster.pid") \
 build/tests/bench/bench_reports "$url" "$work/coord/tls-cert.pem" "$db" bench-organizer-pw \
   "$AGENTS" "$GROUP" "$RATE" "$SECS"
