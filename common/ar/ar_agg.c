@@ -342,6 +342,7 @@ int ar__round_on_fetch(struct ar_round *r, int member, const struct ar_fetch_msg
     out.count = (uint32_t)ar__chunk_len(r, a->part, c);
     out.payload = a->res + c * r->enc_chunk;
     out.payload_len = ar_codec_size(r->comp, out.count);
+    out.ready = (uint32_t)a->final_prefix;
     /* The averaged chunk goes from a->res straight into the frame. */
     int rc = ar_result_build_head(&out, resp, rlen);
     if (rc)

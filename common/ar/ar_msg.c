@@ -237,7 +237,7 @@ int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m)
     struct pbr r = {buf, buf + len};
     const uint8_t *round = NULL, *payload = NULL;
     size_t round_len = 0, payload_len = 0;
-    uint32_t part = 0, chunk = 0, enc = 0, count = 0;
+    uint32_t part = 0, chunk = 0, enc = 0, count = 0, ready = 0;
     uint64_t counted = 0, dropped = 0, excluded = 0;
     double weight = 0;
     while (r.p < r.end) {
@@ -265,6 +265,7 @@ int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m)
         case 9: rc = pb_u32(&r, wt, &enc); break;
         case 10: rc = pb_u32(&r, wt, &count); break;
         case 11: rc = pb_len(&r, wt, &payload, &payload_len); break;
+        case 12: rc = pb_u32(&r, wt, &ready); break;
         default: rc = pb_skip(&r, wt); break;
         }
         if (rc) {
@@ -289,6 +290,7 @@ int ar_result_parse(const uint8_t *buf, size_t len, struct ar_result_msg *m)
     m->count = count;
     m->payload = payload;
     m->payload_len = payload_len;
+    m->ready = ready;
     return CM_OK;
 }
 
@@ -404,6 +406,9 @@ static int result_pack(const struct ar_result_msg *m, int head, uint8_t **out, s
     r.exclusions = exp;
     r.encoding = m->encoding;
     r.count = m->count;
+    r.ready = m->ready;
+    /* The head carries `ready` (field 12) before the payload (11): fields
+     * may come in any order on the wire, and the payload must come last. */
     if (head)
         return pack_head(&r.base, 11, m->payload_len, out, out_len);
     r.payload.data = (uint8_t *)m->payload;

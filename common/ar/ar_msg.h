@@ -38,6 +38,7 @@ struct ar_result_msg {
     uint32_t encoding, count;
     const uint8_t *payload;
     size_t payload_len;
+    uint32_t ready; /* leading final chunks of the part (0: not told) */
     void *pb_;
 };
 
@@ -65,9 +66,10 @@ int ar_ack_build(uint32_t ready, uint8_t **out, size_t *out_len);
 int ar_data_build(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);
 int ar_fetch_build(const struct ar_fetch_msg *m, uint8_t **out, size_t *out_len);
 int ar_result_build(const struct ar_result_msg *m, uint8_t **out, size_t *out_len);
-/* The same messages without copying the payload: *out receives every byte up
- * to the payload (its key and length included), so head followed by
- * m->payload is exactly what the full builder produces. */
+/* The same messages without copying the payload: *out receives every other
+ * field and then the payload's key and length, so head followed by
+ * m->payload is the whole message (the same fields as the full builder's;
+ * for Result, `ready` comes before the payload on the wire). */
 int ar_data_build_head(const struct ar_data_msg *m, uint8_t **out, size_t *out_len);
 int ar_result_build_head(const struct ar_result_msg *m, uint8_t **out, size_t *out_len);
 

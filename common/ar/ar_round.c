@@ -550,6 +550,9 @@ static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *bo
     if (!rc && !all_finite(dst, cnt))
         rc = CM_ENUMERIC;
     if (!rc) {
+        /* How far the part is final now: keep fetching without probing. */
+        if (m.ready <= L->n_chunks && m.ready > L->iready)
+            L->iready = m.ready;
         L->wmin = m.weight < L->wmin ? m.weight : L->wmin;
         L->wmax = m.weight > L->wmax ? m.weight : L->wmax;
         L->cand &= m.counted;

@@ -108,6 +108,7 @@ struct reply {
     int status;
     size_t n_averaged;
     double ms;       /* ar_result.ms_total (peer-local) */
+    double ms_send, ms_reduce, ms_fetch; /* ar_result phase times */
     double max_err;  /* CMD_VERIFY: max |buf - expected| */
     uint64_t hash;   /* CMD_VERIFY: FNV-1a of the buffer */
     uint64_t wire_sent, wire_received;
@@ -189,7 +190,9 @@ static double cpu_ms(void)
 static void on_done(void *arg, const struct ar_result *r)
 {
     struct peer *p = arg;
-    struct reply rep = {.status = r->status, .n_averaged = r->n_averaged, .ms = r->ms_total};
+    struct reply rep = {.status = r->status, .n_averaged = r->n_averaged, .ms = r->ms_total,
+                        .ms_send = r->ms_send, .ms_reduce = r->ms_reduce,
+                        .ms_fetch = r->ms_fetch};
     p->in_round = 0;
     if (write_all(p->wr, &rep, sizeof rep))
         p->quit = 1;
@@ -395,6 +398,7 @@ static uint64_t g_step;
 /* One timed round, then verification. Returns the round time in ms, or -1
  * when the round failed or its result is wrong. */
 static long g_faults; /* page faults of all peers in the last round */
+static int g_verbose; /* single runs print each peer's phase times */
 
 static double swarm_round(struct swarm *s, int comp, double mbps, double *max_err,
                           uint64_t *wire_out, double *cpu_out)
@@ -409,6 +413,10 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
         struct reply r;
         if (read_all(s->from[i], &r, sizeof r))
             return -1;
+        if (g_verbose)
+            printf("  peer %zu: own chunks delivered %.0f ms, own part averaged %.0f ms, "
+                   "other parts fetched %.0f ms, done %.0f ms\n",
+                   i, r.ms_send, r.ms_reduce, r.ms_fetch, r.ms);
         if (r.status || r.n_averaged != s->n_peers) {
             fprintf(stderr, "peer %zu: round failed: %s, %zu/%zu parts averaged\n", i,
                     cm_strerror(r.status), r.n_averaged, s->n_peers);
@@ -641,6 +649,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: bench_allreduce_gloo [N FLOATS MBPS fp32|fp16|q8 [REPS]]\n");
             return 2;
         }
+        g_verbose = getenv("BENCH_AR_VERBOSE") != NULL;
         float *exp = expected_new(np, n);
         struct swarm s;
         if (!exp || swarm_start(&s, np, n, exp)) {
