@@ -518,8 +518,9 @@ static float *expected_new(size_t n_peers, size_t n)
 /* Runs the gloo script; returns its median ms or -1. It reads the expected
  * values from a file and checks every rank's output against them. */
 static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected, double *max_err,
-                       double *cpu_ms, char *why, size_t why_len)
+                       double *cpu_ms, int *failed, char *why, size_t why_len)
 {
+    *failed = 0;
     if (getenv("BENCH_AR_NO_GLOO")) {
         snprintf(why, why_len, "skipped (BENCH_AR_NO_GLOO set)");
         return -1;
@@ -562,8 +563,9 @@ static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected
     }
     int st = f ? pclose(f) : -1;
     unlink(path);
-    if (st != 0 && ms >= 0) {
-        snprintf(why, why_len, "the gloo script failed");
+    if (st != 0) { /* a rank failed or gloo's result was wrong: the bench fails */
+        snprintf(why, why_len, "FAILED (exit status %d, see above)", st);
+        *failed = 1;
         ms = -1;
     }
     return ms;
@@ -589,8 +591,9 @@ static int table(size_t floats, int reps, double cap)
         double t32 = measure(&s, AR_COMP_NONE, 0, 1, reps, &e32, &c32);
         double t16 = measure(&s, AR_COMP_FP16, 0, 1, reps, &e16, &c16);
         char why[256] = "";
-        double tg = run_gloo(np, floats, reps, exp, &eg, &cg, why, sizeof why);
-        if (t32 < 0 || t16 < 0)
+        int gloo_failed;
+        double tg = run_gloo(np, floats, reps, exp, &eg, &cg, &gloo_failed, why, sizeof why);
+        if (t32 < 0 || t16 < 0 || gloo_failed)
             bad = 1;
         printf("N=%zu uncapped  ours fp32 %6.0f ms, CPU %6.0f ms (max |err| %.2g)%s\n", np, t32,
                c32, e32, t32 < 0 ? "  WRONG" : "");
