@@ -11,10 +11,11 @@
  *     AR_ALIGN elements (ar_partition);
  *   - as a sender (sends = 1) it streams part k, chunk by chunk, to the
  *     aggregator of part k, to all aggregators concurrently;
- *   - as an aggregator it sums every validated chunk into its part as it
- *     arrives, weighted by the sender's weight (sample count), and finalizes
- *     a chunk once every sender still in the round delivered it: average =
- *     sum / total weight of the senders counted for that chunk;
+ *   - as an aggregator it validates and keeps every chunk as it arrives and
+ *     finalizes a chunk once every sender still in the round delivered it:
+ *     average = sum of the kept chunks weighted by the senders' weights
+ *     (sample counts, in double, in member order) / total weight of the
+ *     senders counted for that chunk;
  *   - every sender pulls the averaged chunks of the other parts from their
  *     aggregators (pull, because the transport answers requests at once and
  *     client-mode peers cannot be called) and, once a part is complete,
