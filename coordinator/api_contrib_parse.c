@@ -207,3 +207,88 @@ out:
     json_decref(j);
     return rc;
 }
+
+/* --- the request envelope (fast form) ------------------------------------- */
+
+static const char *skip_ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* '"', bytes 0x20..0x7e other than '"' and '\\', '"'; NULL when not that. */
+static const char *plain_string(const char *p, const char *e, const char **s, size_t *n)
+{
+    if (p >= e || *p != '"')
+        return NULL;
+    const char *b = ++p;
+    while (p < e && *p != '"') {
+        unsigned char c = (unsigned char)*p;
+        if (c < 0x20 || c > 0x7e || c == '\\')
+            return NULL;
+        p++;
+    }
+    if (p >= e)
+        return NULL;
+    *s = b;
+    *n = (size_t)(p - b);
+    return p + 1;
+}
+
+static int envelope(const void *buf, size_t len, struct coord_report_env *out)
+{
+    static const struct {
+        const char *name;
+        size_t len;
+    } K[3] = {{"pass", 4}, {"payload", 7}, {"sig", 3}};
+    const char *p = buf, *e = p + len;
+    memset(out, 0, sizeof *out);
+    if (!buf)
+        return 0;
+    p = skip_ws(p, e);
+    if (p >= e || *p++ != '{')
+        return 0;
+    unsigned seen = 0;
+    for (int k = 0; k < 3; k++) {
+        const char *key, *v;
+        size_t kn, vn;
+        p = skip_ws(p, e);
+        if (!(p = plain_string(p, e, &key, &kn)))
+            return 0;
+        p = skip_ws(p, e);
+        if (p >= e || *p++ != ':')
+            return 0;
+        p = skip_ws(p, e);
+        if (!(p = plain_string(p, e, &v, &vn)))
+            return 0;
+        int f = 0;
+        while (f < 3 && !(kn == K[f].len && !memcmp(key, K[f].name, kn)))
+            f++;
+        if (f == 3 || (seen & (1u << f)))
+            return 0;
+        seen |= 1u << f;
+        if (f == 0) {
+            out->pass = v;
+            out->pass_len = vn;
+        } else if (f == 1) {
+            out->payload = v;
+            out->payload_len = vn;
+        } else {
+            out->sig = v;
+            out->sig_len = vn;
+        }
+        p = skip_ws(p, e);
+        if (p >= e || *p++ != (k < 2 ? ',' : '}'))
+            return 0;
+    }
+    return skip_ws(p, e) == e;
+}
+
+int coord_report_envelope(const void *buf, size_t len, struct coord_report_env *out)
+{
+    if (envelope(buf, len, out))
+        return 1;
+    memset(out, 0, sizeof *out);
+    return 0;
+}

@@ -44,8 +44,9 @@ const struct coord_route coord_routes[] = {
     {"GET", "/api/v1/runs/{}/checkpoints/{}", api_checkpoints_get, COORD_ROLES_ANY, 0, 0},
     /* Contribution accounting (api_contrib*.c, docs/accounting.md). Reports
      * authenticate with the access pass and the peer's signature, not a session. */
-    {"POST", "/api/v1/runs/{}/reports", api_reports_post, COORD_PUBLIC, 64 * KiB, 1},
-    {"POST", "/api/v1/runs/{}/contributions", api_reports_post, COORD_PUBLIC, 64 * KiB, 1},
+    /* reports parse their own body (api_contrib.c: the agents' form without a generic parse) */
+    {"POST", "/api/v1/runs/{}/reports", api_reports_post, COORD_PUBLIC, 64 * KiB, 0},
+    {"POST", "/api/v1/runs/{}/contributions", api_reports_post, COORD_PUBLIC, 64 * KiB, 0},
     {"GET", "/api/v1/runs/{}/contributions", api_contrib_list, COORD_ROLES_READ_ADMIN, 0, 0},
     {"GET", "/api/v1/runs/{}/contributions/steps", api_contrib_steps, COORD_ROLES_READ_ADMIN, 0, 0},
     {"GET", "/api/v1/runs/{}/flags", api_contrib_flags, COORD_ROLES_READ_ADMIN, 0, 0},
