@@ -54,14 +54,15 @@ static int g_started;
 /* Each row finds its pass by primary key (LATERAL ... OFFSET 0 keeps it a
  * per-row index lookup: planned as a join, the pass table was scanned by
  * run and filtered, batch x passes rows, 27 ms of a 47 ms batch of 210 with
- * 1,000 passes). */
+ * 1,000 passes); each run's step limit is computed once per batch, not per
+ * row. */
 COORD_DB_STMT(S_INSERT, 1,
               "WITH u AS MATERIALIZED (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(" ROWS_COLS ")), "
               "v AS MATERIALIZED (SELECT u.*, p.run_id, p.ppk, p.user_id FROM u CROSS JOIN LATERAL "
               "  (SELECT p.run_id, p.peer_public_key AS ppk, p.user_id FROM passes p "
               "   WHERE p.id = u.pass AND p.peer_public_key = decode(u.pk, 'hex') "
               "   AND p.revoked_at IS NULL AND p.expires_at > now() OFFSET 0) p), "
-              "lim AS (SELECT r.id, r.name, greatest(0, "
+              "lim AS MATERIALIZED (SELECT r.id, r.name, greatest(0, "
               "  (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id), "
               "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id)) + " AHEAD_SQL " AS top "
               "  FROM runs r WHERE r.id IN (SELECT DISTINCT run_id FROM v)) "
