@@ -610,7 +610,13 @@ static void schedule_upkeep(struct peer_state *s, double sps)
             s->caps = c;
         s->caps_at = t;
     }
-    if (s->sched_at == 0 || t - s->sched_at > 30) {
+    /* every 30 s once a schedule lists us; every 5 s until then, so a new
+       peer's capabilities are put to use soon after the coordinator solves */
+    const struct sched_schedule *cur = join_sched_current(s->js);
+    int listed = 0;
+    for (size_t i = 0; cur && i < cur->n && !listed; i++)
+        listed = !memcmp(cur->peers[i].key, s->key.pub, CM_ED25519_PUB_LEN);
+    if (s->sched_at == 0 || t - s->sched_at > (listed ? 30 : 5)) {
         if (join_sched_refresh(s->js, &s->coord) != CM_OK)
             sched_from_dht(s);
         s->sched_at = t;
@@ -1049,6 +1055,21 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
     if (j->rc != CM_OK)
         return j->rc;
     int rc;
+    if (!s->o.aggregate_only && *step < j->step) {
+        /* We joined this round while our parameters were a step behind it
+           (a collaboration with delayed updates: see the catch-up below).
+           Its average applies to the parameters of its step: take them from
+           a peer; if the peer already applied this round, its state holds
+           the very same update. */
+        int64_t got = *step;
+        if (sync_from_peer(s, j->step, &got) != CM_OK || got < j->step) {
+            *step = resync_after(s, j->step);
+            return CM_OK;
+        }
+        *step = got;
+        if (got > j->step)
+            return CM_OK; /* the state already includes this round's update */
+    }
     if (!s->o.aggregate_only) {
         float gnorm = 0, lr = 0;
         if ((rc = m->be->upload(m->grads, j->accum, n * sizeof *j->accum)) != CM_OK ||
@@ -1116,11 +1137,15 @@ static int train_loop(struct peer_state *s)
     }
     double sps = 0, last_loss = NAN, mb_time = 0;
     int64_t step = (int64_t)s->tr.opt->step;
+    /* after catching up with a collaboration whose rounds run one step
+       behind their accumulation (delayed updates), the round we accumulate
+       for is ahead of our parameters */
+    int64_t join_step = 0;
     int cur = 0;
     update_hash(s, step);
     while (!g_interrupts) {
         /* the round we accumulate for: the next one while one is averaging */
-        int64_t acc_step = inflight ? inflight->step + 1 : step;
+        int64_t acc_step = inflight ? inflight->step + 1 : step > join_step ? step : join_step;
         if (acc_step >= s->steps) {
             if (!inflight)
                 break;
@@ -1287,8 +1312,14 @@ static int train_loop(struct peer_state *s)
                the round they accumulate for, and the next parameters are
                those of that round. */
             int64_t want = step;
+            /* a collaboration with a round in flight: its parameters are a
+               step behind the round it accumulates for, which is complete
+               by the time the next parameters exist; take the current
+               parameters and accumulate for that round at once (the round's
+               average is then applied to the parameters of its step) */
+            int in_flight = behind && view.max_pstep >= 0 && view.max_pstep < view.max_step;
             if (behind) {
-                want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + 1;
+                want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + (in_flight ? 0 : 1);
                 if (want > s->steps)
                     want = s->steps;
             }
@@ -1299,9 +1330,11 @@ static int train_loop(struct peer_state *s)
                 printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
                        (long long)view.max_step);
             int64_t got = step;
-            if (sync_from_peer(s, want, &got) == CM_OK)
+            if (sync_from_peer(s, want, &got) == CM_OK) {
                 step = got;
-            else if (catch_up(s, &got) == CM_OK && got > step)
+                if (in_flight && view.max_step > step && view.max_step < s->steps)
+                    join_step = view.max_step;
+            } else if (catch_up(s, &got) == CM_OK && got > step)
                 step = got, update_hash(s, step);
             else
                 sleep(1); /* nobody could serve us yet */

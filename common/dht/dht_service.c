@@ -385,7 +385,7 @@ int dht_get(struct dht_node *n, const void *key, size_t klen, uint32_t deadline_
     if (rc == CM_ESTATE || rc == CM_ECLOSED)
         return rc;
     pthread_mutex_lock(&n->mu);
-    if (j->done) { /* hand the records over to the caller */
+    if (j->done && rc == CM_OK) { /* hand the records over (only then: see dht_node.h) */
         *res = j->res;
         memset(&j->res, 0, sizeof j->res);
     }

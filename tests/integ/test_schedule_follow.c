@@ -43,7 +43,7 @@
 #endif
 
 #define NAGENTS 4
-#define STEPS 60
+#define STEPS 40
 #define MAXSTEPS 80
 #define FAST_MBPS 40.0
 #define SLOW_MBPS 4.0
