@@ -566,3 +566,44 @@ char *ct_read_file(const char *path, size_t *len)
         *len = b.len;
     return b.p ? b.p : strdup("");
 }
+
+int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, int n,
+                  char (*dirs)[256])
+{
+    for (int i = 0; i < n; i++) {
+        char b[200], path[256], name[16];
+        struct ct_resp r;
+        snprintf(name, sizeof name, "vol%d", i);
+        snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}",
+                 name);
+        ct_http(c, "POST", "/api/v1/users", org, b, &r);
+        ct_resp_free(&r);
+        snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/%s", run, name);
+        ct_http(c, "PUT", path, org, NULL, &r);
+        long st = r.status;
+        ct_resp_free(&r);
+        if (st < 200 || st > 299 || ct_tempdir("agent", dirs[i], 256) != 0)
+            return -1;
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", c->url, "--ca-cert",
+                              c->ca, "--username", name, "--password-stdin", "--config-dir", dirs[i], NULL};
+        char *out = NULL;
+        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
+        if (lrc != 0)
+            fprintf(stderr, "login of %s: %s\n", name, out ? out : "");
+        free(out);
+        if (lrc != 0)
+            return -1;
+    }
+    return 0;
+}
+
+double ct_median(double *v, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        for (size_t k = i; k > 0 && v[k - 1] > v[k]; k--) {
+            double t = v[k];
+            v[k] = v[k - 1];
+            v[k - 1] = t;
+        }
+    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}

@@ -89,6 +89,16 @@ int ct_wait(pid_t pid, int timeout_s);
 char *ct_read_file(const char *path, size_t *len);
 /* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
 int ct_tempdir(const char *tag, char *out, size_t cap);
+
+/* Volunteers for agent tests: creates accounts vol0..vol<n-1> (password
+ * "volunteer-pw") as the organizer `org`, allowlists them on `run`, makes a
+ * state directory for each (dirs[i], 256 bytes) and logs the agent in there
+ * (`crowdtrain-agent login`). 0 on success. */
+int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, int n,
+                  char (*dirs)[256]);
+
+/* Median of v[0..n) (sorts v); 0 when n == 0. */
+double ct_median(double *v, size_t n);
 void ct_rmrf(const char *dir);
 
 #endif

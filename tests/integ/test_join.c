@@ -112,25 +112,8 @@ static int setup(void **state)
     if (r.status != 201)
         return -1;
     ct_resp_free(&r);
-    for (int i = 0; i < NAGENTS; i++) {
-        char b[200], path[128], name[16];
-        snprintf(name, sizeof name, "vol%d", i);
-        snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}", name);
-        ct_http(&g_c, "POST", "/api/v1/users", g_org, b, &r);
-        ct_resp_free(&r);
-        snprintf(path, sizeof path, "/api/v1/runs/fmnist-collab/allowlist/%s", name);
-        ct_http(&g_c, "PUT", path, g_org, NULL, &r);
-        ct_resp_free(&r);
-        if (ct_tempdir("agent", g_dirs[i], sizeof g_dirs[i]) != 0)
-            return -1;
-        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--ca-cert",
-                              g_c.ca, "--username", name, "--password-stdin", "--config-dir", g_dirs[i], NULL};
-        char *out = NULL;
-        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
-        free(out);
-        if (lrc != 0)
-            return -1;
-    }
+    if (ct_volunteers(&g_c, g_org, "fmnist-collab", NAGENTS, g_dirs) != 0)
+        return -1;
     return 0;
 }
 
@@ -515,16 +498,6 @@ static void test_equivalence(void **state)
 
 /* ---- a peer with a tenth of the bandwidth --------------------------------- */
 
-static double median(double *v, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        for (size_t k = i; k > 0 && v[k - 1] > v[k]; k--) {
-            double t = v[k];
-            v[k] = v[k - 1];
-            v[k - 1] = t;
-        }
-    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
-}
 
 #define SLOW_STEPS 30 /* normal build only: the test is about time */
 #define FAST_MBPS 80.0
@@ -569,7 +542,7 @@ static void test_slow_peer(void **state)
         if (st.round_ms[k] > 0)
             v[n++] = st.round_ms[k];
     assert_true(n >= 10);
-    double med = median(v, n);
+    double med = ct_median(v, n);
     printf("slow peer: median round %.0f ms; the caps explain %.0f ms (ratio %.2f)\n", med, bound_ms,
            med / bound_ms);
     assert_true(med <= 1.5 * bound_ms + 300);

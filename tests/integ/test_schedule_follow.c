@@ -106,28 +106,8 @@ static int setup(void **state)
     if (r.status != 201)
         return -1;
     ct_resp_free(&r);
-    for (int i = 0; i < NAGENTS; i++) {
-        char b[200], path[128], name[16];
-        snprintf(name, sizeof name, "vol%d", i);
-        snprintf(b, sizeof b,
-                 "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}",
-                 name);
-        ct_http(&g_c, "POST", "/api/v1/users", g_org, b, &r);
-        ct_resp_free(&r);
-        snprintf(path, sizeof path, "/api/v1/runs/" RUN "/allowlist/%s", name);
-        ct_http(&g_c, "PUT", path, g_org, NULL, &r);
-        ct_resp_free(&r);
-        if (ct_tempdir("agent", g_dirs[i], sizeof g_dirs[i]) != 0)
-            return -1;
-        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url,
-                              "--ca-cert", g_c.ca, "--username", name, "--password-stdin",
-                              "--config-dir", g_dirs[i], NULL};
-        char *out = NULL;
-        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
-        free(out);
-        if (lrc != 0)
-            return -1;
-    }
+    if (ct_volunteers(&g_c, g_org, RUN, NAGENTS, g_dirs) != 0)
+        return -1;
     return 0;
 }
 
@@ -211,16 +191,6 @@ static int version_info(long long v, double *predicted_ms, int *npeers, double *
     return 0;
 }
 
-static double median(double *v, size_t n)
-{
-    for (size_t i = 1; i < n; i++)
-        for (size_t k = i; k > 0 && v[k - 1] > v[k]; k--) {
-            double t = v[k];
-            v[k] = v[k - 1];
-            v[k - 1] = t;
-        }
-    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
-}
 
 static void test_agents_follow_schedule(void **state)
 {
@@ -282,7 +252,7 @@ static void test_agents_follow_schedule(void **state)
     printf("%zu of %d steps followed a schedule, %zu with all %d peers\n", followed, STEPS,
            n, NAGENTS);
     assert_true(n >= 8);
-    double med = median(ratio, n), mm = median(meas, n);
+    double med = ct_median(ratio, n), mm = ct_median(meas, n);
     /* even all-reduce among the four, in the same bandwidth-only model: the slow
        peers send and receive 2 x 3/4 of the gradient at SLOW_MBPS */
     double ar_ms = 2 * 0.75 * MLP_PARAMS * 32.0 / (SLOW_MBPS * 1e6) * 1000;
