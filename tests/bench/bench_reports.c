@@ -549,8 +549,10 @@ static void phase(const char *name, struct agent *ag, int first_step, int steps,
                 }
         }
         struct epoll_event ev[256];
-        int wait_ms = (int)((soonest - now_s()) * 1e3);
-        int n = epoll_wait(g_ep, ev, 256, wait_ms > 0 ? wait_ms : 0);
+        /* Rounded up: a send up to 1 ms late (counted in its latency) rather
+         * than a client spinning on the cores the server needs. */
+        double wait = soonest - now_s();
+        int n = epoll_wait(g_ep, ev, 256, wait > 0 ? (int)ceil(wait * 1e3) : 0);
         for (int i = 0; i < n; i++)
             drive(ev[i].data.ptr);
     }
