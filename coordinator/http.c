@@ -204,13 +204,11 @@ static int deferred_park(struct coord_server *srv, struct coord_deferred *d)
     return 1;
 }
 
-/* Matches `path` against "/a/{}/b"; fills params (copied into *buf). */
-static int match(const char *pattern, const char *path, const char **params, int *np, char **buf)
+/* Matches `path` against "/a/{}/b"; fills params, pointing into `copy`
+ * (a buffer of strlen(path) + 1 bytes that it overwrites). */
+static int match(const char *pattern, const char *path, size_t plen, char *copy,
+                 const char **params, int *np)
 {
-    size_t plen = strlen(path);
-    char *copy = malloc(plen + 1);
-    if (!copy)
-        return 0;
     memcpy(copy, path, plen + 1);
     const char *p = pattern;
     char *q = copy;
@@ -239,12 +237,9 @@ static int match(const char *pattern, const char *path, const char **params, int
         p++;
         q++;
     }
-    if (*p || *q) {
-        free(copy);
+    if (*p || *q)
         return 0;
-    }
     *np = n;
-    *buf = copy;
     return 1;
 }
 
@@ -252,24 +247,27 @@ static void route_request(struct coord_server *srv, const char *method, const ch
                           struct req_state *st)
 {
     st->route = srv->nroutes;
+    size_t plen = strlen(url);
+    char *copy = malloc(plen + 1); /* one per request, kept for the params */
+    if (!copy)
+        return;
     for (size_t i = 0; i < srv->nroutes; i++) {
         const char *params[COORD_MAX_PARAMS];
         int np = 0;
-        char *buf = NULL;
-        if (!match(srv->routes[i].pattern, url, params, &np, &buf))
+        if (!match(srv->routes[i].pattern, url, plen, copy, params, &np))
             continue;
         if (strcmp(srv->routes[i].method, method) != 0) {
             st->method_mismatch = 1;
-            free(buf);
             continue;
         }
         st->route = i;
         st->method_mismatch = 0;
         memcpy(st->params, params, sizeof params);
         st->nparams = np;
-        st->param_buf = buf;
+        st->param_buf = copy;
         return;
     }
+    free(copy);
 }
 
 static enum MHD_Result send_resp(struct MHD_Connection *conn, struct coord_server *srv,
