@@ -179,10 +179,12 @@ void coord_deferred_done(struct coord_deferred *d)
 {
     int expect = DEFER_WAITING;
     if (!atomic_compare_exchange_strong(&d->state, &expect, DEFER_DONE)) {
-        /* SUSPENDED: the request side is gone from its thread; wake it. */
+        /* SUSPENDED: the request side is gone from its thread; wake it.
+         * The count drops only once the resume is asked for: shutdown stops
+         * the daemon when it reaches 0. */
         atomic_store(&d->state, DEFER_DONE);
-        atomic_fetch_sub(&d->srv->suspended, 1);
         MHD_resume_connection(d->conn);
+        atomic_fetch_sub(&d->srv->suspended, 1);
     }
     deferred_put(d);
 }
@@ -198,8 +200,8 @@ static int deferred_park(struct coord_server *srv, struct coord_deferred *d)
     int expect = DEFER_WAITING;
     if (!atomic_compare_exchange_strong(&d->state, &expect, DEFER_SUSPENDED)) {
         /* Done meanwhile (the completer saw WAITING and left the waking to us). */
-        atomic_fetch_sub(&srv->suspended, 1);
         MHD_resume_connection(d->conn);
+        atomic_fetch_sub(&srv->suspended, 1);
     }
     return 1;
 }
