@@ -16,7 +16,9 @@
  *     so a server that falls behind shows it (no coordinated omission);
  *  3. closed loop: every agent sends its next report as soon as the last is
  *     answered, for SECONDS/2: the most the coordinator sustains.
- * Per phase: 201s per second over the phase, latency percentiles,
+ * Per phase: 201s per second (open loop: over the sending window, which a
+ * server that falls behind stretches; closed loop: over the phase), latency
+ * percentiles,
  * timeouts, errors, other statuses, new connections, and the CPU per created
  * report of the coordinator, PostgreSQL (postmaster and backends) and this
  * client, with what other processes used meanwhile (the machine is shared).
@@ -270,7 +272,9 @@ static void cpu_mark(struct cpu_mark *m)
 struct phase_result {
     long answered, created, timeouts, errors, other_status;
     long new_connections;
-    double seconds, rate; /* rate: 201s per second over the phase */
+    double seconds;   /* from the first scheduled send to the last answer */
+    double last_send; /* seconds after the start */
+    double rate;      /* 201s per second: see phase() */
     double p50, p99, max;
     struct cpu_mark cpu; /* CPU seconds used during the phase */
 };
@@ -288,6 +292,7 @@ static int g_ep = -1;
 static struct sockaddr_in g_addr;
 static char g_host[64], g_path[128];
 static struct phase_result *g_res; /* the phase being run */
+static double g_last_send;
 static double g_rate;              /* its rate (0: closed loop) */
 
 static int client_init(const char *url)
@@ -492,6 +497,7 @@ static void send_report(struct agent *a, int idx, double due)
     a->busy = 1;
     a->due = due;
     a->sent = now_s();
+    g_last_send = a->sent;
     if (a->fd < 0 && conn_open(a) != 0) {
         finish(a, 0, END_ERROR, "cannot connect");
         return;
@@ -510,6 +516,7 @@ static void phase(const char *name, struct agent *ag, int first_step, int steps,
     memset(res, 0, sizeof *res);
     g_res = res;
     g_rate = rate;
+    g_last_send = 0;
     g_nlat = 0;
     struct cpu_mark c0, c1;
     cpu_mark(&c0);
@@ -562,16 +569,28 @@ static void phase(const char *name, struct agent *ag, int first_step, int steps,
     res->cpu.pg = c1.pg - c0.pg;
     res->cpu.self = c1.self - c0.self;
     res->cpu.machine = c1.machine - c0.machine;
-    res->rate = (double)res->created / res->seconds;
+    /* Open loop: over the sending window, from the first scheduled send to
+     * the last actual one (+ one interval). An agent sends its next report
+     * only once the last is answered, so a server that falls behind delays
+     * the sends and stretches the window; one that keeps up gets exactly
+     * the offered rate (dividing by the time to the last answer would count
+     * the last report's latency as lost throughput). Closed loop: over the
+     * whole phase. */
+    res->last_send = g_last_send - t0;
+    if (rate > 0 && res->last_send > 0)
+        res->rate = (double)res->created / (res->last_send + 1.0 / rate);
+    else
+        res->rate = (double)res->created / res->seconds;
     qsort(g_lat, g_nlat, sizeof *g_lat, cmp_d);
     if (g_nlat) {
         res->p50 = g_lat[g_nlat / 2];
         res->p99 = g_lat[(size_t)((double)g_nlat * 0.99)];
         res->max = g_lat[g_nlat - 1];
     }
-    printf("%-26s %7ld created in %5.1f s = %6.0f/s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  "
+    printf("%-26s %7ld created, sent over %5.1f s = %6.0f/s  p50 %7.1f ms  p99 %7.1f ms  max %7.1f ms  "
            "timeouts %ld, errors %ld, other status %ld, new connections %ld\n",
-           name, res->created, res->seconds, res->rate, res->p50 * 1e3, res->p99 * 1e3,
+           name, res->created, rate > 0 ? res->last_send + 1.0 / rate : res->seconds, res->rate,
+           res->p50 * 1e3, res->p99 * 1e3,
            res->max * 1e3, res->timeouts, res->errors, res->other_status, res->new_connections);
     if (res->created) {
         double k = 1e6 / (double)res->created;
@@ -742,10 +761,16 @@ int main(int argc, char **argv)
     long created = warm.created + open.created + closed.created;
     printf("answers: %ld of %ld reports stored, %ld created\n", n, sent, created);
     int goal_rate = open.rate >= 5000, goal_p99 = open.p99 < 0.100;
-    printf("GOAL sustained >= 5000 reports/s (open loop at %.0f/s): %.0f reports/s  %s\n", rate,
-           open.rate, goal_rate ? "met" : "NOT MET");
-    printf("GOAL p99 < 100 ms (open loop): %.1f ms  %s\n", open.p99 * 1e3,
-           goal_p99 ? "met" : "NOT MET");
+    printf("GOAL sustained >= 5000 reports/s (open loop at %.0f/s): %.0f reports/s = %.2fx  %s\n",
+           rate, open.rate, open.rate / 5000, goal_rate ? "met" : "NOT MET");
+    printf("GOAL p99 < 100 ms (open loop): %.1f ms = %.2fx  %s\n", open.p99 * 1e3,
+           open.p99 * 1e3 / 100, goal_p99 ? "met" : "NOT MET");
+    double per = (open.cpu.coord + open.cpu.pg + open.cpu.self) / (open.created ? open.created : 1);
+    if (per > 0)
+        printf("capacity if the machine were ours: %ld cores / %.0f us per report (coordinator + "
+               "PostgreSQL + client, open loop) = %.0f reports/s\n",
+               sysconf(_SC_NPROCESSORS_ONLN), per * 1e6,
+               (double)sysconf(_SC_NPROCESSORS_ONLN) / per);
     printf("closed loop (1,000 in flight): %.0f reports/s, p99 %.1f ms\n", closed.rate,
            closed.p99 * 1e3);
     /* Correctness: every answered 201 is stored once; nothing failed. */
