@@ -57,6 +57,14 @@ struct coord_report {
  * member keys. CM_OK, or CM_EPARSE with a sentence for the client in err. */
 int coord_report_parse(const void *buf, size_t len, struct coord_report *out, char *err,
                        size_t cap);
+/* Its two halves: the agents' form read directly (1: accepted, *out set;
+ * 0: not that form or not valid, nothing said), and the generic JSON parse
+ * that takes everything else and words every refusal. coord_report_parse
+ * tries the first, then the second; both give the same report for what
+ * the first accepts (tests/fuzz/fuzz_report_fast.c). */
+int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *out);
+int coord_report_parse_json(const void *buf, size_t len, struct coord_report *out, char *err,
+                            size_t cap);
 
 /* The request body of POST .../reports, {"pass": s, "payload": s, "sig": s},
  * when it takes the form every agent sends: the three fields once each, in

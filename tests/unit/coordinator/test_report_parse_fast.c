@@ -1,0 +1,107 @@
+/* The direct read of a report payload in the agents' form
+ * (coordinator/api_contrib_parse.c: coord_report_parse_fast) gives the same
+ * report as the generic JSON parser for what it accepts, and leaves
+ * everything unusual or invalid to it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "coordinator/api_contrib.h"
+#include "cm_err.h"
+
+#define K1 "AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+#define K2 "AgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+#define K3 "AwAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+#define ROUND "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+#define HEAD "{\"format\":\"crowdtrain-report/1\",\"run\":\"r1\",\"peer\":\"" K1 "\","
+#define REST                                                                                      \
+    "\"group\":\"g0\",\"round\":\"" ROUND "\",\"samples\":64,\"compute_s\":0.5,\"sps\":128,"   \
+    "\"round_ms\":150,\"parts\":4,\"parts_averaged\":4,"
+
+static struct coord_report g_fast, g_json;
+
+static int fast(const char *s)
+{
+    return coord_report_parse_fast(s, strlen(s), &g_fast);
+}
+
+static void same_as_json(const char *s)
+{
+    char err[256];
+    if (!fast(s))
+        fail_msg("not taken directly: %s", s);
+    assert_int_equal(coord_report_parse_json(s, strlen(s), &g_json, err, sizeof err), CM_OK);
+    assert_memory_equal(&g_fast, &g_json, sizeof g_fast);
+}
+
+static void test_agent_forms(void **state)
+{
+    (void)state;
+    same_as_json(HEAD "\"step\":12," REST "\"loss\":0.41,\"members\":{\"" K1 "\":64,\"" K2
+                      "\":32},\"excluded\":[{\"peer\":\"" K3 "\",\"reason\":\"nonfinite\"}],"
+                      "\"t\":1763800000}");
+    assert_int_equal(g_fast.step, 12);
+    assert_int_equal(g_fast.n_members, 2);
+    assert_int_equal(g_fast.n_excluded, 1);
+    assert_string_equal(g_fast.excluded[0].reason, "nonfinite");
+    assert_true(g_fast.has_loss);
+    /* no loss, empty members and exclusions, whitespace, other order, exponents */
+    same_as_json(" { \"t\" : 0 ,\n\"excluded\" : [ ] , \"members\" : { } , " REST
+                 "\"step\":9007199254740992,\"peer\":\"" K1 "\",\"run\":\"r1\","
+                 "\"format\":\"crowdtrain-report/1\" } ");
+    assert_false(g_fast.has_loss);
+    same_as_json(HEAD "\"step\":-0," REST "\"loss\":1E-3,\"members\":{\"" K2 "\":1.5e2},"
+                      "\"excluded\":[],\"t\":1}");
+}
+
+static void test_left_to_json(void **state)
+{
+    (void)state;
+    static const char *const other[] = {
+        /* invalid: the generic parser words the refusal */
+        HEAD "\"step\":1.0," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":-1," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":9007199254740993," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":99999999999999999999," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"loss\":null,\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"loss\":2e6,\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{\"" K2 "\":1,\"" K2 "\":2},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[{\"peer\":\"" K3 "\"}],\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1,\"x\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1,\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[]}",
+        HEAD "\"step\":01," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}x",
+        /* valid JSON, but not the agents' form: escapes, non-ASCII */
+        "{\"format\":\"crowdtrain-report\\u002f1\",\"run\":\"r1\",\"peer\":\"" K1 "\","
+        "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        "{\"format\":\"crowdtrain-report/1\",\"run\":\"r\xc3\xa9\",\"peer\":\"" K1 "\","
+        "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        "",
+        "[]",
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        if (fast(other[i]))
+            fail_msg("taken directly: %s", other[i]);
+    /* the escaped form is still a valid report, through the generic parser */
+    char err[256];
+    assert_int_equal(coord_report_parse(other[13], strlen(other[13]), &g_json, err, sizeof err),
+                     CM_OK);
+    assert_int_equal(coord_report_parse(other[0], strlen(other[0]), &g_json, err, sizeof err),
+                     CM_EPARSE);
+    assert_true(err[0] != '\0');
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_agent_forms),
+        cmocka_unit_test(test_left_to_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
