@@ -105,12 +105,10 @@ static int exclude(struct ar_round *r, int s, int reason)
          * returned to members cannot be taken back): nothing is summed
          * before a chunk is final, so dropping its copy is enough. */
         for (size_t c = 0; c < a->n_chunks; c++) {
-            float **u = &a->undo[c * r->n_members + (size_t)s];
             if (a->final[c] || !(a->recv[c] & BIT(s)))
                 continue;
             a->recv[c] &= ~BIT(s);
-            free(*u);
-            *u = NULL;
+            ar__agg_undo_free(r, c * r->n_members + (size_t)s);
             /* The weight is recounted from who is left, not subtracted, so
              * a chunk nobody is left in has exactly zero weight. */
             a->cw[c] = 0;
@@ -185,10 +183,8 @@ static void finalize_chunk(struct ar_round *r, size_t c)
             ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
     }
-    for (size_t m = 0; m < r->n_members; m++) {
-        free(a->undo[c * r->n_members + m]);
-        a->undo[c * r->n_members + m] = NULL;
-    }
+    for (size_t m = 0; m < r->n_members; m++)
+        ar__agg_undo_free(r, c * r->n_members + m);
     while (a->final_prefix < a->n_chunks && a->final[a->final_prefix])
         a->final_prefix++;
     if (++a->n_final == a->n_chunks)
@@ -203,9 +199,22 @@ void ar__agg_finalize_scan(struct ar_round *r)
 
 static int accept_check(struct ar_round *r, int s, const float *x, size_t cnt, double w);
 
+void ar__agg_undo_free(struct ar_round *r, size_t i)
+{
+    struct ar__agg *a = &r->agg;
+    if (!(a->own_borrowed && i % r->n_members == r->me))
+        ar__pool_chunk_put(r->pool, a->undo[i], r->chunk * sizeof(float));
+    a->undo[i] = NULL;
+}
+
 /* Validates one chunk of sender s, then keeps it for the chunk's sum: a
- * bad chunk never enters a sum. x is malloc'd and becomes the round's
- * (freed here when refused) when owned, else it is copied. */
+ * bad chunk never enters a sum. When owned, x is a chunk buffer of the pool
+ * (ar__pool_chunk_get, r->chunk floats) and becomes the round's (given back
+ * here when refused); otherwise (my own chunks, with a->own_borrowed) it is
+ * kept by reference: it lies in r->buf, which nothing writes before the
+ * part is final or the round finishes (ar__agg_complete runs once every
+ * chunk is final, when no entry is left; finish() forgets the references,
+ * and nothing is finalized after it). */
 int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, double w, int owned)
 {
     struct ar__agg *a = &r->agg;
@@ -213,12 +222,12 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, do
     int rc = accept_check(r, s, x, cnt, w);
     if (rc) {
         if (owned)
-            free(x);
+            ar__pool_chunk_put(r->pool, x, r->chunk * sizeof(float));
         return rc;
     }
     float *keep = x;
-    if (!owned) {
-        if (!(keep = malloc(cnt * sizeof *keep)))
+    if (!owned && !(a->own_borrowed && s == (int)r->me)) {
+        if (!(keep = ar__pool_chunk_get(r->pool, r->chunk * sizeof(float))))
             return CM_EBUSY; /* not kept: the sender retries */
         memcpy(keep, x, cnt * sizeof *keep);
     }
@@ -295,12 +304,13 @@ static int on_data(struct ar_round *r, int s, const struct ar_data_msg *m, int p
         return CM_ESTATE;
     /* Decoded straight into the copy the aggregator keeps until the chunk
      * is final. */
-    float *x = malloc(m->count * sizeof *x);
+    /* m->count <= r->chunk (checked above against the chunk's length) */
+    float *x = ar__pool_chunk_get(r->pool, r->chunk * sizeof *x);
     if (!x)
         return CM_EBUSY; /* not kept: the sender retries */
     int drc = ar_codec_decode(r->comp, m->payload, m->payload_len, m->count, x);
     if (drc) {
-        free(x);
+        ar__pool_chunk_put(r->pool, x, r->chunk * sizeof *x);
         return exclude(r, s, drc == CM_ENUMERIC ? AR_EXCL_NONFINITE : AR_EXCL_MALFORMED);
     }
     r->chunks_received++;

@@ -41,7 +41,12 @@ struct ar__agg {
     uint8_t *res;       /* encoded averaged chunks, chunk c at c * enc_chunk */
     float **undo;       /* [c * n_members + s]: sender s's validated chunk c,
                            kept until c is final and summed then (so an
-                           excluded sender is taken out by dropping it) */
+                           excluded sender is taken out by dropping it);
+                           others' are chunk buffers of the pool
+                           (ar__pool_chunk_get, r->chunk floats) */
+    int own_borrowed;   /* my own entries point into r->buf (not copied, never
+                           freed); cleared when the buffer goes back to the
+                           caller */
     uint64_t senders, pullers, dropped, excluded;
     struct ar__sender snd[AR_MAX_MEMBERS];
     size_t n_excl;
@@ -114,10 +119,18 @@ struct ar_round {
  * holds one reference, each round one; blocks are kept only while the
  * engine lives. */
 #define AR__POOL_SLOTS 8
+/* Chunk buffers kept for reuse (the aggregator's copy of each received
+ * chunk): at most this many and this many bytes, all of one size. glibc
+ * serves a 128 KiB request with mmap and returns it with munmap, so a fresh
+ * buffer per chunk cost a munmap and 32 page faults per received chunk. */
+#define AR__POOL_SPARES 64
+#define AR__POOL_SPARE_BYTES (8u << 20)
 struct blk;
 struct ar__pool {
     unsigned refs;
     struct blk *slot[AR__POOL_SLOTS];
+    void *spare[AR__POOL_SPARES];
+    size_t n_spare, spare_bytes;
 };
 
 struct ar__pool *ar__pool_new(void);
@@ -127,6 +140,11 @@ void ar__pool_unref(struct ar__pool *pl);
  * of memory. Give it back with ar__pool_put (NULL is ignored). */
 void *ar__pool_get(struct ar__pool *pl, size_t bytes, int zero);
 void ar__pool_put(struct ar__pool *pl, void *p);
+/* A buffer of bytes (uninitialized): a kept one of that size, or fresh;
+ * NULL when out of memory. Give it back with ar__pool_chunk_put with the
+ * same size (NULL is ignored). */
+void *ar__pool_chunk_get(struct ar__pool *pl, size_t bytes);
+void ar__pool_chunk_put(struct ar__pool *pl, void *p, size_t bytes);
 
 struct ar_engine {
     struct p2p_ctx *ctx;
@@ -165,6 +183,9 @@ int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, do
 void ar__agg_complete(struct ar_round *r);
 void ar__agg_finalize_scan(struct ar_round *r);
 void ar__agg_drop(struct ar_round *r, int s);
+/* Releases undo entry i (c * n_members + s) to the pool, unless it is my
+ * own, borrowed from the buffer. */
+void ar__agg_undo_free(struct ar_round *r, size_t i);
 int ar__own_part_ok(const struct ar_round *r);
 
 /* Ends a round at once (engine shutdown or cancel): done runs with status. */

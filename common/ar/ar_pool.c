@@ -32,7 +32,36 @@ static void pool_release(struct ar__pool *pl)
         return;
     for (size_t i = 0; i < AR__POOL_SLOTS; i++)
         free(pl->slot[i]);
+    for (size_t i = 0; i < pl->n_spare; i++)
+        free(pl->spare[i]);
     free(pl);
+}
+
+void *ar__pool_chunk_get(struct ar__pool *pl, size_t bytes)
+{
+    if (pl && pl->n_spare && pl->spare_bytes == bytes)
+        return pl->spare[--pl->n_spare];
+    return malloc(bytes ? bytes : 1);
+}
+
+void ar__pool_chunk_put(struct ar__pool *pl, void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    /* Kept while the engine lives (it asks again), up to the cap; a new
+     * size (another chunk setting) replaces the kept ones. */
+    if (pl && pl->refs >= 2 && pl->n_spare && pl->spare_bytes != bytes) {
+        for (size_t i = 0; i < pl->n_spare; i++)
+            free(pl->spare[i]);
+        pl->n_spare = 0;
+    }
+    if (!pl || pl->refs < 2 || pl->n_spare == AR__POOL_SPARES ||
+        (pl->n_spare + 1) * bytes > AR__POOL_SPARE_BYTES) {
+        free(p);
+        return;
+    }
+    pl->spare_bytes = bytes;
+    pl->spare[pl->n_spare++] = p;
 }
 
 void ar__pool_ref(struct ar__pool *pl)

@@ -67,7 +67,7 @@ static void round_free(struct ar_round *r)
     ar__pool_put(r->pool, r->agg.res);
     if (r->agg.undo)
         for (size_t i = 0; i < r->agg.n_chunks * r->n_members; i++)
-            free(r->agg.undo[i]);
+            ar__agg_undo_free(r, i);
     free(r->agg.undo);
     for (size_t k = 0; k < r->n_parts; k++) {
         free(r->link[k].ost);
@@ -214,6 +214,13 @@ static void finish(struct ar_round *r, int kill_status)
         L->ost = L->ist = NULL;
         L->stage = NULL;
     }
+    /* My own chunks not yet summed were kept by reference into the buffer:
+     * forget them (no chunk is finalized after this point: data, drops and
+     * exclusions are only taken while the round runs). */
+    if (r->agg.own_borrowed && r->agg.undo)
+        for (size_t c = 0; c < r->agg.n_chunks; c++)
+            r->agg.undo[c * r->n_members + r->me] = NULL;
+    r->agg.own_borrowed = 0;
     free(r->scratch);
     free(r->acc);
     free(r->encbuf);
@@ -850,9 +857,11 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->timer.data = r;
     r->next = e->rounds;
     e->rounds = r;
-    /* My own share of my part is summed at once, through the same checks. */
+    /* My own share of my part is summed at once, through the same checks,
+     * kept by reference into the buffer (no copy). */
     if (r->my_part >= 0) {
         struct ar__agg *a = &r->agg;
+        a->own_borrowed = 1;
         if (r->i_send)
             for (size_t c = 0; c < a->n_chunks && a->snd[r->me].state == AR__S_ACTIVE; c++)
                 ar__agg_accept(r, (int)r->me, c, r->buf + a->offset + c * r->chunk,

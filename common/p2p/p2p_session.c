@@ -66,18 +66,65 @@ void p2p_mac_cleanup(struct p2p_mac *m)
     m->evp = NULL;
 }
 
-/* GMAC of data under the key with IV = 0^32 || seq (big endian). */
-static int gmac(struct p2p_mac *m, const uint8_t *data, size_t len, uint8_t tag[16])
+/* GMAC of the concatenated pieces under the key with IV = 0^32 || seq (big
+ * endian): GCM's additional data may be fed in pieces, the tag is that of
+ * the concatenation. */
+static int gmac_iov(struct p2p_mac *m, const struct p2p_iov *v, size_t n, uint8_t tag[16])
 {
     EVP_CIPHER_CTX *c = m->evp;
     uint8_t iv[12] = {0};
     put_be(iv + 4, m->seq, 8);
     int ol;
-    if (len > 0x7fffffff || EVP_EncryptInit_ex(c, NULL, NULL, NULL, iv) != 1 ||
-        EVP_EncryptUpdate(c, NULL, &ol, data, (int)len) != 1 ||
-        EVP_EncryptFinal_ex(c, tag, &ol) != 1 ||
+    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, iv) != 1)
+        return CM_EINTERNAL;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].len && (v[i].len > 0x7fffffff ||
+                         EVP_EncryptUpdate(c, NULL, &ol, v[i].base, (int)v[i].len) != 1))
+            return CM_EINTERNAL;
+    if (EVP_EncryptFinal_ex(c, tag, &ol) != 1 ||
         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag) != 1)
         return CM_EINTERNAL;
+    return CM_OK;
+}
+
+static int gmac(struct p2p_mac *m, const uint8_t *data, size_t len, uint8_t tag[16])
+{
+    struct p2p_iov one = {data, len};
+    return gmac_iov(m, &one, 1, tag);
+}
+
+int p2p_session_seal(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t request_id,
+                     int32_t status, const struct p2p_iov *body, size_t n,
+                     uint8_t head[P2P_SESSION_HEAD_LEN], uint8_t tag[P2P_SESSION_TAG_LEN])
+{
+    size_t body_len = 0;
+    if (n > P2P_SESSION_SEAL_MAX_IOV)
+        return CM_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        if (body[i].len > P2P_FRAME_MAX_PAYLOAD)
+            return CM_ETOOBIG;
+        body_len += body[i].len;
+    }
+    size_t plen = P2P_SESSION_FIELDS_LEN + body_len + P2P_SESSION_TAG_LEN;
+    if (plen > P2P_FRAME_MAX_PAYLOAD)
+        return CM_ETOOBIG;
+    if (!m->evp || m->seq == UINT64_MAX)
+        return CM_ESTATE;
+    p2p_frame_write_hdr(head, plen);
+    head[3] = P2P_FRAME_F_SESSION;
+    uint8_t *p = head + P2P_FRAME_HDR_LEN;
+    *p++ = (uint8_t)kind;
+    p = put_be(p, type, 4);
+    p = put_be(p, request_id, 8);
+    put_be(p, (uint32_t)status, 4);
+    struct p2p_iov v[1 + P2P_SESSION_SEAL_MAX_IOV];
+    v[0] = (struct p2p_iov){head, P2P_SESSION_HEAD_LEN};
+    for (size_t i = 0; i < n; i++)
+        v[1 + i] = body[i];
+    int rc = gmac_iov(m, v, 1 + n, tag);
+    if (rc)
+        return rc;
+    m->seq++;
     return CM_OK;
 }
 

@@ -29,6 +29,8 @@
 #define P2P_FRAME_F_SESSION 1
 #define P2P_SESSION_FIELDS_LEN 17 /* kind(1) type(4) request_id(8) status(4) */
 #define P2P_SESSION_TAG_LEN 16
+/* frame header (8) + fields: what precedes the body */
+#define P2P_SESSION_HEAD_LEN (8 + P2P_SESSION_FIELDS_LEN)
 #define P2P_KX_LEN 32 /* X25519 public key */
 #define P2P_SESSION_KEY_LEN 32
 
@@ -69,6 +71,16 @@ struct p2p_iov {
 int p2p_session_build(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t request_id,
                       int32_t status, const struct p2p_iov *body, size_t n, uint8_t **out,
                       size_t *out_len);
+
+/* The same frame without copying the body: writes the frame header and
+ * fields (P2P_SESSION_HEAD_LEN bytes) to head and the tag to tag, with the
+ * next sequence number; the frame on the wire is head || body pieces ||
+ * tag, bit-identical to what p2p_session_build makes. At most
+ * P2P_SESSION_SEAL_MAX_IOV pieces (CM_EINVAL otherwise). */
+#define P2P_SESSION_SEAL_MAX_IOV 4
+int p2p_session_seal(struct p2p_mac *m, uint32_t kind, uint32_t type, uint64_t request_id,
+                     int32_t status, const struct p2p_iov *body, size_t n,
+                     uint8_t head[P2P_SESSION_HEAD_LEN], uint8_t tag[P2P_SESSION_TAG_LEN]);
 
 /* Checks the tag of a complete frame (frame = header + payload, len bytes)
  * against the next sequence number, which it consumes on success.

@@ -811,6 +811,57 @@ static int conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
     return CM_OK;
 }
 
+/* Sends a frame given in pieces (borrowed, only for the duration of the
+ * call). When nothing is queued on the connection (ours or libuv's) and the
+ * upload is neither capped nor delayed, the pieces are written to the socket
+ * straight from where they are (no copy of a chunk into a frame buffer);
+ * whatever the socket does not take at once is copied into one frame and
+ * queued as usual, so no queued frame ever refers to the caller's memory. */
+static int conn_send_parts(struct p2p_conn *c, const struct p2p_iov *parts, size_t np)
+{
+    struct p2p_ctx *ctx = c->h->ctx;
+    size_t total = 0, done = 0;
+    for (size_t i = 0; i < np; i++)
+        total += parts[i].len;
+    if (c->state == C_OPEN && !c->wq_head && !ctx->latency_ms && !p2p_rate_limited(&ctx->up) &&
+        np <= 8 && total <= UINT32_MAX) {
+        uv_buf_t b[8];
+        for (size_t i = 0; i < np; i++)
+            b[i] = uv_buf_init((char *)parts[i].base, (unsigned)parts[i].len);
+        /* UV_EAGAIN when the socket is full or libuv still has writes queued
+         * (order is kept); any other error is met again by the queued write,
+         * which closes the connection. */
+        int w = uv_try_write((uv_stream_t *)&c->tcp, b, (unsigned)np);
+        if (w > 0) {
+            done = (size_t)w;
+            ctx->st.bytes_sent += done;
+        }
+        if (done == total) {
+            conn_touch(c);
+            return CM_OK;
+        }
+    }
+    uint8_t *buf = malloc(total - done);
+    if (!buf) {
+        /* The frame's sequence number is spent (and part of it may be on
+         * the wire): the stream cannot go on. */
+        conn_close(c, CM_ENOMEM);
+        return CM_ENOMEM;
+    }
+    size_t skip = done, off = 0;
+    for (size_t i = 0; i < np; i++) {
+        size_t l = parts[i].len;
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        memcpy(buf + off, (const uint8_t *)parts[i].base + skip, l - skip);
+        off += l - skip;
+        skip = 0;
+    }
+    return conn_send(c, buf, total - done);
+}
+
 /* ---- reading ----------------------------------------------------------- */
 
 static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
@@ -1047,11 +1098,21 @@ static int send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint6
     size_t flen;
     int rc;
     if (c->tx_on && !c->tx_resign) {
-        rc = p2p_session_build(&c->stx, kind, type, id, status, body, n, &frame, &flen);
+        uint8_t head[P2P_SESSION_HEAD_LEN], tag[P2P_SESSION_TAG_LEN];
+        if (n > P2P_SESSION_SEAL_MAX_IOV)
+            return CM_EINVAL;
+        rc = p2p_session_seal(&c->stx, kind, type, id, status, body, n, head, tag);
         if (rc)
             return rc;
-        memcpy(nonce, frame + flen - P2P_SESSION_TAG_LEN, P2P_NONCE_LEN);
-        return conn_send(c, frame, flen);
+        memcpy(nonce, tag, P2P_NONCE_LEN);
+        struct p2p_iov parts[2 + P2P_SESSION_SEAL_MAX_IOV];
+        size_t np = 0;
+        parts[np++] = (struct p2p_iov){head, sizeof head};
+        for (size_t i = 0; i < n; i++)
+            if (body[i].len)
+                parts[np++] = body[i];
+        parts[np++] = (struct p2p_iov){tag, sizeof tag};
+        return conn_send_parts(c, parts, np);
     }
     /* A signed envelope hashes and packs one contiguous body. */
     const uint8_t *b = n ? body[0].base : NULL;

@@ -113,6 +113,7 @@ struct reply {
     uint64_t hash;   /* CMD_VERIFY: FNV-1a of the buffer */
     uint64_t wire_sent, wire_received;
     double cpu_ms;   /* CMD_VERIFY: CPU time (user + system) of the last round */
+    double sys_ms;   /* CMD_VERIFY: its system (kernel) part */
     long faults;     /* CMD_VERIFY: minor page faults during the last round */
 };
 
@@ -169,6 +170,7 @@ struct peer {
     const float *expected;
     int quit, in_round;
     double cpu0; /* CPU ms at the start of the round */
+    double sys0; /* system CPU ms at the start of the round */
     long flt0;   /* minor faults at the start of the round */
 };
 
@@ -177,6 +179,13 @@ static long minflt(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_minflt;
+}
+
+static double sys_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_stime.tv_sec * 1e3 + (double)ru.ru_stime.tv_usec / 1e3;
 }
 
 static double cpu_ms(void)
@@ -232,7 +241,8 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         return;
     }
     if (c.op == CMD_VERIFY) {
-        struct reply rep = {.cpu_ms = cpu_ms() - p->cpu0, .faults = minflt() - p->flt0};
+        struct reply rep = {.cpu_ms = cpu_ms() - p->cpu0, .sys_ms = sys_ms() - p->sys0,
+                            .faults = minflt() - p->flt0};
         verify(p, c.comp, &rep);
         if (write_all(p->wr, &rep, sizeof rep))
             p->quit = 1;
@@ -248,6 +258,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .stall_ms = 20000, .linger_ms = 60000, .done = on_done, .arg = p};
     p->in_round = 1;
     p->cpu0 = cpu_ms();
+    p->sys0 = sys_ms();
     p->flt0 = minflt();
     int rc_ = ar_round_start(p->eng, &rc, NULL);
     if (rc_) {
@@ -398,6 +409,7 @@ static uint64_t g_step;
 /* One timed round, then verification. Returns the round time in ms, or -1
  * when the round failed or its result is wrong. */
 static long g_faults; /* page faults of all peers in the last round */
+static double g_sys;  /* system (kernel) CPU ms of all peers in the last round */
 static int g_verbose; /* single runs print each peer's phase times */
 
 static double swarm_round(struct swarm *s, int comp, double mbps, double *max_err,
@@ -432,6 +444,7 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
     double cpu = 0;
     *max_err = 0;
     g_faults = 0;
+    g_sys = 0;
     for (size_t i = 0; i < s->n_peers; i++) {
         struct reply r;
         if (read_all(s->from[i], &r, sizeof r))
@@ -452,6 +465,7 @@ static double swarm_round(struct swarm *s, int comp, double mbps, double *max_er
         wire = r.wire_sent > wire ? r.wire_sent : wire;
         cpu += r.cpu_ms;
         g_faults += r.faults;
+        g_sys += r.sys_ms;
     }
     if (wire_out)
         *wire_out = wire;
@@ -666,9 +680,9 @@ int main(int argc, char **argv)
             t[i] = swarm_round(&s, comp, mbps, &err, &wire, &cpu);
             if (t[i] < 0)
                 rc = 1;
-            printf("N=%zu %s %s: round %d %.0f ms, CPU of all peers %.0f ms = %.2f ns per byte "
-                   "of the buffer, %ld page faults (max |err| %.2g)\n",
-                   np, comp_name(comp), mbps > 0 ? argv[3] : "uncapped", i, t[i], cpu,
+            printf("N=%zu %s %s: round %d %.0f ms, CPU of all peers %.0f ms (system %.0f) = %.2f "
+                   "ns per byte of the buffer, %ld page faults (max |err| %.2g)\n",
+                   np, comp_name(comp), mbps > 0 ? argv[3] : "uncapped", i, t[i], cpu, g_sys,
                    cpu * 1e6 / ((double)n * 4), g_faults, err);
         }
         if (mbps > 0) {
