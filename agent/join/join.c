@@ -153,6 +153,13 @@ struct peer_state {
     struct join_reporter *rep; /* contribution reports (docs/accounting.md) */
     struct join_caps caps;     /* last capabilities reported */
     double caps_at, sched_at;  /* mono_s() of the last report / schedule refresh */
+    pthread_t probe_th;        /* measures pairwise throughput (probe_main) */
+    int probe_started, probe_stop, probe_new;
+    pthread_mutex_t probe_mu;
+    pthread_cond_t probe_cv;
+    struct join_caps probe_caps; /* its latest measurement (pairs only) */
+    uint8_t prev[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN]; /* senders of our last round */
+    size_t n_prev;
     pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
 };
 
@@ -572,8 +579,8 @@ static void print_line(long step, double samples, double target, double sps, siz
 
 /* Capabilities for the schedule (docs/schedules.md): re-reported every
  * minute and when they change materially; the schedule is refreshed every
- * 30 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed
- * (pairwise throughput is not measured yet). */
+ * 30 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed.
+ * Pairwise throughput is measured to a few peers (measure_pairs). */
 /* The schedule the coordinators' backbone nodes announce in the DHT
  * ("<run>/schedule"), for when the coordinator cannot be reached: verified
  * with the coordinator keys like the REST answer. */
@@ -594,6 +601,85 @@ static void sched_from_dht(struct peer_state *s)
     join_records_free(r, nr);
 }
 
+/* Pairwise throughput to a sample of peers (up to 3, chosen by
+ * SHA-256(our key || theirs), so different peers probe different ones):
+ * 2 MiB each over the state hosts, within the volunteer's caps. A thread
+ * of its own does it (20 s after joining, then every five minutes), so the
+ * probes never hold the training loop. */
+#define PROBE_PEERS 3
+#define PROBE_BYTES (2048u * 1024u)
+#define PROBE_EVERY_S 300
+#define PROBE_FIRST_S 20
+static void measure_pairs(struct peer_state *s, struct join_caps *c)
+{
+    c->n_pairs = 0;
+    struct collab_progress *p = NULL;
+    size_t n = 0;
+    if (read_progress(s, &p, &n) != CM_OK)
+        return;
+    int64_t now = now_ms();
+    uint8_t best_h[PROBE_PEERS][CM_SHA256_LEN];
+    size_t best[PROBE_PEERS], nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i].st[0] || p[i].aux || p[i].t_ms < now - 30000 ||
+            !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
+            continue;
+        uint8_t buf[2 * CM_ED25519_PUB_LEN], h[CM_SHA256_LEN];
+        memcpy(buf, s->key.pub, CM_ED25519_PUB_LEN);
+        memcpy(buf + CM_ED25519_PUB_LEN, p[i].pub, CM_ED25519_PUB_LEN);
+        cm_sha256(buf, sizeof buf, h);
+        size_t at = nb;
+        while (at > 0 && memcmp(h, best_h[at - 1], sizeof h) < 0)
+            at--;
+        if (at >= PROBE_PEERS)
+            continue;
+        for (size_t k = (nb < PROBE_PEERS ? nb : PROBE_PEERS - 1); k > at; k--) {
+            best[k] = best[k - 1];
+            memcpy(best_h[k], best_h[k - 1], sizeof h);
+        }
+        best[at] = i;
+        memcpy(best_h[at], h, sizeof h);
+        if (nb < PROBE_PEERS)
+            nb++;
+    }
+    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
+        double mbps = 0;
+        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, 10000, &mbps) == CM_OK &&
+            mbps > 0) {
+            memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
+            c->pairs[c->n_pairs++].mbps = mbps;
+        }
+    }
+    free(p);
+}
+
+static void *probe_main(void *arg)
+{
+    struct peer_state *s = arg;
+    int wait_s = PROBE_FIRST_S;
+    pthread_mutex_lock(&s->probe_mu);
+    while (!s->probe_stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += wait_s;
+        while (!s->probe_stop && pthread_cond_timedwait(&s->probe_cv, &s->probe_mu, &dl) == 0)
+            ;
+        if (s->probe_stop)
+            break;
+        pthread_mutex_unlock(&s->probe_mu);
+        struct join_caps c = {0};
+        measure_pairs(s, &c);
+        pthread_mutex_lock(&s->probe_mu);
+        if (c.n_pairs) {
+            s->probe_caps = c;
+            s->probe_new = 1;
+        }
+        wait_s = c.n_pairs ? PROBE_EVERY_S : PROBE_FIRST_S;
+    }
+    pthread_mutex_unlock(&s->probe_mu);
+    return NULL;
+}
+
 static void schedule_upkeep(struct peer_state *s, double sps)
 {
     if (!s->js)
@@ -604,8 +690,15 @@ static void schedule_upkeep(struct peer_state *s, double sps)
     c.up_mbps = s->o.max_upload_mbps > 0 ? s->o.max_upload_mbps : 1000;
     c.down_mbps = s->o.max_download_mbps > 0 ? s->o.max_download_mbps : 1000;
     c.inbound = !s->o.client_mode;
+    /* the pairs the probe thread measured last */
+    pthread_mutex_lock(&s->probe_mu);
+    int fresh_pairs = s->probe_new;
+    s->probe_new = 0;
+    c.n_pairs = s->probe_caps.n_pairs;
+    memcpy(c.pairs, s->probe_caps.pairs, sizeof c.pairs);
+    pthread_mutex_unlock(&s->probe_mu);
     if ((c.sps > 0 || s->o.aggregate_only) &&
-        (s->caps_at == 0 || t - s->caps_at > 60 || join_caps_changed(&s->caps, &c))) {
+        (s->caps_at == 0 || t - s->caps_at > 60 || fresh_pairs || join_caps_changed(&s->caps, &c))) {
         if (join_caps_report(&s->coord, s->o.run, s->key.pub, &c) == CM_OK)
             s->caps = c;
         s->caps_at = t;
@@ -682,6 +775,22 @@ static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid,
     }
     join_reporter_submit(s->rep, r);
     free(r);
+}
+
+/* Members of the previous round (their keys), for lagging_members. */
+#define LAG_WAIT_S 5.0
+static int lagging_members(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                           int64_t acc_step, int64_t now)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].step >= acc_step || p[i].aux || p[i].t_ms < now - 10000 ||
+            !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
+            continue;
+        for (size_t k = 0; k < s->n_prev; k++)
+            if (!memcmp(s->prev[k], p[i].pub, CM_ED25519_PUB_LEN) && p[i].step == acc_step - 1)
+                return 1;
+    }
+    return 0;
 }
 
 /* The hash most fresh peers at `step` hold (ties: the smallest), counting
@@ -1078,6 +1187,10 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
     } else {
         s->tr.opt->step++; /* the aggregate-only peer follows the step count */
     }
+    s->n_prev = 0;
+    for (size_t i = 0; i < j->nmem && s->n_prev < AR_MAX_MEMBERS; i++)
+        if (j->mem[i].sends)
+            memcpy(s->prev[s->n_prev++], j->mem[i].pub, CM_ED25519_PUB_LEN);
     double loss = j->loss_n ? j->loss_sum / j->loss_n : NAN;
     report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, j->sps, &j->sum, j->n_parts,
                  j->agreed, j->mem, j->am, j->nmem);
@@ -1172,7 +1285,7 @@ static int train_loop(struct peer_state *s)
         size_t nseen = 0;
         struct collab_view view = {0};
         int behind = 0, diverged = 0, restart = 0;
-        double hold_since = 0, t_pub = 0;
+        double hold_since = 0, t_pub = 0, lag_since = 0;
         for (;;) {
             if (inflight && round_done(inflight)) {
                 /* the previous round is averaged: apply it under the
@@ -1187,7 +1300,7 @@ static int train_loop(struct peer_state *s)
                     break;
                 }
             }
-            if (!s->o.aggregate_only && hold_since == 0) {
+            if (!s->o.aggregate_only && hold_since == 0 && lag_since == 0) {
                 /* Pledge the micro-batch before computing it: the others
                    then start no micro-batch the target does not need (the
                    batch overshoots by about one micro-batch, not one per
@@ -1273,8 +1386,19 @@ static int train_loop(struct peer_state *s)
                     break;
                 }
             }
-            if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only))
+            if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only)) {
+                /* Members of our last round still finishing it (their
+                   progress shows its step) are waited for, up to
+                   LAG_WAIT_S: a peer quicker out of a round must not run
+                   the next ones alone while the others are a step behind. */
+                if (lagging_members(s, seen, nseen, acc_step, now) &&
+                    (lag_since == 0 || mono_s() - lag_since < LAG_WAIT_S)) {
+                    if (lag_since == 0)
+                        lag_since = mono_s();
+                    continue;
+                }
                 break;
+            }
             /* Micro-batches in flight will reach the target: wait for them
                rather than start another, unless they take far longer than
                ours do (their peer may have died). */
@@ -1415,6 +1539,8 @@ int agent_cmd_join(int argc, char **argv)
     if (!s)
         return 1;
     pthread_mutex_init(&s->js_mu, NULL);
+    pthread_mutex_init(&s->probe_mu, NULL);
+    pthread_cond_init(&s->probe_cv, NULL);
     int rc = cm_opts_parse(&JOIN, &s->o, argc, argv, NULL, NULL, stderr);
     if (rc != CM_OK) {
         cm_opts_free(&JOIN, &s->o);
@@ -1531,6 +1657,8 @@ int agent_cmd_join(int argc, char **argv)
     sa.sa_handler = on_sigint;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if (s->js && !s->o.client_mode && pthread_create(&s->probe_th, NULL, probe_main, s) == 0)
+        s->probe_started = 1;
     rc = train_loop(s);
     if (rc != CM_OK) {
         fprintf(stderr, "error: training stopped: %s\n", cm_strerror(rc));
@@ -1561,6 +1689,13 @@ int agent_cmd_join(int argc, char **argv)
     }
     status = 0;
 out:
+    if (s->probe_started) {
+        pthread_mutex_lock(&s->probe_mu);
+        s->probe_stop = 1;
+        pthread_cond_broadcast(&s->probe_cv);
+        pthread_mutex_unlock(&s->probe_mu);
+        pthread_join(s->probe_th, NULL);
+    }
     if (s->rep) {
         struct join_reporter_stats rs;
         join_reporter_stats(s->rep, &rs);
@@ -1585,6 +1720,8 @@ out:
     free(s->config_text);
     cm_opts_free(&JOIN, &s->o);
     pthread_mutex_destroy(&s->js_mu);
+    pthread_mutex_destroy(&s->probe_mu);
+    pthread_cond_destroy(&s->probe_cv);
     free(s);
     return status;
 }

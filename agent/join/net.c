@@ -265,6 +265,8 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
     struct join_net *n = arg;
     (void)h;
     (void)from;
+    if (type == JOIN_MSG_PROBE) /* read and dropped: the sender times it */
+        return len <= JOIN_PROBE_CHUNK ? CM_OK : CM_ETOOBIG;
     if (type != JOIN_MSG_STATE || len != ST_REQ_LEN)
         return CM_EPROTO;
     int64_t min_step = (int64_t)get_be(body, 8);
@@ -373,7 +375,8 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-static int submit(struct join_net *n, struct job *j)
+/* Queues a job for the loop; CM_ECLOSED (and the job freed) when stopping. */
+static int enqueue(struct join_net *n, struct job *j)
 {
     j->net = n;
     j->refs = 2;
@@ -388,6 +391,12 @@ static int submit(struct join_net *n, struct job *j)
     n->jobs = j;
     pthread_mutex_unlock(&n->mu);
     uv_async_send(&n->async);
+    return CM_OK;
+}
+
+/* Waits for a queued job (bounded: its operation has its own deadline). */
+static int wait_job(struct join_net *n, struct job *j)
+{
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += JOB_GRACE_MS / 1000;
@@ -398,6 +407,12 @@ static int submit(struct join_net *n, struct job *j)
     int rc = j->done ? j->rc : CM_ETIMEOUT;
     pthread_mutex_unlock(&n->mu);
     return rc;
+}
+
+static int submit(struct join_net *n, struct job *j)
+{
+    int rc = enqueue(n, j);
+    return rc ? rc : wait_job(n, j);
 }
 
 static void release(struct join_net *n, struct job *j)
@@ -591,12 +606,13 @@ int64_t join_net_state_wanted(const struct join_net *n)
     return w;
 }
 
-/* One state request, blocking; *resp is heap. */
-static int state_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
-                         int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
+/* One request on the state host, blocking; *resp is heap. */
+static int net_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+                       uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
+                       uint8_t **resp, size_t *resp_len)
 {
     struct job *j = calloc(1, sizeof *j);
-    if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = malloc(ST_REQ_LEN))) {
+    if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = malloc(len ? len : 1))) {
         if (j)
             free(j->addrs);
         free(j);
@@ -605,12 +621,10 @@ static int state_request(struct join_net *n, const struct sockaddr_storage *addr
     j->kind = JOB_REQ;
     *j->addrs = *addr;
     memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-    j->type = JOIN_MSG_STATE;
-    j->timeout_ms = 10000;
-    put_be(j->value, (uint64_t)min_step, 8);
-    put_be(j->value + 8, off, 8);
-    put_be(j->value + 16, JOIN_STATE_CHUNK, 4);
-    j->len = ST_REQ_LEN;
+    j->type = type;
+    j->timeout_ms = timeout_ms;
+    memcpy(j->value, body, len);
+    j->len = len;
     int rc = submit(n, j);
     pthread_mutex_lock(&n->mu);
     *resp = NULL;
@@ -622,6 +636,68 @@ static int state_request(struct join_net *n, const struct sockaddr_storage *addr
     }
     job_unref(j);
     pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+static int state_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+                         int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
+{
+    uint8_t req[ST_REQ_LEN];
+    put_be(req, (uint64_t)min_step, 8);
+    put_be(req + 8, off, 8);
+    put_be(req + 16, JOIN_STATE_CHUNK, 4);
+    return net_request(n, addr, pub, JOIN_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
+}
+
+int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+                   size_t bytes, uint32_t deadline_ms, double *mbps)
+{
+    struct sockaddr_storage sa;
+    *mbps = 0;
+    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 64u * JOIN_PROBE_CHUNK)
+        return CM_EINVAL;
+    /* one small request first, so the connection (and its handshake) is
+       not part of the measurement */
+    uint8_t one = 0, *r = NULL;
+    size_t rl = 0;
+    int rc = net_request(n, &sa, pub, JOIN_MSG_PROBE, &one, 1, deadline_ms, &r, &rl);
+    free(r);
+    if (rc != CM_OK)
+        return rc;
+    /* then every chunk queued at once: they stream back to back on the
+       connection, so the round trip is paid once, not per chunk */
+    size_t k = (bytes + JOIN_PROBE_CHUNK - 1) / JOIN_PROBE_CHUNK, queued = 0;
+    struct job *jobs[64] = {0};
+    int64_t t0 = p2p_now_ms();
+    for (size_t i = 0; i < k; i++) {
+        size_t len = i + 1 < k ? JOIN_PROBE_CHUNK : bytes - (k - 1) * JOIN_PROBE_CHUNK;
+        struct job *j = calloc(1, sizeof *j);
+        if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, len))) {
+            if (j)
+                free(j->addrs);
+            free(j);
+            rc = CM_ENOMEM;
+            break;
+        }
+        j->kind = JOB_REQ;
+        *j->addrs = sa;
+        memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
+        j->type = JOIN_MSG_PROBE;
+        j->timeout_ms = deadline_ms;
+        j->len = len;
+        if ((rc = enqueue(n, j)) != CM_OK)
+            break;
+        jobs[queued++] = j;
+    }
+    for (size_t i = 0; i < queued; i++) {
+        int jr = wait_job(n, jobs[i]);
+        if (rc == CM_OK)
+            rc = jr;
+        release(n, jobs[i]);
+    }
+    double secs = (double)(p2p_now_ms() - t0) / 1000.0;
+    if (rc == CM_OK)
+        *mbps = (double)bytes * 8 / 1e6 / (secs > 0.001 ? secs : 0.001);
     return rc;
 }
 

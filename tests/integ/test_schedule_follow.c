@@ -117,7 +117,8 @@ static int teardown(void **state)
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     for (int i = 0; i < NAGENTS; i++)
-        ct_rmrf(g_dirs[i]);
+        if (!getenv("CT_KEEP_LOGS"))
+            ct_rmrf(g_dirs[i]);
     free(g_org);
     g_teardown_failed = rc != 0;
     return rc;
@@ -146,8 +147,11 @@ static void fold(const char *path, struct steps *st)
             !json_is_true(json_object_get(j, "synced"))) {
             if (!st->hash[step][0])
                 snprintf(st->hash[step], sizeof st->hash[step], "%s", h);
-            else if (strcmp(st->hash[step], h) != 0)
+            else if (strcmp(st->hash[step], h) != 0) {
                 st->mismatches++;
+                fprintf(stderr, "%s: step %ld hash %.16s differs from %.16s\n", path, step, h,
+                        st->hash[step]);
+            }
             long long v = json_integer_value(json_object_get(j, "sched_version"));
             if (st->version[step] && st->version[step] != v)
                 st->version_mismatches++;
@@ -261,6 +265,44 @@ static void test_agents_follow_schedule(void **state)
            mm, pred, med, ar_ms);
     assert_true(med <= MAX_RATIO);
     assert_true(med >= 0.8); /* the caps do hold */
+    /* The agents measured pairwise throughput to other peers and reported
+       it: every pair within what the caps allow (the slower side's cap,
+       plus the token buckets' burst), the fast peers' pairs faster than the
+       slow peers' cap. */
+    long with_pairs = -1, over = -1, fast_ok = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM capabilities "
+                                  "WHERE jsonb_array_length(report->'pairs') > 0",
+                                  &with_pairs), 0);
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM capabilities c, "
+                                  "jsonb_array_elements(c.report->'pairs') p "
+                                  "WHERE (p->>'mbps')::float8 > 1.5 * (c.report->>'upload_mbps')::float8",
+                                  &over), 0);
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM capabilities a "
+                                  "JOIN capabilities b ON b.run_id = a.run_id "
+                                  "JOIN jsonb_array_elements(a.report->'pairs') p "
+                                  "ON p->>'peer' = translate(rtrim(encode(b.peer_public_key, 'base64'), '='), '+/', '-_') "
+                                  "WHERE (a.report->>'upload_mbps')::float8 = 40 "
+                                  "AND (b.report->>'upload_mbps')::float8 = 40 "
+                                  "AND (p->>'mbps')::float8 > 4 * 1.5",
+                                  &fast_ok), 0);
+    if (over) {
+        long v = 0;
+        char q[512];
+        for (int k = 0; k < 8; k++) {
+            snprintf(q, sizeof q,
+                     "SELECT (1000 * (p->>'mbps')::float8)::bigint * 100000 + (c.report->>'upload_mbps')::bigint "
+                     "FROM capabilities c, jsonb_array_elements(c.report->'pairs') p ORDER BY 1 OFFSET %d LIMIT 1", k);
+            if (ct_pg_scalar(&g_pg, q, &v) == 0)
+                printf("pair: %.3f Mbit/s from a peer capped at %ld\n", (double)(v / 100000) / 1000, v % 100000);
+        }
+    }
+    printf("capability reports with measured pairs: %ld of %d; pairs above the caps: %ld; fast-to-fast "
+           "pairs measured above the slow cap: %ld\n", with_pairs, NAGENTS, over, fast_ok);
+    assert_true(with_pairs >= 2);
+    assert_int_equal(over, 0);
 }
 
 int main(void)
