@@ -3,6 +3,7 @@
  * callback) and wakes its waiter. A job is reference-counted between the
  * waiter and the loop, so neither frees it under the other. */
 #include "agent/join/net.h"
+#include "agent/join/state_msg.h"
 #include "cm_err.h"
 #include "cm_log.h"
 #include "dht/dht_node.h"
@@ -242,23 +243,6 @@ static void on_async(uv_async_t *a)
 /* Request: min_step (8, big-endian) | offset (8) | max bytes (4).
  * Response: ready (1: 1 = snapshot below, 0 = preparing, ask again) |
  * step (8) | total length (8) | SHA-256 of the whole snapshot (32) | bytes. */
-#define ST_REQ_LEN 20
-#define ST_HDR_LEN 49
-
-static void put_be(uint8_t *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
-}
-
-static uint64_t get_be(const uint8_t *p, int bytes)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type,
                             const uint8_t *body, size_t len, uint8_t **resp, size_t *resp_len)
 {
@@ -267,13 +251,15 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
     (void)from;
     if (type == JOIN_MSG_PROBE) /* read and dropped: the sender times it */
         return len <= JOIN_PROBE_CHUNK ? CM_OK : CM_ETOOBIG;
-    if (type != JOIN_MSG_STATE || len != ST_REQ_LEN)
+    struct join_state_req q;
+    if (type != JOIN_MSG_STATE)
         return CM_EPROTO;
-    int64_t min_step = (int64_t)get_be(body, 8);
-    uint64_t off = get_be(body + 8, 8);
-    uint32_t max = (uint32_t)get_be(body + 16, 4);
-    if (min_step < 0 || max == 0)
-        return CM_EINVAL;
+    int prc = join_state_req_parse(body, len, &q);
+    if (prc != CM_OK)
+        return prc;
+    int64_t min_step = q.min_step;
+    uint64_t off = q.offset;
+    uint32_t max = q.max_len;
     if (max > JOIN_STATE_CHUNK)
         max = JOIN_STATE_CHUNK;
     pthread_mutex_lock(&n->st_mu);
@@ -287,23 +273,22 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
         take = n->st_len - off < max ? n->st_len - off : max;
     else if (min_step > n->st_wanted)
         n->st_wanted = min_step;
-    uint8_t *out = malloc(ST_HDR_LEN + take);
+    uint8_t *out = malloc(JOIN_STATE_HDR_LEN + take);
     if (!out) {
         pthread_mutex_unlock(&n->st_mu);
         return CM_ENOMEM;
     }
-    out[0] = (uint8_t)ready;
-    put_be(out + 1, ready ? (uint64_t)n->st_step : 0, 8);
-    put_be(out + 9, ready ? n->st_len : 0, 8);
-    if (ready)
-        memcpy(out + 17, n->st_sha, CM_SHA256_LEN);
-    else
-        memset(out + 17, 0, CM_SHA256_LEN);
+    struct join_state_resp hd = {0};
+    hd.ready = ready;
+    hd.step = n->st_step;
+    hd.total = n->st_len;
+    memcpy(hd.sha, n->st_sha, CM_SHA256_LEN);
+    join_state_resp_header(&hd, out);
     if (take)
-        memcpy(out + ST_HDR_LEN, n->st_bytes + off, take);
+        memcpy(out + JOIN_STATE_HDR_LEN, n->st_bytes + off, take);
     pthread_mutex_unlock(&n->st_mu);
     *resp = out;
-    *resp_len = ST_HDR_LEN + take;
+    *resp_len = JOIN_STATE_HDR_LEN + take;
     return CM_OK;
 }
 
@@ -642,10 +627,9 @@ static int net_request(struct join_net *n, const struct sockaddr_storage *addr, 
 static int state_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
                          int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
 {
-    uint8_t req[ST_REQ_LEN];
-    put_be(req, (uint64_t)min_step, 8);
-    put_be(req + 8, off, 8);
-    put_be(req + 16, JOIN_STATE_CHUNK, 4);
+    uint8_t req[JOIN_STATE_REQ_LEN];
+    struct join_state_req q = {min_step, off, JOIN_STATE_CHUNK};
+    join_state_req_encode(&q, req);
     return net_request(n, addr, pub, JOIN_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
 }
 
@@ -721,25 +705,26 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
         rc = state_request(n, &sa, pub, min_step, got, &r, &rl);
         if (rc != CM_OK)
             break;
-        if (rl < ST_HDR_LEN) {
+        struct join_state_resp sr;
+        if (join_state_resp_parse(r, rl, &sr) != CM_OK) {
             free(r);
             rc = CM_EPROTO;
             break;
         }
-        if (!r[0]) { /* preparing */
+        if (!sr.ready) { /* preparing */
             free(r);
             rc = CM_EBUSY;
             usleep(100000);
             continue;
         }
-        int64_t rs = (int64_t)get_be(r + 1, 8);
-        uint64_t rt = get_be(r + 9, 8);
-        if (rs < min_step || rt == 0 || rt > ((uint64_t)1 << 36)) {
+        int64_t rs = sr.step;
+        uint64_t rt = sr.total;
+        if (rs < min_step) {
             free(r);
             rc = CM_EPROTO;
             break;
         }
-        if (step != rs || rt != total || memcmp(sha, r + 17, CM_SHA256_LEN)) {
+        if (step != rs || rt != total || memcmp(sha, sr.sha, CM_SHA256_LEN)) {
             /* a new snapshot (or the first): start over */
             free(buf);
             buf = malloc((size_t)rt);
@@ -750,20 +735,20 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
             }
             step = rs;
             total = (size_t)rt;
-            memcpy(sha, r + 17, CM_SHA256_LEN);
+            memcpy(sha, sr.sha, CM_SHA256_LEN);
             if (got != 0) {
                 got = 0;
                 free(r);
                 continue;
             }
         }
-        size_t take = rl - ST_HDR_LEN;
+        size_t take = sr.len;
         if (take > total - got || (take == 0 && got < total)) {
             free(r);
             rc = CM_EPROTO;
             break;
         }
-        memcpy(buf + got, r + ST_HDR_LEN, take);
+        memcpy(buf + got, sr.data, take);
         got += take;
         free(r);
         if (got == total) {
