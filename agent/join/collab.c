@@ -282,21 +282,41 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
         out->eta_s = out->sps > 0 ? (target - out->samples) / out->sps : INFINITY;
 }
 
-size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms,
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms, int64_t mine_ms,
                             int64_t *close_ms)
 {
-    if (n == 0) {
-        *close_ms = 0;
+    *close_ms = 0;
+    if (n == 0)
         return 0;
+    int64_t *t = malloc(n * sizeof *t);
+    int64_t start;
+    if (t) {
+        for (size_t i = 0; i < n; i++)
+            t[i] = a[i].t_ms;
+        qsort(t, n, sizeof *t, cmp_i64);
+        /* windows chain: each opens with the first announcement after the
+           previous one closed; ours is the one our announcement falls in */
+        start = t[0];
+        for (size_t i = 1; i < n && t[i] <= mine_ms; i++)
+            if (t[i] > start + window_ms)
+                start = t[i];
+        free(t);
+    } else {
+        start = a[0].t_ms; /* out of memory: the first window only */
+        for (size_t i = 1; i < n; i++)
+            if (a[i].t_ms < start)
+                start = a[i].t_ms;
     }
-    int64_t first = a[0].t_ms;
-    for (size_t i = 1; i < n; i++)
-        if (a[i].t_ms < first)
-            first = a[i].t_ms;
-    *close_ms = first + window_ms;
+    *close_ms = start + window_ms;
     size_t w = 0;
     for (size_t i = 0; i < n; i++)
-        if (a[i].t_ms <= *close_ms)
+        if (a[i].t_ms >= start && a[i].t_ms <= *close_ms)
             a[w++] = a[i];
     return w;
 }

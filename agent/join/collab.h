@@ -95,11 +95,15 @@ struct collab_view {
 void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, int64_t now_ms,
                      int64_t fresh_ms, double target, struct collab_view *out);
 
-/* The round of a step closes window_ms after its first announcement: the
- * members are the announcements made by then, the same set for every peer
- * that reads after the close (plus propagation). Filters `a` in place to
- * those members and returns the count; *close_ms receives the close time. */
-size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms,
+/* The rounds of a step: a window opens with the first announcement and
+ * closes window_ms later; the next announcement after a close opens the next
+ * window. A peer's round is the window its own announcement (made at
+ * mine_ms) falls in: its members are that window's announcements, the same
+ * set for every peer that reads after the close (plus propagation). A peer
+ * that missed a window so forms the next round instead of none. Filters `a`
+ * in place to those members and returns the count; *close_ms receives the
+ * window's close. */
+size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms, int64_t mine_ms,
                             int64_t *close_ms);
 
 /* Orders announcements canonically (by public key) so every member builds

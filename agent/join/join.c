@@ -148,6 +148,7 @@ struct peer_state {
     int64_t hash_step;
     FILE *steplog;
     uint64_t syncs;       /* states fetched from peers */
+    double finished_at;   /* when a peer was first seen at the run's last step (mono_s) */
     int corrupt;          /* CROWDTRAIN_TEST_CORRUPT_GRADIENTS: 1 nan, 2 huge (tests only) */
     struct join_sched *js;     /* schedules (issue 7), NULL when unavailable */
     struct join_reporter *rep; /* contribution reports (docs/accounting.md) */
@@ -334,9 +335,22 @@ static int fetch_run(struct peer_state *s)
 }
 
 /* Loads the coordinator's newest checkpoint when it is ahead of us. */
-static int catch_up(struct peer_state *s, int64_t *step_out)
+static int catch_up(struct peer_state *s, int64_t min_step, int64_t *step_out)
 {
     char path[256], dest[4400], sha[65], err[512];
+    if (min_step > 0) {
+        /* only a checkpoint past min_step is worth loading: loading an
+           older one would put our parameters behind our step */
+        snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints", s->o.run);
+        struct agent_reply r = {0};
+        if (agent_request(&s->coord, "GET", path, NULL, &r) != CM_OK)
+            return CM_ECONN;
+        json_t *first = json_array_get(json_object_get(r.json, "checkpoints"), 0);
+        int64_t newest = r.status == 200 && first ? json_integer_value(json_object_get(first, "step")) : -1;
+        agent_reply_free(&r);
+        if (newest < min_step)
+            return CM_ENOTFOUND;
+    }
     snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/latest", s->o.run);
     snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
     long status = 0;
@@ -444,11 +458,14 @@ static int read_progress(struct peer_state *s, struct collab_progress **out, siz
     return p ? CM_OK : CM_ENOMEM;
 }
 
-/* Announces for the round of `step` and gathers its members: the round
- * closes window_ms after its first announcement (collab_round_members), and
- * the members are read once the close plus a propagation margin has passed,
- * so every peer that reads after that agrees on them. CM_EBUSY when we
- * announced after the close (too late for this round). */
+/* Announces for the round of `step` and gathers its members: our round is
+ * the window our announcement falls in (collab_round_members: a window
+ * closes window_ms after its first announcement), and the members are read
+ * once its close plus a propagation margin has passed, so every peer that
+ * reads after that agrees on them. A peer too late for a window opens the
+ * next one (run_round_timed declines to step alone while others
+ * accumulate). Announcing again for the same step replaces our earlier
+ * announcement (newest record per author). */
 #define GATHER_MARGIN_MS 150
 
 static int gather(struct peer_state *s, int64_t step, double weight, struct collab_announce **out,
@@ -497,10 +514,10 @@ static int gather(struct peer_state *s, int64_t step, double weight, struct coll
             return CM_ENOMEM;
         }
         memcpy(tmp, a, na * sizeof *tmp);
-        size_t nm = collab_round_members(tmp, na, s->o.round_window_ms, &close);
+        size_t nm = collab_round_members(tmp, na, s->o.round_window_ms, me.t_ms, &close);
         free(tmp);
         if (final && now_ms() >= close + GATHER_MARGIN_MS) {
-            na = collab_round_members(a, na, s->o.round_window_ms, &close);
+            na = collab_round_members(a, na, s->o.round_window_ms, me.t_ms, &close);
             break;
         }
         (void)nm;
@@ -603,11 +620,14 @@ static void sched_from_dht(struct peer_state *s)
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
- * 2 MiB each over the state hosts, within the volunteer's caps. A thread
+ * up to 2 MiB or 600 ms each over the state hosts, within the volunteer's
+ * caps (a longer probe would hold a slow link's DHT traffic up for seconds
+ * and split the rounds). A thread
  * of its own does it (20 s after joining, then every five minutes), so the
  * probes never hold the training loop. */
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
+#define PROBE_BUDGET_MS 600
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
 static void measure_pairs(struct peer_state *s, struct join_caps *c)
@@ -644,7 +664,8 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
     }
     for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
         double mbps = 0;
-        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, 10000, &mbps) == CM_OK &&
+        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS, 10000,
+                           &mbps) == CM_OK &&
             mbps > 0) {
             memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
             c->pairs[c->n_pairs++].mbps = mbps;
@@ -967,6 +988,8 @@ struct round_job {
     /* results */
     int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
     int missed;         /* the others agreed on parts we lack: fetch their state */
+    int alone;          /* declined: the only sender while others accumulate */
+    size_t others;      /* other peers accumulating for the step when it started */
     uint64_t agreed;
     size_t n_parts, counted, nmem, me;
     struct collab_announce *mem;
@@ -998,6 +1021,19 @@ static void run_round_timed(struct round_job *j)
     j->rc = gather(s, j->step, j->samples, &j->mem, &j->nmem);
     if (j->rc != CM_OK)
         return;
+    size_t senders = 0;
+    for (size_t i = 0; i < j->nmem; i++)
+        senders += j->mem[i].sends;
+    if (senders == 1 && (j->others > 0 || s->finished_at > 0) && !s->o.aggregate_only) {
+        /* Our window holds no other sender while other peers accumulate
+           for this step (their announcements had not reached us, or ours
+           not them), or the collaboration already finished the run:
+           stepping alone would split the collaboration. Go
+           back to accumulating; their round, or the next window, takes
+           us in, or the behind check finds them a step ahead. */
+        j->alone = 1;
+        return;
+    }
     if (j->nmem > AR_MAX_MEMBERS)
         j->nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
     struct ar_member *am = j->am;
@@ -1129,7 +1165,7 @@ static int64_t resync_after(struct peer_state *s, int64_t step)
     for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
         if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
             return got;
-        if (catch_up(s, &got) == CM_OK && got > step) {
+        if (catch_up(s, step + 1, &got) == CM_OK && got > step) {
             update_hash(s, got);
             return got;
         }
@@ -1159,6 +1195,13 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
     }
     if (j->rc == CM_ESTATE) {
         sleep(1);
+        return CM_OK;
+    }
+    if (j->alone) {
+        fprintf(stderr, "\nwarning: step %lld: alone in our round while %zu other peer%s accumulate for "
+                        "it; not stepping alone\n",
+                (long long)j->step, j->others, j->others == 1 ? "" : "s");
+        usleep(200000);
         return CM_OK;
     }
     if (j->rc != CM_OK)
@@ -1215,7 +1258,9 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
                  j->compute_s, j->t_wait, (long long)j->sched_v, (long long)now_ms());
         agent_steplog_write(s->steplog, line);
     }
-    if (*step % s->ckpt_every == 0 && !s->o.aggregate_only &&
+    /* every K steps, and the run's final state (for peers that finish
+       late: the others may be gone by then) */
+    if ((*step % s->ckpt_every == 0 || *step == s->steps) && !s->o.aggregate_only &&
         collab_checkpoint_uploader(j->mem, j->nmem, *step) == j->me)
         upload_checkpoint(s, *step);
     return CM_OK;
@@ -1229,6 +1274,94 @@ static void job_reset(struct round_job *j)
     memset(j, 0, sizeof *j);
     j->accum = keep;
     j->s = s;
+}
+
+/* Peers accumulating for a step: fresh progress (ACTIVE_MS) with samples
+ * or a pledge, compute peers only, ourselves excluded. */
+#define ACTIVE_MS 5000
+/* How long a peer left behind by a finished collaboration keeps trying to
+   fetch the final state from the peers before it turns to the coordinator. */
+#define FINISHED_WAIT_S 60.0
+static size_t others_active(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                            int64_t step, int64_t now)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += p[i].step == step && !p[i].aux && p[i].t_ms >= now - ACTIVE_MS &&
+             (p[i].samples > 0 || p[i].pledged > 0) && memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN);
+    return c;
+}
+
+/* Compute peers whose fresh progress shows a step after `step`. */
+static size_t peers_ahead(const struct collab_progress *p, size_t n, int64_t step, int64_t now)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += p[i].step > step && !p[i].aux && p[i].t_ms >= now - 30000;
+    return c;
+}
+
+/* The odd one out ahead: more peers accumulate for one earlier step than
+ * for ours (ourselves counted), none of them a member of our last round
+ * (those are finishing it). Then we stepped without the collaboration (a
+ * round of our own) and must take its state. Returns that step's peer
+ * count (0: not so) and the step in *low. */
+static size_t majority_below(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                             int64_t step, size_t at_step, int64_t now, int64_t *low)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].step >= step || p[i].aux || p[i].t_ms < now - ACTIVE_MS)
+            continue;
+        size_t c = others_active(s, p, n, p[i].step, now);
+        if (c > best) {
+            best = c;
+            *low = p[i].step;
+        }
+    }
+    if (best <= at_step)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i].step == *low && p[i].t_ms >= now - ACTIVE_MS)
+            for (size_t k = 0; k < s->n_prev; k++)
+                if (!memcmp(s->prev[k], p[i].pub, CM_ED25519_PUB_LEN))
+                    return 0;
+    return best;
+}
+
+/* 1 when another peer's announcement for the round of `step` opens a window
+ * we can still make: we then join that round with what we have, so peers
+ * whose views of the progress differ (records late over a slow link) do not
+ * split into rounds of their own. */
+static int round_open(struct peer_state *s, int64_t step)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct join_record *r = NULL;
+    size_t nr = 0;
+    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
+        join_records_free(r, nr);
+        return 0;
+    }
+    struct collab_announce *a = calloc(nr + 1, sizeof *a);
+    size_t na = 0;
+    int64_t mine = now_ms() + 20; /* when our announcement would be made */
+    for (size_t i = 0; a && i < nr; i++)
+        if (memcmp(r[i].author, s->key.pub, CM_ED25519_PUB_LEN) &&
+            collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK && a[na].t_ms <= mine)
+            memcpy(a[na].pub, r[i].author, CM_ED25519_PUB_LEN), na++;
+    join_records_free(r, nr);
+    if (!a || na == 0) {
+        free(a);
+        return 0;
+    }
+    a[na].t_ms = mine;
+    memcpy(a[na].pub, s->key.pub, CM_ED25519_PUB_LEN);
+    na++;
+    int64_t close = 0;
+    size_t nm = collab_round_members(a, na, s->o.round_window_ms, mine, &close);
+    free(a);
+    return nm > 1;
 }
 
 static int train_loop(struct peer_state *s)
@@ -1269,6 +1402,22 @@ static int train_loop(struct peer_state *s)
             continue;
         }
         renew_pass_if_due(s);
+        if (s->finished_at > 0 && !inflight && mono_s() - s->finished_at > FINISHED_WAIT_S) {
+            /* The collaboration finished without us and no peer served
+               its final state in time: the coordinator's final checkpoint,
+               or an error (never the last steps alone). */
+            int64_t got = step;
+            if (catch_up(s, s->steps, &got) == CM_OK && got >= s->steps) {
+                step = got;
+                update_hash(s, step);
+                break;
+            }
+            fprintf(stderr, "\nerror: the collaboration finished the run (step %lld) while we were at "
+                            "step %lld, and neither a peer nor the coordinator could give us its final "
+                            "state\n", (long long)s->steps, (long long)step);
+            rc = CM_ESTATE;
+            goto out;
+        }
         if (!inflight) {
             pthread_mutex_lock(&s->js_mu);
             schedule_upkeep(s, sps);
@@ -1285,7 +1434,8 @@ static int train_loop(struct peer_state *s)
         size_t nseen = 0;
         struct collab_view view = {0};
         int behind = 0, diverged = 0, restart = 0;
-        double hold_since = 0, t_pub = 0, lag_since = 0;
+        int64_t low = -1;
+        double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0;
         for (;;) {
             if (inflight && round_done(inflight)) {
                 /* the previous round is averaged: apply it under the
@@ -1372,12 +1522,23 @@ static int train_loop(struct peer_state *s)
             }
             int64_t now = now_ms();
             collab_estimate(seen, nseen, acc_step, now, 30000, s->target, &view);
+            if (view.max_step >= s->steps && s->finished_at == 0)
+                s->finished_at = mono_s();
             print_line((long)acc_step, view.samples, s->target, sps, view.peers,
                        loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
-            if (view.max_step > acc_step) {
+            /* Behind: as many peers are ahead of us as accumulate for our
+               step, ourselves counted (one peer that ran ahead alone is
+               not the collaboration). Ahead: see majority_below. */
+            if (view.max_step > acc_step && peers_ahead(seen, nseen, acc_step, now) >= view.at_step) {
                 behind = 1;
                 break;
             }
+            if (!s->o.aggregate_only && !inflight &&
+                majority_below(s, seen, nseen, acc_step, view.at_step, now, &low) > 0) {
+                behind = 1;
+                break;
+            }
+            low = -1;
             if (!s->o.aggregate_only && !inflight && s->hash_step == acc_step) {
                 char maj[COLLAB_HASH_HEX + 1];
                 majority_hash(seen, nseen, acc_step, now, maj);
@@ -1386,6 +1547,14 @@ static int train_loop(struct peer_state *s)
                     break;
                 }
             }
+            int open = 0;
+            if ((samples > 0 || s->o.aggregate_only) && mono_s() - t_open > 0.02) {
+                open = round_open(s, acc_step);
+                t_open = mono_s();
+            }
+            j->others = others_active(s, seen, nseen, acc_step, now);
+            if (open)
+                break; /* a round of our step is gathering: join it */
             if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only)) {
                 /* Members of our last round still finishing it (their
                    progress shows its step) are waited for, up to
@@ -1441,8 +1610,10 @@ static int train_loop(struct peer_state *s)
                by the time the next parameters exist; take the current
                parameters and accumulate for that round at once (the round's
                average is then applied to the parameters of its step) */
-            int in_flight = behind && view.max_pstep >= 0 && view.max_pstep < view.max_step;
-            if (behind) {
+            int in_flight = behind && low < 0 && view.max_pstep >= 0 && view.max_pstep < view.max_step;
+            if (behind && low >= 0) {
+                want = low + 1; /* the majority's next step */
+            } else if (behind) {
                 want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + (in_flight ? 0 : 1);
                 if (want > s->steps)
                     want = s->steps;
@@ -1450,6 +1621,9 @@ static int train_loop(struct peer_state *s)
             if (diverged)
                 printf("\nour parameters differ from the other peers' at step %lld: fetching their state\n",
                        (long long)step);
+            else if (low >= 0)
+                printf("\nahead of the collaboration (step %lld > %lld) after a round without it: "
+                       "fetching its state\n", (long long)step, (long long)low);
             else
                 printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
                        (long long)view.max_step);
@@ -1458,7 +1632,7 @@ static int train_loop(struct peer_state *s)
                 step = got;
                 if (in_flight && view.max_step > step && view.max_step < s->steps)
                     join_step = view.max_step;
-            } else if (catch_up(s, &got) == CM_OK && got > step)
+            } else if (catch_up(s, step + 1, &got) == CM_OK && got > step)
                 step = got, update_hash(s, step);
             else
                 sleep(1); /* nobody could serve us yet */
@@ -1602,7 +1776,7 @@ int agent_cmd_join(int argc, char **argv)
     s->trainer_ready = 1;
     s->tr.resume_keeps_stream = 1; /* our own data order, whoever's state we load */
     int64_t step = 0;
-    rc = catch_up(s, &step);
+    rc = catch_up(s, 0, &step);
     if (rc != CM_OK && rc != CM_ENOTFOUND)
         goto out;
 

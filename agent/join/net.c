@@ -634,7 +634,7 @@ static int state_request(struct join_net *n, const struct sockaddr_storage *addr
 }
 
 int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t deadline_ms, double *mbps)
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, double *mbps)
 {
     struct sockaddr_storage sa;
     *mbps = 0;
@@ -648,40 +648,58 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
     free(r);
     if (rc != CM_OK)
         return rc;
-    /* then every chunk queued at once: they stream back to back on the
-       connection, so the round trip is paid once, not per chunk */
-    size_t k = (bytes + JOIN_PROBE_CHUNK - 1) / JOIN_PROBE_CHUNK, queued = 0;
-    struct job *jobs[64] = {0};
-    int64_t t0 = p2p_now_ms();
-    for (size_t i = 0; i < k; i++) {
-        size_t len = i + 1 < k ? JOIN_PROBE_CHUNK : bytes - (k - 1) * JOIN_PROBE_CHUNK;
-        struct job *j = calloc(1, sizeof *j);
-        if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, len))) {
-            if (j)
-                free(j->addrs);
-            free(j);
-            rc = CM_ENOMEM;
-            break;
+    /* Then chunks of PROBE_MSG bytes, two in flight (the round trip is
+       hidden behind the next chunk), until `bytes` are through or
+       budget_ms has passed: what a capped link holds queued stays within
+       two chunks, and the link is saturated for budget_ms at most, so the
+       collaboration's own messages are not held up for seconds behind a
+       probe on a slow link. The rate: the bytes acknowledged over the time
+       they took. */
+    const size_t PROBE_MSG = 32u * 1024u;
+    struct job *win[2] = {0}; /* in flight, oldest at win[h] */
+    size_t sent = 0, done = 0, h = 0, nin = 0;
+    int64_t t0 = p2p_now_ms(), t_end = t0;
+    for (;;) {
+        while (nin < 2 && rc == CM_OK && sent < bytes && p2p_now_ms() - t0 < (int64_t)budget_ms) {
+            size_t len = bytes - sent < PROBE_MSG ? bytes - sent : PROBE_MSG;
+            struct job *j = calloc(1, sizeof *j);
+            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, len))) {
+                if (j)
+                    free(j->addrs);
+                free(j);
+                rc = CM_ENOMEM;
+                break;
+            }
+            j->kind = JOB_REQ;
+            *j->addrs = sa;
+            memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
+            j->type = JOIN_MSG_PROBE;
+            j->timeout_ms = deadline_ms;
+            j->len = len;
+            if ((rc = enqueue(n, j)) != CM_OK)
+                break;
+            win[(h + nin++) % 2] = j;
+            sent += len;
         }
-        j->kind = JOB_REQ;
-        *j->addrs = sa;
-        memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-        j->type = JOIN_MSG_PROBE;
-        j->timeout_ms = deadline_ms;
-        j->len = len;
-        if ((rc = enqueue(n, j)) != CM_OK)
+        if (nin == 0)
             break;
-        jobs[queued++] = j;
-    }
-    for (size_t i = 0; i < queued; i++) {
-        int jr = wait_job(n, jobs[i]);
+        struct job *j = win[h];
+        size_t len = j->len;
+        int jr = wait_job(n, j);
+        release(n, j);
+        win[h] = NULL;
+        h = (h + 1) % 2;
+        nin--;
         if (rc == CM_OK)
             rc = jr;
-        release(n, jobs[i]);
+        if (jr == CM_OK) {
+            done += len;
+            t_end = p2p_now_ms();
+        }
     }
-    double secs = (double)(p2p_now_ms() - t0) / 1000.0;
+    double secs = (double)(t_end - t0) / 1000.0;
     if (rc == CM_OK)
-        *mbps = (double)bytes * 8 / 1e6 / (secs > 0.001 ? secs : 0.001);
+        *mbps = (double)done * 8 / 1e6 / (secs > 0.001 ? secs : 0.001);
     return rc;
 }
 

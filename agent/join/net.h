@@ -87,12 +87,13 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
 
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
  * message JOIN_MSG_PROBE carries up to JOIN_PROBE_CHUNK bytes the peer's
- * state host reads and drops. join_net_probe sends `bytes` in such
- * messages, two in flight, and returns the rate in Mbit/s. */
+ * state host reads and drops. join_net_probe sends up to `bytes` in such
+ * messages, two in flight, for at most budget_ms (then it stops sending),
+ * and returns the rate in Mbit/s of what was acknowledged. */
 #define JOIN_MSG_PROBE 49
 #define JOIN_PROBE_CHUNK (128u * 1024u)
 int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t deadline_ms, double *mbps);
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, double *mbps);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);

@@ -209,7 +209,7 @@ static void test_agents_follow_schedule(void **state)
         snprintf(steplogs[i], sizeof steplogs[i], "%.250s/sched.steps", g_dirs[i]);
         const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", RUN, "--config-dir",
                               g_dirs[i], "--listen-ip", "127.0.0.1", "--device", "cpu",
-                              "--round-window-ms", "150", "--outcome-window-ms", "1000",
+                              "--round-window-ms", "400", "--outcome-window-ms", "1000",
                               "--stall-ms", "8000", "--step-log", steplogs[i], "--no-eval",
                               "--max-upload-mbps", mbps, "--max-download-mbps", mbps, NULL};
         pids[i] = ct_spawn(argv, logs[i]);

@@ -253,9 +253,29 @@ static void test_round_window(void **state)
         a[i].pub[0] = (uint8_t)i;
     }
     int64_t close = 0;
-    size_t n = collab_round_members(a, 4, 300, &close);
+    struct collab_announce keep[4];
+    memcpy(keep, a, sizeof keep);
+    size_t n = collab_round_members(a, 4, 300, 1250, &close);
     assert_int_equal(close, 1300);
     assert_int_equal(n, 3); /* the announcement 1 ms after the close is out */
+    /* ... and opens the next window, its own round */
+    memcpy(a, keep, sizeof keep);
+    n = collab_round_members(a, 4, 300, 1301, &close);
+    assert_int_equal(close, 1601);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].pub[0], 3);
+    /* windows chain: 1000 | 1301 1500 1601 | 1602 */
+    int64_t t2[5] = {1000, 1301, 1500, 1601, 1602};
+    struct collab_announce c[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        c[i].t_ms = t2[4 - i];
+        c[i].pub[0] = (uint8_t)(4 - i);
+    }
+    n = collab_round_members(c, 5, 300, 1500, &close);
+    assert_int_equal(n, 3);
+    assert_int_equal(close, 1601);
+    n = collab_round_members(c, 3, 300, 1601, &close);
+    assert_int_equal(n, 3);
     /* every peer that reads the same records computes the same members,
        whatever order they come in */
     struct collab_announce b[4];
@@ -264,7 +284,7 @@ static void test_round_window(void **state)
         b[i].t_ms = t[3 - i];
         b[i].pub[0] = (uint8_t)(3 - i);
     }
-    n = collab_round_members(b, 4, 300, &close);
+    n = collab_round_members(b, 4, 300, 1000, &close);
     assert_int_equal(n, 3);
     assert_int_equal(collab_canonical(b, n), 3);
     assert_int_equal(b[0].pub[0], 0);
