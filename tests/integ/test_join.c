@@ -123,7 +123,8 @@ static int teardown(void **state)
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     for (int i = 0; i < NAGENTS; i++)
-        ct_rmrf(g_dirs[i]);
+        if (!getenv("CT_KEEP_LOGS"))
+            ct_rmrf(g_dirs[i]);
     free(g_org);
     g_teardown_failed = rc != 0;
     return rc;
