@@ -414,7 +414,13 @@ static void test_chaos(void **state)
 
 #define EQ_STEPS 150
 #define EQ_WINDOW 10
-#define EQ_SEEDS 3
+/* Single-process runs whose spread defines the tolerance. Three seeds
+   underestimated it in the first 30 steps (warm-up, loss spikes of +-0.3
+   from step to step): their window means 11-20 lay within 0.056 of each
+   other, while four collaborative runs (each peer's data order follows its
+   random key) gave 0.73, 0.88, 0.97 and 1.12, as spread as single runs are
+   there; two of them fell outside. Six seeds sample that spread. */
+#define EQ_SEEDS 6
 
 static void test_equivalence(void **state)
 {
