@@ -620,7 +620,8 @@ static void sched_from_dht(struct peer_state *s)
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
- * up to 2 MiB or 600 ms each over the state hosts, within the volunteer's
+ * up to 2 MiB or 600 ms each, three times a few seconds apart (the best
+ * rate counts), over the state hosts, within the volunteer's
  * caps (a longer probe would hold a slow link's DHT traffic up for seconds
  * and split the rounds). A thread
  * of its own does it (20 s after joining, then every five minutes), so the
@@ -628,6 +629,15 @@ static void sched_from_dht(struct peer_state *s)
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
 #define PROBE_BUDGET_MS 600
+#define PROBE_REPEATS 3
+#define PROBE_GAP_S 3
+static int probe_stopping(struct peer_state *s)
+{
+    pthread_mutex_lock(&s->probe_mu);
+    int stop = s->probe_stop;
+    pthread_mutex_unlock(&s->probe_mu);
+    return stop;
+}
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
 static void measure_pairs(struct peer_state *s, struct join_caps *c)
@@ -662,15 +672,29 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
         if (nb < PROBE_PEERS)
             nb++;
     }
-    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
-        double mbps = 0;
-        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS, 10000,
-                           &mbps) == CM_OK &&
-            mbps > 0) {
-            memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
-            c->pairs[c->n_pairs++].mbps = mbps;
+    /* A probe measures what the link carries beside the collaboration's own
+       traffic at that moment (a round in flight takes most of it): each
+       peer is probed PROBE_REPEATS times a few seconds apart, and the best
+       rate counts. */
+    double rate[PROBE_PEERS] = {0};
+    for (int rep = 0; rep < PROBE_REPEATS; rep++) {
+        for (size_t k = 0; k < nb; k++) {
+            double mbps = 0;
+            if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS,
+                               10000, &mbps) == CM_OK &&
+                mbps > rate[k])
+                rate[k] = mbps;
         }
+        for (int t = 0; rep + 1 < PROBE_REPEATS && t < PROBE_GAP_S * 10 && !probe_stopping(s); t++)
+            usleep(100000);
+        if (probe_stopping(s))
+            break;
     }
+    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++)
+        if (rate[k] > 0) {
+            memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
+            c->pairs[c->n_pairs++].mbps = rate[k];
+        }
     free(p);
 }
 
@@ -988,8 +1012,10 @@ struct round_job {
     /* results */
     int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
     int missed;         /* the others agreed on parts we lack: fetch their state */
-    int alone;          /* declined: the only sender while others accumulate */
+    int alone;          /* declined: a minority of the peers (see run_round_timed) */
     size_t others;      /* other peers accumulating for the step when it started */
+    size_t present;     /* other compute peers with fresh progress, any step */
+    size_t senders;     /* senders in our window */
     uint64_t agreed;
     size_t n_parts, counted, nmem, me;
     struct collab_announce *mem;
@@ -1024,11 +1050,15 @@ static void run_round_timed(struct round_job *j)
     size_t senders = 0;
     for (size_t i = 0; i < j->nmem; i++)
         senders += j->mem[i].sends;
-    if (senders == 1 && (j->others > 0 || s->finished_at > 0) && !s->o.aggregate_only) {
-        /* Our window holds no other sender while other peers accumulate
-           for this step (their announcements had not reached us, or ours
-           not them), or the collaboration already finished the run:
-           stepping alone would split the collaboration. Go
+    j->senders = senders;
+    if (!s->o.aggregate_only &&
+        (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || s->finished_at > 0)))) {
+        /* Our window holds no majority of the peers accumulating for this
+           step (their announcements had not reached us, or ours not them),
+           or we would step alone while other peers are about (catching up:
+           a peer stepping alone meanwhile would keep them chasing it), or
+           the collaboration already finished the run: stepping would split
+           the collaboration. Go
            back to accumulating; their round, or the next window, takes
            us in, or the behind check finds them a step ahead. */
         j->alone = 1;
@@ -1198,9 +1228,10 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
         return CM_OK;
     }
     if (j->alone) {
-        fprintf(stderr, "\nwarning: step %lld: alone in our round while %zu other peer%s accumulate for "
-                        "it; not stepping alone\n",
-                (long long)j->step, j->others, j->others == 1 ? "" : "s");
+        fprintf(stderr, "\nwarning: step %lld: our round had %zu sender%s while %zu other peer%s "
+                        "accumulated for the step (%zu about); not stepping without them\n",
+                (long long)j->step, j->senders, j->senders == 1 ? "" : "s", j->others,
+                j->others == 1 ? "" : "s", j->present);
         usleep(200000);
         return CM_OK;
     }
@@ -1289,6 +1320,17 @@ static size_t others_active(const struct peer_state *s, const struct collab_prog
     for (size_t i = 0; i < n; i++)
         c += p[i].step == step && !p[i].aux && p[i].t_ms >= now - ACTIVE_MS &&
              (p[i].samples > 0 || p[i].pledged > 0) && memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN);
+    return c;
+}
+
+/* Other compute peers with progress in the last PRESENT_MS, at any step. */
+#define PRESENT_MS 10000
+static size_t others_present(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                             int64_t now)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += !p[i].aux && p[i].t_ms >= now - PRESENT_MS && memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN);
     return c;
 }
 
@@ -1435,6 +1477,7 @@ static int train_loop(struct peer_state *s)
         struct collab_view view = {0};
         int behind = 0, diverged = 0, restart = 0;
         int64_t low = -1;
+        size_t ahead_now = 0;
         double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0;
         for (;;) {
             if (inflight && round_done(inflight)) {
@@ -1529,7 +1572,8 @@ static int train_loop(struct peer_state *s)
             /* Behind: as many peers are ahead of us as accumulate for our
                step, ourselves counted (one peer that ran ahead alone is
                not the collaboration). Ahead: see majority_below. */
-            if (view.max_step > acc_step && peers_ahead(seen, nseen, acc_step, now) >= view.at_step) {
+            ahead_now = peers_ahead(seen, nseen, acc_step, now);
+            if (view.max_step > acc_step && ahead_now >= view.at_step) {
                 behind = 1;
                 break;
             }
@@ -1553,6 +1597,7 @@ static int train_loop(struct peer_state *s)
                 t_open = mono_s();
             }
             j->others = others_active(s, seen, nseen, acc_step, now);
+            j->present = others_present(s, seen, nseen, now);
             if (open)
                 break; /* a round of our step is gathering: join it */
             if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only)) {
@@ -1611,10 +1656,13 @@ static int train_loop(struct peer_state *s)
                parameters and accumulate for that round at once (the round's
                average is then applied to the parameters of its step) */
             int in_flight = behind && low < 0 && view.max_pstep >= 0 && view.max_pstep < view.max_step;
+            /* one peer ahead does not step alone while we are about: its
+               current state, not the one after its next step */
+            int lone = behind && low < 0 && ahead_now <= 1;
             if (behind && low >= 0) {
                 want = low + 1; /* the majority's next step */
             } else if (behind) {
-                want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + (in_flight ? 0 : 1);
+                want = (view.max_pstep >= 0 ? view.max_pstep : view.max_step) + (in_flight || lone ? 0 : 1);
                 if (want > s->steps)
                     want = s->steps;
             }
