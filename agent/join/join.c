@@ -620,24 +620,17 @@ static void sched_from_dht(struct peer_state *s)
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
- * up to 2 MiB or 4 s each (PROBE_REPEATS times a few seconds apart, the
- * best rate counting), over the state hosts, within the volunteer's
- * caps (a longer probe would hold a slow link's DHT traffic up for seconds
- * and split the rounds). A thread
- * of its own does it (20 s after joining, then every five minutes), so the
- * probes never hold the training loop. */
+ * up to 2 MiB or 4 s each over the state hosts, within the volunteer's
+ * caps, two 32 KiB messages in flight (join_net_probe), so a slow link
+ * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
+ * read slow links high by the token bucket's burst, and the LP then picked
+ * another vertex of the same optimum, one that let the slow peers aggregate
+ * and took 1.7x its prediction. A thread of its own does it (20 s after
+ * joining, then every five minutes), so the probes never hold the training
+ * loop. */
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
 #define PROBE_BUDGET_MS 4000
-#define PROBE_REPEATS 1
-#define PROBE_GAP_S 3
-static int probe_stopping(struct peer_state *s)
-{
-    pthread_mutex_lock(&s->probe_mu);
-    int stop = s->probe_stop;
-    pthread_mutex_unlock(&s->probe_mu);
-    return stop;
-}
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
 static void measure_pairs(struct peer_state *s, struct join_caps *c)
@@ -672,32 +665,15 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
         if (nb < PROBE_PEERS)
             nb++;
     }
-    /* A probe measures what the link carries beside the collaboration's own
-       traffic at that moment: each peer is probed PROBE_REPEATS times a few
-       seconds apart, and the best rate counts. Short probes (600 ms, best
-       of 3) read slow links high by the token bucket's burst, and the LP
-       then picked another vertex of the same optimum, one that let the
-       slow peers aggregate and took 1.7x its prediction; 2 MiB or 4 s
-       read them within a few per cent. */
-    double rate[PROBE_PEERS] = {0};
-    for (int rep = 0; rep < PROBE_REPEATS; rep++) {
-        for (size_t k = 0; k < nb; k++) {
-            double mbps = 0;
-            if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS,
-                               10000, &mbps) == CM_OK &&
-                mbps > rate[k])
-                rate[k] = mbps;
-        }
-        for (int t = 0; rep + 1 < PROBE_REPEATS && t < PROBE_GAP_S * 10 && !probe_stopping(s); t++)
-            usleep(100000);
-        if (probe_stopping(s))
-            break;
-    }
-    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++)
-        if (rate[k] > 0) {
+    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
+        double mbps = 0;
+        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS, 10000,
+                           &mbps) == CM_OK &&
+            mbps > 0) {
             memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
-            c->pairs[c->n_pairs++].mbps = rate[k];
+            c->pairs[c->n_pairs++].mbps = mbps;
         }
+    }
     free(p);
 }
 
