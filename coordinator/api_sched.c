@@ -562,7 +562,15 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
                          in->n, COORD_SCHED_MAX_PEERS);
         return 0;
     }
-    struct sched_problem prob = {in->peers, in->n, batch, grad_mbit};
+    /* Every peer that can compute does: join does not act on compute = false
+     * (docs/schedules.md, "Roles"), so a plan that counts on some peer not
+     * sending would be followed with that peer sending anyway, on links the
+     * plan filled with its aggregation. The role search would drop peers for
+     * any gain at all: with measured pair rates, tests/integ/
+     * test_schedule_follow.c saw it stop three of four peers for a gain below
+     * 0.1 % and give a 4 Mbit/s peer 7-60 % of the aggregation, and the
+     * rounds then took up to 1.7x the prediction. */
+    struct sched_problem prob = {in->peers, in->n, batch, grad_mbit, .all_compute = 1};
     struct sched_solution sol;
     char err[256] = "";
     int rc = sched_solve(&prob, &sol, err, sizeof err);

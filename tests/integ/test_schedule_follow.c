@@ -187,8 +187,21 @@ static int version_info(long long v, double *predicted_ms, int *npeers, double *
     size_t i;
     json_t *e;
     json_array_foreach(in, i, e) {
-        if (json_number_value(json_object_get(e, "upload_mbps")) == FAST_MBPS)
-            fast += json_number_value(json_object_get(json_array_get(peers, i), "fraction"));
+        json_t *pl = json_array_get(peers, i);
+        double up = json_number_value(json_object_get(e, "upload_mbps"));
+        if (up == FAST_MBPS)
+            fast += json_number_value(json_object_get(pl, "fraction"));
+        /* what the LP was given and what it made of it, for the record */
+        printf("  peer %zu: up %g down %g Mbit/s, samples/s %.0f, computes %d, aggregates %.4f; "
+               "pairs (Mbit/s):", i, up, json_number_value(json_object_get(e, "download_mbps")),
+               json_number_value(json_object_get(e, "samples_per_s")),
+               json_is_true(json_object_get(pl, "compute")),
+               json_number_value(json_object_get(pl, "fraction")));
+        size_t k;
+        json_t *q;
+        json_array_foreach(json_object_get(e, "pairs"), k, q)
+            printf(" %.2f", json_number_value(json_object_get(q, "mbps")));
+        printf("\n");
     }
     *fast_share = fast;
     ct_resp_free(&r);

@@ -186,6 +186,30 @@ static void test_pair_limits(void **state)
     sched_solution_cleanup(&s);
 }
 
+/* The best network rate reached on a face: a client-mode GPU peer at
+ * 10 Mbit/s and two no-GPU aggregators, one at 100 and one at 5 Mbit/s.
+ * Every split with the slow one taking 0-50 % moves the gradient at the
+ * client's 10 Mbit/s; the plan must be the one that leaves the slow link
+ * out (the second stage in sched_roles.c), whatever the peers' order. */
+static void test_tie_prefers_fast_aggregator(void **state)
+{
+    (void)state;
+    for (int order = 0; order < 2; order++) {
+        struct sched_peer pp[3];
+        int fast = order ? 2 : 1, slow = order ? 1 : 2;
+        peer_set(&pp[0], 1, 100, 10, 10, 0);
+        peer_set(&pp[fast], 2, 0, 100, 100, 1);
+        peer_set(&pp[slow], 3, 0, 5, 5, 1);
+        struct sched_solution s;
+        solve_ok(pp, 3, 64, 10, &s);
+        assert_true(fabs(s.network_rate - 1.0) < 1e-9); /* 10 Mbit/s / 10 Mbit */
+        assert_int_equal(s.peers[fast].share, SCHED_SHARE_TOTAL);
+        assert_int_equal(s.peers[slow].share, 0);
+        assert_int_equal(s.peers[0].share, 0);
+        sched_solution_cleanup(&s);
+    }
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -613,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_byteps),
         cmocka_unit_test(test_client_mode),
         cmocka_unit_test(test_pair_limits),
+        cmocka_unit_test(test_tie_prefers_fast_aggregator),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_independent_optimum),
