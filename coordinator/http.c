@@ -514,6 +514,10 @@ static enum MHD_Result stream_continue(struct coord_server *srv, struct MHD_Conn
     return r;
 }
 
+/* Largest announced oversized body read (and dropped) so that the client
+ * gets its 413; above it the answer goes out at once. */
+#define DISCARD_MAX (8u << 20)
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -540,6 +544,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             else if (n > srv->routes[st->route].body_max)
                 st->too_big = 1;
         }
+        /* An oversized body the client is already sending (no "Expect:
+           100-continue", which curl asks only above 1 MiB) is read and
+           dropped, and the 413 goes out at its end: answering now and
+           closing with the body unread makes the client's kernel see a
+           reset instead of the answer. Past DISCARD_MAX it is not worth
+           reading: answered at once. */
+        if (st->too_big && !MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                        MHD_HTTP_HEADER_EXPECT) &&
+            strtoull(cl, NULL, 10) <= DISCARD_MAX && !atomic_load(&srv->draining))
+            return MHD_YES;
         if (!unexpected && !st->too_big && !atomic_load(&srv->draining) &&
             st->route < srv->nroutes && srv->routes[st->route].stream)
             return stream_begin(srv, conn, method, url, st);
@@ -571,7 +585,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         free(resp.raw);
         return r;
     }
-    if (st->stream_ctx || (st->route < srv->nroutes && srv->routes[st->route].stream))
+    if (st->stream_ctx || (!st->too_big && st->route < srv->nroutes && srv->routes[st->route].stream))
         return stream_continue(srv, conn, upload, upload_size, st);
     if (*upload_size) {
         size_t limit = st->route < srv->nroutes ? srv->routes[st->route].body_max : 0;
