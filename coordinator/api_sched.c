@@ -265,7 +265,9 @@ COORD_DB_STMT(S_RUN, 1,
               "config->'collaboration'->>'model_parameters', ''), "
               "coalesce(config->>'gradient_bits', config->'collaboration'->>'gradient_bits', "
               "CASE config->'collaboration'->>'compression' WHEN 'fp16' THEN '16' "
-              "WHEN 'q8' THEN '8' ELSE '' END) FROM runs WHERE name = $1");
+              "WHEN 'q8' THEN '8' ELSE '' END), "
+              "coalesce(config->'collaboration'->>'compute_roles', config->>'compute_roles', 'all') "
+              "FROM runs WHERE name = $1");
 /* Live: the report has not expired and the pass it came with is still valid
  * (a revoked peer drops out of the next schedule). */
 COORD_DB_STMT(S_LIVE, 1,
@@ -553,7 +555,7 @@ static json_t *result_doc(const struct inputs *in, const struct sched_solution *
 /* Solves, signs and stores a new schedule; fills nw with it. Runs in the
  * caller's transaction, under the run's advisory lock. */
 static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
-                           const struct inputs *in, double batch, double grad_mbit,
+                           const struct inputs *in, double batch, double grad_mbit, int lp_roles,
                            struct newest *nw)
 {
     if (in->n > COORD_SCHED_MAX_PEERS) {
@@ -562,15 +564,19 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
                          in->n, COORD_SCHED_MAX_PEERS);
         return 0;
     }
-    /* Every peer that can compute does: join does not act on compute = false
-     * (docs/schedules.md, "Roles"), so a plan that counts on some peer not
-     * sending would be followed with that peer sending anyway, on links the
-     * plan filled with its aggregation. The role search would drop peers for
-     * any gain at all: with measured pair rates, tests/integ/
-     * test_schedule_follow.c saw it stop three of four peers for a gain below
-     * 0.1 % and give a 4 Mbit/s peer 7-60 % of the aggregation, and the
-     * rounds then took up to 1.7x the prediction. */
-    struct sched_problem prob = {in->peers, in->n, batch, grad_mbit, .all_compute = 1};
+    /* Who computes (docs/schedules.md, "Roles"). By default every peer that
+     * can: the LP's objective, min(compute rate, network rate), counts
+     * accumulation and averaging as overlapped, while join without
+     * --delayed-updates does one after the other, so the LP would stop
+     * peers whose samples the step then waits for (on the demo's CPU peers,
+     * network-bound in the model, it keeps one peer of four computing).
+     * With config.collaboration.compute_roles = "lp" the role search
+     * decides, and a peer stops computing only for SCHED_ROLE_GAIN more
+     * steps/s: with any strict gain it stopped three of four peers of
+     * tests/integ/test_schedule_follow.c for less than 0.1 %, a side effect
+     * of noisy pair measurements. */
+    struct sched_problem prob = {in->peers, in->n, batch, grad_mbit, .all_compute = !lp_roles,
+                                 .role_gain = lp_roles ? SCHED_ROLE_GAIN : 0};
     struct sched_solution sol;
     char err[256] = "";
     int rc = sched_solve(&prob, &sol, err, sizeof err);
@@ -819,6 +825,9 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         bits = strtod(gb, &end);
         params_ok = params_ok && end && !*end && (bits == 8 || bits == 16 || bits == 32);
     }
+    const char *roles = PQgetvalue(r, 0, 4);
+    int lp_roles = !strcmp(roles, "lp");
+    params_ok = params_ok && (lp_roles || !strcmp(roles, "all"));
     PQclear(r);
 
     struct newest nw = {0};
@@ -838,14 +847,15 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
             coord_resp_error(resp, 409, "run_not_schedulable",
                              "run '%s' needs config.collaboration.model_parameters (a "
                              "positive integer; or config.model_parameters) and optionally "
-                             "gradient_bits (8, 16 or 32) to be scheduled",
+                             "gradient_bits (8, 16 or 32) and compute_roles (\"all\" or "
+                             "\"lp\") to be scheduled",
                              req->params[0]);
         free(nw.payload);
         return;
     }
-    json_t *run_doc = json_pack("{s:s, s:f, s:f, s:f}", "name", req->params[0],
+    json_t *run_doc = json_pack("{s:s, s:f, s:f, s:f, s:s}", "name", req->params[0],
                                 "target_batch_size", batch, "model_parameters", params,
-                                "gradient_bits", bits);
+                                "gradient_bits", bits, "compute_roles", lp_roles ? "lp" : "all");
     if (!inputs_load(req, run_id, run_doc, &in, resp)) {
         free(nw.payload);
         return;
@@ -891,7 +901,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     }
     int fresh = 0;
     if (!newest_good(&nw, in.sha, now)) {
-        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, &nw)) {
+        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, lp_roles, &nw)) {
             coord_db_cmd(req->db, "ROLLBACK");
             goto out;
         }

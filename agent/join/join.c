@@ -123,6 +123,10 @@ static double mono_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
+/* Readings kept per probed pair (see measure_pairs). */
+#define PROBE_KEEP 3
+#define PROBE_TRIES 4 /* passes over the peers that were busy with another prober */
+
 struct peer_state {
     struct join_cfg o;
     char dir[4096], rundir[4300];
@@ -156,9 +160,19 @@ struct peer_state {
     double caps_at, sched_at;  /* mono_s() of the last report / schedule refresh */
     pthread_t probe_th;        /* measures pairwise throughput (probe_main) */
     int probe_started, probe_stop, probe_new;
+    int pull_only;             /* this step: the schedule says do not compute; take the
+                                  average and step (see start_step_role) */
+    double pull_only_off_until; /* mono_s(): compute whatever the schedule says until then */
+    int averaging;             /* > 0 while a round or a state transfer uses the link
+                                  (atomic; probes count only the time it is 0) */
     pthread_mutex_t probe_mu;
     pthread_cond_t probe_cv;
     struct join_caps probe_caps; /* its latest measurement (pairs only) */
+    struct pair_hist {           /* the probe thread's last readings per pair */
+        uint8_t pub[CM_ED25519_PUB_LEN];
+        double mbps[PROBE_KEEP]; /* newest first; 0 = none */
+    } probe_hist[JOIN_CAPS_MAX_PAIRS];
+    size_t n_probe_hist;
     uint8_t prev[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN]; /* senders of our last round */
     size_t n_prev;
     pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
@@ -335,7 +349,7 @@ static int fetch_run(struct peer_state *s)
 }
 
 /* Loads the coordinator's newest checkpoint when it is ahead of us. */
-static int catch_up(struct peer_state *s, int64_t min_step, int64_t *step_out)
+static int catch_up_inner(struct peer_state *s, int64_t min_step, int64_t *step_out)
 {
     char path[256], dest[4400], sha[65], err[512];
     if (min_step > 0) {
@@ -375,6 +389,15 @@ static int catch_up(struct peer_state *s, int64_t min_step, int64_t *step_out)
     return CM_OK;
 }
 
+/* catch_up_inner, with the link marked busy for the probes meanwhile. */
+static int catch_up(struct peer_state *s, int64_t min_step, int64_t *step_out)
+{
+    __atomic_add_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    int rc = catch_up_inner(s, min_step, step_out);
+    __atomic_sub_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    return rc;
+}
+
 static int publish_progress(struct peer_state *s, int64_t step, double samples, double sps,
                             double pledged)
 {
@@ -389,7 +412,11 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     p.t_ms = now_ms();
     snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
     p.client = s->o.client_mode;
-    p.aux = s->o.aggregate_only;
+    /* A pull-only peer counts as auxiliary for the others' counting (it
+       accumulates nothing, must not hold a round back, and a round of one
+       sender beside it is still one sender); it publishes its state host and
+       hash like any peer with parameters. */
+    p.aux = s->o.aggregate_only || s->pull_only;
     if (!s->o.aggregate_only) {
         snprintf(p.st, sizeof p.st, "%s", s->st_addr);
         if (s->hash_step == step)
@@ -468,15 +495,16 @@ static int read_progress(struct peer_state *s, struct collab_progress **out, siz
  * announcement (newest record per author). */
 #define GATHER_MARGIN_MS 150
 
-static int gather(struct peer_state *s, int64_t step, double weight, struct collab_announce **out,
-                  size_t *n)
+static int gather(struct peer_state *s, int64_t step, double weight, int pull_only,
+                  struct collab_announce **out, size_t *n)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
     snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
     struct collab_announce me = {0};
     memcpy(me.pub, s->key.pub, CM_ED25519_PUB_LEN);
-    me.weight = s->o.aggregate_only ? 0 : weight;
-    me.sends = !s->o.aggregate_only;
+    me.weight = s->o.aggregate_only || pull_only ? 0 : weight;
+    me.sends = !s->o.aggregate_only && !pull_only;
+    me.pull_only = !s->o.aggregate_only && pull_only;
     me.agg = !s->o.client_mode;
     me.t_ms = now_ms();
     me.sched_version = s->js ? join_sched_version(s->js) : 0;
@@ -581,16 +609,20 @@ static int export_model(struct peer_state *s, const char *path)
     return rc;
 }
 
-static void print_line(long step, double samples, double target, double sps, size_t peers,
-                       double loss, double eta)
+static void print_line(long step, double samples, double target, double sps, int pull_only,
+                       size_t peers, double loss, double eta)
 {
-    char etas[32];
+    char etas[32], rate[32];
     if (isfinite(eta))
         snprintf(etas, sizeof etas, "%.1fs", eta);
     else
         snprintf(etas, sizeof etas, "?");
-    printf("\rstep %6ld | samples %8.0f / %.0f | %7.1f samples/s | %2zu peers | loss %7.4f | next step in %s   ",
-           step, samples, target, sps, peers, loss, etas);
+    if (pull_only) /* computes nothing: its last rate would mislead */
+        snprintf(rate, sizeof rate, "  pull-only (no compute)");
+    else
+        snprintf(rate, sizeof rate, "%7.1f samples/s", sps);
+    printf("\rstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %7.4f | next step in %s   ",
+           step, samples, target, rate, peers, loss, etas);
     fflush(stdout);
 }
 
@@ -625,14 +657,75 @@ static void sched_from_dht(struct peer_state *s)
  * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
  * another vertex of the same optimum, one that let the slow peers aggregate
- * and took 1.7x its prediction. A thread of its own does it (20 s after
- * joining, then every five minutes), so the probes never hold the training
- * loop. */
+ * and took 1.7x its prediction. A thread of its own does it (20-30 s after
+ * joining, again 40-60 s later, then every five minutes), so the probes
+ * never hold the training loop.
+ *
+ * A probe reads what the path gives while it runs: when it shares the link
+ * with the collaboration's averaging, or with another peer's probe, it reads
+ * a fraction of it (tests/integ/test_schedule_follow.c saw 0.6-2.2 Mbit/s on
+ * 4 Mbit/s links, the LP then planned around links that were not there and
+ * predicted rounds 10-20 % slower than they ran). So a probe counts only
+ * the time no round or state transfer of this peer is running (s->averaging;
+ * rounds are synchronous, so mostly nobody's is), a state host serves one
+ * prober at a time (busy ones are tried again later), the start is
+ * jittered, and each pair is reported at the best of its last PROBE_KEEP
+ * readings: contention comes and goes, a path's bottleneck stays. */
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
-#define PROBE_BUDGET_MS 4000
+#define PROBE_BUDGET_MS 4000    /* of quiet time (see join_net_probe) */
+#define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
+#define PROBE_SECOND_S 40
+#define PROBE_JITTER_S 20
+
+/* Records a reading of the pair to `pub` and returns the pair's best of its
+ * last PROBE_KEEP readings. Probe thread only. */
+static double pair_best(struct peer_state *s, const uint8_t *pub, double mbps)
+{
+    size_t i = 0;
+    while (i < s->n_probe_hist && memcmp(s->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN))
+        i++;
+    if (i == s->n_probe_hist) {
+        if (i == JOIN_CAPS_MAX_PAIRS) /* full: the oldest entry makes room */
+            memmove(s->probe_hist, s->probe_hist + 1, --i * sizeof s->probe_hist[0]);
+        else
+            s->n_probe_hist++;
+        memset(&s->probe_hist[i], 0, sizeof s->probe_hist[i]);
+        memcpy(s->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN);
+    }
+    struct pair_hist *h = &s->probe_hist[i];
+    memmove(h->mbps + 1, h->mbps, (PROBE_KEEP - 1) * sizeof h->mbps[0]);
+    h->mbps[0] = mbps;
+    double best = 0;
+    for (size_t k = 0; k < PROBE_KEEP; k++)
+        best = fmax(best, h->mbps[k]);
+    return best;
+}
+
+/* Waits `secs` seconds or until the agent stops; 1 when it stops. */
+static int probe_pause(struct peer_state *s, int secs)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += secs;
+    pthread_mutex_lock(&s->probe_mu);
+    while (!s->probe_stop && pthread_cond_timedwait(&s->probe_cv, &s->probe_mu, &dl) == 0)
+        ;
+    int stop = s->probe_stop;
+    pthread_mutex_unlock(&s->probe_mu);
+    return stop;
+}
+
+/* Seconds in [base, base + PROBE_JITTER_S / 2], drawn afresh each time. */
+static int probe_wait(int base)
+{
+    uint8_t r = 0;
+    if (cm_random_bytes(&r, 1) != CM_OK)
+        r = 0;
+    return base + r % (PROBE_JITTER_S / 2 + 1);
+}
 static void measure_pairs(struct peer_state *s, struct join_caps *c)
 {
     c->n_pairs = 0;
@@ -665,14 +758,28 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
         if (nb < PROBE_PEERS)
             nb++;
     }
-    for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
-        double mbps = 0;
-        if (join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS, 10000,
-                           &mbps) == CM_OK &&
-            mbps > 0) {
-            memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
-            c->pairs[c->n_pairs++].mbps = mbps;
+    /* A peer busy with another prober is tried again after the others,
+       a few seconds later, up to PROBE_TRIES times. */
+    uint8_t busy[PROBE_PEERS] = {0};
+    for (int pass = 0; pass < PROBE_TRIES; pass++) {
+        size_t again = 0;
+        for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
+            if (pass > 0 && !busy[k])
+                continue;
+            busy[k] = 0;
+            double mbps = 0;
+            int rc = join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES,
+                                    PROBE_BUDGET_MS, PROBE_DEADLINE_MS, &s->averaging, &s->probe_stop, &mbps);
+            if (rc == CM_OK && mbps > 0) {
+                memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
+                c->pairs[c->n_pairs++].mbps = pair_best(s, p[best[k]].pub, mbps);
+            } else if (rc == CM_EBUSY) {
+                busy[k] = 1;
+                again++;
+            }
         }
+        if (!again || probe_pause(s, probe_wait(1))) /* 1-11 s */
+            break;
     }
     free(p);
 }
@@ -680,7 +787,7 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
 static void *probe_main(void *arg)
 {
     struct peer_state *s = arg;
-    int wait_s = PROBE_FIRST_S;
+    int wait_s = probe_wait(PROBE_FIRST_S), rounds = 0;
     pthread_mutex_lock(&s->probe_mu);
     while (!s->probe_stop) {
         struct timespec dl;
@@ -698,7 +805,8 @@ static void *probe_main(void *arg)
             s->probe_caps = c;
             s->probe_new = 1;
         }
-        wait_s = c.n_pairs ? PROBE_EVERY_S : PROBE_FIRST_S;
+        rounds += c.n_pairs > 0;
+        wait_s = probe_wait(!c.n_pairs ? PROBE_FIRST_S : rounds == 1 ? PROBE_SECOND_S : PROBE_EVERY_S);
     }
     pthread_mutex_unlock(&s->probe_mu);
     return NULL;
@@ -772,7 +880,7 @@ static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid,
                          size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
                          const struct ar_member *am, size_t nmem)
 {
-    if (!s->rep || s->o.aggregate_only)
+    if (!s->rep || s->o.aggregate_only || !(samples > 0)) /* nothing contributed */
         return;
     struct join_report *r = calloc(1, sizeof *r);
     if (!r)
@@ -839,7 +947,7 @@ static void majority_hash(const struct collab_progress *p, size_t n, int64_t ste
 
 /* Fetches the state of a peer at step >= min_step (preferring peers that
  * hold the majority hash of their step) and loads it. CM_OK: *step moved. */
-static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
+static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t *step)
 {
     struct collab_progress *p = NULL;
     size_t n = 0;
@@ -883,6 +991,15 @@ static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
         }
     }
     free(p);
+    return rc;
+}
+
+/* sync_from_peer_inner, with the link marked busy for the probes meanwhile. */
+static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
+{
+    __atomic_add_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    int rc = sync_from_peer_inner(s, min_step, step);
+    __atomic_sub_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
     return rc;
 }
 
@@ -986,6 +1103,7 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
 struct round_job {
     struct peer_state *s;
     int64_t step;       /* the round's step (parameters' step before it) */
+    int pull_only;      /* sends nothing, takes the average (s->pull_only at its start) */
     float *accum;       /* mean gradient in, averaged gradient out (n floats) */
     double samples, loss_sum, loss_n, compute_s, sps;
     /* results */
@@ -1015,7 +1133,9 @@ static void run_round_timed(struct round_job *j);
 static void run_round(struct round_job *j)
 {
     double t0 = mono_s();
+    __atomic_add_fetch(&j->s->averaging, 1, __ATOMIC_ACQ_REL);
     run_round_timed(j);
+    __atomic_sub_fetch(&j->s->averaging, 1, __ATOMIC_ACQ_REL);
     j->t_round = mono_s() - t0;
 }
 
@@ -1023,14 +1143,14 @@ static void run_round_timed(struct round_job *j)
 {
     struct peer_state *s = j->s;
     size_t n = s->tr.model->nparams;
-    j->rc = gather(s, j->step, j->samples, &j->mem, &j->nmem);
+    j->rc = gather(s, j->step, j->samples, j->pull_only, &j->mem, &j->nmem);
     if (j->rc != CM_OK)
         return;
     size_t senders = 0;
     for (size_t i = 0; i < j->nmem; i++)
         senders += j->mem[i].sends;
     j->senders = senders;
-    if (!s->o.aggregate_only &&
+    if (!s->o.aggregate_only && !j->pull_only &&
         (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || s->finished_at > 0)))) {
         /* Our window holds no majority of the peers accumulating for this
            step (their announcements had not reached us, or ours not them),
@@ -1052,7 +1172,7 @@ static void run_round_timed(struct round_job *j)
     for (size_t i = 0; i < j->nmem; i++) {
         const struct collab_announce *mi = &j->mem[i];
         memcpy(am[i].pub, mi->pub, CM_ED25519_PUB_LEN);
-        am[i].sends = mi->sends;
+        am[i].sends = mi->sends ? AR_SENDS_FULL : mi->pull_only ? AR_SENDS_PULL : AR_SENDS_NONE;
         am[i].fraction = mi->agg ? 1.0 : 0.0;
         if (mi->agg && p2p_addr_parse(mi->addr, &am[i].addr) != CM_OK)
             am[i].fraction = 0;
@@ -1086,9 +1206,9 @@ static void run_round_timed(struct round_job *j)
     rcfg.members = am;
     rcfg.n_members = j->nmem;
     rcfg.my_index = j->me;
-    rcfg.buf = s->o.aggregate_only ? NULL : accum;
+    rcfg.buf = s->o.aggregate_only ? NULL : accum; /* pull-only: zeros in, the average out */
     rcfg.n = n;
-    rcfg.weight = s->o.aggregate_only ? 0 : j->samples;
+    rcfg.weight = s->o.aggregate_only || j->pull_only ? 0 : j->samples;
     rcfg.comp = s->comp;
     rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
     /* generous: on a loaded machine a slow peer must not be mistaken for a
@@ -1276,6 +1396,31 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
     return CM_OK;
 }
 
+/* Whether this peer takes the next step pull-only: the newest schedule
+ * lists it with compute = false (seed 000 §3.2: the LP's c_i = 0 for a peer
+ * whose sending would slow the averaging more than its samples help). It
+ * then computes nothing, joins the round with sends = AR_SENDS_PULL, takes
+ * the average and applies the step like everyone, so it stays identical and
+ * can compute again when a schedule says so. Not while PULL_ONLY_OFF_S runs
+ * after no computing peer was seen (the others may be gone and the
+ * schedule not re-solved yet): then it computes. */
+#define PULL_ONLY_IDLE_S 15.0 /* no computing peer active for this long: compute */
+#define PULL_ONLY_OFF_S 120.0
+static int start_step_role(struct peer_state *s)
+{
+    if (s->o.aggregate_only || !s->js || mono_s() < s->pull_only_off_until)
+        return 0;
+    int compute = 1;
+    pthread_mutex_lock(&s->js_mu);
+    join_sched_role(s->js, s->key.pub, !s->o.client_mode, &compute, NULL);
+    pthread_mutex_unlock(&s->js_mu);
+    if (!compute && !s->pull_only)
+        printf("\nthe schedule has this peer average without computing (pull-only)\n");
+    else if (compute && s->pull_only)
+        printf("\nthe schedule has this peer compute again\n");
+    return !compute;
+}
+
 static void job_reset(struct round_job *j)
 {
     free(j->mem);
@@ -1448,6 +1593,7 @@ static int train_loop(struct peer_state *s)
         struct round_job *j = &jobs[cur];
         job_reset(j);
         j->step = acc_step;
+        j->pull_only = s->pull_only = start_step_role(s);
         float *accum = j->accum;
         memset(accum, 0, n * sizeof *accum);
         double samples = 0, loss_sum = 0, loss_n = 0, compute_s = 0;
@@ -1457,7 +1603,7 @@ static int train_loop(struct peer_state *s)
         int behind = 0, diverged = 0, restart = 0;
         int64_t low = -1;
         size_t ahead_now = 0;
-        double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0;
+        double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0, po_idle_since = 0;
         for (;;) {
             if (inflight && round_done(inflight)) {
                 /* the previous round is averaged: apply it under the
@@ -1472,7 +1618,7 @@ static int train_loop(struct peer_state *s)
                     break;
                 }
             }
-            if (!s->o.aggregate_only && hold_since == 0 && lag_since == 0) {
+            if (!s->o.aggregate_only && !j->pull_only && hold_since == 0 && lag_since == 0) {
                 /* Pledge the micro-batch before computing it: the others
                    then start no micro-batch the target does not need (the
                    batch overshoots by about one micro-batch, not one per
@@ -1499,7 +1645,7 @@ static int train_loop(struct peer_state *s)
                 publish_progress(s, acc_step, samples, sps, 0);
                 t_pub = mono_s();
             } else {
-                usleep(s->o.aggregate_only ? 50000 : 5000);
+                usleep(s->o.aggregate_only || j->pull_only ? 50000 : 5000);
                 if (mono_s() - t_pub > 0.2) {
                     publish_progress(s, acc_step, samples, sps, 0);
                     t_pub = mono_s();
@@ -1536,7 +1682,7 @@ static int train_loop(struct peer_state *s)
                     self.samples = samples;
                     self.sps = sps;
                     self.t_ms = now_ms();
-                    self.aux = s->o.aggregate_only;
+                    self.aux = s->o.aggregate_only || j->pull_only;
                     if (s->hash_step == acc_step)
                         snprintf(self.hash, sizeof self.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     seen[nseen++] = self;
@@ -1546,7 +1692,7 @@ static int train_loop(struct peer_state *s)
             collab_estimate(seen, nseen, acc_step, now, 30000, s->target, &view);
             if (view.max_step >= s->steps && s->finished_at == 0)
                 s->finished_at = mono_s();
-            print_line((long)acc_step, view.samples, s->target, sps, view.peers,
+            print_line((long)acc_step, view.samples, s->target, sps, j->pull_only, view.peers,
                        loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
             /* Behind: as many peers are ahead of us as accumulate for our
                step, ourselves counted (one peer that ran ahead alone is
@@ -1571,15 +1717,30 @@ static int train_loop(struct peer_state *s)
                 }
             }
             int open = 0;
-            if ((samples > 0 || s->o.aggregate_only) && mono_s() - t_open > 0.02) {
+            int follower = s->o.aggregate_only || j->pull_only; /* joins without samples */
+            if ((samples > 0 || follower) && mono_s() - t_open > 0.02) {
                 open = round_open(s, acc_step);
                 t_open = mono_s();
             }
             j->others = others_active(s, seen, nseen, acc_step, now);
             j->present = others_present(s, seen, nseen, now);
+            if (j->pull_only) {
+                if (j->present > 0 || view.samples > 0)
+                    po_idle_since = 0;
+                else if (po_idle_since == 0)
+                    po_idle_since = mono_s();
+                else if (mono_s() - po_idle_since > PULL_ONLY_IDLE_S) {
+                    fprintf(stderr, "\nwarning: step %lld: no computing peer for %.0f s; computing "
+                                    "although the schedule says not to\n",
+                            (long long)acc_step, PULL_ONLY_IDLE_S);
+                    s->pull_only_off_until = mono_s() + PULL_ONLY_OFF_S;
+                    restart = 1;
+                    break;
+                }
+            }
             if (open)
                 break; /* a round of our step is gathering: join it */
-            if (view.samples >= s->target && (samples > 0 || s->o.aggregate_only)) {
+            if (view.samples >= s->target && (samples > 0 || follower)) {
                 /* Members of our last round still finishing it (their
                    progress shows its step) are waited for, up to
                    LAG_WAIT_S: a peer quicker out of a round must not run
@@ -1892,7 +2053,7 @@ int agent_cmd_join(int argc, char **argv)
 out:
     if (s->probe_started) {
         pthread_mutex_lock(&s->probe_mu);
-        s->probe_stop = 1;
+        __atomic_store_n(&s->probe_stop, 1, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&s->probe_cv);
         pthread_mutex_unlock(&s->probe_mu);
         pthread_join(s->probe_th, NULL);

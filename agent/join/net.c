@@ -57,6 +57,8 @@ struct join_net {
     uint16_t ar_port;
     struct p2p_host *st_host; /* state transfer: serves snapshots, fetches */
     uint16_t st_port;
+    uint8_t probe_pub[CM_ED25519_PUB_LEN]; /* the peer probing us now (loop thread only) */
+    int64_t probe_last_ms;                 /* its last probe message */
     pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
     uint8_t *st_bytes;
     size_t st_len;
@@ -248,9 +250,19 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
 {
     struct join_net *n = arg;
     (void)h;
-    (void)from;
-    if (type == JOIN_MSG_PROBE) /* read and dropped: the sender times it */
-        return len <= JOIN_PROBE_CHUNK ? CM_OK : CM_ETOOBIG;
+    if (type == JOIN_MSG_PROBE) { /* read and dropped: the sender times it */
+        if (len > JOIN_PROBE_CHUNK)
+            return CM_ETOOBIG;
+        /* One prober at a time: two probes sharing our link would each read
+           a part of it and report a bottleneck that is not there. */
+        int64_t now = p2p_now_ms();
+        if (memcmp(n->probe_pub, from->pub, CM_ED25519_PUB_LEN) &&
+            now - n->probe_last_ms < JOIN_PROBE_HOLD_MS)
+            return CM_EBUSY;
+        memcpy(n->probe_pub, from->pub, CM_ED25519_PUB_LEN);
+        n->probe_last_ms = now;
+        return CM_OK;
+    }
     struct join_state_req q;
     if (type != JOIN_MSG_STATE)
         return CM_EPROTO;
@@ -634,7 +646,8 @@ static int state_request(struct join_net *n, const struct sockaddr_storage *addr
 }
 
 int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, double *mbps)
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                   const int *stop, double *mbps)
 {
     struct sockaddr_storage sa;
     *mbps = 0;
@@ -644,26 +657,54 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
        not part of the measurement */
     uint8_t one = 0, *r = NULL;
     size_t rl = 0;
-    int rc = net_request(n, &sa, pub, JOIN_MSG_PROBE, &one, 1, deadline_ms, &r, &rl);
+    int rc = net_request(n, &sa, pub, JOIN_MSG_PROBE, &one, 1, 10000, &r, &rl);
     free(r);
     if (rc != CM_OK)
         return rc;
     /* Then chunks of PROBE_MSG bytes, two in flight (the round trip is
-       hidden behind the next chunk), until `bytes` are through or
-       budget_ms has passed: what a capped link holds queued stays within
-       two chunks, and the link is saturated for budget_ms at most, so the
-       collaboration's own messages are not held up for seconds behind a
-       probe on a slow link. The rate: the bytes acknowledged over the time
-       they took. */
+       hidden behind the next chunk): what a capped link holds queued stays
+       within two chunks, so the collaboration's own messages are not held
+       up for seconds behind a probe on a slow link.
+
+       Only quiet time counts. While *busy (this peer averages or moves
+       state), the link carries the collaboration's traffic and a probe
+       would read what is left of it: no new chunk goes out, the chunks in
+       flight are not counted, and the probe waits. Each quiet spell starts
+       with the link idle, so its first PROBE_SETTLE_MS go out in a burst
+       (a token bucket's, a shaper's, the socket buffers'): a spell's
+       measured segment runs from its first acknowledgement after
+       PROBE_SETTLE_MS to its last, and counts the bytes acknowledged in
+       between (quiet spells of 0.5 s read a 40 Mbit/s cap as 71 Mbit/s
+       with the burst in). The rate is the bytes of the segments over their
+       time. The probe ends when `bytes` are counted, budget_ms of segments
+       are measured, or deadline_ms have passed (no reading when nothing was
+       measured). */
+    const int64_t PROBE_SETTLE_MS = 150;
     const size_t PROBE_MSG = 32u * 1024u;
     struct job *win[2] = {0}; /* in flight, oldest at win[h] */
-    size_t sent = 0, done = 0, h = 0, nin = 0;
-    int64_t t0 = p2p_now_ms(), t_end = t0;
+    int dirty[2] = {0};       /* sent, or acknowledged, outside the quiet spell */
+    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0;
+    int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
     for (;;) {
-        while (nin < 2 && rc == CM_OK && sent < bytes && p2p_now_ms() - t0 < (int64_t)budget_ms) {
-            size_t len = bytes - sent < PROBE_MSG ? bytes - sent : PROBE_MSG;
+        int64_t now = p2p_now_ms();
+        int quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
+        if (!quiet) {
+            /* the spell ended: close its segment, taint what is in flight */
+            if (seg_t0 >= 0 && seg_t1 > seg_t0) {
+                counted += seg_bytes;
+                measured += seg_t1 - seg_t0;
+            }
+            spell_t0 = seg_t0 = seg_t1 = -1;
+            seg_bytes = 0;
+            dirty[0] = dirty[1] = 1;
+        }
+        int more = rc == CM_OK && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) &&
+                   counted + seg_bytes < bytes &&
+                   measured + (seg_t0 >= 0 ? now - seg_t0 : 0) < (int64_t)budget_ms &&
+                   now - t_start < (int64_t)deadline_ms;
+        while (quiet && more && nin < 2) {
             struct job *j = calloc(1, sizeof *j);
-            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, len))) {
+            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, PROBE_MSG))) {
                 if (j)
                     free(j->addrs);
                 free(j);
@@ -674,33 +715,54 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
             *j->addrs = sa;
             memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
             j->type = JOIN_MSG_PROBE;
-            j->timeout_ms = deadline_ms;
-            j->len = len;
+            j->timeout_ms = 10000;
+            j->len = PROBE_MSG;
             if ((rc = enqueue(n, j)) != CM_OK)
                 break;
-            win[(h + nin++) % 2] = j;
-            sent += len;
+            size_t at = (h + nin++) % 2;
+            win[at] = j;
+            dirty[at] = 0;
+            if (spell_t0 < 0)
+                spell_t0 = p2p_now_ms();
         }
-        if (nin == 0)
-            break;
+        if (nin == 0) {
+            if (!more)
+                break;
+            usleep(20000); /* busy: wait for a quiet spell */
+            continue;
+        }
         struct job *j = win[h];
         size_t len = j->len;
         int jr = wait_job(n, j);
         release(n, j);
         win[h] = NULL;
+        int was_dirty = dirty[h] || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
         h = (h + 1) % 2;
         nin--;
-        if (rc == CM_OK)
+        if (jr != CM_OK) {
             rc = jr;
-        if (jr == CM_OK) {
-            done += len;
-            t_end = p2p_now_ms();
+            continue; /* drain the other one */
+        }
+        int64_t t = p2p_now_ms();
+        if (!was_dirty && spell_t0 >= 0) {
+            if (seg_t0 >= 0) {
+                seg_bytes += len;
+                seg_t1 = t;
+            } else if (t - spell_t0 >= PROBE_SETTLE_MS) {
+                seg_t0 = t; /* the segment starts here: this chunk is before it */
+            }
         }
     }
-    double secs = (double)(t_end - t0) / 1000.0;
-    if (rc == CM_OK)
-        *mbps = (double)done * 8 / 1e6 / (secs > 0.001 ? secs : 0.001);
-    return rc;
+    if (seg_t0 >= 0 && seg_t1 > seg_t0) {
+        counted += seg_bytes;
+        measured += seg_t1 - seg_t0;
+    }
+    if (rc != CM_OK)
+        return rc;
+    if (counted == 0 || measured <= 0)
+        return CM_ETIMEOUT; /* never quiet long enough to measure */
+    *mbps = (double)counted * 8 / 1e6 / ((double)measured / 1000.0);
+    return CM_OK;
 }
 
 int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],

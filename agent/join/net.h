@@ -88,12 +88,20 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
  * message JOIN_MSG_PROBE carries up to JOIN_PROBE_CHUNK bytes the peer's
  * state host reads and drops. join_net_probe sends up to `bytes` in such
- * messages, two in flight, for at most budget_ms (then it stops sending),
- * and returns the rate in Mbit/s of what was acknowledged. */
+ * messages, two in flight, and returns the rate in Mbit/s of what was
+ * acknowledged, counting only the time when *busy (if given) was 0: while
+ * it is set, the probe sends nothing and waits. It measures at most
+ * budget_ms of such quiet time and gives up after deadline_ms (CM_ETIMEOUT
+ * when it measured nothing), sooner once *stop (if given) is set. The state host
+ * serves one prober at a time: a probe message from another peer within
+ * JOIN_PROBE_HOLD_MS of the current prober's last gets CM_EBUSY (probe
+ * again later). */
 #define JOIN_MSG_PROBE 49
 #define JOIN_PROBE_CHUNK (128u * 1024u)
+#define JOIN_PROBE_HOLD_MS 1500
 int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, double *mbps);
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                   const int *stop, double *mbps);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);

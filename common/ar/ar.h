@@ -16,7 +16,8 @@
  *     average = sum of the kept chunks weighted by the senders' weights
  *     (sample counts, in double, in member order) / total weight of the
  *     senders counted for that chunk;
- *   - every sender pulls the averaged chunks of the other parts from their
+ *   - every sender (and every pull-only member, sends = 2) pulls the averaged
+ *     chunks of the other parts from their
  *     aggregators (pull, because the transport answers requests at once and
  *     client-mode peers cannot be called) and, once a part is complete,
  *     writes it into its buffer. A part is committed whole or not at all.
@@ -121,13 +122,18 @@ int ar_engine_set_token(struct ar_engine *e, const char *token);
 
 /* ---- one round --------------------------------------------------------- */
 
+enum { AR_SENDS_NONE = 0, AR_SENDS_FULL = 1, AR_SENDS_PULL = 2 };
+
 struct ar_member {
     uint8_t pub[CM_ED25519_PUB_LEN];
     struct sockaddr_storage addr; /* listen address; used only when fraction > 0 */
     double fraction; /* share of the buffer it aggregates (Appendix B eq. (6));
                         0 for client-mode peers and peers that do not aggregate */
-    int sends;       /* 1: contributes a gradient and receives the average;
-                        0: aggregate-only auxiliary peer (sends nothing) */
+    int sends;       /* AR_SENDS_FULL: contributes a gradient and receives the average;
+                        AR_SENDS_PULL: receives the average, contributes nothing
+                        (a peer the schedule tells not to compute, which still
+                        applies the step); AR_SENDS_NONE: aggregate-only
+                        auxiliary peer (sends and receives nothing) */
 };
 
 /* Per-part outcome, in part order (parts follow member order among the

@@ -135,7 +135,7 @@ int ar_round_id(const struct ar_round_config *cfg, uint8_t out[AR_ROUND_ID_LEN])
         cm_sha256_update(&h, cfg->members[i].pub, CM_ED25519_PUB_LEN);
         put_u64(b, fb);
         cm_sha256_update(&h, b, 8);
-        b[0] = cfg->members[i].sends ? 1 : 0;
+        b[0] = (uint8_t)cfg->members[i].sends; /* 0, 1 or 2: ar_round_start refuses others */
         cm_sha256_update(&h, b, 1);
     }
     rc = cm_sha256_final(&h, out);

@@ -722,17 +722,21 @@ static int check_config(const struct ar_engine *e, const struct ar_round_config 
     const struct ar_member *me = &c->members[c->my_index];
     if (memcmp(me->pub, e->key->pub, CM_ED25519_PUB_LEN))
         return CM_EINVAL;
-    if (me->sends) {
+    if (me->sends == AR_SENDS_FULL) {
         double mw = c->max_weight > 0 ? c->max_weight : 1e12;
         if (!c->buf || !isfinite(c->weight) || c->weight <= 0 || c->weight > mw)
             return CM_EINVAL;
+    } else if (me->sends == AR_SENDS_PULL && !c->buf) {
+        return CM_EINVAL; /* where would the average go */
     }
     if (me->fraction > 0 && !e->listening)
         return CM_EINVAL; /* a client-mode peer cannot be reached to aggregate */
     int senders = 0;
     for (size_t i = 0; i < c->n_members; i++) {
         const struct ar_member *m = &c->members[i];
-        senders += m->sends != 0;
+        if (m->sends != AR_SENDS_NONE && m->sends != AR_SENDS_FULL && m->sends != AR_SENDS_PULL)
+            return CM_EINVAL;
+        senders += m->sends == AR_SENDS_FULL;
         for (size_t j = 0; j < i; j++)
             if (!memcmp(c->members[j].pub, m->pub, CM_ED25519_PUB_LEN))
                 return CM_EINVAL;
@@ -801,7 +805,8 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->n_members = cfg->n_members;
     r->me = cfg->my_index;
     r->step = cfg->step;
-    r->i_send = r->i_pull = cfg->members[r->me].sends != 0;
+    r->i_send = cfg->members[r->me].sends == AR_SENDS_FULL;
+    r->i_pull = cfg->members[r->me].sends != AR_SENDS_NONE;
     r->buf = cfg->buf;
     r->n = cfg->n;
     r->weight = cfg->weight;
@@ -840,10 +845,11 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
         a->n_chunks = ar__n_chunks(r, a->len);
         for (size_t s = 0; s < r->n_members; s++) {
             a->snd[s].last_ms = r->t0;
-            if (r->members[s].sends)
+            if (r->members[s].sends == AR_SENDS_FULL)
                 a->senders |= BIT(s);
+            if (r->members[s].sends != AR_SENDS_NONE && s != r->me)
+                a->pullers |= BIT(s);
         }
-        a->pullers = a->senders & ~BIT(r->me);
     }
     if ((rc = alloc_round(r)))
         goto fail;

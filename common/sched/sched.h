@@ -52,12 +52,18 @@ struct sched_peer {
     size_t nlinks;
 };
 
+/* The role gain the coordinator asks for (sched_problem.role_gain). */
+#define SCHED_ROLE_GAIN 0.05
+
 struct sched_problem {
     const struct sched_peer *peers; /* borrowed */
     size_t n;
     double target_batch;  /* B, samples per optimizer step */
     double gradient_mbit; /* P x bits per parameter / 1e6 */
     int all_compute;      /* 1: every peer with s_i > 0 computes (no role search) */
+    double role_gain;     /* >= 0: roles with fewer computing peers than the best found
+                             replace it only when their throughput is above (1 + role_gain)
+                             times the best's; 0: any strict gain (the exact optimum) */
 };
 
 struct sched_peer_plan {

@@ -104,6 +104,10 @@ int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
         seterr(err, cap, "%zu peers: at most %d per schedule", p->n, SCHED_MAX_PEERS);
         return CM_ETOOBIG;
     }
+    if (!isfinite(p->role_gain) || p->role_gain < 0 || p->role_gain > 10) {
+        seterr(err, cap, "role gain %g is outside [0, 10]", p->role_gain);
+        return CM_ERANGE;
+    }
     if (!isfinite(p->target_batch) || !isfinite(p->gradient_mbit)) {
         seterr(err, cap, "target batch size and gradient size must be finite numbers");
         return CM_ENUMERIC;

@@ -409,7 +409,17 @@ static int try_roles(struct search *s, const unsigned char *on)
     if (rc != CM_OK)
         return rc;
     double tp = fmin(compute, net);
-    if (tp > s->best_tp * (1 + BETTER) + 1e-300) {
+    double need = BETTER;
+    if (s->x->p->role_gain > 0 && s->best_tp >= 0) {
+        size_t k = 0, kb = 0;
+        for (size_t i = 0; i < s->n; i++) {
+            k += on[i] != 0;
+            kb += s->best[i] != 0;
+        }
+        if (k < kb)
+            need = fmax(need, s->x->p->role_gain);
+    }
+    if (tp > s->best_tp * (1 + need) + 1e-300) {
         s->best_tp = tp;
         s->best_net = net;
         s->best_compute = compute;

@@ -87,6 +87,23 @@ static void test_announce(void **state)
     assert_int_equal(collab_announce_parse(aux, strlen(aux), &b), CM_OK);
     const char *no_t = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0}";
     assert_int_equal(collab_announce_parse(no_t, strlen(no_t), &b), CM_EPARSE);
+    assert_int_equal(b.pull_only, 0);
+    /* a pull-only member: "po":1, sends 0 and no weight */
+    struct collab_announce po = {0};
+    po.t_ms = 7;
+    po.pull_only = 1;
+    assert_int_equal(collab_announce_encode(&po, rec, sizeof rec), CM_OK);
+    assert_non_null(strstr(rec, "\"po\":1"));
+    assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
+    assert_int_equal(b.pull_only, 1);
+    assert_int_equal(b.sends, 0);
+    const char *bad_po[] = {
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"po\":1}",
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":1}",
+        "{\"v\":1,\"w\":0,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":2}",
+        "{\"v\":1,\"w\":0,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":true}"};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(collab_announce_parse(bad_po[i], strlen(bad_po[i]), &b), CM_EPARSE);
 }
 
 static void test_estimate(void **state)

@@ -104,7 +104,7 @@ static void grp_init(struct grp *g, size_t m, size_t n, const double *frac, cons
             snprintf(a, sizeof a, "127.0.0.1:%u", ar_engine_port(p->eng));
             assert_int_equal(p2p_addr_parse(a, &mb->addr), 0);
         }
-        g->w[i] = sends[i] ? (double)(1 + (int)(urand() * 100)) : 0;
+        g->w[i] = sends[i] == AR_SENDS_FULL ? (double)(1 + (int)(urand() * 100)) : 0;
         if (sends[i]) {
             p->buf = malloc(n * sizeof(float));
             p->orig = malloc(n * sizeof(float));
@@ -213,7 +213,7 @@ static uint64_t senders_mask(const struct grp *g)
 {
     uint64_t m = 0;
     for (size_t i = 0; i < g->m; i++)
-        if (g->mem[i].sends)
+        if (g->mem[i].sends == AR_SENDS_FULL)
             m |= 1ull << i;
     return m;
 }
@@ -353,6 +353,49 @@ static void test_client_and_aux(void **s)
     c.weight = 1;
     c.arg = &g.p[2];
     assert_int_equal(ar_round_start(g.p[2].eng, &c, NULL), CM_EINVAL);
+    grp_cleanup(&g);
+}
+
+/* Pull-only members (sends = AR_SENDS_PULL: told not to compute, still
+ * applying the step): they contribute nothing, whatever their buffer holds,
+ * and end with the senders' exact weighted mean, bit-identical to the
+ * senders'; one of them aggregates a part, one is in client mode. */
+static void test_pull_only(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 0, 1.5, 0};
+    int sends[] = {AR_SENDS_FULL, AR_SENDS_FULL, AR_SENDS_FULL, AR_SENDS_PULL, AR_SENDS_PULL};
+    int listen[] = {1, 1, 0, 1, 0};
+    struct grp g;
+    grp_init(&g, 5, 50000, frac, sends, listen, NULL);
+    grp_run(&g, NULL, -1, 0, 20000);
+    check_exact(&g, 0x7); /* the mean of members 0-2 only, on all five */
+    for (size_t i = 3; i < 5; i++) {
+        assert_true(g.p[i].done);
+        assert_int_equal(g.p[i].res.status, 0);
+        assert_int_equal(g.p[i].res.n_averaged, 3);
+        assert_true(g.p[i].res.bytes_received > 0);
+    }
+    assert_int_equal(g.p[3].parts[2].aggregator, 3);
+    assert_int_equal(g.p[3].parts[2].counted, 0x7);
+    assert_int_equal(g.p[0].parts[2].counted, 0x7); /* nobody counted the pull-only ones */
+    /* a pull-only member needs a buffer; an unknown role and a round with
+       nobody sending are refused */
+    struct ar_round_config c = g.base;
+    c.step = 43;
+    c.my_index = 4;
+    c.buf = NULL;
+    c.arg = &g.p[4];
+    assert_int_equal(ar_round_start(g.p[4].eng, &c, NULL), CM_EINVAL);
+    struct ar_member mem2[5];
+    memcpy(mem2, g.mem, sizeof mem2);
+    mem2[1].sends = 3;
+    c.members = mem2;
+    c.buf = g.p[4].buf;
+    assert_int_equal(ar_round_start(g.p[4].eng, &c, NULL), CM_EINVAL);
+    for (size_t i = 0; i < 5; i++)
+        mem2[i].sends = AR_SENDS_PULL;
+    assert_int_equal(ar_round_start(g.p[4].eng, &c, NULL), CM_EINVAL);
     grp_cleanup(&g);
 }
 
@@ -1002,6 +1045,7 @@ int main(void)
         cmocka_unit_test(test_group_of_one),
         cmocka_unit_test(test_tiny_buffer),
         cmocka_unit_test(test_client_and_aux),
+        cmocka_unit_test(test_pull_only),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_consecutive_rounds),
         cmocka_unit_test(test_staggered_start),

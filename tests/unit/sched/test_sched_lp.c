@@ -210,6 +210,50 @@ static void test_tie_prefers_fast_aggregator(void **state)
     }
 }
 
+/* role_gain: a peer stops computing only for that much more throughput.
+ * Four GPU peers at 100/100 Mbit/s and one with 100 down but 20 Mbit/s up:
+ * its sending holds every aggregator back, so the exact optimum (gain 0)
+ * stops it (network-bound, it keeps a single sender: 4.25x the steps/s of
+ * everyone computing); at role_gain 0.05 it still stops, at 10 (more than
+ * any gain here) everyone computes, as with all_compute; a bad threshold
+ * is refused. */
+static void test_role_gain(void **state)
+{
+    (void)state;
+    struct sched_peer pp[5];
+    for (int i = 0; i < 4; i++)
+        peer_set(&pp[i], i + 1, 1000, 100, 100, 1);
+    peer_set(&pp[4], 5, 1000, 20, 100, 1);
+    struct sched_problem p = {pp, 5, 64, 10};
+    struct sched_solution s;
+    char err[256];
+    p.all_compute = 1;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_OK);
+    double all_on = s.steps_per_s;
+    sched_solution_cleanup(&s);
+    p.all_compute = 0;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_OK);
+    double gain = s.steps_per_s / all_on - 1;
+    assert_false(s.peers[4].compute);
+    sched_solution_cleanup(&s);
+    assert_true(gain > SCHED_ROLE_GAIN && gain < 10);
+    p.role_gain = SCHED_ROLE_GAIN;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_OK);
+    assert_false(s.peers[4].compute);
+    assert_true(s.steps_per_s > all_on * (1 + SCHED_ROLE_GAIN));
+    sched_solution_cleanup(&s);
+    p.role_gain = 10;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_OK);
+    for (int i = 0; i < 5; i++)
+        assert_true(s.peers[i].compute);
+    assert_true(fabs(s.steps_per_s - all_on) <= 1e-9 * all_on);
+    sched_solution_cleanup(&s);
+    p.role_gain = -0.1;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_ERANGE);
+    p.role_gain = NAN;
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_ERANGE);
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -638,6 +682,7 @@ int main(void)
         cmocka_unit_test(test_client_mode),
         cmocka_unit_test(test_pair_limits),
         cmocka_unit_test(test_tie_prefers_fast_aggregator),
+        cmocka_unit_test(test_role_gain),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_independent_optimum),
