@@ -652,7 +652,7 @@ static void sched_from_dht(struct peer_state *s)
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
- * up to 2 MiB or 4 s each over the state hosts, within the volunteer's
+ * up to 2 MiB or 2 s of quiet time each over the state hosts, within the volunteer's
  * caps, two 32 KiB messages in flight (join_net_probe), so a slow link
  * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
@@ -673,7 +673,7 @@ static void sched_from_dht(struct peer_state *s)
  * readings: contention comes and goes, a path's bottleneck stays. */
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
-#define PROBE_BUDGET_MS 4000    /* of quiet time (see join_net_probe) */
+#define PROBE_BUDGET_MS 2000    /* of quiet time (see join_net_probe) */
 #define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
