@@ -34,7 +34,7 @@ struct collab_progress {
     char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
     int client, aux;                 /* client mode; aggregate-only auxiliary peer */
     char st[COLLAB_ADDR_MAX];        /* state-transfer address "ip:port", "" = none */
-    char hash[COLLAB_HASH_HEX + 1];  /* parameter hash at `step` (hex prefix), "" = unknown */
+    char hash[COLLAB_HASH_HEX + 1];  /* parameter hash at `pstep` (hex prefix), "" = unknown */
 };
 
 struct collab_announce {

@@ -419,7 +419,9 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     p.aux = s->o.aggregate_only || s->pull_only;
     if (!s->o.aggregate_only) {
         snprintf(p.st, sizeof p.st, "%s", s->st_addr);
-        if (s->hash_step == step)
+        /* the hash of the parameters it holds (at pstep: with a round in
+           flight, one step behind the step it accumulates for) */
+        if (s->hash_step == p.pstep)
             snprintf(p.hash, sizeof p.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
     }
     char rec[COLLAB_RECORD_MAX];
@@ -773,6 +775,14 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
             if (rc == CM_OK && mbps > 0) {
                 memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
                 c->pairs[c->n_pairs++].mbps = pair_best(s, p[best[k]].pub, mbps);
+                /* reported as they come (a probe may wait long for quiet
+                   time), unless that would report fewer pairs than before */
+                pthread_mutex_lock(&s->probe_mu);
+                if (c->n_pairs >= s->probe_caps.n_pairs) {
+                    s->probe_caps = *c;
+                    s->probe_new = 1;
+                }
+                pthread_mutex_unlock(&s->probe_mu);
             } else if (rc == CM_EBUSY) {
                 busy[k] = 1;
                 again++;
@@ -925,19 +935,19 @@ static int lagging_members(const struct peer_state *s, const struct collab_progr
     return 0;
 }
 
-/* The hash most fresh peers at `step` hold (ties: the smallest), counting
- * ourselves; "" when nobody published one. */
-static void majority_hash(const struct collab_progress *p, size_t n, int64_t step, int64_t now,
+/* The hash most fresh peers whose parameters are at `pstep` hold (ties: the
+ * smallest), counting ourselves; "" when nobody published one. */
+static void majority_hash(const struct collab_progress *p, size_t n, int64_t pstep, int64_t now,
                           char out[COLLAB_HASH_HEX + 1])
 {
     size_t best = 0;
     out[0] = 0;
     for (size_t i = 0; i < n; i++) {
-        if (p[i].step != step || !p[i].hash[0] || p[i].aux || p[i].t_ms < now - 30000)
+        if (p[i].pstep != pstep || !p[i].hash[0] || p[i].aux || p[i].t_ms < now - 30000)
             continue;
         size_t c = 0;
         for (size_t k = 0; k < n; k++)
-            c += p[k].step == step && p[k].t_ms >= now - 30000 && !strcmp(p[k].hash, p[i].hash);
+            c += p[k].pstep == pstep && p[k].t_ms >= now - 30000 && !strcmp(p[k].hash, p[i].hash);
         if (c > best || (c == best && strcmp(p[i].hash, out) < 0)) {
             best = c;
             snprintf(out, COLLAB_HASH_HEX + 1, "%s", p[i].hash);
@@ -961,7 +971,7 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
                 !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
                 continue;
             char maj[COLLAB_HASH_HEX + 1];
-            majority_hash(p, n, p[i].step, now, maj);
+            majority_hash(p, n, p[i].pstep, now, maj);
             if (pass == 0 && strcmp(maj, p[i].hash))
                 continue; /* first try peers that agree with the majority */
             char dest[4400], err[512];
@@ -1259,6 +1269,18 @@ static void run_round_timed(struct round_job *j)
         fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
                         "are skipped this step\n",
                 (long long)j->step, __builtin_popcountll(j->agreed), j->n_parts);
+    if (j->pull_only && (j->agreed == 0 || j->counted < 2)) {
+        /* A pull-only peer has no gradient of its own: a round that averaged
+           nothing, or that no other member reported, is not the round the
+           computing peers stepped with (our window saw them, theirs had
+           closed without us), and a zero update would split us from them.
+           Take their state after the step instead. */
+        fprintf(stderr, "\nwarning: step %lld: our pull-only round averaged %s; fetching the "
+                        "others' state\n", (long long)j->step,
+                j->agreed == 0 ? "nothing" : "with no other member reporting");
+        j->missed = 1;
+        return;
+    }
     if (!s->o.aggregate_only && (j->agreed & ~mine)) {
         /* the others averaged a part we could not get: our update would
            differ from theirs, so take their state after the step instead */
@@ -1669,7 +1691,7 @@ static int train_loop(struct peer_state *s)
                     seen[i].pstep = step;
                     seen[i].t_ms = now_ms();
                     seen[i].hash[0] = 0;
-                    if (s->hash_step == acc_step)
+                    if (s->hash_step == step)
                         snprintf(seen[i].hash, sizeof seen[i].hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     have_self = 1;
                 }
@@ -1683,7 +1705,7 @@ static int train_loop(struct peer_state *s)
                     self.sps = sps;
                     self.t_ms = now_ms();
                     self.aux = s->o.aggregate_only || j->pull_only;
-                    if (s->hash_step == acc_step)
+                    if (s->hash_step == step)
                         snprintf(self.hash, sizeof self.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
                     seen[nseen++] = self;
                 }
@@ -1708,9 +1730,13 @@ static int train_loop(struct peer_state *s)
                 break;
             }
             low = -1;
-            if (!s->o.aggregate_only && !inflight && s->hash_step == acc_step) {
+            /* Compared at the parameters' step, so it also runs while a
+               round is in flight (delayed updates: the parameters are a
+               step behind the accumulation, and a split at start-up used
+               to persist because no check ever saw two hashes of one step). */
+            if (!s->o.aggregate_only && s->hash_step == step) {
                 char maj[COLLAB_HASH_HEX + 1];
-                majority_hash(seen, nseen, acc_step, now, maj);
+                majority_hash(seen, nseen, step, now, maj);
                 if (maj[0] && strncmp(maj, s->hash, COLLAB_HASH_HEX) != 0) {
                     diverged = 1;
                     break;
