@@ -389,12 +389,18 @@ static int catch_up_inner(struct peer_state *s, int64_t min_step, int64_t *step_
     return CM_OK;
 }
 
-/* catch_up_inner, with the link marked busy for the probes meanwhile. */
+/* Marks the link busy (+1) or frees it (-1) for the probes: they count
+ * only the time no round or state transfer of ours runs (join_net_probe). */
+static void link_busy(struct peer_state *s, int d)
+{
+    __atomic_add_fetch(&s->averaging, d, __ATOMIC_ACQ_REL);
+}
+
 static int catch_up(struct peer_state *s, int64_t min_step, int64_t *step_out)
 {
-    __atomic_add_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(s, 1);
     int rc = catch_up_inner(s, min_step, step_out);
-    __atomic_sub_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(s, -1);
     return rc;
 }
 
@@ -1004,12 +1010,11 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
     return rc;
 }
 
-/* sync_from_peer_inner, with the link marked busy for the probes meanwhile. */
 static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
 {
-    __atomic_add_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(s, 1);
     int rc = sync_from_peer_inner(s, min_step, step);
-    __atomic_sub_fetch(&s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(s, -1);
     return rc;
 }
 
@@ -1143,9 +1148,9 @@ static void run_round_timed(struct round_job *j);
 static void run_round(struct round_job *j)
 {
     double t0 = mono_s();
-    __atomic_add_fetch(&j->s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(j->s, 1);
     run_round_timed(j);
-    __atomic_sub_fetch(&j->s->averaging, 1, __ATOMIC_ACQ_REL);
+    link_busy(j->s, -1);
     j->t_round = mono_s() - t0;
 }
 

@@ -92,7 +92,8 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
  * acknowledged, counting only the time when *busy (if given) was 0: while
  * it is set, the probe sends nothing and waits. It measures at most
  * budget_ms of such quiet time and gives up after deadline_ms (CM_ETIMEOUT
- * when it measured nothing), sooner once *stop (if given) is set. The state host
+ * when it measured nothing), sooner once *stop (if given) is set; a probe
+ * the host refuses midway (CM_EBUSY) returns what it measured. The state host
  * serves one prober at a time: a probe message from another peer within
  * JOIN_PROBE_HOLD_MS of the current prober's last gets CM_EBUSY (probe
  * again later). */
