@@ -1319,6 +1319,9 @@ static int64_t resync_after(struct peer_state *s, int64_t step)
 {
     int64_t got = step;
     for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
+        /* this can take minutes: the pass must stay valid meanwhile, or
+           every peer refuses our requests as "expired token" */
+        renew_pass_if_due(s);
         if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
             return got;
         if (catch_up(s, step + 1, &got) == CM_OK && got > step) {

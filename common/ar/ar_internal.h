@@ -63,6 +63,7 @@ struct ar__link {
     int odone, ostatus;
     int64_t oretry_at, olast_ms;
     uint32_t obackoff;
+    int oheld; /* ahead of the slowest link: waits for it (out_pump) */
     /* in */
     uint8_t *ist;
     float *stage;

@@ -340,22 +340,62 @@ static void out_backoff(struct ar__link *L, size_t c)
     L->obackoff = L->obackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->obackoff * 2;
 }
 
+/* Balanced sending. A part's average goes back chunk by chunk, each chunk
+ * once every sender delivered it, so a part is only as far along as its
+ * slowest sender on it, and the members' downloads of it follow. The
+ * windows alone let a sender's links drift apart: links whose acks come
+ * back sooner take the upload, one link of a slow sender fell 40 % of its
+ * part behind the others, and every member's download of that part idled
+ * until the end (bench_table1, setup C: slow peers' downloads stalled for
+ * 1.7 s mid-round, the round took 1.45x its bound). So a link sends a new
+ * chunk only while it is at most AR__LEAD of its part (plus a window)
+ * ahead of the slowest live link, which gets the upload instead: every
+ * part then advances at its planned share, as the LP's rates assume
+ * (seed 000 §3.2, Appendix B). A link with nothing acknowledged yet (its
+ * aggregator has not started the round) or none for AR__LEAD_STALE_MS (it
+ * is gone or stuck) holds nobody; retries of lost chunks always go. */
+#define AR__LEAD 0.0625
+#define AR__LEAD_STALE_MS 500
+static double slowest_link(const struct ar_round *r, int64_t now)
+{
+    double lo = 2;
+    for (size_t j = 0; j < r->n_parts; j++) {
+        const struct ar__link *J = &r->link[j];
+        if ((int)j == r->my_part || J->odone || J->n_chunks == 0 || J->oacked == 0 ||
+            now - J->olast_ms > AR__LEAD_STALE_MS)
+            continue;
+        double f = (double)J->oacked / (double)J->n_chunks;
+        lo = f < lo ? f : lo;
+    }
+    return lo;
+}
+
 static void out_pump(struct ar_round *r, size_t k)
 {
     struct ar__link *L = &r->link[k];
-    if (L->odone || ar__mono_ms() < L->oretry_at)
+    int64_t now = ar__mono_ms();
+    L->oheld = 0;
+    if (L->odone || now < L->oretry_at)
         return;
     while (L->olow < L->n_chunks && L->ost[L->olow] == AR__C_DONE)
         L->olow++;
     size_t scan = L->olow;
+    double lo = -1;
     while (!L->odone && L->oflight < r->window) {
         size_t c = L->n_chunks;
         while (scan < L->onext && L->ost[scan] != AR__C_RETRY)
             scan++;
-        if (scan < L->onext)
+        if (scan < L->onext) {
             c = scan;
-        else if (L->onext < L->n_chunks)
+        } else if (L->onext < L->n_chunks) {
+            if (lo < 0)
+                lo = slowest_link(r, now);
+            if ((double)L->onext >= (lo + AR__LEAD) * (double)L->n_chunks + r->window) {
+                L->oheld = 1;
+                break;
+            }
             c = L->onext++;
+        }
         if (c == L->n_chunks)
             break;
         int rc = send_data(r, k, c);
@@ -393,6 +433,10 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
         r->chunks_sent++;
         if (++L->oacked == L->n_chunks)
             give_up_out(r, k, CM_OK);
+        /* this link moving may release the links held for it */
+        for (size_t j = 0; j < r->n_parts; j++)
+            if (j != k && r->link[j].oheld)
+                out_pump(r, j);
     } else if (from && status != CM_EBUSY) {
         give_up_out(r, k, status); /* excluded, dropped, finished: stop */
     } else if (now - L->olast_ms > (int64_t)r->stall_ms) {

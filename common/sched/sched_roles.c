@@ -60,7 +60,29 @@
  * being the slowest of i's upload, download and measured pairs: a strict
  * preference for fast aggregators that leaves a unique optimum (homogeneous
  * peers' even split) as it is. Warm-started from the first stage's basis. */
-static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, double net)
+static int simplex_warm(struct sched__ctx *x, glp_prob *lp, const char *what)
+{
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.meth = GLP_PRIMAL;
+    parm.presolve = GLP_OFF;
+    int before = glp_get_it_cnt(lp);
+    int rc = glp_simplex(lp, &parm);
+    if (rc == GLP_EBADB || rc == GLP_ESING || rc == GLP_ECOND) {
+        glp_std_basis(lp);
+        rc = glp_simplex(lp, &parm);
+    }
+    x->iters += glp_get_it_cnt(lp) - before;
+    if (rc != 0 || glp_get_status(lp) != GLP_OPT) {
+        CM_LOGE("sched", "GLPK: %s LP failed (code %d, status %d)", what, rc, glp_get_status(lp));
+        return CM_EINTERNAL;
+    }
+    return CM_OK;
+}
+
+static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, double net,
+                     const unsigned char *on)
 {
     const struct sched_problem *p = x->p;
     size_t n = p->n;
@@ -76,24 +98,71 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
         glp_set_obj_coef(lp, col[i], capmax / cap);
     }
     glp_set_obj_dir(lp, GLP_MIN);
-    glp_smcp parm;
-    glp_init_smcp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.meth = GLP_PRIMAL;
-    parm.presolve = GLP_OFF;
-    int before = glp_get_it_cnt(lp);
-    int rc = glp_simplex(lp, &parm);
-    if (rc == GLP_EBADB || rc == GLP_ESING || rc == GLP_ECOND) {
-        glp_std_basis(lp);
-        rc = glp_simplex(lp, &parm);
+    int rc = simplex_warm(x, lp, "tie-break");
+    if (rc != CM_OK)
+        return rc;
+    /* Third stage: the second often leaves a face too, among aggregators
+       of equal links (setup C of Table 1: eight 1 Gbit/s peers, and GLPK's
+       vertex gave five of them 18 % and one 9 %, running their uploads at
+       99 % of capacity while two idled). Keeping both optima, minimize the
+       largest share of a link the aggregation takes: z >= (load of h_i on
+       the link) / capacity for each aggregator's upload and download. Equal
+       peers then get equal parts, and every link keeps what slack the plan
+       allows, which is what absorbs a real round's uneven pace. */
+    double v2 = glp_get_obj_val(lp);
+    size_t ncomp = 0, nrecv = 0, nagg = 0;
+    for (size_t i = 0; i < n; i++) {
+        ncomp += on[i] != 0;
+        nrecv += p->peers[i].samples_per_s > 0;
+        nagg += col[i] != 0;
     }
-    x->iters += glp_get_it_cnt(lp) - before;
-    if (rc != 0 || glp_get_status(lp) != GLP_OPT) {
-        CM_LOGE("sched", "GLPK: tie-break LP failed (code %d, status %d)", rc,
-                glp_get_status(lp));
-        return CM_EINTERNAL;
+    if (nagg < 2)
+        return CM_OK;
+    int z = glp_add_cols(lp, 1);
+    glp_set_col_bnds(lp, z, GLP_LO, 0, 0);
+    int *ind = malloc((n + 2) * sizeof *ind);
+    double *val = malloc((n + 2) * sizeof *val);
+    if (!ind || !val) {
+        free(ind);
+        free(val);
+        return CM_ENOMEM;
     }
-    return CM_OK;
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!col[i])
+            continue;
+        double cap = fmin(p->peers[i].up_mbps, p->peers[i].down_mbps);
+        k++;
+        ind[k] = col[i];
+        val[k] = capmax / cap;
+        glp_set_obj_coef(lp, col[i], 0);
+    }
+    int r = glp_add_rows(lp, 1);
+    glp_set_mat_row(lp, r, k, ind, val);
+    glp_set_row_bnds(lp, r, GLP_UP, 0, v2 + 1e-9 * fabs(v2) + 1e-12);
+    const double G = p->gradient_mbit;
+    for (size_t i = 0; i < n; i++) {
+        if (!col[i])
+            continue;
+        int recv_i = p->peers[i].samples_per_s > 0, on_i = on[i] != 0;
+        double coef[2] = {(double)ncomp - on_i - recv_i, (double)nrecv - recv_i - on_i};
+        double cap[2] = {p->peers[i].down_mbps / G, p->peers[i].up_mbps / G};
+        for (int d = 0; d < 2; d++) {
+            if (!(coef[d] > 0))
+                continue;
+            ind[1] = col[i];
+            val[1] = coef[d] / cap[d];
+            ind[2] = z;
+            val[2] = -1;
+            r = glp_add_rows(lp, 1);
+            glp_set_mat_row(lp, r, 2, ind, val);
+            glp_set_row_bnds(lp, r, GLP_UP, 0, 0);
+        }
+    }
+    free(ind);
+    free(val);
+    glp_set_obj_coef(lp, z, 1);
+    return simplex_warm(x, lp, "balancing");
 }
 
 int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, double *net)
@@ -189,7 +258,7 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         return CM_EINTERNAL;
     }
     *net = glp_get_obj_val(lp);
-    if (h && *net > 0 && (rc = tie_break(x, lp, col, H, *net)) != CM_OK) {
+    if (h && *net > 0 && (rc = tie_break(x, lp, col, H, *net, on)) != CM_OK) {
         glp_delete_prob(lp);
         free(col);
         return rc;

@@ -86,12 +86,13 @@ struct bpeer {
     double weight;
     int done, status;
     size_t n_averaged;
-    double ms;
+    double ms, ms_send, ms_reduce, ms_fetch;
     pthread_t th;
 };
 
 struct bench {
     size_t n_peers, n;
+    uint32_t chunk; /* elements per chunk (0: the engine's default) */
     struct bpeer p[MAXN];
     struct ar_member mem[MAXN];
     pthread_barrier_t start, stop;
@@ -99,6 +100,7 @@ struct bench {
 };
 
 static struct bench g_b;
+static uint32_t g_chunk;
 
 static float grad(size_t p, size_t i)
 {
@@ -116,6 +118,9 @@ static void on_done(void *arg, const struct ar_result *r)
     p->status = r->status;
     p->n_averaged = r->n_averaged;
     p->ms = r->ms_total;
+    p->ms_send = r->ms_send;
+    p->ms_reduce = r->ms_reduce;
+    p->ms_fetch = r->ms_fetch;
 }
 
 static void keepalive(uv_timer_t *t)
@@ -133,7 +138,7 @@ static void *peer_main(void *arg)
     struct ar_round_config c = {
         .step = 1, .group_id = (const uint8_t *)"table1", .group_id_len = 6, .members = b->mem,
         .n_members = b->n_peers, .my_index = p->idx, .buf = p->buf, .n = b->n,
-        .weight = p->weight, .comp = AR_COMP_NONE, .deadline_ms = 900000, .stall_ms = 60000,
+        .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = getenv("CT_TABLE1_WINDOW") ? (unsigned)atoi(getenv("CT_TABLE1_WINDOW")) : 0, .deadline_ms = 900000, .stall_ms = 60000,
         .linger_ms = 120000, .done = on_done, .arg = p};
     pthread_barrier_wait(&b->start);
     int rc = ar_round_start(p->eng, &c, NULL);
@@ -186,6 +191,7 @@ static double run_round(size_t n_peers, size_t n, const double *mbps, const doub
     memset(b, 0, sizeof *b);
     b->n_peers = n_peers;
     b->n = n;
+    b->chunk = g_chunk;
     struct p2p_tk tk;
     if (p2p_tk_init(&tk, "table1")) {
         fprintf(stderr, "cannot make a coordinator key\n");
@@ -259,6 +265,11 @@ static double run_round(size_t n_peers, size_t n, const double *mbps, const doub
             bad = 1;
         }
     }
+    if (getenv("CT_TABLE1_TIMES")) /* where each peer's round went */
+        for (size_t i = 0; i < n_peers; i++)
+            printf("      peer %2zu %6.0f Mbit/s %s: sent %6.0f ms, reduced %6.0f, fetched %6.0f, done %6.0f\n",
+                   i, mbps[i], fraction[i] > 0 ? "agg" : "   ", b->p[i].ms_send, b->p[i].ms_reduce,
+                   b->p[i].ms_fetch, b->p[i].ms);
     for (size_t s = 0; !bad && s < 5000; s++) {
         size_t j = (size_t)((double)s / 5000 * (double)n);
         double want = 0;
@@ -313,14 +324,35 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t n = (size_t)llround(RESNET50_PARAMS / k);
+    /* Chunks scale with the gradient: the engine's 32,768-float chunks on
+       a gradient k times smaller would give each part k times fewer chunks
+       than at full scale, and a part's pipeline (send, sum, return chunk by
+       chunk) fills and drains in whole chunks: with the 3-6 chunks per part
+       left at k = 10, that alone costs AR 20-30 % (seed 000 §3.3: a reducer
+       sums one chunk while downloading the next). So every size scales:
+       gradient, chunk and (the engine's window being in chunks) the bytes
+       in flight; the times stay those of the full-scale round.
+       CT_TABLE1_CHUNK=N sets the chunk (elements, a multiple of 256; 0:
+       the engine's default, unscaled). */
+    const char *ce = getenv("CT_TABLE1_CHUNK");
+    long chunk = ce ? atol(ce) : (long)(AR_CHUNK_DEFAULT / k) / 256 * 256;
+    if (!ce && chunk < 256)
+        chunk = 256;
+    if (chunk < 0 || chunk % 256 || chunk > (long)AR_CHUNK_MAX) {
+        fprintf(stderr, "CT_TABLE1_CHUNK: a multiple of 256 up to %u, or 0\n", AR_CHUNK_MAX);
+        return 2;
+    }
+    g_chunk = (uint32_t)chunk;
     printf("seed 000 Table 1: one averaging round of a ResNet-50 fp32 gradient (25,557,032 "
            "floats), our engine over loopback, bandwidth caps per peer.\n"
            "Scaled by k = %g: gradient %zu floats (%.1f MB), every bandwidth / %g; seconds are "
            "unchanged by this scaling (size / rate).\n"
            "model = bandwidth-only bound of the plan (what the LP optimizes). cpu = CPU time / "
            "(wall time x 2 cores) of the run: near 1 would mean CPU-bound.\n"
-           "Timings on a shared 2-core machine (other engineers' work running): noisy.\n\n",
+           "Timings on a shared 2-core machine (other engineers' work running): noisy.\n",
            k, n, (double)n * 4 / 1e6, k);
+    printf("Chunks of %u floats (%s; CT_TABLE1_CHUNK sets them).\n\n", g_chunk ? g_chunk : AR_CHUNK_DEFAULT,
+           !g_chunk ? "the engine's default, unscaled" : ce ? "CT_TABLE1_CHUNK" : "the engine's 32,768 scaled by k like the gradient");
     printf("%5s %5s %-4s %8s %8s %8s %5s %7s   %s\n", "setup", "peers", "algo", "best_s",
            "median_s", "model_s", "cpu", "seed_s", "[each run, s]  plan");
     double got[4][S_N];
