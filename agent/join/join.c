@@ -961,6 +961,17 @@ static void majority_hash(const struct collab_progress *p, size_t n, int64_t pst
     }
 }
 
+/* While we wait for a peer's state, others may wait for ours (peers that
+ * fell apart at the same step each asked the other): serve it meanwhile.
+ * Our parameters do not change during the wait; their step is the
+ * optimizer's. */
+static void serve_own_state(void *arg)
+{
+    struct peer_state *s = arg;
+    if (s->hash_step >= 0)
+        serve_state_if_wanted(s, (int64_t)s->tr.opt->step);
+}
+
 /* Fetches the state of a peer at step >= min_step (preferring peers that
  * hold the majority hash of their step) and loads it. CM_OK: *step moved. */
 static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t *step)
@@ -984,7 +995,7 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
             int64_t got = -1;
             snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
             rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
-                                      p[i].step >= min_step ? 20000 : 90000);
+                                      p[i].step >= min_step ? 20000 : 90000, serve_own_state, s);
             if (rc != CM_OK) {
                 fprintf(stderr, "\nwarning: fetching the state of peer at %s: %s\n", p[i].st,
                         cm_strerror(rc));
@@ -1560,6 +1571,23 @@ static int round_open(struct peer_state *s, int64_t step)
     return nm > 1;
 }
 
+/* After catching up with a round in flight we accumulate for the round
+ * after it (join_step) on the parameters before it, betting that the round
+ * in flight completes and its state can be fetched. When that round, or
+ * ours for join_step, ends without our parameters reaching join_step (it
+ * was declined for want of a majority, or went on without us), the bet
+ * failed: nobody will produce that state, and waiting for it kept whole
+ * collaborations fetching from each other (each wanting a step none had)
+ * until their passes expired. Go back to accumulating for our own step. */
+static void join_bet_check(const struct round_job *j, int64_t step, int64_t *join_step)
+{
+    if (*join_step > step && j->step + 1 >= *join_step) {
+        printf("\nstep %lld: the round we joined ahead of our parameters (step %lld) did not bring "
+               "them there; accumulating for our own step\n", (long long)j->step, (long long)step);
+        *join_step = 0;
+    }
+}
+
 static int train_loop(struct peer_state *s)
 {
     struct kern_model *m = s->tr.model;
@@ -1593,6 +1621,7 @@ static int train_loop(struct peer_state *s)
                 break;
             if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
                 goto out;
+            join_bet_check(inflight, step, &join_step);
             job_reset(inflight);
             inflight = NULL;
             continue;
@@ -1641,6 +1670,7 @@ static int train_loop(struct peer_state *s)
                 int64_t expect = inflight->step + 1;
                 if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
                     goto out;
+                join_bet_check(inflight, step, &join_step);
                 job_reset(inflight);
                 inflight = NULL;
                 if (step != expect) { /* resynced: what we accumulated is moot */
@@ -1809,6 +1839,7 @@ static int train_loop(struct peer_state *s)
                 int64_t expect = inflight->step + 1;
                 if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
                     goto out;
+                join_bet_check(inflight, step, &join_step);
                 job_reset(inflight);
                 inflight = NULL;
                 if (!g_interrupts && step == expect && !diverged && view.max_step <= step)
@@ -1866,6 +1897,7 @@ static int train_loop(struct peer_state *s)
             int64_t expect = inflight->step + 1;
             if ((rc = finish_round(s, inflight, &step, &last_loss)) != CM_OK)
                 goto out;
+            join_bet_check(inflight, step, &join_step);
             job_reset(inflight);
             inflight = NULL;
             if (step != expect)
@@ -1886,6 +1918,7 @@ static int train_loop(struct peer_state *s)
         run_round(j);
         if ((rc = finish_round(s, j, &step, &last_loss)) != CM_OK)
             goto out;
+        join_bet_check(j, step, &join_step);
     }
     if (inflight) {
         rc = finish_round(s, inflight, &step, &last_loss);

@@ -768,7 +768,8 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
 }
 
 int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                         int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms)
+                         int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
+                         void (*idle)(void *arg), void *arg)
 {
     struct sockaddr_storage sa;
     if (p2p_addr_parse(addr, &sa) != CM_OK)
@@ -796,6 +797,8 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
         if (!sr.ready) { /* preparing */
             free(r);
             rc = CM_EBUSY;
+            if (idle)
+                idle(arg);
             usleep(100000);
             continue;
         }

@@ -81,8 +81,16 @@ static int simplex_warm(struct sched__ctx *x, glp_prob *lp, const char *what)
     return CM_OK;
 }
 
+static void read_h(const struct sched_problem *p, glp_prob *lp, const int *col, double *h)
+{
+    for (size_t i = 0; i < p->n; i++)
+        h[i] = col[i] ? fmax(0, glp_get_col_prim(lp, col[i])) : 0;
+}
+
+/* Fills h with the plan: the third stage's, or the second's when the third
+ * fails (it only refines a tie, so a plan of the best rate is never lost). */
 static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, double net,
-                     const unsigned char *on)
+                     const unsigned char *on, double *h)
 {
     const struct sched_problem *p = x->p;
     size_t n = p->n;
@@ -101,6 +109,7 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
     int rc = simplex_warm(x, lp, "tie-break");
     if (rc != CM_OK)
         return rc;
+    read_h(p, lp, col, h);
     /* Third stage: the second often leaves a face too, among aggregators
        of equal links (setup C of Table 1: eight 1 Gbit/s peers, and GLPK's
        vertex gave five of them 18 % and one 9 %, running their uploads at
@@ -118,6 +127,10 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
     }
     if (nagg < 2)
         return CM_OK;
+    double *h2 = malloc(n * sizeof *h2);
+    if (!h2)
+        return CM_OK; /* keep the second stage's plan */
+    memcpy(h2, h, n * sizeof *h2);
     int z = glp_add_cols(lp, 1);
     glp_set_col_bnds(lp, z, GLP_LO, 0, 0);
     int *ind = malloc((n + 2) * sizeof *ind);
@@ -125,7 +138,8 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
     if (!ind || !val) {
         free(ind);
         free(val);
-        return CM_ENOMEM;
+        free(h2);
+        return CM_OK;
     }
     int k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -162,7 +176,20 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
     free(ind);
     free(val);
     glp_set_obj_coef(lp, z, 1);
-    return simplex_warm(x, lp, "balancing");
+    if (simplex_warm(x, lp, "balancing") == CM_OK) {
+        read_h(p, lp, col, h);
+        /* the plan must still reach the rate: a stage that lost it (it
+           cannot, up to GLPK's tolerances) is not taken */
+        double sum = 0;
+        for (size_t i = 0; i < n; i++)
+            sum += h[i];
+        if (!(sum >= net * (1 - 1e-7)))
+            memcpy(h, h2, n * sizeof *h);
+    } else {
+        memcpy(h, h2, n * sizeof *h);
+    }
+    free(h2);
+    return CM_OK;
 }
 
 int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, double *net)
@@ -258,13 +285,15 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         return CM_EINTERNAL;
     }
     *net = glp_get_obj_val(lp);
-    if (h && *net > 0 && (rc = tie_break(x, lp, col, H, *net, on)) != CM_OK) {
-        glp_delete_prob(lp);
-        free(col);
-        return rc;
+    if (h && *net > 0) {
+        if ((rc = tie_break(x, lp, col, H, *net, on, h)) != CM_OK) {
+            glp_delete_prob(lp);
+            free(col);
+            return rc;
+        }
+    } else if (h) {
+        read_h(p, lp, col, h);
     }
-    for (size_t i = 0; h && i < n; i++)
-        h[i] = col[i] ? fmax(0, glp_get_col_prim(lp, col[i])) : 0;
     glp_delete_prob(lp);
     free(col);
     return CM_OK;

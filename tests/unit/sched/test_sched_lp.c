@@ -210,6 +210,35 @@ static void test_tie_prefers_fast_aggregator(void **state)
     }
 }
 
+/* Third stage: equal aggregators get equal parts. Setup C of the seed's
+ * Table 1 (8 GPU peers at 1 Gbit/s, 16 at 200 Mbit/s, everyone sending):
+ * the slow peers' links are full with their own gradient and its average,
+ * so only the fast ones aggregate; any split among them reaches the same
+ * rate, and the second stage's costs are equal for them too. GLPK's vertex
+ * gave five 18 % and one 9 % (their uploads at 99 %, two peers idle); the
+ * balancing stage gives each 1/8. */
+static void test_tie_spreads_equal_aggregators(void **state)
+{
+    (void)state;
+    struct sched_peer pp[24];
+    for (int i = 0; i < 24; i++)
+        peer_set(&pp[i], i + 1, 1e6, i < 8 ? 1000 : 200, i < 8 ? 1000 : 200, 1);
+    struct sched_problem p = {pp, 24, 4096, 25557032.0 * 32 / 1e6, 1};
+    struct sched_solution s;
+    char err[256];
+    assert_int_equal(sched_solve(&p, &s, err, sizeof err), CM_OK);
+    for (int i = 0; i < 24; i++) {
+        assert_true(s.peers[i].compute);
+        if (i < 8)
+            assert_true(fabs(s.peers[i].fraction - 0.125) < 1e-6);
+        else
+            assert_int_equal(s.peers[i].share, 0);
+    }
+    /* the rate is the slow peers' bound: their gradient out and back */
+    assert_true(fabs(s.network_rate - 200 / p.gradient_mbit) < 1e-6 * s.network_rate);
+    sched_solution_cleanup(&s);
+}
+
 /* role_gain: a peer stops computing only for that much more throughput.
  * Four GPU peers at 100/100 Mbit/s and one with 100 down but 20 Mbit/s up:
  * its sending holds every aggregator back, so the exact optimum (gain 0)
@@ -682,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_client_mode),
         cmocka_unit_test(test_pair_limits),
         cmocka_unit_test(test_tie_prefers_fast_aggregator),
+        cmocka_unit_test(test_tie_spreads_equal_aggregators),
         cmocka_unit_test(test_role_gain),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_input),
