@@ -973,8 +973,10 @@ static void serve_own_state(void *arg)
 }
 
 /* Fetches the state of a peer at step >= min_step (preferring peers that
- * hold the majority hash of their step) and loads it. CM_OK: *step moved. */
-static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t *step)
+ * hold the majority hash of their step) and loads it. CM_OK: *step moved.
+ * wait_ms (0: 20 s, or 90 s from a peer a step short of it) bounds how long
+ * a peer may take to have such a state ready. */
+static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t *step, uint32_t wait_ms)
 {
     struct collab_progress *p = NULL;
     size_t n = 0;
@@ -982,7 +984,9 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
         return CM_ECONN;
     int64_t now = now_ms();
     int rc = CM_ENOTFOUND;
-    for (int pass = 0; pass < 2 && rc != CM_OK; pass++) {
+    /* two passes, the majority's holders first; one pass over everyone
+       when waiting briefly for a state that should exist already */
+    for (int pass = wait_ms ? 1 : 0; pass < 2 && rc != CM_OK; pass++) {
         for (size_t i = 0; i < n && rc != CM_OK && !g_interrupts; i++) {
             if (!p[i].st[0] || p[i].step < min_step - 1 || p[i].t_ms < now - 30000 ||
                 !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
@@ -994,8 +998,11 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
             char dest[4400], err[512];
             int64_t got = -1;
             snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
+            uint32_t wait = p[i].step >= min_step ? 20000 : 90000;
+            if (wait_ms && p[i].pstep < min_step && wait_ms < wait)
+                wait = wait_ms;
             rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
-                                      p[i].step >= min_step ? 20000 : 90000, serve_own_state, s);
+                                      p[i].step >= min_step ? 20000 : 90000, wait, serve_own_state, s);
             if (rc != CM_OK) {
                 fprintf(stderr, "\nwarning: fetching the state of peer at %s: %s\n", p[i].st,
                         cm_strerror(rc));
@@ -1021,10 +1028,10 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
     return rc;
 }
 
-static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step)
+static int sync_from_peer(struct peer_state *s, int64_t min_step, int64_t *step, uint32_t wait_ms)
 {
     link_busy(s, 1);
-    int rc = sync_from_peer_inner(s, min_step, step);
+    int rc = sync_from_peer_inner(s, min_step, step, wait_ms);
     link_busy(s, -1);
     return rc;
 }
@@ -1326,6 +1333,7 @@ static int round_done(struct round_job *j)
 
 /* Fetches the state after `step` from a peer (the round went on without
  * us), falling back to the coordinator's newest checkpoint. */
+#define JOIN_AHEAD_WAIT_MS 5000 /* for the state of a round that should be done already */
 static int64_t resync_after(struct peer_state *s, int64_t step)
 {
     int64_t got = step;
@@ -1333,7 +1341,7 @@ static int64_t resync_after(struct peer_state *s, int64_t step)
         /* this can take minutes: the pass must stay valid meanwhile, or
            every peer refuses our requests as "expired token" */
         renew_pass_if_due(s);
-        if (sync_from_peer(s, step + 1, &got) == CM_OK && got > step)
+        if (sync_from_peer(s, step + 1, &got, 0) == CM_OK && got > step)
             return got;
         if (catch_up(s, step + 1, &got) == CM_OK && got > step) {
             update_hash(s, got);
@@ -1385,8 +1393,14 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
            a peer; if the peer already applied this round, its state holds
            the very same update. */
         int64_t got = *step;
-        if (sync_from_peer(s, j->step, &got) != CM_OK || got < j->step) {
-            *step = resync_after(s, j->step);
+        if (sync_from_peer(s, j->step, &got, JOIN_AHEAD_WAIT_MS) != CM_OK || got < j->step) {
+            /* Nobody holds those parameters: the round in flight we bet on
+               was not applied (its members declined it), and every peer
+               that bet with us waits for the same missing state. Drop this
+               round; the caller goes back to our own step (join_bet_check)
+               and the behind check finds the others if they went on. */
+            fprintf(stderr, "\nwarning: step %lld: no peer has the parameters of step %lld that this "
+                            "round applies to; dropping it\n", (long long)j->step, (long long)j->step);
             return CM_OK;
         }
         *step = got;
@@ -1881,7 +1895,7 @@ static int train_loop(struct peer_state *s)
                 printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
                        (long long)view.max_step);
             int64_t got = step;
-            if (sync_from_peer(s, want, &got) == CM_OK) {
+            if (sync_from_peer(s, want, &got, 0) == CM_OK) {
                 step = got;
                 if (in_flight && view.max_step > step && view.max_step < s->steps)
                     join_step = view.max_step;

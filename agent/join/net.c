@@ -769,7 +769,7 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
 
 int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
-                         void (*idle)(void *arg), void *arg)
+                         uint32_t ready_ms, void (*idle)(void *arg), void *arg)
 {
     struct sockaddr_storage sa;
     if (p2p_addr_parse(addr, &sa) != CM_OK)
@@ -777,7 +777,7 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
     char part[4200];
     if ((size_t)snprintf(part, sizeof part, "%s.part", dest) >= sizeof part)
         return CM_EINVAL;
-    int64_t end = p2p_now_ms() + deadline_ms;
+    int64_t start = p2p_now_ms(), end = start + deadline_ms;
     uint8_t *buf = NULL, sha[CM_SHA256_LEN];
     size_t total = 0, got = 0;
     int64_t step = -1;
@@ -797,6 +797,8 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
         if (!sr.ready) { /* preparing */
             free(r);
             rc = CM_EBUSY;
+            if (ready_ms && p2p_now_ms() - start >= ready_ms)
+                break;
             if (idle)
                 idle(arg);
             usleep(100000);
