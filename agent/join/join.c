@@ -176,6 +176,7 @@ struct peer_state {
     uint8_t prev[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN]; /* senders of our last round */
     size_t n_prev;
     pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
+    double mb_time;            /* seconds per micro-batch (moving average) */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -1333,7 +1334,8 @@ static int round_done(struct round_job *j)
 
 /* Fetches the state after `step` from a peer (the round went on without
  * us), falling back to the coordinator's newest checkpoint. */
-#define JOIN_AHEAD_WAIT_MS 5000 /* for the state of a round that should be done already */
+#define JOIN_AHEAD_WAIT_MS 5000 /* per peer, for the state of a round that should be done already,
+                                   plus three micro-batches */
 static int64_t resync_after(struct peer_state *s, int64_t step)
 {
     int64_t got = step;
@@ -1349,7 +1351,9 @@ static int64_t resync_after(struct peer_state *s, int64_t step)
         }
         sleep(1);
     }
-    return got;
+    /* none came: our parameters are where the optimizer left them (on the
+       join-ahead path a step before the round's) */
+    return s->o.aggregate_only ? got : (int64_t)s->tr.opt->step;
 }
 
 /* Applies a finished round: the optimizer step, the hash, the step log, the
@@ -1393,7 +1397,12 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
            a peer; if the peer already applied this round, its state holds
            the very same update. */
         int64_t got = *step;
-        if (sync_from_peer(s, j->step, &got, JOIN_AHEAD_WAIT_MS) != CM_OK || got < j->step) {
+        /* peers publish a wanted state between micro-batches: give them a
+           few of ours (plus the save) on top of the base wait */
+        double wait = JOIN_AHEAD_WAIT_MS + 3000 * s->mb_time;
+        if (wait > 90000)
+            wait = 90000;
+        if (sync_from_peer(s, j->step, &got, (uint32_t)wait) != CM_OK || got < j->step) {
             /* Nobody holds those parameters: the round in flight we bet on
                was not applied (its members declined it), and every peer
                that bet with us waits for the same missing state. Drop this
@@ -1715,6 +1724,7 @@ static int train_loop(struct peer_state *s)
                 if (dt > 0) {
                     sps = sps > 0 ? 0.8 * sps + 0.2 * (w / dt) : w / dt;
                     mb_time = mb_time > 0 ? 0.8 * mb_time + 0.2 * dt : dt;
+                    s->mb_time = mb_time;
                 }
                 publish_progress(s, acc_step, samples, sps, 0);
                 t_pub = mono_s();

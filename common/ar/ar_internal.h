@@ -64,6 +64,8 @@ struct ar__link {
     int64_t oretry_at, olast_ms;
     uint32_t obackoff;
     int oheld; /* ahead of the slowest link: waits for it (out_pump) */
+    int64_t osent_ms; /* last chunk sent on this link (a held link still sends
+                         one every stall_ms / 4, or its aggregator drops us) */
     /* in */
     uint8_t *ist;
     float *stage;

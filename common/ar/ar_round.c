@@ -323,6 +323,7 @@ static int send_data(struct ar_round *r, size_t k, size_t c)
     }
     r->refs++;
     L->oflight++;
+    L->osent_ms = ar__mono_ms();
     L->ost[c] = AR__C_FLIGHT;
     return CM_OK;
 }
@@ -390,7 +391,12 @@ static void out_pump(struct ar_round *r, size_t k)
         } else if (L->onext < L->n_chunks) {
             if (lo < 0)
                 lo = slowest_link(r, now);
-            if ((double)L->onext >= (lo + AR__LEAD) * (double)L->n_chunks + r->window) {
+            /* Held, except one chunk per stall_ms / 4 of silence: an
+               aggregator drops a sender it hears nothing from for stall_ms
+               (a late-starting aggregator can hold a slow sender's other
+               links for seconds while its own catches up). */
+            if ((double)L->onext >= (lo + AR__LEAD) * (double)L->n_chunks + r->window &&
+                (L->oflight > 0 || now - L->osent_ms < (int64_t)r->stall_ms / 4)) {
                 L->oheld = 1;
                 break;
             }
@@ -731,8 +737,11 @@ static void round_tick(uv_timer_t *t)
         if ((int)k == r->my_part)
             continue;
         struct ar__link *L = &r->link[k];
+        /* a link held for a slower one is quiet by our choice, not its
+           aggregator's (it still sends a chunk every stall_ms / 4, whose
+           answer, or lack of one, tells) */
         if (r->i_send && !L->odone &&
-            (late || (L->oflight == 0 && now - L->olast_ms > (int64_t)r->stall_ms)))
+            (late || (L->oflight == 0 && !L->oheld && now - L->olast_ms > (int64_t)r->stall_ms)))
             give_up_out(r, k, CM_ETIMEOUT);
         if (r->i_pull && !L->idone &&
             (late || (L->iflight == 0 && now - L->ilast_ms > (int64_t)r->stall_ms)))
@@ -899,7 +908,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
         goto fail;
     for (size_t k = 0; k < r->n_parts; k++) {
         struct ar__link *L = &r->link[k];
-        L->olast_ms = L->ilast_ms = r->t0;
+        L->olast_ms = L->ilast_ms = L->osent_ms = r->t0;
         if (L->n_chunks == 0 && (int)k != r->my_part) /* an empty part: nothing to move */
             L->odone = L->idone = 1;
     }

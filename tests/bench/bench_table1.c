@@ -104,6 +104,7 @@ struct bench {
 
 static struct bench g_b;
 static uint32_t g_chunk;
+static unsigned g_window; /* CT_TABLE1_WINDOW, 0: the engine's */
 
 static float grad(size_t p, size_t i)
 {
@@ -152,8 +153,10 @@ static int warm_up(struct bpeer *p, struct bench *b)
         .weight = 1, .comp = AR_COMP_NONE, .deadline_ms = 120000, .stall_ms = 60000,
         .linger_ms = 120000, .done = on_warm, .arg = p};
     int rc = ar_round_start(p->eng, &w, NULL);
-    if (rc)
+    if (rc) {
+        atomic_fetch_add(&b->n_warm, 1); /* the others must not wait for us */
         return rc;
+    }
     int counted = 0;
     while (atomic_load(&b->n_warm) < (int)b->n_peers) {
         uv_run(&p->loop, UV_RUN_ONCE);
@@ -178,7 +181,7 @@ static void *peer_main(void *arg)
     struct ar_round_config c = {
         .step = 1, .group_id = (const uint8_t *)"table1", .group_id_len = 6, .members = b->mem,
         .n_members = b->n_peers, .my_index = p->idx, .buf = p->buf, .n = b->n,
-        .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = getenv("CT_TABLE1_WINDOW") ? (unsigned)atoi(getenv("CT_TABLE1_WINDOW")) : 0, .deadline_ms = 900000, .stall_ms = 60000,
+        .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = g_window, .deadline_ms = 900000, .stall_ms = 60000,
         .linger_ms = 120000, .done = on_done, .arg = p};
     pthread_barrier_wait(&b->start);
     int rc = ar_round_start(p->eng, &c, NULL);
@@ -388,6 +391,13 @@ int main(int argc, char **argv)
         return 2;
     }
     g_chunk = (uint32_t)chunk;
+    const char *we = getenv("CT_TABLE1_WINDOW");
+    long win = we ? atol(we) : 0;
+    if (win < 0 || win > 64) {
+        fprintf(stderr, "CT_TABLE1_WINDOW: 0 (the engine's) to 64\n");
+        return 2;
+    }
+    g_window = (unsigned)win;
     printf("seed 000 Table 1: one averaging round of a ResNet-50 fp32 gradient (25,557,032 "
            "floats), our engine over loopback, bandwidth caps per peer.\n"
            "Scaled by k = %g: gradient %zu floats (%.1f MB), every bandwidth / %g; seconds are "
