@@ -60,7 +60,9 @@
  * being the slowest of i's upload, download and measured pairs: a strict
  * preference for fast aggregators that leaves a unique optimum (homogeneous
  * peers' even split) as it is. Warm-started from the first stage's basis. */
-static int simplex_warm(struct sched__ctx *x, glp_prob *lp, const char *what)
+/* fatal: a failure loses the plan (logged as an error); otherwise the
+ * caller keeps the previous stage's plan (a warning). */
+static int simplex_warm(struct sched__ctx *x, glp_prob *lp, const char *what, int fatal)
 {
     glp_smcp parm;
     glp_init_smcp(&parm);
@@ -75,7 +77,11 @@ static int simplex_warm(struct sched__ctx *x, glp_prob *lp, const char *what)
     }
     x->iters += glp_get_it_cnt(lp) - before;
     if (rc != 0 || glp_get_status(lp) != GLP_OPT) {
-        CM_LOGE("sched", "GLPK: %s LP failed (code %d, status %d)", what, rc, glp_get_status(lp));
+        if (fatal)
+            CM_LOGE("sched", "GLPK: %s LP failed (code %d, status %d)", what, rc, glp_get_status(lp));
+        else
+            CM_LOGW("sched", "GLPK: %s LP failed (code %d, status %d); keeping the previous stage's plan",
+                    what, rc, glp_get_status(lp));
         return CM_EINTERNAL;
     }
     return CM_OK;
@@ -106,7 +112,7 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
         glp_set_obj_coef(lp, col[i], capmax / cap);
     }
     glp_set_obj_dir(lp, GLP_MIN);
-    int rc = simplex_warm(x, lp, "tie-break");
+    int rc = simplex_warm(x, lp, "tie-break", 1);
     if (rc != CM_OK)
         return rc;
     read_h(p, lp, col, h);
@@ -176,7 +182,7 @@ static int tie_break(struct sched__ctx *x, glp_prob *lp, const int *col, int H, 
     free(ind);
     free(val);
     glp_set_obj_coef(lp, z, 1);
-    if (simplex_warm(x, lp, "balancing") == CM_OK) {
+    if (simplex_warm(x, lp, "balancing", 0) == CM_OK) {
         read_h(p, lp, col, h);
         /* the plan must still reach the rate: a stage that lost it (it
            cannot, up to GLPK's tolerances) is not taken */
