@@ -139,6 +139,21 @@ static void on_warm(void *arg, const struct ar_result *r)
     p->warm_status = r->status;
 }
 
+/* Runs the peer's loop until every peer's round is done: *mine is set by
+ * this peer's done callback, *count counts the peers done (each peer keeps
+ * serving the others' fetches until the last one is). */
+static void run_until_all(struct bpeer *p, const int *mine, atomic_int *count, size_t n_peers)
+{
+    int counted = 0;
+    while (atomic_load(count) < (int)n_peers) {
+        uv_run(&p->loop, UV_RUN_ONCE);
+        if (*mine && !counted) {
+            counted = 1;
+            atomic_fetch_add(count, 1);
+        }
+    }
+}
+
 /* The seed's figures are means over 100 rounds: connections stay up from
  * one round to the next (as in crowdtrain-agent join, whose engine lives
  * for the whole run). A first, tiny round among everyone opens every
@@ -157,14 +172,7 @@ static int warm_up(struct bpeer *p, struct bench *b)
         atomic_fetch_add(&b->n_warm, 1); /* the others must not wait for us */
         return rc;
     }
-    int counted = 0;
-    while (atomic_load(&b->n_warm) < (int)b->n_peers) {
-        uv_run(&p->loop, UV_RUN_ONCE);
-        if (p->warm_done && !counted) {
-            counted = 1;
-            atomic_fetch_add(&b->n_warm, 1);
-        }
-    }
+    run_until_all(p, &p->warm_done, &b->n_warm, b->n_peers);
     return p->warm_status;
 }
 
@@ -181,8 +189,8 @@ static void *peer_main(void *arg)
     struct ar_round_config c = {
         .step = 1, .group_id = (const uint8_t *)"table1", .group_id_len = 6, .members = b->mem,
         .n_members = b->n_peers, .my_index = p->idx, .buf = p->buf, .n = b->n,
-        .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = g_window, .deadline_ms = 900000, .stall_ms = 60000,
-        .linger_ms = 120000, .done = on_done, .arg = p};
+        .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = g_window,
+        .deadline_ms = 900000, .stall_ms = 60000, .linger_ms = 120000, .done = on_done, .arg = p};
     pthread_barrier_wait(&b->start);
     int rc = ar_round_start(p->eng, &c, NULL);
     if (rc) {
@@ -190,14 +198,7 @@ static void *peer_main(void *arg)
         p->done = 1;
         p->status = rc;
     }
-    int counted = 0;
-    while (atomic_load(&b->n_done) < (int)b->n_peers) {
-        uv_run(&p->loop, UV_RUN_ONCE);
-        if (p->done && !counted) {
-            counted = 1;
-            atomic_fetch_add(&b->n_done, 1);
-        }
-    }
+    run_until_all(p, &p->done, &b->n_done, b->n_peers);
     pthread_barrier_wait(&b->stop);
     ar_engine_free(p->eng);
     p->eng = NULL;
