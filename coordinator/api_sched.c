@@ -266,7 +266,8 @@ COORD_DB_STMT(S_RUN, 1,
               "coalesce(config->>'gradient_bits', config->'collaboration'->>'gradient_bits', "
               "CASE config->'collaboration'->>'compression' WHEN 'fp16' THEN '16' "
               "WHEN 'q8' THEN '8' ELSE '' END), "
-              "coalesce(config->'collaboration'->>'compute_roles', config->>'compute_roles', 'all') "
+              "coalesce(config->'collaboration'->>'compute_roles', config->>'compute_roles', 'all'), "
+              "coalesce(config->'collaboration'->>'group_size', config->>'group_size', '') "
               "FROM runs WHERE name = $1");
 /* Live: the report has not expired and the pass it came with is still valid
  * (a revoked peer drops out of the next schedule). */
@@ -556,6 +557,7 @@ static json_t *result_doc(const struct inputs *in, const struct sched_solution *
  * caller's transaction, under the run's advisory lock. */
 static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
                            const struct inputs *in, double batch, double grad_mbit, int lp_roles,
+                           unsigned fixed_m,
                            struct newest *nw)
 {
     if (in->n > COORD_SCHED_MAX_PEERS) {
@@ -593,6 +595,12 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
     unsigned m = 1;
     double expected = 1;
     sched_group_size(in->n, pf, &m, &expected);
+    if (fixed_m) { /* the organizer's config.collaboration.group_size */
+        m = fixed_m < in->n ? fixed_m : (unsigned)in->n;
+        expected = sched_expected_iterations(in->n, m, pf);
+        if (failure)
+            json_object_set_new(failure, "group_size_fixed", json_integer(fixed_m));
+    }
 
     long long now = (long long)time(NULL);
     struct sched_schedule s = {0};
@@ -828,6 +836,13 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     const char *roles = PQgetvalue(r, 0, 4);
     int lp_roles = !strcmp(roles, "lp");
     params_ok = params_ok && (lp_roles || !strcmp(roles, "all"));
+    const char *gs = PQgetvalue(r, 0, 5);
+    unsigned fixed_m = 0;
+    if (*gs) {
+        long v = strtol(gs, &end, 10);
+        params_ok = params_ok && end && !*end && v >= 2 && v <= SCHED_MAX_PEERS;
+        fixed_m = v >= 2 && v <= SCHED_MAX_PEERS ? (unsigned)v : 0;
+    }
     PQclear(r);
 
     struct newest nw = {0};
@@ -847,15 +862,17 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
             coord_resp_error(resp, 409, "run_not_schedulable",
                              "run '%s' needs config.collaboration.model_parameters (a "
                              "positive integer; or config.model_parameters) and optionally "
-                             "gradient_bits (8, 16 or 32) and compute_roles (\"all\" or "
-                             "\"lp\") to be scheduled",
-                             req->params[0]);
+                             "gradient_bits (8, 16 or 32), compute_roles (\"all\" or "
+                             "\"lp\") and group_size (an integer from 2 to %d) to be scheduled",
+                             req->params[0], SCHED_MAX_PEERS);
         free(nw.payload);
         return;
     }
     json_t *run_doc = json_pack("{s:s, s:f, s:f, s:f, s:s}", "name", req->params[0],
                                 "target_batch_size", batch, "model_parameters", params,
                                 "gradient_bits", bits, "compute_roles", lp_roles ? "lp" : "all");
+    if (run_doc && fixed_m)
+        json_object_set_new(run_doc, "group_size", json_integer(fixed_m));
     if (!inputs_load(req, run_id, run_doc, &in, resp)) {
         free(nw.payload);
         return;
@@ -901,7 +918,8 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     }
     int fresh = 0;
     if (!newest_good(&nw, in.sha, now)) {
-        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, lp_roles, &nw)) {
+        if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, lp_roles, fixed_m,
+                             &nw)) {
             coord_db_cmd(req->db, "ROLLBACK");
             goto out;
         }

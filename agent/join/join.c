@@ -19,6 +19,7 @@
 #include "agent/client.h"
 #include "agent/commands.h"
 #include "agent/join/collab.h"
+#include "agent/join/groups.h"
 #include "agent/join/net.h"
 #include "agent/join/report.h"
 #include "agent/join/sched_follow.h"
@@ -1154,12 +1155,99 @@ struct round_job {
     uint8_t rid[AR_ROUND_ID_LEN];
     struct join_round_summary sum;
     int64_t sched_v;
+    size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */
     double global, t_wait, t_round; /* seconds waited for it / it took (gather to outcome) */
     /* thread */
     pthread_t th;
     int threaded;
     volatile int done;
 };
+
+/* Group all-reduce (agent/join/groups.h; seed 000 §3.2 and Appendix C):
+ * the rounds of the layout one after the other, each in our group of that
+ * round with its own round id ("g<round>.<group>"). The outcome is kept per
+ * block of the gradient (JOIN_GROUP_BLOCKS equal blocks) rather than per
+ * part, since every group cuts its own parts: a block is ours when every
+ * round committed the parts over it, and from the second round on averaged
+ * them with every sender (a group that lost a sender there averaged other
+ * values than its sibling groups, which would leave their members apart).
+ * The members then agree on the blocks as on parts in one round: a block
+ * any member lacks is skipped by everyone (zero gradient), so the members
+ * stay identical whatever failed. A sender dropped in the first round is
+ * renormalized away inside its group as usual; its group still carries
+ * the announced weight of all its members into the next rounds. */
+#define JOIN_GROUP_BLOCKS 64
+static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
+                           const struct ar_round_config *base)
+{
+    struct peer_state *s = j->s;
+    size_t n = base->n, nb = n < JOIN_GROUP_BLOCKS ? n : JOIN_GROUP_BLOCKS;
+    uint64_t blocks = nb >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << nb) - 1);
+    memset(&j->sum, 0, sizeof j->sum);
+    for (size_t r = 0; r < G->rounds && !g_interrupts; r++) {
+        int grp = G->group[r][j->me];
+        if (grp < 0)
+            continue; /* our unit waits for the others' rounds */
+        struct ar_member gm[AR_MAX_MEMBERS];
+        int agg_ok[AR_MAX_MEMBERS];
+        uint32_t glob[AR_MAX_MEMBERS];
+        size_t ng = G->size[r][grp], me = ng;
+        for (size_t i = 0; i < j->nmem; i++) {
+            if (G->group[r][i] != grp)
+                continue;
+            size_t k = (size_t)G->pos[r][i];
+            gm[k] = j->am[i];
+            gm[k].sends = G->sends[r][i] ? AR_SENDS_FULL : AR_SENDS_PULL;
+            agg_ok[k] = j->mem[i].agg && j->am[i].addr.ss_family != 0;
+            glob[k] = (uint32_t)i;
+            if (i == j->me)
+                me = k;
+        }
+        pthread_mutex_lock(&s->js_mu);
+        if (!s->js || join_sched_plan_version(s->js, j->sched_v, gm, agg_ok, ng) != CM_OK)
+            for (size_t k = 0; k < ng; k++)
+                gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
+        pthread_mutex_unlock(&s->js_mu);
+        char gid[32];
+        snprintf(gid, sizeof gid, "g%zu.%d", r + 1, grp);
+        struct ar_round_config rc = *base;
+        rc.group_id = (const uint8_t *)gid;
+        rc.group_id_len = strlen(gid);
+        rc.members = gm;
+        rc.n_members = ng;
+        rc.my_index = me;
+        rc.weight = G->sends[r][j->me] ? G->weight[r][j->me] : 0;
+        struct join_round_summary sum;
+        memset(&sum, 0, sizeof sum);
+        int rc_ar = join_net_allreduce(s->net, &rc, &sum);
+        if (rc_ar != CM_OK && sum.n_parts == 0)
+            blocks = 0; /* nothing committed, nothing known */
+        for (size_t k = 0; k < sum.n_parts && k < AR_MAX_MEMBERS; k++) {
+            int ok = (sum.averaged_mask >> k & 1) && !(r > 0 && (sum.incomplete_mask >> k & 1));
+            if (ok || sum.part_len[k] == 0)
+                continue;
+            size_t b0 = sum.part_off[k] * nb / n,
+                   b1 = ((sum.part_off[k] + sum.part_len[k]) * nb + n - 1) / n;
+            for (size_t b = b0; b < b1 && b < nb; b++)
+                blocks &= ~((uint64_t)1 << b);
+        }
+        for (size_t i = 0; i < sum.n_excluded && j->sum.n_excluded < AR_MAX_MEMBERS; i++) {
+            j->sum.excluded[j->sum.n_excluded] = glob[sum.excluded[i] < ng ? sum.excluded[i] : 0];
+            j->sum.excluded_reason[j->sum.n_excluded++] = sum.excluded_reason[i];
+        }
+        j->sum.ms_total += sum.ms_total;
+        j->sum.bytes_sent += sum.bytes_sent;
+        j->sum.bytes_received += sum.bytes_received;
+        j->group_size = ng;
+    }
+    j->sum.n_parts = nb;
+    for (size_t b = 0; b < nb; b++) {
+        j->sum.part_off[b] = b * n / nb;
+        j->sum.part_len[b] = (b + 1) * n / nb - b * n / nb;
+    }
+    j->sum.averaged_mask = blocks;
+    return blocks;
+}
 
 /* Gather, plan, average and agree on the outcome; leaves in j->accum the
  * gradient every member applies (parts not agreed zeroed). */
@@ -1255,9 +1343,40 @@ static void run_round_timed(struct round_job *j)
         j->rc = CM_EINTERNAL;
         return;
     }
-    int rc = join_net_allreduce(s->net, &rcfg, &j->sum);
-    if (rc != CM_OK && j->sum.n_parts == 0)
-        j->sum.averaged_mask = 0;
+    /* the schedule's group size (Appendix C): groups of m when it is below
+       the members (the round id above, over all members, names the step's
+       outcome; each group round has its own) */
+    j->group_rounds = 1;
+    j->group_size = j->nmem;
+    pthread_mutex_lock(&s->js_mu);
+    unsigned gm = j->sched_v > 0 && s->js ? join_sched_group_size(s->js, j->sched_v) : 0;
+    pthread_mutex_unlock(&s->js_mu);
+    struct join_groups *G = gm >= 2 && gm < j->nmem ? malloc(sizeof *G) : NULL;
+    if (G) {
+        int gs[AR_MAX_MEMBERS], ga[AR_MAX_MEMBERS];
+        double gw[AR_MAX_MEMBERS];
+        for (size_t i = 0; i < j->nmem; i++) {
+            gs[i] = am[i].sends == AR_SENDS_FULL;
+            ga[i] = am[i].addr.ss_family != 0;
+            gw[i] = j->mem[i].weight;
+        }
+        if (join_groups_plan(j->nmem, gs, ga, gw, gm, G) != CM_OK || G->rounds < 2) {
+            free(G);
+            G = NULL;
+        }
+    }
+    if (G) {
+        j->group_rounds = G->rounds;
+        run_groups(j, G, &rcfg);
+        free(G);
+        j->n_parts = j->sum.n_parts;
+        memcpy(poff, j->sum.part_off, j->n_parts * sizeof *poff);
+        memcpy(plen, j->sum.part_len, j->n_parts * sizeof *plen);
+    } else {
+        int rc = join_net_allreduce(s->net, &rcfg, &j->sum);
+        if (rc != CM_OK && j->sum.n_parts == 0)
+            j->sum.averaged_mask = 0;
+    }
     /* one entry per excluded peer (each aggregator of a part reports it) */
     size_t ne = 0;
     for (size_t i = 0; i < j->sum.n_excluded; i++) {
@@ -1446,10 +1565,11 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
                  "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
                  "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
                  "\"round_ms\":%.1f,\"round_s\":%.3f,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
-                 "\"t_ms\":%lld}",
+                 "\"group_rounds\":%zu,\"group_size\":%zu,\"t_ms\":%lld}",
                  (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
                  __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, j->t_round,
-                 j->compute_s, j->t_wait, (long long)j->sched_v, (long long)now_ms());
+                 j->compute_s, j->t_wait, (long long)j->sched_v, j->group_rounds, j->group_size,
+                 (long long)now_ms());
         agent_steplog_write(s->steplog, line);
     }
     /* every K steps, and the run's final state (for peers that finish

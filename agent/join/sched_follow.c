@@ -415,6 +415,12 @@ int join_sched_has_version(const struct join_sched *js, int64_t version)
     return js && version > 0 && find(js, version) != NULL;
 }
 
+unsigned join_sched_group_size(const struct join_sched *js, int64_t version)
+{
+    const struct held *h = js && version > 0 ? find(js, version) : NULL;
+    return h ? h->s.group_size : 0;
+}
+
 const struct sched_schedule *join_sched_current(const struct join_sched *js)
 {
     return js && js->nv ? &js->v[0].s : NULL;

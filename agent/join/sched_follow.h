@@ -97,6 +97,9 @@ int join_sched_accept(struct join_sched *js, const json_t *answer, int64_t now, 
 int64_t join_sched_version(const struct join_sched *js);
 /* 1 when that version is held. */
 int join_sched_has_version(const struct join_sched *js, int64_t version);
+/* The group size m of that version (Appendix C; agent/join/groups.h);
+ * 0 when it is not held. */
+unsigned join_sched_group_size(const struct join_sched *js, int64_t version);
 /* The newest schedule held, or NULL (borrowed; valid until the next call). */
 const struct sched_schedule *join_sched_current(const struct join_sched *js);
 

@@ -68,14 +68,15 @@ static char *g_org;
 static char g_dirs[NAGENTS][256];
 static int g_teardown_failed;
 
-static char *run_body_named(const char *name, const char *roles);
+static char *run_body_named(const char *name, const char *roles, int group_size);
 static char *run_body(void)
 {
-    return run_body_named(RUN, NULL);
+    return run_body_named(RUN, NULL, 0);
 }
 
-/* The run's body; roles: config.collaboration.compute_roles, NULL: unset. */
-static char *run_body_named(const char *name, const char *roles)
+/* The run's body; roles: config.collaboration.compute_roles, NULL: unset;
+ * group_size: config.collaboration.group_size, 0: unset. */
+static char *run_body_named(const char *name, const char *roles, int group_size)
 {
     char ex[PATH_MAX], path[PATH_MAX + 64];
     if (!realpath("examples", ex))
@@ -98,6 +99,9 @@ static char *run_body_named(const char *name, const char *roles)
     if (roles)
         json_object_set_new(json_object_get(cfg, "collaboration"), "compute_roles",
                             json_string(roles));
+    if (group_size)
+        json_object_set_new(json_object_get(cfg, "collaboration"), "group_size",
+                            json_integer(group_size));
     json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size",
                              json_integer_value(json_object_get(cfg, "batch_size")),
                              "model_summary", "MLP 784-256-128-10", "config", cfg);
@@ -151,6 +155,9 @@ struct steps {
     double samples[MAXSTEPS + 1]; /* of the last file folded */
     long long version[MAXSTEPS + 1];
     char hash[MAXSTEPS + 1][65];
+    long long group_rounds[MAXSTEPS + 1], group_size[MAXSTEPS + 1]; /* of the last file folded */
+    double loss[MAXSTEPS + 1];
+    int agreed[MAXSTEPS + 1];
     int mismatches, version_mismatches;
 };
 
@@ -181,6 +188,10 @@ static void fold(const char *path, struct steps *st)
             st->round_ms[step] =
                 fmax(st->round_ms[step], json_number_value(json_object_get(j, "round_ms")));
             st->samples[step] = json_number_value(json_object_get(j, "samples"));
+            st->group_rounds[step] = json_integer_value(json_object_get(j, "group_rounds"));
+            st->group_size[step] = json_integer_value(json_object_get(j, "group_size"));
+            st->loss[step] = json_number_value(json_object_get(j, "loss"));
+            st->agreed[step] = (int)json_integer_value(json_object_get(j, "agreed"));
         }
         json_decref(j);
     }
@@ -362,7 +373,7 @@ static void test_agents_follow_schedule(void **state)
 static void test_pull_only_role(void **state)
 {
     (void)state;
-    char *body = run_body_named(PO_RUN, "lp");
+    char *body = run_body_named(PO_RUN, "lp", 0);
     struct ct_resp r;
     ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
     free(body);
@@ -435,6 +446,92 @@ static void test_pull_only_role(void **state)
             ct_rmrf(dirs[i]);
 }
 
+
+/* Group all-reduce (seed 000 §3.2, Appendix C; agent/join/groups.h): a run
+ * whose organizer fixes config.collaboration.group_size = 2 gets schedules
+ * with m = 2, and four agents then average each step in two rounds of
+ * pairs ({0, 2} and {1, 3}, then {0, 1} and {2, 3} in key order) instead
+ * of one all-reduce of four. Checked: the schedule says m = 2, most steps
+ * ran two rounds in groups of two, every agent holds the same parameters at
+ * every step (the pairs of the second round compute the same bits), every
+ * block of the gradient was averaged in most steps, and the loss falls. */
+#define GR_RUN "fmnist-groups"
+static void test_group_rounds(void **state)
+{
+    (void)state;
+    char *body = run_body_named(GR_RUN, NULL, 2);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
+    free(body);
+    assert_int_equal(r.status, 201);
+    ct_resp_free(&r);
+    char dirs[NAGENTS][256], logs[NAGENTS][320], steplogs[NAGENTS][320];
+    assert_int_equal(ct_volunteers(&g_c, g_org, GR_RUN, NAGENTS, dirs), 0);
+    pid_t pids[NAGENTS];
+    for (int i = 0; i < NAGENTS; i++) {
+        snprintf(logs[i], sizeof logs[i], "build/test-logs/groups-agent%d.log", i);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/groups.steps", dirs[i]);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", GR_RUN, "--config-dir",
+                              dirs[i], "--listen-ip", "127.0.0.1", "--device", "cpu",
+                              "--round-window-ms", "400", "--outcome-window-ms", "1000",
+                              "--stall-ms", "8000", "--step-log", steplogs[i], "--no-eval", NULL};
+        pids[i] = ct_spawn(argv, logs[i]);
+        assert_true(pids[i] > 0);
+    }
+    int failed = 0;
+    for (int i = 0; i < NAGENTS; i++)
+        if (ct_wait(pids[i], 600) != 0) {
+            fprintf(stderr, "agent %d failed; its log: %s\n", i, logs[i]);
+            failed++;
+        }
+    assert_int_equal(failed, 0);
+    static struct steps st, one[NAGENTS];
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < NAGENTS; i++) {
+        fold(steplogs[i], &st);
+        memset(&one[i], 0, sizeof one[i]);
+        fold(steplogs[i], &one[i]);
+    }
+    assert_int_equal(st.mismatches, 0); /* identical parameters at every step */
+    int grouped = 0, whole = 0;
+    for (long k = 1; k <= STEPS; k++) {
+        int pairs = 0;
+        for (int i = 0; i < NAGENTS; i++)
+            pairs += one[i].hash[k][0] && one[i].group_rounds[k] == 2 && one[i].group_size[k] == 2;
+        if (pairs == NAGENTS) {
+            grouped++;
+            whole += st.agreed[k] == 64;
+        }
+    }
+    double first = 0, last = 0;
+    int nf = 0, nl = 0;
+    for (long k = 1; k <= STEPS; k++) {
+        if (!isfinite(st.loss[k]) || st.loss[k] <= 0)
+            continue;
+        if (k <= 5)
+            first += st.loss[k], nf++;
+        if (k > STEPS - 5)
+            last += st.loss[k], nl++;
+    }
+    printf("%d of %d steps averaged in two rounds of pairs by all %d agents, %d of them with every "
+           "block; loss %.3f -> %.3f\n",
+           grouped, STEPS, NAGENTS, whole, nf ? first / nf : 0, nl ? last / nl : 0);
+    assert_true(grouped >= STEPS / 2);
+    assert_true(whole >= grouped * 3 / 4);
+    assert_true(nf > 0 && nl > 0 && last / nl < 0.8 * (first / nf));
+    long m = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT (s.result->>'group_size')::int FROM schedules s JOIN runs ru "
+                                  "ON ru.id = s.run_id WHERE ru.name = '" GR_RUN "' "
+                                  "ORDER BY s.version DESC LIMIT 1",
+                                  &m),
+                     0);
+    assert_int_equal(m, 2);
+    for (int i = 0; i < NAGENTS; i++)
+        if (!getenv("CT_KEEP_LOGS"))
+            ct_rmrf(dirs[i]);
+}
+
 int main(void)
 {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
@@ -449,6 +546,7 @@ int main(void)
 #endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pull_only_role),
+        cmocka_unit_test(test_group_rounds),
         cmocka_unit_test(test_agents_follow_schedule),
     };
     if (getenv("CT_TEST_FILTER"))

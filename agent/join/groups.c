@@ -1,0 +1,157 @@
+/* Group all-reduce layout (groups.h; seed 000_02cc6b5d62a616fc.txt §3.2,
+ * Appendix C). */
+#include "agent/join/groups.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+
+struct unit {
+    int mem[AR_MAX_MEMBERS]; /* member indices; member 0 always an aggregator */
+    size_t size;
+    double w;
+};
+
+static void single(struct join_groups *g, size_t n)
+{
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->rounds = 1;
+}
+
+/* Members of t units merged into one, aggregators first (stable), so that
+ * member 0 of every unit stays an aggregator. */
+static void merge(const struct unit *const *u, size_t t, const int *agg, struct unit *out)
+{
+    out->size = 0;
+    out->w = 0;
+    for (int pass = 1; pass >= 0; pass--)
+        for (size_t i = 0; i < t; i++)
+            for (size_t k = 0; k < u[i]->size; k++)
+                if (!!agg[u[i]->mem[k]] == pass)
+                    out->mem[out->size++] = u[i]->mem[k];
+    for (size_t i = 0; i < t; i++)
+        out->w += u[i]->w;
+}
+
+static void place(struct join_groups *g, size_t r, int member, int group, int sends, double w)
+{
+    g->group[r][member] = group;
+    g->pos[r][member] = (int)g->size[r][group]++;
+    g->sends[r][member] = sends;
+    g->weight[r][member] = sends ? w : 0;
+}
+
+int join_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
+                     struct join_groups *out)
+{
+    if (n == 0 || n > AR_MAX_MEMBERS)
+        return CM_EINVAL;
+    single(out, n);
+    if (m < 2 || m >= n)
+        return CM_OK;
+    size_t naggs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!sends[i])
+            return CM_OK;
+        naggs += !!agg[i];
+    }
+    size_t g1 = (n + m - 1) / m;
+    if (naggs < g1)
+        return CM_OK;
+
+    struct unit *units = calloc(2 * AR_MAX_MEMBERS, sizeof *units);
+    if (!units)
+        return CM_ENOMEM;
+    struct unit *cur = units, *next = units + AR_MAX_MEMBERS;
+    /* round 1: deal the senders, aggregators first, into g1 units */
+    int order[AR_MAX_MEMBERS];
+    size_t no = 0;
+    for (int pass = 1; pass >= 0; pass--)
+        for (size_t i = 0; i < n; i++)
+            if (!!agg[i] == pass)
+                order[no++] = (int)i;
+    for (size_t u = 0; u < g1; u++) {
+        cur[u].size = 0;
+        cur[u].w = 0;
+    }
+    for (size_t k = 0; k < n; k++) {
+        struct unit *u = &cur[k % g1];
+        u->mem[u->size++] = order[k];
+        u->w += weight[order[k]];
+    }
+    for (size_t i = 0; i < n; i++)
+        out->group[0][i] = -1;
+    for (size_t u = 0; u < g1; u++)
+        for (size_t k = 0; k < cur[u].size; k++)
+            place(out, 0, cur[u].mem[k], (int)u, 1, weight[cur[u].mem[k]]);
+    for (size_t u = 0; u < g1; u++) /* a unit of one has nothing to average yet */
+        if (cur[u].size == 1)
+            out->group[0][cur[u].mem[0]] = -1;
+    out->n_groups[0] = g1;
+    size_t nunits = g1, r = 1;
+
+    /* rounds 2..: merge up to m units at a time */
+    while (nunits > 1) {
+        if (r >= JOIN_GROUPS_MAX_ROUNDS) { /* cannot happen with m >= 2 and n <= 64 */
+            free(units);
+            single(out, n);
+            return CM_OK;
+        }
+        size_t k = nunits <= m ? 1 : (nunits + m - 1) / m;
+        size_t ng = 0;
+        for (size_t i = 0; i < n; i++)
+            out->group[r][i] = -1;
+        for (size_t q = 0; q < k; q++) {
+            const struct unit *su[AR_MAX_MEMBERS];
+            size_t t = 0;
+            for (size_t u = q; u < nunits; u += k)
+                su[t++] = &cur[u];
+            if (t == 1) { /* sits this round out */
+                next[q] = *su[0];
+                continue;
+            }
+            size_t c = su[0]->size;
+            for (size_t i = 1; i < t; i++)
+                if (su[i]->size < c)
+                    c = su[i]->size;
+            /* group of column j: its own when it has an aggregator, else
+               column 0's (whose senders are every unit's member 0) */
+            int gid[AR_MAX_MEMBERS];
+            for (size_t j = 0; j < c; j++) {
+                int has = 0;
+                for (size_t i = 0; i < t && !has; i++)
+                    for (size_t x = j; x < su[i]->size && !has; x += c)
+                        has = !!agg[su[i]->mem[x]];
+                gid[j] = j == 0 || has ? (int)ng++ : -1;
+            }
+            for (size_t j = 0; j < c; j++)
+                if (gid[j] >= 0)
+                    out->size[r][gid[j]] = 0;
+            for (size_t j = 0; j < c; j++) /* senders: member j of each unit, unit order */
+                if (gid[j] >= 0)
+                    for (size_t i = 0; i < t; i++)
+                        place(out, r, su[i]->mem[j], gid[j], 1, su[i]->w);
+            for (size_t j = 0; j < c; j++) /* columns without an aggregator receive in column 0's */
+                if (gid[j] < 0)
+                    for (size_t i = 0; i < t; i++)
+                        place(out, r, su[i]->mem[j], gid[0], 0, 0);
+            for (size_t i = 0; i < t; i++) /* members beyond c receive */
+                for (size_t x = c; x < su[i]->size; x++) {
+                    int g = gid[x % c];
+                    place(out, r, su[i]->mem[x], g >= 0 ? g : gid[0], 0, 0);
+                }
+            merge(su, t, agg, &next[q]);
+        }
+        out->n_groups[r] = ng;
+        struct unit *tmp = cur;
+        cur = next;
+        next = tmp;
+        nunits = k;
+        r++;
+    }
+    free(units);
+    out->rounds = r;
+    return CM_OK;
+}

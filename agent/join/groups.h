@@ -1,0 +1,57 @@
+/* Group all-reduce: averaging a step's gradient in groups of m instead of
+ * one all-reduce over every member (seed 000_02cc6b5d62a616fc.txt, §3.2
+ * "Node failures" and Appendix C: ceil(log_m n) rounds of groups of m reach
+ * the exact average, and a failure only spoils its own group's round).
+ * The coordinator picks m (common/sched/sched_group.c) and puts it in the
+ * schedule; docs/collaboration.md, "Groups", says how agents run it.
+ *
+ * The layout is a merge tree over *units*: sets of members that hold the
+ * same values (bit for bit) and carry the weight of the samples behind them.
+ *  - Round 1: the senders are dealt into ceil(s/m) units of at most m
+ *    (aggregators dealt first, so every unit has one); each unit averages.
+ *  - Round r > 1: the units are dealt into super-units of at most m units.
+ *    A super-unit of t units whose smallest has c members runs c groups in
+ *    parallel: group j has member j of every unit as a sender with its
+ *    unit's weight, so each group computes the same weighted average of
+ *    the same values, in the same order (unit order), hence the same bits;
+ *    members beyond c of a larger unit join group (x mod c) as receivers
+ *    (AR_SENDS_PULL). A super-unit of one unit sits the round out.
+ *  - Rounds go on until one unit is left: every member then holds the
+ *    global average weighted by sample counts, for any n, not only powers
+ *    of m (the incomplete grids of Moshpit averaging would leave members
+ *    with different values, which collaborative training cannot have).
+ *
+ * Pure and deterministic: every member computes the same layout from the
+ * same member list. */
+#ifndef AGENT_JOIN_GROUPS_H
+#define AGENT_JOIN_GROUPS_H
+
+#include <stddef.h>
+
+#include "ar/ar.h"
+
+#define JOIN_GROUPS_MAX_ROUNDS 8 /* ceil(log2 AR_MAX_MEMBERS) = 6 is the most with m >= 2 */
+
+struct join_groups {
+    size_t n;      /* members */
+    size_t rounds; /* 1: no grouping, one all-reduce over every member */
+    /* per round r < rounds and member i (rounds >= 2 only): */
+    int group[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* -1: sits this round out */
+    int pos[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* index in its group's member list */
+    int sends[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* 1: sends for its unit; 0: receives */
+    double weight[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* its unit's weight when it sends */
+    size_t size[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* members of group g in round r */
+    size_t n_groups[JOIN_GROUPS_MAX_ROUNDS];
+};
+
+/* Lays out the rounds for n members (canonical order) with group size m.
+ * sends[i]: member i contributes a gradient (AR_SENDS_FULL); agg[i]: it
+ * accepts connections and may aggregate; weight[i]: its sample count.
+ * One all-reduce (out->rounds = 1) when m < 2, m >= n, a member does not
+ * send (pull-only and aggregate-only peers average in one group), or there
+ * are fewer aggregators than first-round units. CM_EINVAL on n = 0 or
+ * n > AR_MAX_MEMBERS. */
+int join_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
+                     struct join_groups *out);
+
+#endif
