@@ -8,7 +8,7 @@
 #include "cm_err.h"
 
 struct unit {
-    int mem[AR_MAX_MEMBERS]; /* member indices; member 0 always an aggregator */
+    int mem[AR_MAX_MEMBERS]; /* member indices */
     size_t size;
     double w;
 };
@@ -20,19 +20,16 @@ static void single(struct join_groups *g, size_t n)
     g->rounds = 1;
 }
 
-/* Members of t units merged into one, aggregators first (stable), so that
- * member 0 of every unit stays an aggregator. */
-static void merge(const struct unit *const *u, size_t t, const int *agg, struct unit *out)
+/* Members of t units merged into one (their weights add up). */
+static void merge(const struct unit *const *u, size_t t, struct unit *out)
 {
     out->size = 0;
     out->w = 0;
-    for (int pass = 1; pass >= 0; pass--)
-        for (size_t i = 0; i < t; i++)
-            for (size_t k = 0; k < u[i]->size; k++)
-                if (!!agg[u[i]->mem[k]] == pass)
-                    out->mem[out->size++] = u[i]->mem[k];
-    for (size_t i = 0; i < t; i++)
+    for (size_t i = 0; i < t; i++) {
+        memcpy(out->mem + out->size, u[i]->mem, u[i]->size * sizeof *out->mem);
+        out->size += u[i]->size;
         out->w += u[i]->w;
+    }
 }
 
 static void place(struct join_groups *g, size_t r, int member, int group, int sends, double w)
@@ -92,7 +89,7 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
     out->n_groups[0] = g1;
     size_t nunits = g1, r = 1;
 
-    /* rounds 2..: merge up to m units at a time */
+    /* rounds 2..: merge up to m units at a time, in one group each */
     while (nunits > 1) {
         if (r >= JOIN_GROUPS_MAX_ROUNDS) { /* cannot happen with m >= 2 and n <= 64 */
             free(units);
@@ -112,37 +109,17 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
                 next[q] = *su[0];
                 continue;
             }
-            size_t c = su[0]->size;
-            for (size_t i = 1; i < t; i++)
-                if (su[i]->size < c)
-                    c = su[i]->size;
-            /* group of column j: its own when it has an aggregator, else
-               column 0's (whose senders are every unit's member 0) */
-            int gid[AR_MAX_MEMBERS];
-            for (size_t j = 0; j < c; j++) {
-                int has = 0;
-                for (size_t i = 0; i < t && !has; i++)
-                    for (size_t x = j; x < su[i]->size && !has; x += c)
-                        has = !!agg[su[i]->mem[x]];
-                gid[j] = j == 0 || has ? (int)ng++ : -1;
-            }
-            for (size_t j = 0; j < c; j++)
-                if (gid[j] >= 0)
-                    out->size[r][gid[j]] = 0;
-            for (size_t j = 0; j < c; j++) /* senders: member j of each unit, unit order */
-                if (gid[j] >= 0)
-                    for (size_t i = 0; i < t; i++)
-                        place(out, r, su[i]->mem[j], gid[j], 1, su[i]->w);
-            for (size_t j = 0; j < c; j++) /* columns without an aggregator receive in column 0's */
-                if (gid[j] < 0)
-                    for (size_t i = 0; i < t; i++)
-                        place(out, r, su[i]->mem[j], gid[0], 0, 0);
-            for (size_t i = 0; i < t; i++) /* members beyond c receive */
-                for (size_t x = c; x < su[i]->size; x++) {
-                    int g = gid[x % c];
-                    place(out, r, su[i]->mem[x], g >= 0 ? g : gid[0], 0, 0);
-                }
-            merge(su, t, agg, &next[q]);
+            int g = (int)ng++;
+            out->size[r][g] = 0;
+            /* one sender per unit, in unit order, the others receive; the
+               sender rotates over the unit's members from round to round */
+            for (size_t i = 0; i < t; i++)
+                place(out, r, su[i]->mem[(r - 1) % su[i]->size], g, 1, su[i]->w);
+            for (size_t i = 0; i < t; i++)
+                for (size_t x = 0; x < su[i]->size; x++)
+                    if (x != (r - 1) % su[i]->size)
+                        place(out, r, su[i]->mem[x], g, 0, 0);
+            merge(su, t, &next[q]);
         }
         out->n_groups[r] = ng;
         struct unit *tmp = cur;

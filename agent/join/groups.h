@@ -7,15 +7,20 @@
  *
  * The layout is a merge tree over *units*: sets of members that hold the
  * same values (bit for bit) and carry the weight of the samples behind them.
- *  - Round 1: the senders are dealt into ceil(s/m) units of at most m
- *    (aggregators dealt first, so every unit has one); each unit averages.
- *  - Round r > 1: the units are dealt into super-units of at most m units.
- *    A super-unit of t units whose smallest has c members runs c groups in
- *    parallel: group j has member j of every unit as a sender with its
- *    unit's weight, so each group computes the same weighted average of
- *    the same values, in the same order (unit order), hence the same bits;
- *    members beyond c of a larger unit join group (x mod c) as receivers
- *    (AR_SENDS_PULL). A super-unit of one unit sits the round out.
+ *  - Round 1: the members are dealt into ceil(n/m) units of at most m
+ *    (aggregators dealt first, so every unit has one); each unit averages
+ *    (a unit of one has nothing to average and sits out).
+ *  - Round r > 1: the units are dealt into super-units of at most m units,
+ *    each averaging in one group: one member of every unit sends, with its
+ *    unit's weight, in unit order (the sender rotates over the unit's
+ *    members from round to round), and every other member of the
+ *    super-unit receives (AR_SENDS_PULL) and may aggregate. So a group has
+ *    at most m senders, and a sender lost in any round is renormalized
+ *    away inside its one group: all its members still get the same bits,
+ *    and the failure spoils that group's average only (seed 000 §3.2,
+ *    "Node failures": a failed participant "will only affect his
+ *    immediate group"). A super-unit of one unit sits the
+ *    round out.
  *  - Rounds go on until one unit is left: every member then holds the
  *    global average weighted by sample counts, for any n, not only powers
  *    of m (the incomplete grids of Moshpit averaging would leave members

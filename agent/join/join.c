@@ -1075,7 +1075,7 @@ static int odd_round(const struct collab_outcome *o, size_t n, const uint8_t rid
 
 static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t rid[AR_ROUND_ID_LEN],
                               uint64_t my_mask, const struct ar_member *am, size_t nmem,
-                              size_t *counted, int *odd)
+                              uint32_t window_ms, size_t *counted, int *odd)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
     snprintf(key, sizeof key, "%s/outcome/%lld", s->o.run, (long long)step);
@@ -1092,7 +1092,7 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
     if (collab_outcome_encode(&me, rec, sizeof rec) != CM_OK ||
         join_net_put(s->net, key, rec, strlen(rec), 120000) != CM_OK)
         fprintf(stderr, "\nwarning: step %lld: could not publish the round's outcome\n", (long long)step);
-    int64_t give_up = me.t_ms + s->o.outcome_window_ms + 4 * OUTCOME_MARGIN_MS + 5000;
+    int64_t give_up = me.t_ms + window_ms + 4 * OUTCOME_MARGIN_MS + 5000;
     uint64_t mask = my_mask;
     *counted = 0;
     for (;;) {
@@ -1112,7 +1112,7 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
         int decided = 0;
         uint64_t m = my_mask;
         size_t c = o ? collab_outcome_final(o, no, rid, (const uint8_t(*)[CM_ED25519_PUB_LEN])senders,
-                                            ns, s->o.outcome_window_ms, OUTCOME_MARGIN_MS, now_ms(),
+                                            ns, window_ms, OUTCOME_MARGIN_MS, now_ms(),
                                             &m, &decided)
                      : 0;
         int is_odd = o ? odd_round(o, no, rid) : 0;
@@ -1156,6 +1156,7 @@ struct round_job {
     struct join_round_summary sum;
     int64_t sched_v;
     size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */
+    size_t group_senders;            /* most senders in a group of ours */
     double global, t_wait, t_round; /* seconds waited for it / it took (gather to outcome) */
     /* thread */
     pthread_t th;
@@ -1168,14 +1169,12 @@ struct round_job {
  * round with its own round id ("g<round>.<group>"). The outcome is kept per
  * block of the gradient (JOIN_GROUP_BLOCKS equal blocks) rather than per
  * part, since every group cuts its own parts: a block is ours when every
- * round committed the parts over it, and from the second round on averaged
- * them with every sender (a group that lost a sender there averaged other
- * values than its sibling groups, which would leave their members apart).
- * The members then agree on the blocks as on parts in one round: a block
- * any member lacks is skipped by everyone (zero gradient), so the members
- * stay identical whatever failed. A sender dropped in the first round is
- * renormalized away inside its group as usual; its group still carries
- * the announced weight of all its members into the next rounds. */
+ * round committed the parts over it. The members then agree on the blocks
+ * as on parts in one round: a block any member lacks (an aggregator died)
+ * is skipped by everyone (zero gradient), so the members stay identical. A
+ * sender lost in a round is renormalized away inside its group, whose
+ * members all get the same bits; the unit it sent for still carries its
+ * announced weight into the next rounds. */
 #define JOIN_GROUP_BLOCKS 64
 static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
                            const struct ar_round_config *base)
@@ -1183,6 +1182,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
     struct peer_state *s = j->s;
     size_t n = base->n, nb = n < JOIN_GROUP_BLOCKS ? n : JOIN_GROUP_BLOCKS;
     uint64_t blocks = nb >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << nb) - 1);
+    uint64_t gone = 0; /* members (global index) an earlier round found unreachable */
     memset(&j->sum, 0, sizeof j->sum);
     for (size_t r = 0; r < G->rounds && !g_interrupts; r++) {
         int grp = G->group[r][j->me];
@@ -1191,7 +1191,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         struct ar_member gm[AR_MAX_MEMBERS];
         int agg_ok[AR_MAX_MEMBERS];
         uint32_t glob[AR_MAX_MEMBERS];
-        size_t ng = G->size[r][grp], me = ng;
+        size_t ng = G->size[r][grp], me = ng, nsend = 0;
         for (size_t i = 0; i < j->nmem; i++) {
             if (G->group[r][i] != grp)
                 continue;
@@ -1199,6 +1199,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
             gm[k] = j->am[i];
             gm[k].sends = G->sends[r][i] ? AR_SENDS_FULL : AR_SENDS_PULL;
             agg_ok[k] = j->mem[i].agg && j->am[i].addr.ss_family != 0;
+            nsend += G->sends[r][i] != 0;
             glob[k] = (uint32_t)i;
             if (i == j->me)
                 me = k;
@@ -1217,15 +1218,35 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         rc.n_members = ng;
         rc.my_index = me;
         rc.weight = G->sends[r][j->me] ? G->weight[r][j->me] : 0;
+        /* a member whose earlier group lost a peer starts this round up to a
+           stall per earlier round late: wait that long for it (it answers
+           "busy"), not only a stall, or its partners give up on it just as
+           it arrives */
+        rc.start_wait_ms = base->stall_ms * (uint32_t)(r + 1);
+        /* and an aggregator that did not answer us in an earlier round is
+           not waited for again (its part fails at once) */
+        rc.gone = 0;
+        for (size_t k = 0; k < ng; k++)
+            if (gone >> glob[k] & 1)
+                rc.gone |= (uint64_t)1 << k;
         struct join_round_summary sum;
         memset(&sum, 0, sizeof sum);
+        uint8_t grid[AR_ROUND_ID_LEN] = {0};
+        ar_round_id(&rc, grid);
+        CM_LOGD("join", "step %lld: group round %s (round %02x%02x%02x%02x): member %zu of %zu "
+                        "(%zu senders, %s)%s",
+                (long long)j->step, gid, grid[0], grid[1], grid[2], grid[3], me, ng, nsend,
+                G->sends[r][j->me] ? "sending" : "receiving",
+                rc.gone ? ", skipping members found gone" : "");
         int rc_ar = join_net_allreduce(s->net, &rc, &sum);
         if (rc_ar != CM_OK && sum.n_parts == 0)
             blocks = 0; /* nothing committed, nothing known */
         for (size_t k = 0; k < sum.n_parts && k < AR_MAX_MEMBERS; k++) {
-            int ok = (sum.averaged_mask >> k & 1) && !(r > 0 && (sum.incomplete_mask >> k & 1));
-            if (ok || sum.part_len[k] == 0)
+            if ((sum.averaged_mask >> k & 1) || sum.part_len[k] == 0)
                 continue;
+            if ((sum.part_status[k] == CM_ETIMEOUT || sum.part_status[k] == CM_ECONN) &&
+                sum.part_owner[k] < ng && sum.part_owner[k] != me)
+                gone |= (uint64_t)1 << glob[sum.part_owner[k]];
             size_t b0 = sum.part_off[k] * nb / n,
                    b1 = ((sum.part_off[k] + sum.part_len[k]) * nb + n - 1) / n;
             for (size_t b = b0; b < b1 && b < nb; b++)
@@ -1239,6 +1260,8 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         j->sum.bytes_sent += sum.bytes_sent;
         j->sum.bytes_received += sum.bytes_received;
         j->group_size = ng;
+        if (nsend > j->group_senders)
+            j->group_senders = nsend;
     }
     j->sum.n_parts = nb;
     for (size_t b = 0; b < nb; b++) {
@@ -1348,6 +1371,7 @@ static void run_round_timed(struct round_job *j)
        outcome; each group round has its own) */
     j->group_rounds = 1;
     j->group_size = j->nmem;
+    j->group_senders = j->senders;
     pthread_mutex_lock(&s->js_mu);
     unsigned gm = j->sched_v > 0 && s->js ? join_sched_group_size(s->js, j->sched_v) : 0;
     pthread_mutex_unlock(&s->js_mu);
@@ -1367,6 +1391,7 @@ static void run_round_timed(struct round_job *j)
     }
     if (G) {
         j->group_rounds = G->rounds;
+        j->group_senders = 0;
         run_groups(j, G, &rcfg);
         free(G);
         j->n_parts = j->sum.n_parts;
@@ -1400,7 +1425,12 @@ static void run_round_timed(struct round_job *j)
     j->agreed = mine;
     if (!s->o.aggregate_only) {
         int odd = 0;
-        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, &j->counted, &odd) & all;
+        /* group rounds: members may finish a stall apart per round after
+           the first (a member whose group lost a peer waited for it) */
+        uint32_t window = (uint32_t)s->o.outcome_window_ms +
+                          (uint32_t)(j->group_rounds - 1) * (uint32_t)s->o.stall_ms;
+        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, window, &j->counted, &odd) &
+                    all;
         if (odd) {
             fprintf(stderr, "\nwarning: step %lld: the other peers averaged a round with other members "
                             "than we saw; fetching their state\n", (long long)j->step);
@@ -1565,11 +1595,11 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
                  "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
                  "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
                  "\"round_ms\":%.1f,\"round_s\":%.3f,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
-                 "\"group_rounds\":%zu,\"group_size\":%zu,\"t_ms\":%lld}",
+                 "\"group_rounds\":%zu,\"group_size\":%zu,\"group_senders\":%zu,\"t_ms\":%lld}",
                  (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
                  __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, j->t_round,
                  j->compute_s, j->t_wait, (long long)j->sched_v, j->group_rounds, j->group_size,
-                 (long long)now_ms());
+                 j->group_senders, (long long)now_ms());
         agent_steplog_write(s->steplog, line);
     }
     /* every K steps, and the run's final state (for peers that finish

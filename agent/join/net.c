@@ -137,14 +137,13 @@ static void round_done(void *arg, const struct ar_result *res)
     s->status = res->status;
     memcpy(s->round_id, res->round_id, sizeof s->round_id);
     s->averaged_mask = 0;
-    s->incomplete_mask = 0;
     for (size_t i = 0; i < res->n_parts && i < AR_MAX_MEMBERS; i++) {
         s->part_off[i] = res->parts[i].offset;
         s->part_len[i] = res->parts[i].len;
+        s->part_owner[i] = res->parts[i].aggregator;
+        s->part_status[i] = res->parts[i].status;
         if (res->parts[i].averaged)
             s->averaged_mask |= (uint64_t)1 << i;
-        if (res->parts[i].dropped | res->parts[i].excluded | res->parts[i].partial)
-            s->incomplete_mask |= (uint64_t)1 << i;
     }
     s->n_parts = res->n_parts;
     s->n_averaged = res->n_averaged;

@@ -57,9 +57,9 @@ struct join_round_summary {
     uint64_t bytes_sent, bytes_received;
     uint8_t round_id[AR_ROUND_ID_LEN];
     uint64_t averaged_mask;          /* bit k: part k committed (parts <= 64) */
-    uint64_t incomplete_mask;        /* bit k: part k averaged without some sender
-                                        (dropped, excluded, or counted in some chunks only) */
     size_t part_off[AR_MAX_MEMBERS], part_len[AR_MAX_MEMBERS]; /* elements */
+    uint32_t part_owner[AR_MAX_MEMBERS]; /* member index of each part's aggregator */
+    int part_status[AR_MAX_MEMBERS];     /* CM_OK, or why the part was not averaged */
 };
 int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out);
 

@@ -201,6 +201,16 @@ struct ar_round_config {
                                      waiting for senders at 4/5 of it */
     uint32_t stall_ms;            /* silence before a peer is given up, and the
                                      timeout of each message; 0: 5000 */
+    uint32_t start_wait_ms;       /* how long a member that has not started the round
+                                     yet is waited for (it answers "busy"; a sender
+                                     never heard from); 0: stall_ms. Group rounds
+                                     after the first set more: a member whose
+                                     previous group lost a peer starts late */
+    uint64_t gone;                /* members known to be gone (bit i: member i; e.g.
+                                     found unreachable by an earlier group round of
+                                     the same step): their parts are given up at once
+                                     (CM_ECONN), and as senders they are dropped at
+                                     once. Local: not part of the round id */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */
     unsigned window;              /* chunk messages in flight per peer; 0: 4 */

@@ -128,7 +128,8 @@ void ar__agg_drop(struct ar_round *r, int s)
     struct ar__agg *a = &r->agg;
     if (a->snd[s].state != AR__S_ACTIVE)
         return;
-    CM_LOGI("ar", "part %zu: sender %d dropped (silent or late)", a->part, s);
+    CM_LOGI("ar", "round %02x%02x%02x%02x part %zu: sender %d dropped (silent or late)", r->id[0],
+            r->id[1], r->id[2], r->id[3], a->part, s);
     a->snd[s].state = AR__S_DROPPED;
     a->dropped |= BIT(s);
     ar__agg_finalize_scan(r);

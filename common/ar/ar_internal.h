@@ -64,6 +64,8 @@ struct ar__link {
     int64_t oretry_at, olast_ms;
     uint32_t obackoff;
     int oheld; /* ahead of the slowest link: waits for it (out_pump) */
+    int obusy, ibusy; /* the last answer said the aggregator has not started the
+                         round: it gets start_wait_ms, not stall_ms */
     int64_t osent_ms; /* last chunk sent on this link (a held link still sends
                          one every stall_ms / 4, or its aggregator drops us) */
     /* in */
@@ -96,6 +98,7 @@ struct ar_round {
     double weight, max_norm, max_weight;
     int comp;
     uint32_t chunk, deadline_ms, stall_ms, linger_ms;
+    uint32_t start_wait_ms; /* patience with a member that has not started yet */
     unsigned window;
     size_t enc_chunk; /* encoded bytes of one full chunk */
     size_t n_parts;

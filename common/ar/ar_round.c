@@ -253,7 +253,8 @@ static void give_up_out(struct ar_round *r, size_t k, int status)
     if (L->odone)
         return;
     if (status)
-        CM_LOGI("ar", "part %zu: stop sending to member %u: %s", k, r->owner[k],
+        CM_LOGI("ar", "round %02x%02x%02x%02x part %zu: stop sending to member %u: %s", r->id[0],
+                r->id[1], r->id[2], r->id[3], k, r->owner[k],
                 cm_strerror(status));
     L->odone = 1;
     L->ostatus = status;
@@ -275,6 +276,13 @@ static int take_ack(struct ar_round *r, size_t k, const uint8_t *body, size_t le
     if (ready > L->iready)
         L->iready = ready;
     return 1;
+}
+
+/* How long a link may stay silent: stall_ms, or start_wait_ms while its
+ * aggregator answers that it has not started the round yet. */
+static int64_t link_patience(const struct ar_round *r, const struct ar__link *L)
+{
+    return (int64_t)(L->obusy || L->ibusy ? r->start_wait_ms : r->stall_ms);
 }
 
 static int send_data(struct ar_round *r, size_t k, size_t c)
@@ -354,8 +362,20 @@ static void out_backoff(struct ar__link *L, size_t c)
  * part then advances at its planned share, as the LP's rates assume
  * (seed 000 §3.2, Appendix B). A link with nothing acknowledged yet (its
  * aggregator has not started the round) or none for AR__LEAD_STALE_MS (it
- * is gone or stuck) holds nobody; retries of lost chunks always go. */
-#define AR__LEAD 0.0625
+ * is gone or stuck) holds nobody; retries of lost chunks always go.
+ *
+ * AR__LEAD was 1/16 at first; 0 (a link at most one window ahead) ends
+ * setup C's LP rounds 0.1 s sooner (4.33 -> 4.23 s against a 4.09 s bound,
+ * 3 runs each): with 1/16 a slow sender's links finished up to 0.36 s
+ * apart, so the last chunks of every part became ready in a burst and the
+ * members' downloads, which run no faster than the senders' uploads there,
+ * could not catch up. The price is on unbalanced plans: even all-reduce in
+ * setup C (fast and slow aggregators with equal parts) went from
+ * 8.05-8.09 to 8.15-8.19 s, since holding a sender's links to fast
+ * aggregators to the pace of its links to slow ones leaves some of its
+ * upload unused. Agents average with the LP's plans, whose parts follow
+ * the aggregators' rates. */
+#define AR__LEAD 0.0
 #define AR__LEAD_STALE_MS 500
 static double slowest_link(const struct ar_round *r, int64_t now)
 {
@@ -430,6 +450,7 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
     if (L->odone)
         goto out;
     int64_t now = ar__mono_ms();
+    L->obusy = from && status == CM_EBUSY && !L->oacked;
     if (status == CM_OK && from) {
         take_ack(r, k, body, len);
         L->ost[c] = AR__C_DONE;
@@ -445,7 +466,7 @@ static void data_cb(void *arg, int status, const struct p2p_peer *from, const ui
                 out_pump(r, j);
     } else if (from && status != CM_EBUSY) {
         give_up_out(r, k, status); /* excluded, dropped, finished: stop */
-    } else if (now - L->olast_ms > (int64_t)r->stall_ms) {
+    } else if (now - L->olast_ms > link_patience(r, L)) {
         give_up_out(r, k, status ? status : CM_ETIMEOUT);
     } else {
         out_backoff(L, c); /* not started there yet, or a transport error */
@@ -468,7 +489,8 @@ static void give_up_in(struct ar_round *r, size_t k, int status)
     if (L->idone)
         return;
     if (status)
-        CM_LOGI("ar", "part %zu (member %u) not averaged: %s", k, r->owner[k],
+        CM_LOGI("ar", "round %02x%02x%02x%02x part %zu (member %u) not averaged: %s", r->id[0],
+                r->id[1], r->id[2], r->id[3], k, r->owner[k],
                 cm_strerror(status));
     L->idone = 1;
     L->istatus = status;
@@ -657,8 +679,12 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
             give_up_in(r, k, CM_OK);
         }
     } else if (from && status == CM_EBUSY) {
-        if (take_ack(r, k, body, len))
+        if (take_ack(r, k, body, len)) {
             L->ilast_ms = now;
+            L->ibusy = 0;
+        } else {
+            L->ibusy = !L->igot; /* it does not know the round yet */
+        }
         L->ist[c] = AR__C_RETRY;
         L->iprobe_at = now + L->ibackoff;
         L->ibackoff = L->ibackoff * 2 > AR__BACKOFF_MAX_MS ? AR__BACKOFF_MAX_MS : L->ibackoff * 2;
@@ -731,7 +757,8 @@ static void round_tick(uv_timer_t *t)
     if (r->my_part >= 0)
         for (size_t s = 0; s < r->n_members; s++)
             if ((a->senders & BIT(s)) && a->snd[s].state == AR__S_ACTIVE && s != r->me &&
-                (late_reduce || now - a->snd[s].last_ms > (int64_t)r->stall_ms))
+                (late_reduce || now - a->snd[s].last_ms >
+                                    (int64_t)(a->snd[s].n_recv ? r->stall_ms : r->start_wait_ms)))
                 ar__agg_drop(r, (int)s);
     for (size_t k = 0; k < r->n_parts && r->phase == AR__P_RUNNING; k++) {
         if ((int)k == r->my_part)
@@ -741,10 +768,12 @@ static void round_tick(uv_timer_t *t)
            aggregator's (it still sends a chunk every stall_ms / 4, whose
            answer, or lack of one, tells) */
         if (r->i_send && !L->odone &&
-            (late || (L->oflight == 0 && !L->oheld && now - L->olast_ms > (int64_t)r->stall_ms)))
+            (late || (L->oflight == 0 && !L->oheld &&
+                      now - L->olast_ms > link_patience(r, L))))
             give_up_out(r, k, CM_ETIMEOUT);
         if (r->i_pull && !L->idone &&
-            (late || (L->iflight == 0 && now - L->ilast_ms > (int64_t)r->stall_ms)))
+            (late || (L->iflight == 0 &&
+                      now - L->ilast_ms > link_patience(r, L))))
             give_up_in(r, k, CM_ETIMEOUT);
         if (r->i_send)
             out_pump(r, k);
@@ -867,6 +896,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->chunk = ar_chunk_elems(cfg);
     r->deadline_ms = cfg->deadline_ms ? cfg->deadline_ms : 60000;
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
+    r->start_wait_ms = cfg->start_wait_ms > r->stall_ms ? cfg->start_wait_ms : r->stall_ms;
     r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;
     r->window = cfg->window ? cfg->window : 4;
     r->max_norm = cfg->max_norm > 0 ? cfg->max_norm : 1e9;
@@ -911,6 +941,13 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
         L->olast_ms = L->ilast_ms = L->osent_ms = r->t0;
         if (L->n_chunks == 0 && (int)k != r->my_part) /* an empty part: nothing to move */
             L->odone = L->idone = 1;
+        if ((int)k != r->my_part && r->owner[k] != r->me && (cfg->gone & BIT(r->owner[k])) &&
+            !L->idone) {
+            /* its aggregator is known gone: nothing to wait for (the done
+               callback must not run inside ar_round_start: flags only) */
+            L->odone = L->idone = 1;
+            L->ostatus = L->istatus = CM_ECONN;
+        }
     }
     uv_timer_init(p2p_ctx_loop(e->ctx), &r->timer);
     r->timer.data = r;
@@ -925,6 +962,9 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
             for (size_t c = 0; c < a->n_chunks && a->snd[r->me].state == AR__S_ACTIVE; c++)
                 ar__agg_accept(r, (int)r->me, c, r->buf + a->offset + c * r->chunk,
                                ar__chunk_len(r, a->part, c), r->weight, 0);
+        for (size_t m = 0; m < r->n_members; m++)
+            if (m != r->me && (cfg->gone & BIT(m)) && (a->senders & BIT(m)))
+                ar__agg_drop(r, (int)m);
         if (a->n_chunks == 0)
             ar__agg_complete(r);
         else

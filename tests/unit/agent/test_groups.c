@@ -2,8 +2,8 @@
  * the exact weighted average on every member, bit for bit, for every n and
  * m (simulated: each group averages its senders' values in member order,
  * as the engine's aggregators do), in ceil(log_m n) rounds, with groups of
- * at most m senders, an aggregator in every group, and one all-reduce
- * where grouping does not apply. */
+ * at most m senders, an aggregator in every group, every member in at most
+ * one group per round, and one all-reduce where grouping does not apply. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -165,12 +165,16 @@ static void test_four_peers_in_pairs(void **state)
     assert_int_equal(join_groups_plan(4, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 2);
     assert_int_equal(g.n_groups[0], 2);
-    assert_int_equal(g.n_groups[1], 2);
     assert_int_equal(g.group[0][0], g.group[0][2]); /* dealt: {0, 2} and {1, 3} */
     assert_int_equal(g.group[0][1], g.group[0][3]);
-    assert_int_equal(g.group[1][0], g.group[1][1]); /* then {0, 1} and {2, 3} */
-    assert_int_equal(g.group[1][2], g.group[1][3]);
+    assert_true(g.group[0][0] != g.group[0][1]);
+    assert_int_equal(g.n_groups[1], 1); /* then all four, 0 and 1 sending for their pairs */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(g.group[1][i], 0);
+    assert_true(g.sends[1][0] && g.sends[1][1] && !g.sends[1][2] && !g.sends[1][3]);
     assert_true(g.weight[1][0] == 992 && g.weight[1][1] == 1056);
+    assert_int_equal(g.pos[1][0], 0);
+    assert_int_equal(g.pos[1][1], 1);
 }
 
 int main(void)

@@ -557,6 +557,62 @@ static void test_aggregator_never_starts(void **s)
     grp_cleanup(&g);
 }
 
+/* A member that starts later than stall_ms (its previous group round lost
+ * a peer) is still waited for when start_wait_ms covers it: its "round
+ * unknown" answers keep the others trying, and the aggregators keep its
+ * place as a sender. The same start without start_wait_ms drops it. */
+static void test_late_start_within_start_wait(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 1};
+    int sends[] = {1, 1, 1}, listen[] = {1, 1, 1};
+    struct grp g;
+    grp_init(&g, 3, 20000, frac, sends, listen, NULL);
+    g.base.start_wait_ms = 4000; /* stall_ms 1500 */
+    int start[] = {0, 0, 2500};
+    grp_run(&g, start, -1, 0, 20000);
+    check_exact(&g, senders_mask(&g));
+    grp_cleanup(&g);
+
+    grp_init(&g, 3, 20000, frac, sends, listen, NULL);
+    grp_run(&g, start, -1, 0, 20000);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(g.p[i].res.n_averaged, 2);
+        assert_false(g.p[i].parts[2].averaged);
+        assert_int_equal(g.p[i].parts[0].dropped, 0x4);
+    }
+    grp_cleanup(&g);
+}
+
+/* Members known gone (cfg.gone, e.g. unreachable in an earlier group round)
+ * are not waited for: their parts fail at once with CM_ECONN and they are
+ * dropped as senders at once, so the round ends long before stall_ms. */
+static void test_gone_members_not_waited_for(void **s)
+{
+    (void)s;
+    double frac[] = {1, 1, 1, 1};
+    int sends[] = {1, 1, 1, 1}, listen[] = {1, 1, 1, 1};
+    struct grp g;
+    grp_init(&g, 4, 30000, frac, sends, listen, NULL);
+    g.base.stall_ms = 8000;
+    g.base.gone = 0x8;
+    int start[] = {0, 0, 0, -1};
+    grp_run(&g, start, -1, 0, 20000);
+    for (size_t i = 0; i < 3; i++) {
+        struct peer *p = &g.p[i];
+        assert_int_equal(p->res.n_averaged, 3);
+        assert_false(p->parts[3].averaged);
+        assert_int_equal(p->parts[3].status, CM_ECONN);
+        for (size_t k = 0; k < 3; k++) {
+            assert_int_equal(p->parts[k].dropped, 0x8);
+            for (size_t j = p->parts[k].offset; j < p->parts[k].offset + p->parts[k].len; j++)
+                assert_true(close_to(p->buf[j], mean_at(&g, 0x7, j, NULL), 3e-7));
+        }
+        assert_true(p->res.ms_total < 4000); /* stall is 8 s */
+    }
+    grp_cleanup(&g);
+}
+
 /* The round deadline bounds everything, even with a long stall limit:
  * aggregators stop waiting for a silent sender at 4/5 of it, so the other
  * parts are still averaged; the part of an aggregator that never starts is
@@ -1051,6 +1107,8 @@ int main(void)
         cmocka_unit_test(test_staggered_start),
         cmocka_unit_test(test_sender_never_starts),
         cmocka_unit_test(test_aggregator_never_starts),
+        cmocka_unit_test(test_late_start_within_start_wait),
+        cmocka_unit_test(test_gone_members_not_waited_for),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_sender_killed_mid_round),
         cmocka_unit_test(test_aggregator_killed),
