@@ -1184,7 +1184,8 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
     uint64_t blocks = nb >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << nb) - 1);
     uint64_t gone = 0; /* members (global index) an earlier round found unreachable */
     memset(&j->sum, 0, sizeof j->sum);
-    for (size_t r = 0; r < G->rounds && !g_interrupts; r++) {
+    size_t r = 0;
+    for (; r < G->rounds && !g_interrupts; r++) {
         int grp = G->group[r][j->me];
         if (grp < 0)
             continue; /* our unit waits for the others' rounds */
@@ -1223,6 +1224,8 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
            "busy"), not only a stall, or its partners give up on it just as
            it arrives */
         rc.start_wait_ms = base->stall_ms * (uint32_t)(r + 1);
+        /* and serves its results at least as long (a receiver is not waited for) */
+        rc.linger_ms = rc.start_wait_ms > 10000 ? rc.start_wait_ms : 10000;
         /* and an aggregator that did not answer us in an earlier round is
            not waited for again (its part fails at once) */
         rc.gone = 0;
@@ -1244,25 +1247,30 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         for (size_t k = 0; k < sum.n_parts && k < AR_MAX_MEMBERS; k++) {
             if ((sum.averaged_mask >> k & 1) || sum.part_len[k] == 0)
                 continue;
-            if ((sum.part_status[k] == CM_ETIMEOUT || sum.part_status[k] == CM_ECONN) &&
+            int st = sum.part_status[k];
+            if ((st == CM_ETIMEOUT || st == CM_ECONN || st == CM_ECLOSED) &&
                 sum.part_owner[k] < ng && sum.part_owner[k] != me)
                 gone |= (uint64_t)1 << glob[sum.part_owner[k]];
-            size_t b0 = sum.part_off[k] * nb / n,
-                   b1 = ((sum.part_off[k] + sum.part_len[k]) * nb + n - 1) / n;
-            for (size_t b = b0; b < b1 && b < nb; b++)
-                blocks &= ~((uint64_t)1 << b);
+            size_t lo = sum.part_off[k], hi = sum.part_off[k] + sum.part_len[k];
+            for (size_t b = 0; b < nb; b++) /* the blocks that overlap the part */
+                if (b * n / nb < hi && (b + 1) * n / nb > lo)
+                    blocks &= ~((uint64_t)1 << b);
         }
-        for (size_t i = 0; i < sum.n_excluded && j->sum.n_excluded < AR_MAX_MEMBERS; i++) {
-            j->sum.excluded[j->sum.n_excluded] = glob[sum.excluded[i] < ng ? sum.excluded[i] : 0];
-            j->sum.excluded_reason[j->sum.n_excluded++] = sum.excluded_reason[i];
-        }
+        for (size_t i = 0; i < sum.n_excluded && j->sum.n_excluded < AR_MAX_MEMBERS; i++)
+            if (sum.excluded[i] < ng) {
+                j->sum.excluded[j->sum.n_excluded] = glob[sum.excluded[i]];
+                j->sum.excluded_reason[j->sum.n_excluded++] = sum.excluded_reason[i];
+            }
         j->sum.ms_total += sum.ms_total;
         j->sum.bytes_sent += sum.bytes_sent;
         j->sum.bytes_received += sum.bytes_received;
-        j->group_size = ng;
+        if (r == 0)
+            j->group_size = ng;
         if (nsend > j->group_senders)
             j->group_senders = nsend;
     }
+    if (r < G->rounds)
+        blocks = 0; /* interrupted (Ctrl-C): our buffer is half averaged */
     j->sum.n_parts = nb;
     for (size_t b = 0; b < nb; b++) {
         j->sum.part_off[b] = b * n / nb;
@@ -1390,6 +1398,19 @@ static void run_round_timed(struct round_job *j)
         }
     }
     if (G) {
+        /* the step's round id says "grouped, m": members that planned one
+           all-reduce (or another m) see an odd round, not a mix of part and
+           block masks */
+        char sgid[32];
+        snprintf(sgid, sizeof sgid, "groups/m%u", gm);
+        struct ar_round_config idc = rcfg;
+        idc.group_id = (const uint8_t *)sgid;
+        idc.group_id_len = strlen(sgid);
+        if (ar_round_id(&idc, j->rid) != CM_OK) {
+            free(G);
+            j->rc = CM_EINTERNAL;
+            return;
+        }
         j->group_rounds = G->rounds;
         j->group_senders = 0;
         run_groups(j, G, &rcfg);

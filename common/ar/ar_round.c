@@ -371,7 +371,7 @@ static void out_backoff(struct ar__link *L, size_t c)
  * members' downloads, which run no faster than the senders' uploads there,
  * could not catch up. The price is on unbalanced plans: even all-reduce in
  * setup C (fast and slow aggregators with equal parts) went from
- * 8.05-8.09 to 8.15-8.19 s, since holding a sender's links to fast
+ * 8.02-8.09 to 8.03-8.19 s, since holding a sender's links to fast
  * aggregators to the pace of its links to slow ones leaves some of its
  * upload unused. Agents average with the LP's plans, whose parts follow
  * the aggregators' rates. */
@@ -662,8 +662,10 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
     int64_t now = ar__mono_ms();
     /* The aggregator is alive and in this round unless it says it does not
      * know the round (CM_EBUSY without an Ack): then the stall clock runs. */
-    if (from && status != CM_EBUSY)
+    if (from && status != CM_EBUSY) {
         L->ilast_ms = now;
+        L->ibusy = 0;
+    }
     if (status == CM_OK && from) {
         r->bytes_received += len;
         int rc = take_result(r, k, c, body, len);

@@ -1,5 +1,5 @@
 /* Unit tests for agent/join/groups.c: the group all-reduce layout reaches
- * the exact weighted average on every member, bit for bit, for every n and
+ * the exact weighted average on every member for every n and
  * m (simulated: each group averages its senders' values in member order,
  * as the engine's aggregators do), in ceil(log_m n) rounds, with groups of
  * at most m senders, an aggregator in every group, every member in at most
