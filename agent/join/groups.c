@@ -46,15 +46,15 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
     if (n == 0 || n > AR_MAX_MEMBERS)
         return CM_EINVAL;
     single(out, n);
-    if (m < 2 || m >= n)
+    size_t ns = 0, naggs = 0;
+    for (size_t i = 0; i < n; i++)
+        if (sends[i]) {
+            ns++;
+            naggs += !!agg[i];
+        }
+    if (m < 2 || m >= ns)
         return CM_OK;
-    size_t naggs = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!sends[i])
-            return CM_OK;
-        naggs += !!agg[i];
-    }
-    size_t g1 = (n + m - 1) / m;
+    size_t g1 = (ns + m - 1) / m;
     if (naggs < g1)
         return CM_OK;
 
@@ -67,13 +67,13 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
     size_t no = 0;
     for (int pass = 1; pass >= 0; pass--)
         for (size_t i = 0; i < n; i++)
-            if (!!agg[i] == pass)
+            if (sends[i] && !!agg[i] == pass)
                 order[no++] = (int)i;
     for (size_t u = 0; u < g1; u++) {
         cur[u].size = 0;
         cur[u].w = 0;
     }
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < ns; k++) {
         struct unit *u = &cur[k % g1];
         u->mem[u->size++] = order[k];
         u->w += weight[order[k]];
@@ -129,6 +129,11 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
         r++;
     }
     free(units);
+    /* members that send nothing (pull-only, aggregate-only) join the last
+       round, one group of every member, as receivers (and aggregators) */
+    for (size_t i = 0; i < n; i++)
+        if (!sends[i])
+            place(out, r - 1, (int)i, 0, 0, 0);
     out->rounds = r;
     return CM_OK;
 }

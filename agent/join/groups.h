@@ -52,9 +52,11 @@ struct join_groups {
 /* Lays out the rounds for n members (canonical order) with group size m.
  * sends[i]: member i contributes a gradient (AR_SENDS_FULL); agg[i]: it
  * accepts connections and may aggregate; weight[i]: its sample count.
- * One all-reduce (out->rounds = 1) when m < 2, m >= n, a member does not
- * send (pull-only and aggregate-only peers average in one group), or there
- * are fewer aggregators than first-round units. CM_EINVAL on n = 0 or
+ * Members that do not send (pull-only and aggregate-only peers) sit every
+ * round out but the last, whose one group holds every member: there they
+ * receive the average, and aggregate when agg[i]. One all-reduce
+ * (out->rounds = 1) when m < 2, m >= the senders, or the senders hold
+ * fewer aggregators than first-round units. CM_EINVAL on n = 0 or
  * n > AR_MAX_MEMBERS. */
 int join_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
                      struct join_groups *out);

@@ -1157,6 +1157,7 @@ struct round_job {
     int64_t sched_v;
     size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */
     size_t group_senders;            /* most senders in a group of ours */
+    size_t group_last;               /* members of our group in the last round */
     double global, t_wait, t_round; /* seconds waited for it / it took (gather to outcome) */
     /* thread */
     pthread_t th;
@@ -1198,7 +1199,10 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
                 continue;
             size_t k = (size_t)G->pos[r][i];
             gm[k] = j->am[i];
-            gm[k].sends = G->sends[r][i] ? AR_SENDS_FULL : AR_SENDS_PULL;
+            /* a receiver; pull-only and aggregate-only members keep their role */
+            gm[k].sends = G->sends[r][i]                  ? AR_SENDS_FULL
+                          : j->am[i].sends == AR_SENDS_FULL ? AR_SENDS_PULL
+                                                            : j->am[i].sends;
             agg_ok[k] = j->mem[i].agg && j->am[i].addr.ss_family != 0;
             nsend += G->sends[r][i] != 0;
             glob[k] = (uint32_t)i;
@@ -1210,7 +1214,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
             for (size_t k = 0; k < ng; k++)
                 gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
         pthread_mutex_unlock(&s->js_mu);
-        char gid[32];
+        char gid[48];
         snprintf(gid, sizeof gid, "g%zu.%d", r + 1, grp);
         struct ar_round_config rc = *base;
         rc.group_id = (const uint8_t *)gid;
@@ -1266,6 +1270,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         j->sum.bytes_received += sum.bytes_received;
         if (r == 0)
             j->group_size = ng;
+        j->group_last = ng;
         if (nsend > j->group_senders)
             j->group_senders = nsend;
     }
@@ -1380,6 +1385,7 @@ static void run_round_timed(struct round_job *j)
     j->group_rounds = 1;
     j->group_size = j->nmem;
     j->group_senders = j->senders;
+    j->group_last = j->nmem;
     pthread_mutex_lock(&s->js_mu);
     unsigned gm = j->sched_v > 0 && s->js ? join_sched_group_size(s->js, j->sched_v) : 0;
     pthread_mutex_unlock(&s->js_mu);
@@ -1459,7 +1465,7 @@ static void run_round_timed(struct round_job *j)
             return;
         }
     }
-    if (j->agreed != all)
+    if (j->agreed != all && !s->o.aggregate_only) /* an aggregate-only peer holds only its part */
         fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
                         "are skipped this step\n",
                 (long long)j->step, __builtin_popcountll(j->agreed), j->n_parts);
@@ -1616,11 +1622,12 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
                  "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
                  "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
                  "\"round_ms\":%.1f,\"round_s\":%.3f,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
-                 "\"group_rounds\":%zu,\"group_size\":%zu,\"group_senders\":%zu,\"t_ms\":%lld}",
+                 "\"group_rounds\":%zu,\"group_size\":%zu,\"group_senders\":%zu,\"group_last\":%zu,"
+                 "\"t_ms\":%lld}",
                  (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
                  __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, j->t_round,
                  j->compute_s, j->t_wait, (long long)j->sched_v, j->group_rounds, j->group_size,
-                 j->group_senders, (long long)now_ms());
+                 j->group_senders, j->group_last, (long long)now_ms());
         agent_steplog_write(s->steplog, line);
     }
     /* every K steps, and the run's final state (for peers that finish
@@ -2134,9 +2141,20 @@ out:
 /* After the last step: peers still behind may need our final state; serve
  * it while any of them shows up (fresh progress below the last step, or a
  * request), for at most a minute. */
+#define AUX_LINGER_S 10.0 /* the engine's default linger_ms */
 static void linger(struct peer_state *s, int64_t step)
 {
-    if (s->o.aggregate_only || !s->st_addr[0])
+    if (s->o.aggregate_only) {
+        /* the members may still be fetching our part of the last round:
+           our engine serves it until they have it or its linger ends, but
+           only while we run (without this, every member skipped our part
+           of the last step) */
+        double t0 = mono_s();
+        while (!g_interrupts && mono_s() - t0 < AUX_LINGER_S)
+            usleep(100000);
+        return;
+    }
+    if (!s->st_addr[0])
         return;
     double t0 = mono_s(), quiet_since = t0;
     while (!g_interrupts && mono_s() - t0 < 60 && mono_s() - quiet_since < 3) {

@@ -158,6 +158,7 @@ struct steps {
     long long version[MAXSTEPS + 1];
     char hash[MAXSTEPS + 1][65];
     long long group_rounds[MAXSTEPS + 1], group_senders[MAXSTEPS + 1]; /* of the last file folded */
+    long long group_last[MAXSTEPS + 1];
     double loss[MAXSTEPS + 1];
     int agreed[MAXSTEPS + 1];
     int mismatches, version_mismatches;
@@ -192,6 +193,7 @@ static void fold(const char *path, struct steps *st)
             st->samples[step] = json_number_value(json_object_get(j, "samples"));
             st->group_rounds[step] = json_integer_value(json_object_get(j, "group_rounds"));
             st->group_senders[step] = json_integer_value(json_object_get(j, "group_senders"));
+            st->group_last[step] = json_integer_value(json_object_get(j, "group_last"));
             st->loss[step] = json_number_value(json_object_get(j, "loss"));
             st->agreed[step] = (int)json_integer_value(json_object_get(j, "agreed"));
         }
@@ -454,8 +456,9 @@ static void test_pull_only_role(void **state)
  * with m = 2, and four agents then average each step in two rounds with two
  * senders each (pairs {0, 2} and {1, 3} in key order, then one member of
  * each pair sending for it to all four) instead of one all-reduce with four
- * senders. At step 12 or later one agent is killed (SIGKILL) in the middle of
- * things; the three others go on in groups of their own. Checked: the
+ * senders, with an aggregate-only peer joining every last round. At step 12
+ * or later one agent is killed (SIGKILL) in the middle of things; the three
+ * others go on in groups of their own. Checked: the
  * schedule says m = 2, most steps ran two rounds of two senders, before and
  * after the death, every agent holds the same parameters at every step,
  * every block of the gradient was averaged in most steps, and the loss
@@ -470,16 +473,21 @@ static void test_group_rounds(void **state)
     free(body);
     assert_int_equal(r.status, 201);
     ct_resp_free(&r);
-    char dirs[NAGENTS][256], logs[NAGENTS][320], steplogs[NAGENTS][320];
-    assert_int_equal(ct_volunteers(&g_c, g_org, GR_RUN, NAGENTS, dirs), 0);
-    pid_t pids[NAGENTS];
-    for (int i = 0; i < NAGENTS; i++) {
+    /* and an aggregate-only peer (the seed's auxiliary peer): it joins the
+       last round of each step and aggregates there */
+    char dirs[NAGENTS + 1][256], logs[NAGENTS + 1][320], steplogs[NAGENTS][320];
+    assert_int_equal(ct_volunteers(&g_c, g_org, GR_RUN, NAGENTS + 1, dirs), 0);
+    pid_t pids[NAGENTS + 1];
+    for (int i = 0; i <= NAGENTS; i++) {
         snprintf(logs[i], sizeof logs[i], "build/test-logs/groups-agent%d.log", i);
-        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/groups.steps", dirs[i]);
+        if (i < NAGENTS)
+            snprintf(steplogs[i], sizeof steplogs[i], "%.250s/groups.steps", dirs[i]);
         const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", GR_RUN, "--config-dir",
                               dirs[i], "--listen-ip", "127.0.0.1", "--device", "cpu",
                               "--round-window-ms", "400", "--outcome-window-ms", "1000",
-                              "--stall-ms", "8000", "--step-log", steplogs[i], "--no-eval", NULL};
+                              "--stall-ms", "8000", "--no-eval",
+                              i < NAGENTS ? "--step-log" : "--aggregate-only",
+                              i < NAGENTS ? steplogs[i] : NULL, NULL};
         pids[i] = ct_spawn(argv, logs[i]);
         assert_true(pids[i] > 0);
     }
@@ -506,8 +514,8 @@ static void test_group_rounds(void **state)
     kill(pids[NAGENTS - 1], SIGKILL);
     waitpid(pids[NAGENTS - 1], NULL, 0);
     int failed = 0;
-    for (int i = 0; i < NAGENTS - 1; i++)
-        if (ct_wait(pids[i], 600) != 0) {
+    for (int i = 0; i <= NAGENTS; i++)
+        if (i != NAGENTS - 1 && ct_wait(pids[i], 600) != 0) {
             fprintf(stderr, "agent %d failed; its log: %s\n", i, logs[i]);
             failed++;
         }
@@ -557,7 +565,15 @@ static void test_group_rounds(void **state)
                                   &m),
                      0);
     assert_int_equal(m, 2);
-    for (int i = 0; i < NAGENTS; i++)
+    /* the auxiliary peer was in the last round of the grouped steps: five
+       members before the death, four after */
+    int with_aux = 0;
+    for (long k = 1; k <= STEPS; k++)
+        with_aux += one[0].group_rounds[k] == 2 &&
+                    one[0].group_last[k] == (k <= killed_at ? NAGENTS + 1 : NAGENTS);
+    printf("%d grouped steps had the aggregate-only peer in their last round\n", with_aux);
+    assert_true(with_aux >= grouped * 3 / 4);
+    for (int i = 0; i <= NAGENTS; i++)
         if (!getenv("CT_KEEP_LOGS"))
             ct_rmrf(dirs[i]);
 }

@@ -28,26 +28,35 @@ static unsigned ceil_log(size_t n, unsigned m)
     return r;
 }
 
-/* Runs the layout on values x (n x DIM) and checks every group and the result. */
-static void simulate(size_t n, unsigned m, const int *agg, const double *w, int all_agg)
+/* Runs the layout on values x (n x DIM) and checks every group and the
+ * result; sends: NULL for every member sending. */
+static void simulate_s(size_t n, unsigned m, const int *agg, const double *w, int all_agg,
+                       const int *sends_in)
 {
     int sends[AR_MAX_MEMBERS];
+    size_t ns = 0;
     for (size_t i = 0; i < n; i++)
-        sends[i] = 1;
+        ns += (sends[i] = sends_in ? sends_in[i] : 1);
     struct join_groups *g = malloc(sizeof *g);
     assert_non_null(g);
     assert_int_equal(join_groups_plan(n, sends, agg, w, m, g), CM_OK);
     assert_true(g->rounds >= 2);
     if (all_agg)
-        assert_int_equal(g->rounds, ceil_log(n, m));
+        assert_int_equal(g->rounds, ceil_log(ns, m));
     double x[AR_MAX_MEMBERS][DIM], exact[DIM] = {0}, wsum = 0;
     for (size_t i = 0; i < n; i++) {
         for (int d = 0; d < DIM; d++) {
-            x[i][d] = sin((double)(i * DIM + d) * 1.7) * 3 + (double)d;
-            exact[d] += w[i] * x[i][d];
+            x[i][d] = sends[i] ? sin((double)(i * DIM + d) * 1.7) * 3 + (double)d : NAN;
+            if (sends[i])
+                exact[d] += w[i] * x[i][d];
         }
-        wsum += w[i];
+        if (sends[i])
+            wsum += w[i];
     }
+    for (size_t i = 0; i < n; i++) /* a non-sender is in the last round only */
+        if (!sends[i])
+            for (size_t r = 0; r < g->rounds; r++)
+                assert_true((g->group[r][i] >= 0) == (r + 1 == g->rounds) && !g->sends[r][i]);
     for (int d = 0; d < DIM; d++)
         exact[d] /= wsum;
     for (size_t r = 0; r < g->rounds; r++) {
@@ -99,6 +108,11 @@ static void simulate(size_t n, unsigned m, const int *agg, const double *w, int 
     free(g);
 }
 
+static void simulate(size_t n, unsigned m, const int *agg, const double *w, int all_agg)
+{
+    simulate_s(n, m, agg, w, all_agg, NULL);
+}
+
 static void test_exact_average_everywhere(void **state)
 {
     (void)state;
@@ -128,6 +142,35 @@ static void test_exact_average_everywhere(void **state)
     printf("%zu layouts averaged exactly\n", cases);
 }
 
+/* Pull-only and aggregate-only members (no gradient) join the last round
+ * and get the exact average there. */
+static void test_non_senders_join_the_last_round(void **state)
+{
+    (void)state;
+    int agg[AR_MAX_MEMBERS], sends[AR_MAX_MEMBERS];
+    double w[AR_MAX_MEMBERS];
+    for (size_t n = 5; n <= 40; n += 5)
+        for (unsigned m = 2; m <= 4; m++) {
+            size_t ns = 0;
+            for (size_t i = 0; i < n; i++) {
+                agg[i] = 1;
+                w[i] = 50 + (double)i;
+                ns += (sends[i] = i % 4 != 3);
+            }
+            if (m < ns)
+                simulate_s(n, m, agg, w, 1, sends);
+        }
+    /* the demo's shape: four computing peers and an aggregate-only one, m = 2 */
+    int s5[5] = {1, 1, 0, 1, 1}, a5[5] = {1, 1, 1, 1, 1};
+    double w5[5] = {512, 512, 0, 512, 512};
+    struct join_groups g;
+    assert_int_equal(join_groups_plan(5, s5, a5, w5, 2, &g), CM_OK);
+    assert_int_equal(g.rounds, 2);
+    assert_int_equal(g.group[0][2], -1);
+    assert_int_equal(g.group[1][2], 0);
+    assert_int_equal(g.size[1][0], 5);
+}
+
 static void test_one_group_when_grouping_does_not_apply(void **state)
 {
     (void)state;
@@ -140,10 +183,12 @@ static void test_one_group_when_grouping_does_not_apply(void **state)
     assert_int_equal(g.rounds, 1);
     assert_int_equal(join_groups_plan(8, sends, agg, w, 1, &g), CM_OK);
     assert_int_equal(g.rounds, 1);
-    sends[5] = 0; /* a pull-only or aggregate-only member */
+    for (int i = 2; i < 8; i++)
+        sends[i] = 0; /* two senders: one all-reduce, whatever the receivers */
     assert_int_equal(join_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 1);
-    sends[5] = 1;
+    for (int i = 2; i < 8; i++)
+        sends[i] = 1;
     for (int i = 0; i < 8; i++)
         agg[i] = i < 3; /* 4 first-round units, 3 aggregators */
     assert_int_equal(join_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
@@ -181,6 +226,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_average_everywhere),
+        cmocka_unit_test(test_non_senders_join_the_last_round),
         cmocka_unit_test(test_one_group_when_grouping_does_not_apply),
         cmocka_unit_test(test_four_peers_in_pairs),
     };
