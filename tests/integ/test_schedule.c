@@ -89,6 +89,12 @@ static int setup(void **state)
         req("POST", "/api/v1/runs", g_org,
             "{\"name\":\"empty\",\"target_batch_size\":64,\"config\":{\"model_parameters\":1000}}") !=
             201 ||
+        req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"badgroup\",\"target_batch_size\":64,\"config\":{\"collaboration\":"
+            "{\"model_parameters\":1000,\"group_size\":1}}}") != 201 ||
+        req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"badgroup2\",\"target_batch_size\":64,\"config\":{\"collaboration\":"
+            "{\"model_parameters\":1000,\"group_size\":\"two\"}}}") != 201 ||
         req("PUT", "/api/v1/runs/resnet/allowlist/vol", g_org, NULL) != 201)
         return -1;
     for (int i = 0; i < NPEERS; i++) {
@@ -291,6 +297,9 @@ static void test_schedule_served_and_resolved(void **state)
     (void)state;
     expect("GET", "/api/v1/runs/nope/schedule", NULL, NULL, 404, "not_found");
     expect("GET", "/api/v1/runs/noconf/schedule", NULL, NULL, 409, "run_not_schedulable");
+    /* the organizer's group size must be an integer from 2 to SCHED_MAX_PEERS */
+    expect("GET", "/api/v1/runs/badgroup/schedule", NULL, NULL, 409, "run_not_schedulable");
+    expect("GET", "/api/v1/runs/badgroup2/schedule", NULL, NULL, 409, "run_not_schedulable");
     expect("GET", "/api/v1/runs/empty/schedule", NULL, NULL, 409, "no_peers");
     expect("GET", "/api/v1/runs/resnet/schedule", NULL, NULL, 409, "no_peers");
 
