@@ -1239,7 +1239,8 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         struct join_round_summary sum;
         memset(&sum, 0, sizeof sum);
         uint8_t grid[AR_ROUND_ID_LEN] = {0};
-        ar_round_id(&rc, grid);
+        if (cm_log_enabled(CM_LOG_DEBUG)) /* a SHA-256 per round only for the log line */
+            ar_round_id(&rc, grid);
         CM_LOGD("join", "step %lld: group round %s (round %02x%02x%02x%02x): member %zu of %zu "
                         "(%zu senders, %s)%s",
                 (long long)j->step, gid, grid[0], grid[1], grid[2], grid[3], me, ng, nsend,
