@@ -27,7 +27,9 @@
  *   bench_allreduce_gloo N FLOATS MBPS COMP [REPS]
  *                                            one configuration of ours
  *                                            (MBPS 0: uncapped), no gloo
- * Environment: BENCH_AR_NO_GLOO=1 skips gloo (the table says so). */
+ * Environment: BENCH_AR_NO_GLOO=1 skips gloo (the table says so);
+ * BENCH_PYTHON names the interpreter that has torch (default /usr/bin/python3,
+ * Debian's python3-torch). */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -48,7 +50,7 @@
 
 #define MAXN 16
 #define GLOO_SCRIPT "tests/bench/bench_allreduce_gloo.py"
-#define PYTHON "/usr/bin/python3"
+#define PYTHON_DEFAULT "/usr/bin/python3"
 
 /* ---- data, identical in bench_allreduce_gloo.py ------------------------- */
 
@@ -488,11 +490,12 @@ static double median(double *t, int n)
 }
 
 /* Median time of reps rounds after warm_up rounds (and the median CPU time
- * of all peers together in *cpu_ms); -1 on any failure. */
+ * of all peers together in *cpu_ms, its system part in *sys_ms); -1 on any
+ * failure. */
 static double measure(struct swarm *s, int comp, double mbps, int warm_up, int reps,
-                      double *max_err, double *cpu_ms)
+                      double *max_err, double *cpu_ms, double *sys_ms)
 {
-    double t[32], c[32], err, cpu = 0;
+    double t[32], c[32], y[32], err, cpu = 0;
     *max_err = 0;
     for (int i = 0; i < warm_up + reps; i++) {
         double ms = swarm_round(s, comp, mbps, &err, NULL, &cpu);
@@ -503,9 +506,11 @@ static double measure(struct swarm *s, int comp, double mbps, int warm_up, int r
         if (i >= warm_up) {
             t[i - warm_up] = ms;
             c[i - warm_up] = cpu;
+            y[i - warm_up] = g_sys;
         }
     }
     *cpu_ms = median(c, reps);
+    *sys_ms = median(y, reps);
     return median(t, reps);
 }
 
@@ -532,15 +537,17 @@ static float *expected_new(size_t n_peers, size_t n)
 /* Runs the gloo script; returns its median ms or -1. It reads the expected
  * values from a file and checks every rank's output against them. */
 static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected, double *max_err,
-                       double *cpu_ms, int *failed, char *why, size_t why_len)
+                       double *cpu_ms, double *sys_ms, int *failed, char *why,
+                       size_t why_len)
 {
     *failed = 0;
     if (getenv("BENCH_AR_NO_GLOO")) {
         snprintf(why, why_len, "skipped (BENCH_AR_NO_GLOO set)");
         return -1;
     }
-    if (access(PYTHON, X_OK) || access(GLOO_SCRIPT, R_OK)) {
-        snprintf(why, why_len, "skipped (%s or %s missing)", PYTHON, GLOO_SCRIPT);
+    const char *python = getenv("BENCH_PYTHON") ? getenv("BENCH_PYTHON") : PYTHON_DEFAULT;
+    if (access(python, X_OK) || access(GLOO_SCRIPT, R_OK)) {
+        snprintf(why, why_len, "skipped (%s or %s missing)", python, GLOO_SCRIPT);
         return -1;
     }
     char path[] = "/tmp/bench_allreduce_gloo_XXXXXX";
@@ -554,20 +561,22 @@ static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected
         return -1;
     }
     close(fd);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s %s --world %zu --floats %zu --reps %d --expected %s 2>&1",
-             PYTHON, GLOO_SCRIPT, n_peers, n, reps, path);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%.500s %s --world %zu --floats %zu --reps %d --expected %s 2>&1",
+             python, GLOO_SCRIPT, n_peers, n, reps, path);
     fflush(NULL);
     FILE *f = popen(cmd, "r");
     double ms = -1;
     char line[512];
     snprintf(why, why_len, "the gloo script printed no result");
     while (f && fgets(line, sizeof line, f)) {
-        double m, e, c;
-        if (sscanf(line, "gloo median_ms=%lf max_err=%lf cpu_ms=%lf", &m, &e, &c) == 3) {
+        double m, e, c, y;
+        if (sscanf(line, "gloo median_ms=%lf max_err=%lf cpu_ms=%lf sys_ms=%lf", &m, &e, &c,
+                   &y) == 4) {
             ms = m;
             *max_err = e;
             *cpu_ms = c;
+            *sys_ms = y;
         } else if (!strncmp(line, "gloo skip: ", 11)) {
             line[strcspn(line, "\n")] = 0;
             snprintf(why, why_len, "skipped (%.150s)", line + 11);
@@ -601,19 +610,20 @@ static int table(size_t floats, int reps, double cap)
             fprintf(stderr, "cannot start %zu peers\n", np);
             return 1;
         }
-        double e32, e16, eg = 0, c32 = 0, c16 = 0, cg = 0;
-        double t32 = measure(&s, AR_COMP_NONE, 0, 1, reps, &e32, &c32);
-        double t16 = measure(&s, AR_COMP_FP16, 0, 1, reps, &e16, &c16);
+        double e32, e16, eg = 0, c32 = 0, c16 = 0, cg = 0, y32 = 0, y16 = 0, yg = 0;
+        double t32 = measure(&s, AR_COMP_NONE, 0, 1, reps, &e32, &c32, &y32);
+        double t16 = measure(&s, AR_COMP_FP16, 0, 1, reps, &e16, &c16, &y16);
         char why[256] = "";
         int gloo_failed;
-        double tg = run_gloo(np, floats, reps, exp, &eg, &cg, &gloo_failed, why, sizeof why);
+        double tg =
+            run_gloo(np, floats, reps, exp, &eg, &cg, &yg, &gloo_failed, why, sizeof why);
         if (t32 < 0 || t16 < 0 || gloo_failed)
             bad = 1;
-        printf("N=%zu uncapped  ours fp32 %6.0f ms, CPU %6.0f ms (max |err| %.2g)%s\n", np, t32,
-               c32, e32, t32 < 0 ? "  WRONG" : "");
+        printf("N=%zu uncapped  ours fp32 %6.0f ms, CPU %6.0f ms (system %4.0f) (max |err| %.2g)%s\n",
+               np, t32, c32, y32, e32, t32 < 0 ? "  WRONG" : "");
         if (tg >= 0) {
-            printf("N=%zu uncapped  gloo fp32 %6.0f ms, CPU %6.0f ms (max |err| %.2g)\n", np, tg,
-                   cg, eg);
+            printf("N=%zu uncapped  gloo fp32 %6.0f ms, CPU %6.0f ms (system %4.0f) (max |err| %.2g)\n",
+                   np, tg, cg, yg, eg);
             printf("N=%zu uncapped  ours/gloo fp32: time %.2f, CPU %.2f%s\n", np, t32 / tg,
                    c32 / cg, t32 <= tg ? "  (goal: time <= 1, met)" : "  (goal: time <= 1)");
         } else {
@@ -626,8 +636,8 @@ static int table(size_t floats, int reps, double cap)
         printf("\n");
         int comps[2] = {AR_COMP_NONE, AR_COMP_FP16};
         for (int j = 0; j < 2; j++) {
-            double err, cpu = 0;
-            double ms = measure(&s, comps[j], cap, 0, 1, &err, &cpu);
+            double err, cpu = 0, sys = 0;
+            double ms = measure(&s, comps[j], cap, 0, 1, &err, &cpu, &sys);
             double tmin = 2.0 * (double)(np - 1) / (double)np * (double)floats *
                           enc_bytes(comps[j]) / (cap * 1e6 / 8) * 1000;
             if (ms < 0)

@@ -10,7 +10,8 @@ time is the slowest rank's, measured after a barrier. Every rank's output of
 every round is compared with the expected values written by the C driver
 (exact average in double, rounded to fp32).
 
-Prints one line `gloo median_ms=M max_err=E` (or `gloo skip: why`); exits
+Prints one line `gloo median_ms=M max_err=E cpu_ms=C sys_ms=S` (C: user +
+system CPU of all ranks, S: its system part; or `gloo skip: why`); exits
 non-zero when a result is wrong.
 
 Debian's python3-torch belongs to /usr/bin/python3 (scripts/install-deps.sh
@@ -56,8 +57,9 @@ def weight(p):
 
 
 def cpu_s():
+    """(user + system, system) CPU seconds of this rank, all its threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    return ru.ru_utime + ru.ru_stime, ru.ru_stime
 
 
 def rank_main(rank, world, n, reps, port, expected_path, q):
@@ -69,7 +71,7 @@ def rank_main(rank, world, n, reps, port, expected_path, q):
     g0 = torch.from_numpy(grad(rank, n) * np.float32(weight(rank) / W))
     expected = torch.from_numpy(np.fromfile(expected_path, dtype=np.float32, count=n))
     t = torch.empty_like(g0)
-    times, cpus, worst = [], [], 0.0
+    times, cpus, syss, worst = [], [], [], 0.0
     for r in range(reps + 1):
         t.copy_(g0)
         dist.barrier()
@@ -79,19 +81,21 @@ def rank_main(rank, world, n, reps, port, expected_path, q):
         c1 = cpu_s()
         dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        # CPU time of this rank (all its threads, gloo's included), summed
-        cpu = torch.tensor([c1 - c0], dtype=torch.float64)
+        # CPU time of this rank (all its threads, gloo's included) and its
+        # system part, summed over the ranks
+        cpu = torch.tensor([c1[0] - c0[0], c1[1] - c0[1]], dtype=torch.float64)
         dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
         err = (t - expected).abs().max().item()
         if not err <= worst:
             worst = err
         if r > 0:
             times.append(dt.item() * 1000)
-            cpus.append(cpu.item() * 1000)
+            cpus.append(cpu[0].item() * 1000)
+            syss.append(cpu[1].item() * 1000)
     e = torch.tensor([worst], dtype=torch.float64)
     dist.all_reduce(e, op=dist.ReduceOp.MAX)
     if rank == 0:
-        q.put((times, cpus, e.item()))
+        q.put((times, cpus, syss, e.item()))
     dist.destroy_process_group()
 
 
@@ -116,7 +120,7 @@ def main():
              for r in range(a.world)]
     for p in procs:
         p.start()
-    times, cpus, err = q.get(timeout=600)
+    times, cpus, syss, err = q.get(timeout=600)
     for p in procs:
         p.join()
     if any(p.exitcode for p in procs):
@@ -127,9 +131,11 @@ def main():
     med = times[m // 2] if m % 2 else (times[m // 2 - 1] + times[m // 2]) / 2
     cpus.sort()
     cmed = cpus[m // 2] if m % 2 else (cpus[m // 2 - 1] + cpus[m // 2]) / 2
+    syss.sort()
+    smed = syss[m // 2] if m % 2 else (syss[m // 2 - 1] + syss[m // 2]) / 2
     print("gloo rounds_ms=%s cpu_ms=%s" % (",".join("%.0f" % x for x in times),
                                           ",".join("%.0f" % x for x in cpus)))
-    print("gloo median_ms=%.1f max_err=%.3g cpu_ms=%.1f" % (med, err, cmed))
+    print("gloo median_ms=%.1f max_err=%.3g cpu_ms=%.1f sys_ms=%.1f" % (med, err, cmed, smed))
     if not err <= a.tol:
         print("gloo: result differs from the exact average by %.3g (> %.3g)" % (err, a.tol))
         return 1
