@@ -1373,6 +1373,9 @@ static void run_round_timed(struct round_job *j)
     /* generous: on a loaded machine a slow peer must not be mistaken for a
        dead one (the outcome agreement then skips its part for everyone) */
     rcfg.stall_ms = (uint32_t)s->o.stall_ms;
+    /* averages straight into accum, no staging copy of the gradient: a part
+       not averaged is zeroed below (or its blocks skipped) whatever it holds */
+    rcfg.in_place = 1;
     uint32_t owner[AR_MAX_MEMBERS];
     size_t poff[AR_MAX_MEMBERS], plen[AR_MAX_MEMBERS];
     if (ar_round_id(&rcfg, j->rid) != CM_OK ||

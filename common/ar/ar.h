@@ -211,6 +211,16 @@ struct ar_round_config {
                                      the same step): their parts are given up at once
                                      (CM_ECONN), and as senders they are dropped at
                                      once. Local: not part of the round id */
+    int in_place;                 /* 1: each averaged chunk fetched is validated, then
+                                     written straight into buf, instead of staging a
+                                     part and writing it whole: saves a pass over the
+                                     buffer and (M-1)/M of it in memory. A part that
+                                     is then not averaged (parts[k].averaged == 0)
+                                     holds local values in some chunks and averaged
+                                     ones in others (all validated, finite), which
+                                     the caller must not apply (join zeroes such
+                                     parts). 0: a part is written whole or not at
+                                     all. Local: not part of the round id */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */
     unsigned window;              /* chunk messages in flight per peer; 0: 4 */
@@ -247,7 +257,8 @@ int ar_partition(const struct ar_member *members, size_t n_members, size_t n, si
 int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struct ar_round **out);
 
 /* Cancels a running round: done runs before this returns with CM_ECLOSED;
- * parts already committed stay in the buffer, the others keep local values. */
+ * parts already committed stay in the buffer, the others keep local values
+ * (with in_place, chunk by chunk). */
 void ar_round_cancel(struct ar_round *r);
 
 #endif

@@ -136,12 +136,13 @@ void ar__agg_drop(struct ar_round *r, int s)
 }
 
 /* The whole part is final: the owner's own buffer gets exactly the bytes
- * the others fetch, so every member ends bit-identical. */
+ * the others fetch, so every member ends bit-identical (in place, each
+ * chunk got them when it became final). */
 void ar__agg_complete(struct ar_round *r)
 {
     struct ar__agg *a = &r->agg;
     r->ms_reduce = (double)(ar__mono_ms() - r->t0);
-    if (!r->buf || !ar__own_part_ok(r))
+    if (!r->buf || r->in_place || !ar__own_part_ok(r))
         return;
     for (size_t c = 0; c < a->n_chunks; c++) {
         size_t cnt = ar__chunk_len(r, a->part, c);
@@ -183,6 +184,12 @@ static void finalize_chunk(struct ar_round *r, size_t c)
         if (avg == r->scratch)
             ar_codec_encode(r->comp, r->scratch, cnt, a->res + c * r->enc_chunk, r->enc_chunk);
         a->final[c] = 1;
+        /* In place, my buffer gets the chunk's served bytes now, while they
+         * are in cache (my own contribution to it, kept by reference into
+         * the buffer, was summed above and is let go below). */
+        if (r->in_place && r->buf)
+            ar_codec_decode(r->comp, a->res + c * r->enc_chunk, ar_codec_size(r->comp, cnt), cnt,
+                            r->buf + a->offset + c * r->chunk);
     }
     for (size_t m = 0; m < r->n_members; m++)
         ar__agg_undo_free(r, c * r->n_members + m);
@@ -214,7 +221,8 @@ void ar__agg_undo_free(struct ar_round *r, size_t i)
  * here when refused); otherwise (my own chunks, with a->own_borrowed) it is
  * kept by reference: it lies in r->buf, which nothing writes before the
  * part is final or the round finishes (ar__agg_complete runs once every
- * chunk is final, when no entry is left; finish() forgets the references,
+ * chunk is final, when no entry is left; in place, a chunk of the buffer
+ * is written once that chunk is summed; finish() forgets the references,
  * and nothing is finalized after it). */
 int ar__agg_accept(struct ar_round *r, int s, size_t c, float *x, size_t cnt, double w, int owned)
 {

@@ -93,6 +93,7 @@ struct ar_round {
     struct ar_member members[AR_MAX_MEMBERS];
     size_t n_members, me;
     int i_send, i_pull;
+    int in_place; /* fetched chunks go straight into buf (ar_round_config.in_place) */
     float *buf;
     size_t n;
     double weight, max_norm, max_weight;

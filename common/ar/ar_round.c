@@ -608,7 +608,8 @@ static int all_finite(const float *x, size_t n)
     return !bad;
 }
 
-/* Checks and stages one averaged chunk; CM_OK or why the part is lost. */
+/* Checks one averaged chunk and stages it (in place: writes it into the
+ * buffer, once checked); CM_OK or why the part is lost. */
 static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *body, size_t len)
 {
     struct ar__link *L = &r->link[k];
@@ -622,12 +623,16 @@ static int take_result(struct ar_round *r, size_t k, size_t c, const uint8_t *bo
         ar_result_cleanup(&m);
         return CM_EPROTO;
     }
-    float *dst = L->stage + c * r->chunk;
+    /* In place, the chunk is decoded and checked in the chunk-sized scratch
+     * (in cache) and only then copied into the buffer. */
+    float *dst = r->in_place ? r->scratch : L->stage + c * r->chunk;
     rc = ar_codec_decode(r->comp, m.payload, m.payload_len, cnt, dst);
     /* An aggregator's garbage never reaches the buffer (a branch-free pass:
      * NaN fails the comparison too). */
     if (!rc && !all_finite(dst, cnt))
         rc = CM_ENUMERIC;
+    if (!rc && r->in_place)
+        memcpy(r->buf + r->off[k] + c * r->chunk, dst, cnt * sizeof *dst);
     if (!rc) {
         /* How far the part is final now: keep fetching without probing. */
         if (m.ready <= L->n_chunks && m.ready > L->iready)
@@ -676,8 +681,9 @@ static void fetch_cb(void *arg, int status, const struct p2p_peer *from, const u
         L->ist[c] = AR__C_DONE;
         L->ibackoff = AR__BACKOFF_MIN_MS;
         if (++L->igot == L->n_chunks) {
-            /* The whole part arrived: commit it at once. */
-            memcpy(r->buf + r->off[k], L->stage, r->len[k] * sizeof(float));
+            /* The whole part arrived: commit it at once (in place: it is). */
+            if (!r->in_place)
+                memcpy(r->buf + r->off[k], L->stage, r->len[k] * sizeof(float));
             give_up_in(r, k, CM_OK);
         }
     } else if (from && status == CM_EBUSY) {
@@ -859,8 +865,9 @@ static int alloc_round(struct ar_round *r)
         if (r->i_send && !(L->ost = calloc(nc, 1)))
             return CM_ENOMEM;
         if (r->i_pull && (!(L->ist = calloc(nc, 1)) ||
-                          !(L->stage = ar__pool_get(r->pool, (r->len[k] ? r->len[k] : 1) *
-                                                                     sizeof(float), 0))))
+                          (!r->in_place &&
+                           !(L->stage = ar__pool_get(r->pool, (r->len[k] ? r->len[k] : 1) *
+                                                                      sizeof(float), 0)))))
             return CM_ENOMEM;
     }
     return CM_OK;
@@ -895,6 +902,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->n = cfg->n;
     r->weight = cfg->weight;
     r->comp = cfg->comp;
+    r->in_place = cfg->in_place != 0;
     r->chunk = ar_chunk_elems(cfg);
     r->deadline_ms = cfg->deadline_ms ? cfg->deadline_ms : 60000;
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;

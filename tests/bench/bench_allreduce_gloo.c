@@ -257,7 +257,8 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .step = c.step, .group_id = (const uint8_t *)"bench", .group_id_len = 5,
         .members = p->mem, .n_members = p->n_peers, .my_index = p->idx, .buf = p->buf,
         .n = p->n, .weight = weight_of(p->idx), .comp = c.comp, .deadline_ms = 600000,
-        .stall_ms = 20000, .linger_ms = 60000, .done = on_done, .arg = p};
+        .stall_ms = 20000, .linger_ms = 60000, .in_place = 1, /* as the agent averages */
+        .done = on_done, .arg = p};
     p->in_round = 1;
     p->cpu0 = cpu_ms();
     p->sys0 = sys_ms();

@@ -190,7 +190,8 @@ static void *peer_main(void *arg)
         .step = 1, .group_id = (const uint8_t *)"table1", .group_id_len = 6, .members = b->mem,
         .n_members = b->n_peers, .my_index = p->idx, .buf = p->buf, .n = b->n,
         .weight = p->weight, .comp = AR_COMP_NONE, .chunk_elems = b->chunk, .window = g_window,
-        .deadline_ms = 900000, .stall_ms = 60000, .linger_ms = 120000, .done = on_done, .arg = p};
+        .deadline_ms = 900000, .stall_ms = 60000, .linger_ms = 120000,
+        .in_place = 1, /* as the agent averages */ .done = on_done, .arg = p};
     pthread_barrier_wait(&b->start);
     int rc = ar_round_start(p->eng, &c, NULL);
     if (rc) {

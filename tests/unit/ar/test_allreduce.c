@@ -49,6 +49,10 @@ struct grp {
     struct ar_round_config base;
 };
 
+/* Rounds of the group write fetched averages straight into the buffer
+ * (ar_round_config.in_place, what the agent uses) instead of staging parts. */
+static int g_in_place;
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void)
 {
@@ -117,7 +121,7 @@ static void grp_init(struct grp *g, size_t m, size_t n, const double *frac, cons
                                        .group_id_len = 5, .members = g->mem, .n_members = m,
                                        .n = n, .comp = AR_COMP_NONE, .chunk_elems = 1024,
                                        .deadline_ms = 20000, .stall_ms = 1500, .linger_ms = 3000,
-                                       .done = on_done};
+                                       .in_place = g_in_place, .done = on_done};
 }
 
 static void kill_peer(struct grp *g, size_t i)
@@ -281,6 +285,40 @@ static void test_exact_mean_2_to_8(void **s)
         /* the uneven split is what the schedule asked for */
         assert_true(g.p[0].parts[m - 1].len > g.p[0].parts[0].len);
         assert_true(g.p[0].res.bytes_sent > 0 && g.p[0].res.bytes_received > 0);
+        grp_cleanup(&g);
+    }
+}
+
+/* In place: the same exact, bit-identical means with client-mode,
+ * aggregate-only and pull-only members, and the same bytes as staged. */
+static void test_in_place_exact(void **s)
+{
+    (void)s;
+    double frac[] = {1, 2, 0, 1, 1, 0};
+    int sends[] = {1, 1, 1, AR_SENDS_NONE, 1, AR_SENDS_PULL}, listen[] = {1, 1, 0, 1, 1, 1};
+    float *staged[6] = {0};
+    for (int mode = 0; mode < 2; mode++) {
+        struct grp g;
+        g_in_place = mode;
+        rng = 0x1234567ull; /* the same gradients and weights in both modes */
+        grp_init(&g, 6, 70001, frac, sends, listen, NULL);
+        g_in_place = 0;
+        for (size_t i = 0; i < 6; i++)
+            if (g.p[i].buf && sends[i] == AR_SENDS_PULL)
+                memset(g.p[i].buf, 0xff, g.n * sizeof(float)); /* NaN: must not be read */
+        grp_run(&g, NULL, -1, 0, 20000);
+        check_exact(&g, senders_mask(&g));
+        for (size_t i = 0; i < 6; i++) {
+            if (!g.p[i].buf)
+                continue;
+            if (!mode) {
+                staged[i] = malloc(g.n * sizeof(float));
+                memcpy(staged[i], g.p[i].buf, g.n * sizeof(float));
+            } else {
+                assert_memory_equal(g.p[i].buf, staged[i], g.n * sizeof(float));
+                free(staged[i]);
+            }
+        }
         grp_cleanup(&g);
     }
 }
@@ -685,14 +723,40 @@ static void test_sender_killed_mid_round(void **s)
 /* An aggregator killed while it serves (its download is slow): its part
  * stays local on every survivor, the other parts are averaged over the
  * senders heard from. */
-static void test_aggregator_killed(void **s)
+/* Each chunk of a part that was not averaged, in place: either exactly
+ * the local values or an average the aggregator returned (of the senders
+ * in one of the masks), never anything else (nothing non-finite). */
+static void check_lost_in_place(const struct grp *g, const struct peer *p, size_t off, size_t len,
+                                const uint64_t *masks, size_t n_masks, double other)
 {
-    (void)s;
+    size_t local = 0;
+    for (size_t c = off; c < off + len; c += 1024) {
+        size_t end = c + 1024 < off + len ? c + 1024 : off + len;
+        if (!memcmp(p->buf + c, p->orig + c, (end - c) * sizeof(float))) {
+            local++;
+            continue;
+        }
+        for (size_t j = c; j < end; j++) {
+            int ok = other != 0 && p->buf[j] == (float)other;
+            for (size_t q = 0; q < n_masks && !ok; q++)
+                ok = close_to(p->buf[j], mean_at(g, masks[q], j, NULL), 3e-7);
+            if (!ok)
+                fail_msg("elem %zu of a lost part: %.9g is neither local nor an average", j,
+                         p->buf[j]);
+        }
+    }
+    assert_true(local > 0); /* the part was lost before its end */
+}
+
+static void run_aggregator_killed(int in_place)
+{
     double frac[] = {1, 1, 1, 1};
     int sends[] = {1, 1, 1, 1}, listen[] = {1, 1, 1, 1};
     double mbps[] = {0, 0, 0, 4};
     struct grp g;
+    g_in_place = in_place;
     grp_init(&g, 4, 262144, frac, sends, listen, mbps);
+    g_in_place = 0;
     grp_run(&g, NULL, 3, 400, 20000);
     for (size_t i = 0; i < 3; i++) {
         struct peer *p = &g.p[i];
@@ -702,9 +766,13 @@ static void test_aggregator_killed(void **s)
         const struct ar_part_report *lost = &p->parts[3];
         assert_false(lost->averaged);
         assert_int_not_equal(lost->status, 0);
-        /* the lost part keeps exactly the local values */
-        assert_memory_equal(p->buf + lost->offset, p->orig + lost->offset,
-                            lost->len * sizeof(float));
+        /* the lost part keeps exactly the local values (in place: chunk by
+           chunk, local or the dead aggregator's average) */
+        if (in_place)
+            check_lost_in_place(&g, p, lost->offset, lost->len, (uint64_t[]){0xf, 0x7}, 2, 0);
+        else
+            assert_memory_equal(p->buf + lost->offset, p->orig + lost->offset,
+                                lost->len * sizeof(float));
         for (size_t k = 0; k < 3; k++) {
             const struct ar_part_report *pr = &p->parts[k];
             assert_true(pr->averaged);
@@ -720,6 +788,18 @@ static void test_aggregator_killed(void **s)
         assert_identical(&g, p);
     }
     grp_cleanup(&g);
+}
+
+static void test_aggregator_killed(void **s)
+{
+    (void)s;
+    run_aggregator_killed(0);
+}
+
+static void test_aggregator_killed_in_place(void **s)
+{
+    (void)s;
+    run_aggregator_killed(1);
 }
 
 static void test_bad_senders_excluded(void **s)
@@ -924,15 +1004,17 @@ static void test_lying_length_and_round_states(void **s)
 }
 
 /* A hostile aggregator (member 2, a raw host with its key): it accepts
- * chunks and claims every chunk is ready, then returns NaN averages. The
- * honest members refuse them: that part stays local, the others are
- * averaged. It also sends a chunk whose count and payload agree but are not
- * what the round's split says: excluded for "size". */
+ * chunks and claims every chunk is ready, then returns NaN averages (from
+ * chunk nan_from on; 0.5 before). The honest members refuse them: that part
+ * stays local (in place: the chunks before hold the valid 0.5), the others
+ * are averaged. It also sends a chunk whose count and payload agree but are
+ * not what the round's split says: excluded for "size". */
 struct fake {
     struct grp *g;
     size_t off[MAXP], len[MAXP];
     uint32_t own[MAXP];
     int fetches;
+    uint32_t nan_from;
 };
 
 static int fake_on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from,
@@ -957,7 +1039,7 @@ static int fake_on_request(void *arg, struct p2p_host *h, const struct p2p_peer 
     float vals[1024];
     uint8_t enc[4 * 1024];
     for (size_t i = 0; i < cnt; i++)
-        vals[i] = i == 7 ? NAN : 0.5f;
+        vals[i] = i == 7 && q.chunk >= f->nan_from ? NAN : 0.5f;
     ar_codec_encode(AR_COMP_NONE, vals, cnt, enc, sizeof enc);
     struct ar_result_msg r;
     memset(&r, 0, sizeof r);
@@ -974,15 +1056,16 @@ static int fake_on_request(void *arg, struct p2p_host *h, const struct p2p_peer 
     return ar_result_build(&r, resp, rlen) ? CM_ENOMEM : CM_OK;
 }
 
-static void test_hostile_aggregator_and_wrong_size(void **s)
+static void run_hostile_aggregator(int in_place)
 {
-    (void)s;
     double frac[] = {1, 1, 1};
     int sends[] = {1, 1, 1}, listen[] = {1, 1, 1};
     struct grp g;
+    g_in_place = in_place;
     grp_init(&g, 3, 8192, frac, sends, listen, NULL);
+    g_in_place = 0;
     kill_peer(&g, 2); /* its engine goes; a raw host with its key takes the address */
-    struct fake f = {.g = &g};
+    struct fake f = {.g = &g, .nan_from = in_place ? 1 : 0};
     size_t np;
     assert_int_equal(ar_partition(g.mem, 3, g.n, AR_ALIGN, &np, f.own, f.off, f.len), 0);
     struct p2p_host *raw;
@@ -1015,7 +1098,11 @@ static void test_hostile_aggregator_and_wrong_size(void **s)
         assert_int_equal(p->res.status, CM_EPROTO);
         assert_false(p->parts[2].averaged);
         assert_int_equal(p->parts[2].status, CM_EPROTO);
-        assert_memory_equal(p->buf + f.off[2], p->orig + f.off[2], f.len[2] * sizeof(float));
+        if (in_place)
+            check_lost_in_place(&g, p, f.off[2], f.len[2], NULL, 0, 0.5);
+        else
+            assert_memory_equal(p->buf + f.off[2], p->orig + f.off[2],
+                                f.len[2] * sizeof(float));
         for (size_t j = 0; j < f.off[2]; j++)
             assert_true(close_to(p->buf[j], mean_at(&g, 0x3, j, NULL), 3e-7));
     }
@@ -1027,6 +1114,18 @@ static void test_hostile_aggregator_and_wrong_size(void **s)
     assert_true(found);
     p2p_host_close(raw);
     grp_cleanup(&g);
+}
+
+static void test_hostile_aggregator_and_wrong_size(void **s)
+{
+    (void)s;
+    run_hostile_aggregator(0);
+}
+
+static void test_hostile_aggregator_in_place(void **s)
+{
+    (void)s;
+    run_hostile_aggregator(1);
 }
 
 static void run_comp(int comp)
@@ -1097,6 +1196,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_mean_2_to_8),
+        cmocka_unit_test(test_in_place_exact),
         cmocka_unit_test(test_group_of_one),
         cmocka_unit_test(test_tiny_buffer),
         cmocka_unit_test(test_client_and_aux),
@@ -1111,11 +1211,13 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_sender_killed_mid_round),
         cmocka_unit_test(test_aggregator_killed),
+        cmocka_unit_test(test_aggregator_killed_in_place),
         cmocka_unit_test(test_bad_senders_excluded),
         cmocka_unit_test(test_nan_mid_part),
         cmocka_unit_test(test_all_senders_excluded),
         cmocka_unit_test(test_lying_length_and_round_states),
         cmocka_unit_test(test_hostile_aggregator_and_wrong_size),
+        cmocka_unit_test(test_hostile_aggregator_in_place),
         cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_q8),
     };
