@@ -142,11 +142,13 @@ __global__ void k_scale(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+/* Not contracted to an FMA (see "optimizers" below): LAMB's update
+ * goes through axpy, so it must round like the CPU's mul-then-add. */
 __global__ void k_axpy(float *y, float a, const float *x, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        y[i] += a * x[i];
+        y[i] = __fadd_rn(y[i], __fmul_rn(a, x[i]));
 }
 
 __global__ void k_add(float *out, const float *a, const float *b, size_t n)
@@ -793,18 +795,38 @@ static void cu_xent_bwd(float *dlogits, const float *probs, const int *targets, 
     LAUNCH_CHECK("xent_bwd");
 }
 
-/* ---- optimizers ---- */
+/* ---- optimizers ----
+ * The optimizer step must give the CPU's result bit for bit: in a
+ * collaboration every member applies the same averaged gradient and the
+ * peers compare parameter hashes after each step (docs/collaboration.md,
+ * steps 9 and 11), so a CUDA peer among CPU peers must land on the same
+ * bits. nvcc contracts a * b + c into one FMA (one rounding instead of two)
+ * by default, and the CPU (C11, -ffp-contract=off, no FMA in the x86-64
+ * baseline) rounds the product and the sum separately; so these kernels
+ * spell out every operation with the round-to-nearest intrinsics, in the
+ * order of adamw_r / adam_dir_r in kernels/cpu/kern_cpu.c. Division and
+ * square root are IEEE-exact here as there (__fdiv_rn, __fsqrt_rn). */
+
+/* m, v <- Adam moments; returns the bias-corrected direction m^/(sqrt(v^)+eps) */
+__device__ __forceinline__ float adam_moments(float g, float *m, float *v, float b1, float b2,
+                                              float eps, float bc1, float bc2)
+{
+    float mi = __fadd_rn(__fmul_rn(b1, *m), __fmul_rn(1.0f - b1, g));
+    float vi = __fadd_rn(__fmul_rn(b2, *v), __fmul_rn(__fmul_rn(1.0f - b2, g), g));
+    *m = mi;
+    *v = vi;
+    float mh = __fdiv_rn(mi, bc1), vh = __fdiv_rn(vi, bc2);
+    return __fdiv_rn(mh, __fadd_rn(__fsqrt_rn(vh), eps));
+}
 
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
                         float b1, float b2, float eps, float wd, float bc1, float bc2)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float mi = b1 * m[i] + (1.0f - b1) * g[i];
-        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        p[i] -= lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i]);
+        float d = adam_moments(g[i], &m[i], &v[i], b1, b2, eps, bc1, bc2);
+        float pi = p[i];
+        p[i] = __fsub_rn(pi, __fmul_rn(lr, __fadd_rn(d, __fmul_rn(wd, pi))));
     }
 }
 
@@ -813,11 +835,8 @@ __global__ void k_adam_dir(float *u, const float *p, const float *g, float *m, f
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float mi = b1 * m[i] + (1.0f - b1) * g[i];
-        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        u[i] = (mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p[i];
+        float d = adam_moments(g[i], &m[i], &v[i], b1, b2, eps, bc1, bc2);
+        u[i] = __fadd_rn(d, __fmul_rn(wd, p[i]));
     }
 }
 

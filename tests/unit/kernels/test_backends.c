@@ -1,7 +1,8 @@
 /* Every op of the selected backend against the CPU reference, plus a few
- * full training steps of each model (ggml's test-backend-ops habit), and one
- * bf16 step of each model. Every comparison prints its largest difference. The
- * device comes from CT_TEST_DEVICE (default cuda). Without a CUDA build or a
+ * full training steps of each model (ggml's test-backend-ops habit), one
+ * bf16 step of each model, and the optimizer step, which must match bit for
+ * bit. Every comparison prints its largest difference. The device comes from
+ * CT_TEST_DEVICE (default cuda). Without a CUDA build or a
  * GPU the test is skipped, loudly (exit 77); `make test-gpu` sets
  * CT_TEST_REQUIRE_GPU=1, which turns that skip into a failure. */
 /* ct-timeout: 300 */
@@ -315,6 +316,118 @@ static void train_both(struct kern_model *mc, struct kern_model *md, const struc
     free(p);
 }
 
+/* Downloads n floats of a device buffer and checks they are the CPU's bit for
+ * bit; prints how many differ (a mismatch fails after the count is shown). */
+static void bitwise(const char *what, const float *ref, const float *d_dev, size_t n)
+{
+    float *got = malloc(n * sizeof(float));
+    assert_non_null(got);
+    assert_int_equal(dev->download(got, d_dev, n * sizeof(float)), CM_OK);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &ref[i], sizeof(float)) && !bad++)
+            first = i;
+    printf("    %-34s n=%-7zu %zu elements not bit-identical\n", what, n, bad);
+    if (bad) {
+        print_error("%s: %zu of %zu elements differ from the CPU's bits; first %zu: %s %.9g, "
+                    "cpu %.9g\n", what, bad, n, first, dev->name, got[first], ref[first]);
+        free(got);
+        fail();
+    }
+    free(got);
+}
+
+/* The optimizer step must match the CPU bit for bit, not within a
+ * tolerance: collaborating peers apply the same averaged gradient and
+ * compare parameter hashes after every step (docs/collaboration.md), so a
+ * CUDA peer whose AdamW rounds differently from its CPU peers would be
+ * "diverged" after each step. First the ops alone (adamw, adam_dir, axpy,
+ * scale; moments of mixed sizes, some zero gradients), then five whole
+ * kern_optim_step calls with clipping active, AdamW and LAMB, on the same
+ * gradients on both backends. */
+static void test_optimizer_bitwise(void **state)
+{
+    (void)state;
+    size_t n = 100003;
+    float *p = hrand(n, 0.1f), *g = hrand(n, 1e-2f), *m = hrand(n, 1e-3f), *v = hrand(n, 1e-3f);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = v[i] * v[i];
+        if (i % 97 == 0)
+            g[i] = 0.0f;
+    }
+    float *u = calloc(n, 4);
+    assert_non_null(u);
+    float *d_p = up(p, n * 4), *d_g = up(g, n * 4), *d_m = up(m, n * 4), *d_v = up(v, n * 4);
+    float *d_u = up(u, n * 4);
+    for (int t = 1; t <= 3; t++) {
+        cpu->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
+        dev->adamw(d_p, d_g, d_m, d_v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, t);
+    }
+    bitwise("adamw params (3 steps)", p, d_p, n);
+    bitwise("adamw m", m, d_m, n);
+    bitwise("adamw v", v, d_v, n);
+    cpu->adam_dir(u, p, g, m, v, n, 0.9f, 0.999f, 1e-6f, 0.01f, 4);
+    dev->adam_dir(d_u, d_p, d_g, d_m, d_v, n, 0.9f, 0.999f, 1e-6f, 0.01f, 4);
+    bitwise("adam_dir u", u, d_u, n);
+    cpu->axpy(p, -0.0123f, u, n);
+    dev->axpy(d_p, -0.0123f, d_u, n);
+    bitwise("axpy", p, d_p, n);
+    cpu->scale(p, 0.377f, n);
+    dev->scale(d_p, 0.377f, n);
+    bitwise("scale", p, d_p, n);
+    float *hall[] = {p, g, m, v, u};
+    float *dall[] = {d_p, d_g, d_m, d_v, d_u};
+    for (int i = 0; i < 5; i++) {
+        free(hall[i]);
+        dev->release(dall[i]);
+    }
+
+    struct kern_mlp_config mc = {.in_dim = 300, .nhidden = 1, .hidden = {200}, .nclass = 10};
+    for (int kind = KERN_OPT_ADAMW; kind <= KERN_OPT_LAMB; kind++) {
+        struct kern_model *a = NULL, *b = NULL;
+        assert_int_equal(kern_mlp_new(cpu, &mc, 4, 9, &a), CM_OK);
+        assert_int_equal(kern_mlp_new(dev, &mc, 4, 9, &b), CM_OK);
+        size_t np = a->nparams;
+        float *hp = malloc(np * 4);
+        assert_non_null(hp);
+        assert_int_equal(kern_model_get_params(a, hp), CM_OK);
+        assert_int_equal(kern_model_set_params(b, hp), CM_OK);
+        struct kern_optim_config oc;
+        kern_optim_config_default(&oc);
+        oc.kind = kind;
+        oc.lr = kind == KERN_OPT_LAMB ? 1e-2f : 1e-3f;
+        oc.weight_decay = 0.01f;
+        oc.clip_norm = 1.0f; /* the gradients below have norm ~ 25: clipped */
+        struct kern_optim *oa = NULL, *ob = NULL;
+        assert_int_equal(kern_optim_new(cpu, &oc, np, &oa), CM_OK);
+        assert_int_equal(kern_optim_new(dev, &oc, np, &ob), CM_OK);
+        for (int s = 0; s < 5; s++) {
+            float *hg = hrand(np, 0.1f);
+            assert_int_equal(cpu->upload(a->grads, hg, np * 4), CM_OK);
+            assert_int_equal(dev->upload(b->grads, hg, np * 4), CM_OK);
+            float na = 0, nb = 0;
+            assert_int_equal(kern_optim_step(oa, a, &na, NULL), CM_OK);
+            assert_int_equal(kern_optim_step(ob, b, &nb, NULL), CM_OK);
+            assert_true(na > oc.clip_norm);
+            free(hg);
+        }
+        const char *nm = kind == KERN_OPT_LAMB ? "lamb" : "adamw";
+        char what[64];
+        assert_int_equal(kern_model_get_params(a, hp), CM_OK);
+        snprintf(what, sizeof what, "%s step x5 params", nm);
+        bitwise(what, hp, b->params, np);
+        snprintf(what, sizeof what, "%s step x5 m", nm);
+        bitwise(what, oa->m, ob->m, np);
+        snprintf(what, sizeof what, "%s step x5 v", nm);
+        bitwise(what, oa->v, ob->v, np);
+        kern_optim_free(oa);
+        kern_optim_free(ob);
+        kern_model_free(a);
+        kern_model_free(b);
+        free(hp);
+    }
+}
+
 /* One forward + backward with bf16 tensor-core products (the CUDA default,
  * `precision: bf16`) against the fp32 CPU. bf16 rounds each input of a
  * product to 8 significant bits (relative error up to 2^-9 = 2e-3), so
@@ -443,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_embed_attention),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_models_bf16),
+        cmocka_unit_test(test_optimizer_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
