@@ -168,11 +168,15 @@ int agent_cmd_train(int argc, char **argv)
             fclose(slog);
         return 1;
     }
-    printf("train: %s model, %zu parameters, %s backend (%d threads), batch %d (micro %d), "
-           "%ld steps\n",
+    /* the CPU's thread count, or the GPU's matrix-product precision */
+    char bedesc[48];
+    if (t.be->dev == KERN_DEV_CPU)
+        snprintf(bedesc, sizeof bedesc, "%d threads", kern_cpu_threads());
+    else
+        snprintf(bedesc, sizeof bedesc, "%s matmuls", cfg.precision);
+    printf("train: %s model, %zu parameters, %s backend (%s), batch %d (micro %d), %ld steps\n",
            cfg.kind == KERN_MODEL_MLP ? "mlp" : cfg.kind == KERN_MODEL_GPT ? "gpt" : "albert",
-           t.model->nparams, t.be->name, t.be->dev == KERN_DEV_CPU ? kern_cpu_threads() : 0,
-           cfg.batch_size, cfg.micro_batch, cfg.steps);
+           t.model->nparams, t.be->name, bedesc, cfg.batch_size, cfg.micro_batch, cfg.steps);
     if (resumed)
         printf("train: resumed from %s/latest.ckpt at step %ld\n", cfg.ckpt_dir, t.opt->step);
     fflush(stdout);

@@ -364,6 +364,7 @@ static void test_command(void **state)
     assert_int_equal(run_cmd(&out, 8, a4), 0);
     print_message("%s", out);
     assert_non_null(strstr(out, "train: gpt model, "));
+    assert_non_null(strstr(out, "cpu backend (1 threads)"));
     assert_non_null(strstr(out, "step 4/4 | loss "));
     assert_non_null(strstr(out, "samples/s | ETA "));
     assert_non_null(strstr(out, "eval after: loss "));
