@@ -22,6 +22,14 @@
 
 enum kern_device { KERN_DEV_CPU = 0, KERN_DEV_CUDA = 1 };
 
+/* The summation order of sumsq (see there): blocks of 4096 elements, 256
+ * lanes per block (one CUDA thread per lane, 16 elements each). Changing
+ * either changes the bits of every gradient norm, so peers built with
+ * different values would split: they belong to what collaborating peers
+ * must share, like the wire format. */
+#define KERN_SUMSQ_BLOCK 4096
+#define KERN_SUMSQ_LANES 256
+
 struct kern_backend {
     const char *name;      /* "cpu" or "cuda" */
     enum kern_device dev;
@@ -46,7 +54,25 @@ struct kern_backend {
     void (*axpy)(float *y, float a, const float *x, size_t n);
     /* out (n) = a (n) + b (n); out may alias a or b */
     void (*add)(float *out, const float *a, const float *b, size_t n);
-    /* sum of squares, in double, of x (n); synchronizes */
+    /* Sum of squares, in double, of x (n); synchronizes. Every backend, at
+     * any thread count, returns the same bits (the optimizer's gradient
+     * norm and LAMB's trust ratios come from it, and collaborating peers
+     * compare parameter hashes), because the order is part of the
+     * interface (KERN_SUMSQ_* above):
+     *   - each square (double)x[i] * (double)x[i] is exact (24-bit
+     *     mantissa squared fits in 53 bits), so only the additions round;
+     *   - x is cut into blocks of KERN_SUMSQ_BLOCK elements; block b holds
+     *     x[b*BLOCK .. b*BLOCK + BLOCK) (the last one may be short);
+     *   - in a block, lane j (0 <= j < KERN_SUMSQ_LANES) starts at +0.0 and
+     *     adds the squares of its elements j, j + LANES, j + 2*LANES, ...
+     *     (those inside x) one after another, in double;
+     *   - the lanes are combined by halving: for h = LANES/2, LANES/4, ..., 1,
+     *     lane[j] = lane[j] + lane[j + h] for every j < h; lane[0] is the
+     *     block's partial P_b;
+     *   - the result is (...((0.0 + P_0) + P_1) + ...) + P_last, in block
+     *     order, in double.
+     * Round to nearest everywhere, no fused multiply-add where it would
+     * round differently (it cannot here: the products are exact). */
     double (*sumsq)(const float *x, size_t n);
     /* 1 when every x (n) is finite; synchronizes */
     int (*all_finite)(const float *x, size_t n);

@@ -118,6 +118,9 @@ int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm
     const struct kern_optim_config *c = &o->cfg;
     if (!be->all_finite(m->grads, m->nparams))
         return CM_ENUMERIC;
+    /* sumsq has one summation order on every backend and thread count
+     * (kern_backend.h), so the clipping factor and LAMB's ratios below have
+     * the same bits on CPU and CUDA peers; the rest is this host code. */
     double norm = sqrt(be->sumsq(m->grads, m->nparams));
     if (grad_norm)
         *grad_norm = (float)norm;

@@ -10,6 +10,7 @@
  *
  * All pointers are host memory. Backward ops accumulate into gradients. */
 #include <cblas.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -135,22 +136,73 @@ static void cpu_add(float *out, const float *a, const float *b, size_t n)
     kern__parallel_for(n, KERN_CPU_PAR_MIN, add_r, &e);
 }
 
+/* Sum of squares in the order kern_backend.h defines (KERN_SUMSQ_*), which
+ * the CUDA backend follows too: the bits are the same on every backend and
+ * for any thread count. Threads split the blocks (never a block), each
+ * block's partial goes into an array, and the caller adds the partials in
+ * block order. Only additions round (the squares are exact in double), so
+ * contraction into FMAs could not change a bit either. */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "sumsq needs double arithmetic evaluated in double (FLT_EVAL_METHOD 0)"
+#endif
+#define SQ_B KERN_SUMSQ_BLOCK
+#define SQ_L KERN_SUMSQ_LANES
+
+/* P_b of the len (<= SQ_B) elements at x. */
+static double sumsq_block(const float *x, size_t len)
+{
+    double lane[SQ_L];
+    for (int j = 0; j < SQ_L; j++)
+        lane[j] = 0.0;
+    size_t i = 0;
+    for (; i + SQ_L <= len; i += SQ_L) /* whole rows: vectorizes across lanes */
+        for (int j = 0; j < SQ_L; j++) {
+            double v = x[i + j];
+            lane[j] += v * v;
+        }
+    for (int j = 0; i + (size_t)j < len; j++) {
+        double v = x[i + j];
+        lane[j] += v * v;
+    }
+    for (int h = SQ_L / 2; h > 0; h >>= 1)
+        for (int j = 0; j < h; j++)
+            lane[j] += lane[j + h];
+    return lane[0];
+}
+
+struct sq {
+    const float *x;
+    size_t n;
+    double *part; /* one per block */
+};
+
+/* blocks [lo, hi) */
 static void sumsq_r(void *p, size_t lo, size_t hi, int tid)
 {
-    struct ew *e = p;
-    double s = 0.0;
-    for (size_t i = lo; i < hi; i++)
-        s += (double)e->a[i] * e->a[i];
-    e->part[tid] = s;
+    struct sq *q = p;
+    (void)tid;
+    for (size_t b = lo; b < hi; b++) {
+        size_t off = b * SQ_B, len = q->n - off < SQ_B ? q->n - off : SQ_B;
+        q->part[b] = sumsq_block(q->x + off, len);
+    }
 }
 
 static double cpu_sumsq(const float *x, size_t n)
 {
-    struct ew e = {.a = x};
-    int nt = kern__parallel_for(n, KERN_CPU_PAR_MIN, sumsq_r, &e);
+    size_t nb = (n + SQ_B - 1) / SQ_B;
     double s = 0.0;
-    for (int t = 0; t < nt; t++) /* fixed order: same result every run */
-        s += e.part[t];
+    double stack[64];
+    struct sq q = {.x = x, .n = n, .part = nb <= 64 ? stack : malloc(nb * sizeof(double))};
+    if (!q.part) { /* no memory for the partials: the same sum on this thread */
+        for (size_t b = 0; b < nb; b++)
+            s += sumsq_block(x + b * SQ_B, n - b * SQ_B < SQ_B ? n - b * SQ_B : SQ_B);
+        return s;
+    }
+    kern__parallel_for(nb, KERN_CPU_PAR_MIN / SQ_B, sumsq_r, &q);
+    for (size_t b = 0; b < nb; b++) /* block order, whatever the thread count */
+        s += q.part[b];
+    if (q.part != stack)
+        free(q.part);
     return s;
 }
 

@@ -1,7 +1,7 @@
 /* Every op of the selected backend against the CPU reference, plus a few
  * full training steps of each model (ggml's test-backend-ops habit), one
- * bf16 step of each model, and the optimizer step, which must match bit for
- * bit. Every comparison prints its largest difference. The device comes from
+ * bf16 step of each model, and the optimizer step and the sum of squares
+ * behind its norms, which must match bit for bit. Every comparison prints its largest difference. The device comes from
  * CT_TEST_DEVICE (default cuda). Without a CUDA build or a
  * GPU the test is skipped, loudly (exit 77); `make test-gpu` sets
  * CT_TEST_REQUIRE_GPU=1, which turns that skip into a failure. */
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cm_err.h"
 #include "kern_backend.h"
@@ -155,7 +156,7 @@ static void test_elementwise(void **state)
     dev->scale(d_o, -1.5f, n);
     same("scale", o, d_o, n, 1e-6);
     double a = cpu->sumsq(x, n), b = dev->sumsq(d_x, n);
-    assert_true(fabs(a - b) <= 1e-6 * a);
+    assert_memory_equal(&a, &b, sizeof a); /* the same order on every backend */
     assert_int_equal(dev->all_finite(d_x, n), 1);
     x[1234] = NAN;
     assert_int_equal(dev->upload(d_x, x, n * 4), CM_OK);
@@ -343,8 +344,13 @@ static void bitwise(const char *what, const float *ref, const float *d_dev, size
  * CUDA peer whose AdamW rounds differently from its CPU peers would be
  * "diverged" after each step. First the ops alone (adamw, adam_dir, axpy,
  * scale; moments of mixed sizes, some zero gradients), then five whole
- * kern_optim_step calls with clipping active, AdamW and LAMB, on the same
- * gradients on both backends. */
+ * kern_optim_step calls with clipping active (AdamW and LAMB on an MLP, LAMB
+ * on a GPT), on the same gradients on both backends: the gradient's sum of
+ * squares (a double) and the reported norm must be the CPU's bits too, as
+ * they set the clipping factor and, per tensor, LAMB's trust ratio. Bitwise
+ * parameters alone would not show a norm that differs in its last bits:
+ * that reaches a parameter only when the float clipping factor or trust
+ * ratio lands on a rounding boundary, rarely. */
 static void test_optimizer_bitwise(void **state)
 {
     (void)state;
@@ -382,11 +388,22 @@ static void test_optimizer_bitwise(void **state)
         dev->release(dall[i]);
     }
 
+    /* Whole steps, clipping active, on an MLP (AdamW and LAMB) and on a GPT
+     * (LAMB: 30 tensors from 32 elements to several blocks of the norm). */
     struct kern_mlp_config mc = {.in_dim = 300, .nhidden = 1, .hidden = {200}, .nclass = 10};
-    for (int kind = KERN_OPT_ADAMW; kind <= KERN_OPT_LAMB; kind++) {
+    struct kern_tfm_config tc = {.kind = KERN_MODEL_GPT, .vocab = 500, .max_T = 64,
+                                 .n_layer = 2, .n_head = 4, .d_model = 64, .d_embed = 64,
+                                 .d_ff = 256};
+    for (int k = 0; k < 3; k++) {
         struct kern_model *a = NULL, *b = NULL;
-        assert_int_equal(kern_mlp_new(cpu, &mc, 4, 9, &a), CM_OK);
-        assert_int_equal(kern_mlp_new(dev, &mc, 4, 9, &b), CM_OK);
+        if (k < 2) {
+            assert_int_equal(kern_mlp_new(cpu, &mc, 4, 9, &a), CM_OK);
+            assert_int_equal(kern_mlp_new(dev, &mc, 4, 9, &b), CM_OK);
+        } else {
+            assert_int_equal(kern_tfm_new(cpu, &tc, 2, 5, &a), CM_OK);
+            assert_int_equal(kern_tfm_new(dev, &tc, 2, 5, &b), CM_OK);
+        }
+        int kind = k == 0 ? KERN_OPT_ADAMW : KERN_OPT_LAMB;
         size_t np = a->nparams;
         float *hp = malloc(np * 4);
         assert_non_null(hp);
@@ -397,7 +414,7 @@ static void test_optimizer_bitwise(void **state)
         oc.kind = kind;
         oc.lr = kind == KERN_OPT_LAMB ? 1e-2f : 1e-3f;
         oc.weight_decay = 0.01f;
-        oc.clip_norm = 1.0f; /* the gradients below have norm ~ 25: clipped */
+        oc.clip_norm = 1.0f; /* the gradients below have norm >= 25: clipped */
         struct kern_optim *oa = NULL, *ob = NULL;
         assert_int_equal(kern_optim_new(cpu, &oc, np, &oa), CM_OK);
         assert_int_equal(kern_optim_new(dev, &oc, np, &ob), CM_OK);
@@ -405,13 +422,18 @@ static void test_optimizer_bitwise(void **state)
             float *hg = hrand(np, 0.1f);
             assert_int_equal(cpu->upload(a->grads, hg, np * 4), CM_OK);
             assert_int_equal(dev->upload(b->grads, hg, np * 4), CM_OK);
+            /* the norm itself, as a double, before the step scales the gradient */
+            double sa = cpu->sumsq(a->grads, np), sb = dev->sumsq(b->grads, np);
+            if (memcmp(&sa, &sb, sizeof sa))
+                fail_msg("gradient sumsq: cpu %a, %s %a", sa, dev->name, sb);
             float na = 0, nb = 0;
             assert_int_equal(kern_optim_step(oa, a, &na, NULL), CM_OK);
             assert_int_equal(kern_optim_step(ob, b, &nb, NULL), CM_OK);
             assert_true(na > oc.clip_norm);
+            assert_memory_equal(&na, &nb, sizeof na);
             free(hg);
         }
-        const char *nm = kind == KERN_OPT_LAMB ? "lamb" : "adamw";
+        const char *nm = k == 0 ? "mlp adamw" : k == 1 ? "mlp lamb" : "gpt lamb";
         char what[64];
         assert_int_equal(kern_model_get_params(a, hp), CM_OK);
         snprintf(what, sizeof what, "%s step x5 params", nm);
@@ -426,6 +448,79 @@ static void test_optimizer_bitwise(void **state)
         kern_model_free(b);
         free(hp);
     }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* sumsq (the gradient norm, LAMB's norms) must give the CPU's bits, for any
+ * CPU thread count: its order is defined in kern_backend.h. Inputs spread
+ * over 2^-20 .. 2^20 with zeros and float subnormals, so another order
+ * would show; sizes around a block and a lane row, and GPT-2 small's
+ * parameter count, which is also timed. */
+static void test_sumsq_bitwise(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {1, 255, 256, 257, 4095, 4096, 4097, 12305, 100003,
+                                   (1u << 20) + 12345, 124439808};
+    /* CT_TEST_QUICK=1 (compute-sanitizer runs) leaves out the largest size */
+    const char *quick = getenv("CT_TEST_QUICK");
+    size_t nsizes = sizeof sizes / sizeof sizes[0] - (quick && !strcmp(quick, "1"));
+    size_t nmax = sizes[nsizes - 1];
+    float *x = malloc(nmax * sizeof(float));
+    assert_non_null(x);
+    uint64_t r = 99;
+    for (size_t i = 0; i < nmax; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        int32_t m = (int32_t)(r >> 40) - (1 << 23);
+        x[i] = ldexpf((float)m, (int)((r >> 8) % 41) - 43);
+        if (i % 1009 == 5)
+            x[i] = 0.0f;
+        if (i % 2003 == 11)
+            x[i] = ldexpf((float)(m | 1), -152); /* subnormal */
+    }
+    float *d_x = up(x, nmax * 4);
+    static const int threads[] = {1, 2, 16};
+    for (size_t k = 0; k < nsizes; k++) {
+        size_t n = sizes[k];
+        double got = dev->sumsq(d_x, n);
+        for (int t = 0; t < 3; t++) {
+            kern_cpu_set_threads(threads[t]);
+            double want = cpu->sumsq(x, n);
+            if (memcmp(&got, &want, sizeof got))
+                fail_msg("sumsq n=%zu: cpu (%d threads) %a, %s %a", n, threads[t], want,
+                         dev->name, got);
+        }
+        printf("    sumsq n=%-10zu %a, bit-identical (cpu 1, 2, 16 threads)\n", n, got);
+    }
+    /* time: the new reduction against a pass of scale (read + write) */
+    double best_sq = 1e9, best_sc = 1e9, best_cpu = 1e9;
+    for (int i = 0; i < 5; i++) {
+        double t0 = now_s();
+        (void)dev->sumsq(d_x, nmax);
+        double t1 = now_s();
+        dev->scale(d_x, 1.0f, nmax);
+        assert_int_equal(dev->sync(), CM_OK);
+        double t2 = now_s();
+        best_sq = t1 - t0 < best_sq ? t1 - t0 : best_sq;
+        best_sc = t2 - t1 < best_sc ? t2 - t1 : best_sc;
+    }
+    kern_cpu_set_threads(16);
+    for (int i = 0; i < 3; i++) {
+        double t0 = now_s();
+        (void)cpu->sumsq(x, nmax);
+        double t1 = now_s();
+        best_cpu = t1 - t0 < best_cpu ? t1 - t0 : best_cpu;
+    }
+    kern_cpu_set_threads(2);
+    printf("    time n=%zu: %s sumsq %.3f ms (scale %.3f ms), cpu sumsq (16 threads) %.1f ms\n",
+           nmax, dev->name, best_sq * 1e3, best_sc * 1e3, best_cpu * 1e3);
+    free(x);
+    dev->release(d_x);
 }
 
 /* One forward + backward with bf16 tensor-core products (the CUDA default,
@@ -557,6 +652,7 @@ int main(void)
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_models_bf16),
         cmocka_unit_test(test_optimizer_bitwise),
+        cmocka_unit_test(test_sumsq_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
