@@ -1128,12 +1128,14 @@ static void test_hostile_aggregator_in_place(void **s)
     run_hostile_aggregator(1);
 }
 
-static void run_comp(int comp)
+static void run_comp(int comp, int in_place)
 {
     double frac[] = {1, 2, 1, 1};
     int sends[] = {1, 1, 1, 1}, listen[] = {1, 1, 1, 1};
     struct grp g;
+    g_in_place = in_place;
     grp_init(&g, 4, 50000, frac, sends, listen, NULL);
+    g_in_place = 0;
     g.base.comp = comp;
     grp_run(&g, NULL, -1, 0, 20000);
     const uint64_t all = 0xf;
@@ -1180,16 +1182,20 @@ static void run_comp(int comp)
     grp_cleanup(&g);
 }
 
+/* Both encodings staged and in place (where each aggregator decodes its
+ * own part chunk by chunk: the same bytes as the others fetch). */
 static void test_fp16(void **s)
 {
     (void)s;
-    run_comp(AR_COMP_FP16);
+    run_comp(AR_COMP_FP16, 0);
+    run_comp(AR_COMP_FP16, 1);
 }
 
 static void test_q8(void **s)
 {
     (void)s;
-    run_comp(AR_COMP_Q8);
+    run_comp(AR_COMP_Q8, 0);
+    run_comp(AR_COMP_Q8, 1);
 }
 
 int main(void)
