@@ -270,7 +270,7 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
         out->peers++;
         if (p[i].step > out->max_step)
             out->max_step = p[i].step;
-        if (!p[i].aux && p[i].pstep > out->max_pstep)
+        if (!p[i].aux && p[i].hash[0] && p[i].pstep > out->max_pstep)
             out->max_pstep = p[i].pstep;
         if (p[i].step != step || p[i].aux)
             continue;
@@ -322,6 +322,36 @@ size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_
         if (a[i].t_ms >= start && a[i].t_ms <= *close_ms)
             a[w++] = a[i];
     return w;
+}
+
+static int by_time(const void *x, const void *y)
+{
+    const struct collab_announce *a = *(const struct collab_announce *const *)x;
+    const struct collab_announce *b = *(const struct collab_announce *const *)y;
+    return (a->t_ms > b->t_ms) - (a->t_ms < b->t_ms);
+}
+
+int collab_round_going(const struct collab_announce *a, size_t n, int64_t window_ms, int64_t settle_ms,
+                       int64_t now_ms, size_t on)
+{
+    if (n == 0)
+        return 0;
+    const struct collab_announce **s = malloc(n * sizeof *s);
+    if (!s)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        s[i] = &a[i];
+    qsort(s, n, sizeof *s, by_time);
+    int going = 0;
+    for (size_t i = 0; i < n && !going;) {
+        int64_t close = s[i]->t_ms + window_ms;
+        size_t senders = 0;
+        for (; i < n && s[i]->t_ms <= close; i++)
+            senders += s[i]->sends != 0;
+        going = now_ms >= close + settle_ms && 2 * senders > on;
+    }
+    free(s);
+    return going;
 }
 
 static int by_pub(const void *a, const void *b)

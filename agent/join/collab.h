@@ -83,7 +83,9 @@ size_t collab_outcome_final(const struct collab_outcome *o, size_t n, const uint
 
 struct collab_view {
     int64_t max_step;      /* highest step any fresh peer reports */
-    int64_t max_pstep;     /* highest parameter step any fresh peer reports */
+    int64_t max_pstep;     /* highest parameter step a fresh peer holds (publishes the hash of;
+                              one whose round averages ahead of its parameters publishes
+                              none), -1: none */
     size_t peers;          /* fresh peers */
     size_t at_step;        /* fresh peers at `step` (compute peers) */
     double samples;        /* samples accumulated at `step` by fresh peers (reported) */
@@ -107,6 +109,15 @@ void collab_estimate(const struct collab_progress *p, size_t n, int64_t step, in
  * window's close. */
 size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_ms, int64_t mine_ms,
                             int64_t *close_ms);
+
+/* Whether the round of a step goes on without the caller: one of its
+ * windows (chained as in collab_round_members) closed at least settle_ms
+ * before now_ms (its members have read their list) holding more senders
+ * than half of `on`, the peers on that step. That is what its members need
+ * not to decline it (a window of no majority is declined, and its members
+ * accumulate for the step again). */
+int collab_round_going(const struct collab_announce *a, size_t n, int64_t window_ms, int64_t settle_ms,
+                       int64_t now_ms, size_t on);
 
 /* Orders announcements canonically (by public key) so every member builds
  * the same member list; drops duplicates by key, keeping the first. Returns

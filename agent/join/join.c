@@ -178,6 +178,8 @@ struct peer_state {
     size_t n_prev;
     pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
     double mb_time;            /* seconds per micro-batch (moving average) */
+    double hold_since;         /* mono_s() since a majority of the present peers is behind
+                                  our step (delayed updates, see majority_behind); 0: not */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -414,8 +416,15 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     p.samples = samples;
     p.pledged = pledged;
     p.pstep = (int64_t)s->tr.opt->step;
-    if (p.pstep > step || p.pstep < step - 1)
+    if (p.pstep > step)
         p.pstep = step;
+    else if (p.pstep < step - 1)
+        /* a round of ours averages ahead of our parameters (we joined the
+           collaboration with a round in flight, see join_bet_check): it
+           applies to the parameters of step - 1, which the others hold.
+           Saying `step` here made peers behind us ask for a state two
+           steps past anyone's and wait 90 s per peer for it. */
+        p.pstep = step - 1;
     p.sps = sps;
     p.t_ms = now_ms();
     snprintf(p.addr, sizeof p.addr, "%s", s->my_addr);
@@ -970,14 +979,18 @@ static void majority_hash(const struct collab_progress *p, size_t n, int64_t pst
 static void serve_own_state(void *arg)
 {
     struct peer_state *s = arg;
+    /* the wait can be long: our pass must stay valid, or every peer
+       refuses us as "expired token" once the state is ready */
+    renew_pass_if_due(s);
     if (s->hash_step >= 0)
         serve_state_if_wanted(s, (int64_t)s->tr.opt->step);
 }
 
 /* Fetches the state of a peer at step >= min_step (preferring peers that
- * hold the majority hash of their step) and loads it. CM_OK: *step moved.
- * wait_ms (0: 20 s, or 90 s from a peer a step short of it) bounds how long
- * a peer may take to have such a state ready. */
+ * hold it and the majority hash of their step) and loads it. CM_OK: *step
+ * moved. wait_ms (0: 20 s, or 90 s from a peer a step short of it) bounds
+ * how long a peer that holds it may take to have it ready, and how long
+ * the peers that do not hold it yet may take, together. */
 static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t *step, uint32_t wait_ms)
 {
     struct collab_progress *p = NULL;
@@ -986,23 +999,39 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
         return CM_ECONN;
     int64_t now = now_ms();
     int rc = CM_ENOTFOUND;
-    /* two passes, the majority's holders first; one pass over everyone
-       when waiting briefly for a state that should exist already */
-    for (int pass = wait_ms ? 1 : 0; pass < 2 && rc != CM_OK; pass++) {
+    /* Pass 0: the peers that hold such a state (they publish the hash of
+       parameters at min_step or later) and agree with the majority of
+       their step: ready at once. Asking a peer a step short of it first
+       cost up to 90 s when that peer was catching up itself. Pass 1 (not
+       when wait_ms): the peers that agree with the majority. Pass 2: the
+       others, with wait_ms bounding their waits in all. */
+    for (int pass = 0; pass < 3 && rc != CM_OK; pass++) {
+        if (pass == 1 && wait_ms)
+            continue;
         for (size_t i = 0; i < n && rc != CM_OK && !g_interrupts; i++) {
             if (!p[i].st[0] || p[i].step < min_step - 1 || p[i].t_ms < now - 30000 ||
                 !memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
                 continue;
             char maj[COLLAB_HASH_HEX + 1];
             majority_hash(p, n, p[i].pstep, now, maj);
-            if (pass == 0 && strcmp(maj, p[i].hash))
-                continue; /* first try peers that agree with the majority */
+            int agrees = !strcmp(maj, p[i].hash);
+            int holds = p[i].hash[0] && p[i].pstep >= min_step;
+            if ((pass == 0 && !(holds && agrees)) || (pass == 1 && !agrees) ||
+                (pass == 2 && wait_ms && holds && agrees))
+                continue;
+            int64_t left = wait_ms ? (int64_t)wait_ms - (now_ms() - now) : 0;
+            if (wait_ms && !holds && left <= 0)
+                break;
             char dest[4400], err[512];
             int64_t got = -1;
             snprintf(dest, sizeof dest, "%s/latest.ckpt", s->rundir);
             uint32_t wait = p[i].step >= min_step ? 20000 : 90000;
-            if (wait_ms && p[i].pstep < min_step && wait_ms < wait)
-                wait = wait_ms;
+            /* a peer holds the parameters of its pstep when it publishes
+               their hash (one whose round averages ahead of its parameters
+               publishes none, see publish_progress): it has them ready
+               within wait_ms, or it does not say the truth */
+            if (wait_ms)
+                wait = holds ? wait_ms : (uint32_t)left;
             rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
                                       p[i].step >= min_step ? 20000 : 90000, wait, serve_own_state, s);
             if (rc != CM_OK) {
@@ -1145,6 +1174,7 @@ struct round_job {
     int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
     int missed;         /* the others agreed on parts we lack: fetch their state */
     int alone;          /* declined: a minority of the peers (see run_round_timed) */
+    int unshared;       /* no other sender's gradient reached us: not stepping */
     size_t others;      /* other peers accumulating for the step when it started */
     size_t present;     /* other compute peers with fresh progress, any step */
     size_t senders;     /* senders in our window */
@@ -1454,6 +1484,19 @@ static void run_round_timed(struct round_job *j)
     uint64_t all = j->n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << j->n_parts) - 1);
     uint64_t mine = j->sum.averaged_mask & all;
     j->agreed = mine;
+    if (!s->o.aggregate_only && !j->pull_only && j->group_rounds == 1 && j->senders > 1 &&
+        j->sum.n_averaged > 0 && j->sum.n_excluded == 0 && j->sum.weight <= j->samples + 0.5) {
+        /* Every part we hold averaged only our own gradient: the other
+           senders never sent (they declined the round: each member
+           decides from its own view of the peers accumulating for the
+           step, so one may decline a round another goes on with; or they
+           left; a sender excluded for bad data did send). A step with it
+           would be a step alone, apart from them.
+           Decided before the outcome agreement, so no outcome of ours
+           names this round when the step is averaged again. */
+        j->unshared = 1;
+        return;
+    }
     if (!s->o.aggregate_only) {
         int odd = 0;
         /* group rounds: members may finish a stall apart per round after
@@ -1514,20 +1557,35 @@ static int round_done(struct round_job *j)
 
 /* Fetches the state after `step` from a peer (the round went on without
  * us), falling back to the coordinator's newest checkpoint. */
-#define JOIN_AHEAD_WAIT_MS 5000 /* per peer, for the state of a round that should be done already,
-                                   plus three micro-batches */
+#define JOIN_AHEAD_WAIT_MS 5000 /* for the state of a round that should be done already, plus
+                                   three micro-batches (sync_from_peer's wait_ms) */
+#define RESYNC_GIVE_UP_S 20.0
 static int64_t resync_after(struct peer_state *s, int64_t step)
 {
     int64_t got = step;
+    /* Peers that applied the step hold its state at once; peers still
+       finishing the round get a few seconds. A round nobody applied (all
+       its members missed parts) leaves nobody to produce the state: every
+       member used to wait for it from every other, 90 s each. After
+       RESYNC_GIVE_UP_S we go back to our own step, and the behind check
+       finds the others if they went on after all. */
+    double wait = JOIN_AHEAD_WAIT_MS + 3000 * s->mb_time, t0 = mono_s();
+    if (wait > 90000)
+        wait = 90000;
     for (int tries = 0; tries < 60 && !g_interrupts; tries++) {
-        /* this can take minutes: the pass must stay valid meanwhile, or
+        /* this can take a while: the pass must stay valid meanwhile, or
            every peer refuses our requests as "expired token" */
         renew_pass_if_due(s);
-        if (sync_from_peer(s, step + 1, &got, 0) == CM_OK && got > step)
+        if (sync_from_peer(s, step + 1, &got, (uint32_t)wait) == CM_OK && got > step)
             return got;
         if (catch_up(s, step + 1, &got) == CM_OK && got > step) {
             update_hash(s, got);
             return got;
+        }
+        if (mono_s() - t0 > RESYNC_GIVE_UP_S) {
+            fprintf(stderr, "\nwarning: step %lld: no peer went past the step in %.0f s; going on from "
+                            "our own state\n", (long long)step, RESYNC_GIVE_UP_S);
+            break;
         }
         sleep(1);
     }
@@ -1549,6 +1607,10 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
         j->t_wait = mono_s() - t0;
         j->threaded = 0;
     }
+    CM_LOGD("join", "round %lld done: rc %d missed %d alone %d unshared %d members %zu senders %zu others %zu "
+                    "present %zu, params at %lld, waited %.3f s, took %.3f s",
+            (long long)j->step, j->rc, j->missed, j->alone, j->unshared, j->nmem, j->senders, j->others, j->present,
+            (long long)*step, j->t_wait, j->t_round);
     if (j->rc == CM_EBUSY || j->missed) {
         if (j->rc == CM_EBUSY)
             printf("\nstep %lld: announced after the round closed; catching up\n", (long long)j->step);
@@ -1567,8 +1629,16 @@ static int finish_round(struct peer_state *s, struct round_job *j, int64_t *step
         usleep(200000);
         return CM_OK;
     }
+    if (j->unshared) {
+        fprintf(stderr, "\nwarning: step %lld: our round (%zu senders) averaged our gradient alone (the "
+                        "others declined it or left); not stepping\n",
+                (long long)j->step, j->senders);
+        return CM_OK;
+    }
     if (j->rc != CM_OK)
         return j->rc;
+    if (!s->o.aggregate_only && *step > j->step)
+        return CM_OK; /* a state fetched meanwhile already holds this round's update */
     int rc;
     if (!s->o.aggregate_only && *step < j->step) {
         /* We joined this round while our parameters were a step behind it
@@ -1704,13 +1774,25 @@ static size_t others_present(const struct peer_state *s, const struct collab_pro
     return c;
 }
 
-/* Compute peers whose fresh progress shows a step after `step`. */
-static size_t peers_ahead(const struct collab_progress *p, size_t n, int64_t step, int64_t now)
+/* Compute peers whose fresh progress shows a step after `step`: *pending
+ * those one step ahead whose parameters are still at `step` (delayed
+ * updates, seed 000 §3.2: they announced for the round of our step and
+ * accumulate for the next one while it averages; a round of a minority is
+ * declined and they come back), *firm the others (they applied our step's
+ * round). Returns both together. */
+static size_t peers_ahead(const struct collab_progress *p, size_t n, int64_t step, int64_t now,
+                          size_t *firm, size_t *pending)
 {
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        c += p[i].step > step && !p[i].aux && p[i].t_ms >= now - 30000;
-    return c;
+    *firm = *pending = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].step <= step || p[i].aux || p[i].t_ms < now - 30000)
+            continue;
+        if (p[i].step == step + 1 && p[i].pstep == step)
+            (*pending)++;
+        else
+            (*firm)++;
+    }
+    return *firm + *pending;
 }
 
 /* The odd one out ahead: more peers accumulate for one earlier step than
@@ -1739,6 +1821,68 @@ static size_t majority_below(const struct peer_state *s, const struct collab_pro
                 if (!memcmp(s->prev[k], p[i].pub, CM_ED25519_PUB_LEN))
                     return 0;
     return best;
+}
+
+/* Delayed updates (seed 000 §3.2): at least half of the present compute
+ * peers (fresh progress in the last PRESENT_MS, at any step, ourselves
+ * counted) accumulate for a step before `step`. Then starting our round
+ * would run ahead of the collaboration rather than with it. */
+#define JOIN_HOLD_S 10.0
+static int majority_behind(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                           int64_t step, int64_t now)
+{
+    size_t total = 1, below = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!p[i].aux && p[i].t_ms >= now - PRESENT_MS && memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN)) {
+            total++;
+            below += p[i].step < step;
+        }
+    return below > 0 && 2 * below >= total;
+}
+
+/* 1 when the round of `step` goes on (collab_round_going: a closed window
+ * of its announcements holds more than half of the peers on that step as
+ * senders, what its members need not to decline it in run_round_timed).
+ * The peers on it: fresh compute peers accumulating for it, or a step past
+ * it with their parameters still at it (they announced). */
+static int round_going(struct peer_state *s, const struct collab_progress *p, size_t n, int64_t step,
+                       int64_t now)
+{
+    size_t on = 0;
+    for (size_t i = 0; i < n; i++)
+        on += !p[i].aux && p[i].t_ms >= now - ACTIVE_MS &&
+              (p[i].step == step || (p[i].step == step + 1 && p[i].pstep == step));
+    char key[160];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct join_record *r = NULL;
+    size_t nr = 0;
+    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
+        join_records_free(r, nr);
+        return 0;
+    }
+    struct collab_announce *a = calloc(nr, sizeof *a);
+    size_t na = 0;
+    for (size_t i = 0; a && i < nr; i++)
+        if (collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK)
+            na++;
+    join_records_free(r, nr);
+    int going = a && collab_round_going(a, na, s->o.round_window_ms, GATHER_MARGIN_MS, now, on);
+    free(a);
+    return going;
+}
+
+/* 1 when a fresh compute peer other than us, with a state host, holds
+ * parameters of step `pstep` or later (it publishes their hash: its state
+ * can be fetched now). */
+static int pstep_held(const struct peer_state *s, const struct collab_progress *p, size_t n,
+                      int64_t pstep)
+{
+    int64_t now = now_ms();
+    for (size_t i = 0; i < n; i++)
+        if (!p[i].aux && p[i].st[0] && p[i].hash[0] && p[i].pstep >= pstep && p[i].t_ms >= now - ACTIVE_MS &&
+            memcmp(p[i].pub, s->key.pub, CM_ED25519_PUB_LEN))
+            return 1;
+    return 0;
 }
 
 /* 1 when another peer's announcement for the round of `step` opens a window
@@ -1864,11 +2008,28 @@ static int train_loop(struct peer_state *s)
         struct collab_progress *seen = NULL;
         size_t nseen = 0;
         struct collab_view view = {0};
-        int behind = 0, diverged = 0, restart = 0;
+        int behind = 0, diverged = 0, restart = 0, held = 0, going = 0;
         int64_t low = -1;
-        size_t ahead_now = 0;
-        double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0, po_idle_since = 0;
+        size_t ahead_now = 0, npresent = 1;
+        int holding = 0; /* not starting our round: most peers are behind (majority_behind) */
+        double hold_since = 0, t_pub = 0, lag_since = 0, t_open = 0, po_idle_since = 0, t_prefetch = 0;
         for (;;) {
+            if (inflight && !s->o.aggregate_only && step < inflight->step && !round_done(inflight) &&
+                mono_s() - t_prefetch > 0.5 && pstep_held(s, seen, nseen, inflight->step)) {
+                /* We joined this round ahead of our parameters (we caught
+                   up with a round in flight, see join_bet_check). Its
+                   average applies to the parameters of its step, which the
+                   others hold from the moment they applied the round
+                   before: fetch them now, while the round averages, rather
+                   than when it is done. Then it is fetched while the
+                   others still accumulate; fetched afterwards, it came
+                   when their next round had already gathered without us,
+                   and we chased the collaboration's rounds forever. */
+                t_prefetch = mono_s();
+                int64_t got = step;
+                if (sync_from_peer(s, inflight->step, &got, 1000) == CM_OK)
+                    step = got;
+            }
             if (inflight && round_done(inflight)) {
                 /* the previous round is averaged: apply it under the
                    accumulation (one step of staleness for what came before) */
@@ -1883,7 +2044,7 @@ static int train_loop(struct peer_state *s)
                     break;
                 }
             }
-            if (!s->o.aggregate_only && !j->pull_only && hold_since == 0 && lag_since == 0) {
+            if (!s->o.aggregate_only && !j->pull_only && hold_since == 0 && lag_since == 0 && !holding) {
                 /* Pledge the micro-batch before computing it: the others
                    then start no micro-batch the target does not need (the
                    batch overshoots by about one micro-batch, not one per
@@ -1960,13 +2121,46 @@ static int train_loop(struct peer_state *s)
                 s->finished_at = mono_s();
             print_line((long)acc_step, view.samples, s->target, sps, j->pull_only, view.peers,
                        loss_n ? loss_sum / loss_n : last_loss, view.eta_s);
+            /* A round of our step gathering (its window still takes us):
+               join it, whatever the progress records say. With delayed
+               updates the peers that announced first already publish the
+               next step; counting them as ahead sent the others catching
+               up instead of into the round, which then had no majority. */
+            int open = 0;
+            int follower = s->o.aggregate_only || j->pull_only; /* joins without samples */
+            if ((samples > 0 || follower) && mono_s() - t_open > 0.02) {
+                open = round_open(s, acc_step);
+                t_open = mono_s();
+            }
             /* Behind: as many peers are ahead of us as accumulate for our
                step, ourselves counted (one peer that ran ahead alone is
-               not the collaboration). Ahead: see majority_below. */
-            ahead_now = peers_ahead(seen, nseen, acc_step, now);
-            if (view.max_step > acc_step && ahead_now >= view.at_step) {
-                behind = 1;
-                break;
+               not the collaboration). Peers whose round of our step is in
+               flight (pending) count only when someone is past it or they
+               are more than we are: a tie's round is declined (2 senders
+               of 4 peers) and they come back to our step. Ahead: see
+               majority_below. */
+            size_t firm = 0, pending = 0;
+            ahead_now = peers_ahead(seen, nseen, acc_step, now, &firm, &pending);
+            if (!open && view.max_step > acc_step && ahead_now >= view.at_step &&
+                (firm > 0 || (pending > view.at_step && round_going(s, seen, nseen, acc_step, now)))) {
+                /* A round averaging now (its parameters are the newest a
+                   peer holds) is one to catch up with by joining the round
+                   after it only when its window held a majority: peers
+                   whose rounds were then declined also publish the next
+                   step for a moment, and betting on such a round had
+                   every peer wait for parameters nobody would have. */
+                going = view.max_pstep >= 0 && view.max_pstep < view.max_step &&
+                        round_going(s, seen, nseen, view.max_pstep, now);
+                /* the parameters of the round in flight: we may hold them */
+                char maj[COLLAB_HASH_HEX + 1];
+                majority_hash(seen, nseen, step, now, maj);
+                held = s->hash_step == step && maj[0] && !strncmp(maj, s->hash, COLLAB_HASH_HEX);
+                if (!(going && held && view.max_pstep == step && acc_step == step + 1 && !inflight)) {
+                    behind = 1;
+                    npresent = others_present(s, seen, nseen, now) + 1;
+                    break;
+                }
+                /* else we accumulate for the round after it already */
             }
             if (!s->o.aggregate_only && !inflight &&
                 majority_below(s, seen, nseen, acc_step, view.at_step, now, &low) > 0) {
@@ -1985,12 +2179,6 @@ static int train_loop(struct peer_state *s)
                     diverged = 1;
                     break;
                 }
-            }
-            int open = 0;
-            int follower = s->o.aggregate_only || j->pull_only; /* joins without samples */
-            if ((samples > 0 || follower) && mono_s() - t_open > 0.02) {
-                open = round_open(s, acc_step);
-                t_open = mono_s();
             }
             j->others = others_active(s, seen, nseen, acc_step, now);
             j->present = others_present(s, seen, nseen, now);
@@ -2021,6 +2209,33 @@ static int train_loop(struct peer_state *s)
                         lag_since = mono_s();
                     continue;
                 }
+                /* Delayed updates (seed 000 §3.2): the rounds follow each
+                   other at once (the next accumulation is done when a round
+                   ends), so peers that fell behind load a state while the
+                   next round gathers, and a pair that went on without the
+                   two others kept them chasing it. While at least half of
+                   the present peers are behind our step, wait for them, up
+                   to JOIN_HOLD_S in one stretch (a dead or lying peer cannot
+                   stop us for longer): they take our current state
+                   meanwhile (`lone` below) and join this round. */
+                if (s->o.delayed_updates && !s->o.aggregate_only &&
+                    majority_behind(s, seen, nseen, acc_step, now)) {
+                    if (s->hold_since == 0) {
+                        s->hold_since = mono_s();
+                        printf("\nstep %lld: most peers are behind us; waiting up to %.0f s for them\n",
+                               (long long)acc_step, JOIN_HOLD_S);
+                    }
+                    if (mono_s() - s->hold_since < JOIN_HOLD_S) {
+                        holding = 1;
+                        continue;
+                    }
+                    if (holding)
+                        fprintf(stderr, "\nwarning: step %lld: most peers stayed behind us for %.0f s; "
+                                        "going on\n", (long long)acc_step, JOIN_HOLD_S);
+                } else {
+                    s->hold_since = 0;
+                }
+                holding = 0;
                 break;
             }
             /* Micro-batches in flight will reach the target: wait for them
@@ -2048,6 +2263,7 @@ static int train_loop(struct peer_state *s)
                 join_bet_check(inflight, step, &join_step);
                 job_reset(inflight);
                 inflight = NULL;
+                held = 0; /* it was about the parameters before this round */
                 if (!g_interrupts && step == expect && !diverged && view.max_step <= step)
                     continue; /* that was all we were behind by */
             }
@@ -2066,10 +2282,13 @@ static int train_loop(struct peer_state *s)
                by the time the next parameters exist; take the current
                parameters and accumulate for that round at once (the round's
                average is then applied to the parameters of its step) */
-            int in_flight = behind && low < 0 && view.max_pstep >= 0 && view.max_pstep < view.max_step;
+            int in_flight = behind && low < 0 && going;
             /* one peer ahead does not step alone while we are about: its
                current state, not the one after its next step */
-            int lone = behind && low < 0 && ahead_now <= 1;
+            /* peers ahead that are no majority of the present peers wait
+               for us when they run delayed updates (majority_behind) */
+            int lone = behind && low < 0 &&
+                       (ahead_now <= 1 || (s->o.delayed_updates && 2 * ahead_now <= npresent));
             if (behind && low >= 0) {
                 want = low + 1; /* the majority's next step */
             } else if (behind) {
@@ -2086,15 +2305,31 @@ static int train_loop(struct peer_state *s)
             else
                 printf("\nbehind the collaboration (step %lld < %lld): catching up\n", (long long)step,
                        (long long)view.max_step);
+            CM_LOGD("join", "%s at acc %lld params %lld: max_step %lld max_pstep %lld ahead %zu at_step %zu "
+                            "low %lld: want %lld (in_flight %d held %d lone %d)",
+                    diverged ? "diverged" : low >= 0 ? "ahead" : "behind", (long long)acc_step,
+                    (long long)step, (long long)view.max_step, (long long)view.max_pstep, ahead_now,
+                    view.at_step, (long long)low, (long long)want, in_flight, held, lone);
             int64_t got = step;
-            if (sync_from_peer(s, want, &got, 0) == CM_OK) {
+            if (in_flight && want == step && held) {
+                /* we hold the parameters the round in flight applies to
+                   (we missed its window): accumulate for the round after
+                   it at once, a state transfer would only cost time */
+                if (want + 1 < s->steps)
+                    join_step = want + 1;
+            } else if (sync_from_peer(s, want, &got, 0) == CM_OK) {
                 step = got;
-                if (in_flight && view.max_step > step && view.max_step < s->steps)
-                    join_step = view.max_step;
+                /* the round after the one in flight (not the highest step
+                   published: a peer that joined ahead publishes the step
+                   after its own round) */
+                if (in_flight && got == want && want + 1 < s->steps)
+                    join_step = want + 1;
             } else if (catch_up(s, step + 1, &got) == CM_OK && got > step)
                 step = got, update_hash(s, step);
             else
                 sleep(1); /* nobody could serve us yet */
+            CM_LOGD("join", "after catching up: params at %lld, join_step %lld", (long long)step,
+                    (long long)join_step);
             continue;
         }
         /* the accumulation is complete: the previous round must be applied
@@ -2109,6 +2344,10 @@ static int train_loop(struct peer_state *s)
             if (step != expect)
                 continue;
         }
+        CM_LOGD("join", "round %lld starts: %.0f samples (view %.0f at %zu peers), params at %lld, "
+                        "others %zu present %zu join_step %lld",
+                (long long)j->step, samples, view.samples, view.at_step, (long long)step, j->others,
+                j->present, (long long)join_step);
         j->samples = samples;
         j->loss_sum = loss_sum;
         j->loss_n = loss_n;

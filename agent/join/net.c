@@ -285,7 +285,10 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
     }
     if (ready)
         take = n->st_len - off < max ? n->st_len - off : max;
-    else if (min_step > n->st_wanted)
+    else if (n->st_wanted < 0 || min_step < n->st_wanted)
+        /* the oldest step asked for: a peer asking for a state far ahead
+           (the one after the collaboration's next step, or a lie) must not
+           keep those who asked for one we hold waiting */
         n->st_wanted = min_step;
     uint8_t *out = malloc(JOIN_STATE_HDR_LEN + take);
     if (!out) {

@@ -78,8 +78,9 @@ int join_net_set_token(struct join_net *n, const char *token);
 uint16_t join_net_state_port(const struct join_net *n);
 /* Hands over a snapshot (bytes owned by the net afterwards) of `step`. */
 void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, size_t len);
-/* The highest step someone asked for and the snapshot does not have yet
- * (-1: nobody waits). */
+/* The lowest step someone asked for and the snapshot does not have yet
+ * (-1: nobody waits); reset by a snapshot of that step or later, after
+ * which those who want a later one ask again. */
 int64_t join_net_state_wanted(const struct join_net *n);
 /* Fetches a peer's state of at least min_step into dest (written to
  * dest.part, checked, renamed); *step_out = its step. Gives up after

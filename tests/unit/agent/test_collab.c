@@ -1,7 +1,8 @@
 /* Unit tests for agent/join/collab.c: progress and round records round-trip
  * and reject malformed input; the collaboration estimate counts only fresh
  * peers at the step; member lists are canonical; the checkpoint uploader is
- * deterministic and rotates. */
+ * deterministic and rotates; a round goes on when a settled window holds a
+ * majority of senders. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -124,6 +125,18 @@ static void test_estimate(void **state)
     assert_true(fabs(v.eta_s - 1.0) < 1e-9); /* 100 more at 100/s */
     collab_estimate(p, 2, 5, now, 15000, 300, &v);
     assert_true(v.eta_s == 0);
+    /* the newest parameters a peer holds: only records with their hash
+       count (a peer whose round averages ahead of its parameters publishes
+       the step the round applies to, without a hash) */
+    struct collab_progress q[3] = {0};
+    q[0].step = 8, q[0].pstep = 7, q[0].t_ms = now, strcpy(q[0].hash, "0123456789abcdef");
+    q[1].step = 9, q[1].pstep = 8, q[1].t_ms = now; /* joined ahead: no hash */
+    q[2].step = 8, q[2].pstep = 8, q[2].t_ms = now, q[2].aux = 1, strcpy(q[2].hash, "0123456789abcdef");
+    collab_estimate(q, 3, 8, now, 15000, 400, &v);
+    assert_int_equal(v.max_step, 9);
+    assert_int_equal(v.max_pstep, 7);
+    collab_estimate(q, 0, 8, now, 15000, 400, &v);
+    assert_int_equal(v.max_pstep, -1);
 }
 
 static void test_canonical_and_uploader(void **state)
@@ -308,6 +321,34 @@ static void test_round_window(void **state)
     assert_int_equal(b[2].pub[0], 2);
 }
 
+/* Whether a round goes on without us: a window closed (plus the members'
+ * margin) with senders more than half of the peers on the step. */
+static void test_round_going(void **state)
+{
+    (void)state;
+    struct collab_announce a[5] = {0};
+    int64_t t[5] = {1000, 1100, 1150, 1400, 1420}; /* windows of 300: 1000-1300 | 1400-1700 */
+    for (int i = 0; i < 5; i++) {
+        a[4 - i].t_ms = t[i]; /* any order */
+        a[4 - i].sends = 1;
+    }
+    /* three senders of four peers, the window closed 1300, settled 1450 */
+    assert_false(collab_round_going(a, 5, 300, 150, 1449, 4));
+    assert_true(collab_round_going(a, 5, 300, 150, 1450, 4));
+    /* three of six is no majority: its members decline it */
+    assert_false(collab_round_going(a, 5, 300, 150, 1450, 6));
+    /* the second window (two senders) is no majority of four either, and
+       has not settled before 1850 */
+    assert_false(collab_round_going(a, 2, 300, 150, 5000, 4)); /* a[0..1]: 1420, 1400 */
+    assert_true(collab_round_going(a, 2, 300, 150, 5000, 3));
+    assert_false(collab_round_going(a, 2, 300, 150, 1849, 3));
+    /* members that only aggregate or pull are no senders */
+    a[2].sends = a[3].sends = 0; /* 1150, 1100 */
+    assert_false(collab_round_going(a, 5, 300, 150, 5000, 4));
+    assert_true(collab_round_going(a, 5, 300, 150, 5000, 1));
+    assert_false(collab_round_going(a, 0, 300, 150, 5000, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -317,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_canonical_and_uploader),
         cmocka_unit_test(test_round_window),
+        cmocka_unit_test(test_round_going),
         cmocka_unit_test(test_progress_state_and_hash),
         cmocka_unit_test(test_outcome_records),
         cmocka_unit_test(test_outcome_final),
