@@ -1840,6 +1840,30 @@ static int majority_behind(const struct peer_state *s, const struct collab_progr
     return below > 0 && 2 * below >= total;
 }
 
+/* The announcements of the round of `step` in the DHT (authors' keys in
+ * .pub), made no later than until_ms, ours left out when others_only; room
+ * for `extra` more entries. NULL (*na 0) when there are none. */
+static struct collab_announce *read_announces(struct peer_state *s, int64_t step, int others_only,
+                                              int64_t until_ms, size_t extra, size_t *na)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct join_record *r = NULL;
+    size_t nr = 0;
+    *na = 0;
+    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
+        join_records_free(r, nr);
+        return NULL;
+    }
+    struct collab_announce *a = calloc(nr + extra, sizeof *a);
+    for (size_t i = 0; a && i < nr; i++)
+        if (!(others_only && !memcmp(r[i].author, s->key.pub, CM_ED25519_PUB_LEN)) &&
+            collab_announce_parse(r[i].value, r[i].len, &a[*na]) == CM_OK && a[*na].t_ms <= until_ms)
+            memcpy(a[(*na)++].pub, r[i].author, CM_ED25519_PUB_LEN);
+    join_records_free(r, nr);
+    return a;
+}
+
 /* 1 when the round of `step` goes on (collab_round_going: a closed window
  * of its announcements holds more than half of the peers on that step as
  * senders, what its members need not to decline it in run_round_timed).
@@ -1852,20 +1876,8 @@ static int round_going(struct peer_state *s, const struct collab_progress *p, si
     for (size_t i = 0; i < n; i++)
         on += !p[i].aux && p[i].t_ms >= now - ACTIVE_MS &&
               (p[i].step == step || (p[i].step == step + 1 && p[i].pstep == step));
-    char key[160];
-    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
-    struct join_record *r = NULL;
-    size_t nr = 0;
-    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
-        join_records_free(r, nr);
-        return 0;
-    }
-    struct collab_announce *a = calloc(nr, sizeof *a);
     size_t na = 0;
-    for (size_t i = 0; a && i < nr; i++)
-        if (collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK)
-            na++;
-    join_records_free(r, nr);
+    struct collab_announce *a = read_announces(s, step, 0, INT64_MAX, 0, &na);
     int going = a && collab_round_going(a, na, s->o.round_window_ms, GATHER_MARGIN_MS, now, on);
     free(a);
     return going;
@@ -1891,22 +1903,9 @@ static int pstep_held(const struct peer_state *s, const struct collab_progress *
  * split into rounds of their own. */
 static int round_open(struct peer_state *s, int64_t step)
 {
-    char key[160];
-    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
-    struct join_record *r = NULL;
-    size_t nr = 0;
-    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
-        join_records_free(r, nr);
-        return 0;
-    }
-    struct collab_announce *a = calloc(nr + 1, sizeof *a);
     size_t na = 0;
     int64_t mine = now_ms() + 20; /* when our announcement would be made */
-    for (size_t i = 0; a && i < nr; i++)
-        if (memcmp(r[i].author, s->key.pub, CM_ED25519_PUB_LEN) &&
-            collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK && a[na].t_ms <= mine)
-            memcpy(a[na].pub, r[i].author, CM_ED25519_PUB_LEN), na++;
-    join_records_free(r, nr);
+    struct collab_announce *a = read_announces(s, step, 1, mine, 1, &na);
     if (!a || na == 0) {
         free(a);
         return 0;
