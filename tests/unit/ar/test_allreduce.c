@@ -790,16 +790,16 @@ static void run_aggregator_killed(int in_place)
     grp_cleanup(&g);
 }
 
-static void test_aggregator_killed(void **s)
+/* The in-place flag of a test registered twice (cmocka prestate). */
+static int g_staged = 0, g_placed = 1;
+static int mode_of(void **s)
 {
-    (void)s;
-    run_aggregator_killed(0);
+    return *(const int *)*s;
 }
 
-static void test_aggregator_killed_in_place(void **s)
+static void test_aggregator_killed(void **s)
 {
-    (void)s;
-    run_aggregator_killed(1);
+    run_aggregator_killed(mode_of(s));
 }
 
 static void test_bad_senders_excluded(void **s)
@@ -1118,14 +1118,7 @@ static void run_hostile_aggregator(int in_place)
 
 static void test_hostile_aggregator_and_wrong_size(void **s)
 {
-    (void)s;
-    run_hostile_aggregator(0);
-}
-
-static void test_hostile_aggregator_in_place(void **s)
-{
-    (void)s;
-    run_hostile_aggregator(1);
+    run_hostile_aggregator(mode_of(s));
 }
 
 static void run_comp(int comp, int in_place)
@@ -1216,14 +1209,14 @@ int main(void)
         cmocka_unit_test(test_gone_members_not_waited_for),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_sender_killed_mid_round),
-        cmocka_unit_test(test_aggregator_killed),
-        cmocka_unit_test(test_aggregator_killed_in_place),
+        cmocka_unit_test_prestate(test_aggregator_killed, &g_staged),
+        cmocka_unit_test_prestate(test_aggregator_killed, &g_placed),
         cmocka_unit_test(test_bad_senders_excluded),
         cmocka_unit_test(test_nan_mid_part),
         cmocka_unit_test(test_all_senders_excluded),
         cmocka_unit_test(test_lying_length_and_round_states),
-        cmocka_unit_test(test_hostile_aggregator_and_wrong_size),
-        cmocka_unit_test(test_hostile_aggregator_in_place),
+        cmocka_unit_test_prestate(test_hostile_aggregator_and_wrong_size, &g_staged),
+        cmocka_unit_test_prestate(test_hostile_aggregator_and_wrong_size, &g_placed),
         cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_q8),
     };
