@@ -37,7 +37,8 @@
     X(CLOSED, "closed")                                                   \
     X(DEVICE, "device error")                                             \
     X(NUMERIC, "non-finite or out-of-bound numeric value")                \
-    X(INTERNAL, "internal error")
+    X(INTERNAL, "internal error")                                         \
+    X(CANCELED, "canceled")
 
 enum cm_err {
     CM_OK = 0,

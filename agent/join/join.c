@@ -975,15 +975,19 @@ static void majority_hash(const struct collab_progress *p, size_t n, int64_t pst
 /* While we wait for a peer's state, others may wait for ours (peers that
  * fell apart at the same step each asked the other): serve it meanwhile.
  * Our parameters do not change during the wait; their step is the
- * optimizer's. */
-static void serve_own_state(void *arg)
+ * optimizer's. Nonzero after Ctrl-C: the fetch stops (a state of 20 MB
+ * from a slow peer, or one it prepares for 90 s, would hold us that long). */
+static int serve_own_state(void *arg)
 {
+    if (g_interrupts)
+        return 1;
     struct peer_state *s = arg;
     /* the wait can be long: our pass must stay valid, or every peer
        refuses us as "expired token" once the state is ready */
     renew_pass_if_due(s);
     if (s->hash_step >= 0)
         serve_state_if_wanted(s, (int64_t)s->tr.opt->step);
+    return 0;
 }
 
 /* Fetches the state of a peer at step >= min_step (preferring peers that
@@ -1034,6 +1038,8 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
                 wait = holds ? wait_ms : (uint32_t)left;
             rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
                                       p[i].step >= min_step ? 20000 : 90000, wait, serve_own_state, s);
+            if (rc == CM_ECANCELED)
+                break;
             if (rc != CM_OK) {
                 fprintf(stderr, "\nwarning: fetching the state of peer at %s: %s\n", p[i].st,
                         cm_strerror(rc));

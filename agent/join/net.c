@@ -774,7 +774,7 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
 
 int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
-                         uint32_t ready_ms, void (*idle)(void *arg), void *arg)
+                         uint32_t ready_ms, int (*idle)(void *arg), void *arg)
 {
     struct sockaddr_storage sa;
     if (p2p_addr_parse(addr, &sa) != CM_OK)
@@ -790,6 +790,11 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
     while (p2p_now_ms() < end) {
         uint8_t *r = NULL;
         size_t rl = 0;
+        /* between chunks too: a state at a slow peer's rate takes long */
+        if (idle && idle(arg)) {
+            rc = CM_ECANCELED;
+            break;
+        }
         rc = state_request(n, &sa, pub, min_step, got, &r, &rl);
         if (rc != CM_OK)
             break;
@@ -804,8 +809,6 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
             rc = CM_EBUSY;
             if (ready_ms && p2p_now_ms() - start >= ready_ms)
                 break;
-            if (idle)
-                idle(arg);
             usleep(100000);
             continue;
         }
