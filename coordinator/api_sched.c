@@ -9,7 +9,8 @@
  *  GET  /api/v1/runs/{run}/schedule      the newest valid signed schedule.
  *      When the live reports differ from those the newest schedule was
  *      solved from (peers joined, left or changed) and that solve is older
- *      than HYSTERESIS_S, or the schedule nears the end of its validity, a
+ *      than HYSTERESIS_S (MEMBERS_HYSTERESIS_S when the set of peers
+ *      changed), or the schedule nears the end of its validity, a
  *      new one is solved (common/sched/), signed with this coordinator's
  *      key and stored with its inputs, result and solve time: by the
  *      background solver thread while a valid schedule exists (the GET
@@ -39,7 +40,8 @@
 #include <time.h>
 
 #define CAP_TTL_S 120         /* a capability report is live this long */
-#define HYSTERESIS_S 30       /* at most one solve per run per this many seconds */
+#define HYSTERESIS_S 30       /* at most one solve per run per this many seconds... */
+#define MEMBERS_HYSTERESIS_S 5 /* ...or this many when peers joined or left */
 #define SETTLE_MS 5000        /* a report queues a background solve this much later */
 #define VALID_S 600           /* validity window of a schedule */
 #define REFRESH_S 300         /* re-solve when less validity than this is left */
@@ -334,15 +336,6 @@ static int newest_load(struct coord_req *req, const char *run_id, struct newest 
     return nw->have && !nw->payload ? CM_ENOMEM : CM_OK;
 }
 
-/* Serve it as is, or solve again? */
-static int newest_good(const struct newest *nw, const char *sha, long long now)
-{
-    if (!nw->have || nw->until - now < REFRESH_S)
-        return 0;
-    if (!sha || !strcmp(nw->sha, sha))
-        return 1;
-    return now - nw->created < HYSTERESIS_S; /* inputs changed, but solved moments ago */
-}
 
 static void respond(struct coord_req *req, struct coord_resp *resp, const struct newest *nw,
                     int fresh)
@@ -415,6 +408,41 @@ static int find_key(const struct sched_peer *peers, size_t n, const uint8_t key[
             hi = mid;
     }
     return -1;
+}
+
+/* Seconds after the newest schedule's solve before changed inputs are
+ * solved again. A peer that joined sends even parts (a slow one holds every
+ * round to its link) and a peer that left is waited for until the schedule
+ * says otherwise, so a change of the set of peers (the newest payload lists
+ * them by key) waits MEMBERS_HYSTERESIS_S; changed figures of the same peers
+ * (throughputs measured again) HYSTERESIS_S. */
+static long long hysteresis_s(const struct newest *nw, const struct inputs *in)
+{
+    json_t *root = nw->payload ? json_loads(nw->payload, 0, NULL) : NULL;
+    json_t *arr = json_object_get(root, "peers");
+    int changed = !json_is_array(arr) || json_array_size(arr) != in->n;
+    size_t i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        uint8_t k[CM_ED25519_PUB_LEN];
+        if (changed)
+            break;
+        changed = !key_param(json_string_value(json_object_get(e, "key")), k) ||
+                  find_key(in->peers, in->n, k) < 0;
+    }
+    json_decref(root);
+    return changed ? MEMBERS_HYSTERESIS_S : HYSTERESIS_S;
+}
+
+/* Serve it as is, or solve again? in: the live inputs (NULL or none: there
+ * is nothing to solve from). */
+static int newest_good(const struct newest *nw, const struct inputs *in, long long now)
+{
+    if (!nw->have || nw->until - now < REFRESH_S)
+        return 0;
+    if (!in || !in->n || !strcmp(nw->sha, in->sha))
+        return 1;
+    return now - nw->created < hysteresis_s(nw, in); /* inputs changed, but solved moments ago */
 }
 
 static int inputs_load(struct coord_req *req, const char *run_id, json_t *params,
@@ -877,11 +905,11 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         free(nw.payload);
         return;
     }
-    if (newest_good(&nw, in.n ? in.sha : NULL, now) || (!in.n && valid)) {
+    if (newest_good(&nw, &in, now) || (!in.n && valid)) {
         /* Inputs changed inside the hysteresis window: solve when it ends. */
         if (in.n && strcmp(nw.sha, in.sha) != 0)
             solve_enqueue(req->srv, req->params[0],
-                          1e3 * (double)(nw.created + HYSTERESIS_S - now) + 100);
+                          1e3 * (double)(nw.created + hysteresis_s(&nw, &in) - now) + 100);
         if (!background)
             respond(req, resp, &nw, 0);
         goto out;
@@ -917,7 +945,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         goto out;
     }
     int fresh = 0;
-    if (!newest_good(&nw, in.sha, now)) {
+    if (!newest_good(&nw, &in, now)) {
         if (!solve_and_store(req, resp, run_id, &in, batch, params * bits / 1e6, lp_roles, fixed_m,
                              &nw)) {
             coord_db_cmd(req->db, "ROLLBACK");

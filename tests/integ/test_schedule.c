@@ -6,7 +6,9 @@
  * change nothing; the served schedule verifies under the published key over
  * the documented bytes, reflects the inputs (a no-compute high-bandwidth
  * peer becomes the parameter server), is re-solved in the background when
- * peers join or leave but not more often than the hysteresis allows (GETs
+ * peers join or leave or figures change, but not more often than the
+ * hysteresis allows (5 s after the last solve for a change of peers, 30 s
+ * for figures; GETs
  * keep serving the valid schedule meanwhile), is stored with its
  * inputs, result and solve time, and is solved once when two coordinators
  * are asked at the same moment. */
@@ -340,10 +342,11 @@ static void test_schedule_served_and_resolved(void **state)
     assert_int_equal(v, v1);
     assert_int_equal(s.n, 8);
     sched_schedule_cleanup(&s);
-    /* ... and once the window has passed, the new peer is in (as a client-mode sender),
-     * solved in the background: the GET that notices serves the old one meanwhile. */
+    /* ... and once the window for a change of peers (5 s; 30 s for figures) has passed, the
+     * new peer is in (as a client-mode sender), solved in the background: the GET that
+     * notices serves the old one meanwhile. */
     assert_int_equal(ct_pg_exec(&g_pg, "UPDATE schedules SET created_at = created_at - "
-                                       "interval '40 seconds'"),
+                                       "interval '8 seconds'"),
                      0);
     fetch_version(&s, v1 + 1);
     assert_int_equal(s.n, 9);
@@ -413,6 +416,19 @@ static void test_schedule_served_and_resolved(void **state)
     expect("GET", "/api/v1/runs/resnet/schedules/999", g_org, NULL, 404, "not_found");
     expect("GET", "/api/v1/runs/resnet/schedules/x1", g_org, NULL, 404, "not_found");
     expect("GET", "/api/v1/runs/nope/schedules", g_org, NULL, 404, "not_found");
+
+    /* A figure changes (the same peers): 8 s after the last solve is inside the 30 s
+     * window for that, so the schedule stays. */
+    report(3, 120, 1000, 1, 200);
+    assert_int_equal(ct_pg_exec(&g_pg, "UPDATE schedules SET created_at = created_at - "
+                                       "interval '8 seconds'"),
+                     0);
+    for (int k = 0; k < 3; k++) {
+        fetch_verified(&s, &v, &fresh);
+        assert_int_equal(v, v1 + 1);
+        sched_schedule_cleanup(&s);
+        usleep(300 * 1000);
+    }
 
     /* The parameter server leaves (its report expires): the GPU peers average among
      * themselves, each aggregating a part. */
