@@ -631,17 +631,22 @@ static int export_model(struct peer_state *s, const char *path)
 static void print_line(long step, double samples, double target, double sps, int pull_only,
                        size_t peers, double loss, double eta)
 {
-    char etas[32], rate[32];
+    char etas[32], rate[32], losss[32];
     if (isfinite(eta))
         snprintf(etas, sizeof etas, "%.1fs", eta);
     else
         snprintf(etas, sizeof etas, "?");
-    if (pull_only) /* computes nothing: its last rate would mislead */
+    /* a pull-only peer computes nothing: its last rate and loss would mislead */
+    if (pull_only)
         snprintf(rate, sizeof rate, "  pull-only (no compute)");
     else
         snprintf(rate, sizeof rate, "%7.1f samples/s", sps);
-    printf("\rstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %7.4f | next step in %s   ",
-           step, samples, target, rate, peers, loss, etas);
+    if (pull_only || !isfinite(loss))
+        snprintf(losss, sizeof losss, "%7s", "-");
+    else
+        snprintf(losss, sizeof losss, "%7.4f", loss);
+    printf("\rstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %s | next step in %s   ",
+           step, samples, target, rate, peers, losss, etas);
     fflush(stdout);
 }
 
