@@ -129,7 +129,9 @@ void cm_opts_help(const struct cm_cmd_spec *s, FILE *out)
         snprintf(left, sizeof left, "--%s%s%s", o->name, o->metavar ? " " : "",
                  o->metavar ? o->metavar : "");
         fprintf(out, "  %-30s %s", left, o->help);
-        if (o->def && o->type != CM_OPT_BOOL)
+        /* a help text that explains its default itself ("the run's") keeps
+           it: the stored value (often 0) would contradict it */
+        if (o->def && o->type != CM_OPT_BOOL && !strstr(o->help, "(default"))
             fprintf(out, " (default: %s)", o->def);
         fprintf(out, "\n");
     }

@@ -108,6 +108,30 @@ static void test_errors(void **state)
     cm_opts_free(&SPEC, &c);
 }
 
+/* --help names each option's default, unless its text explains the default
+ * itself (an option whose stored 0 means "the run's"). */
+static void test_help_defaults(void **state)
+{
+    (void)state;
+    static const struct cm_opt H[] = {
+        {"threads", CM_OPT_INT, offsetof(struct cfg, threads), "4", "N", "threads", 0},
+        {"rate", CM_OPT_DBL, offsetof(struct cfg, rate), "0", "X", "rate (default: the run's)", 0},
+        {"verbose", CM_OPT_BOOL, offsetof(struct cfg, verbose), NULL, NULL, "flag", 0},
+    };
+    static const struct cm_cmd_spec HS = {"t [options]", "about", H, 3, 0};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    cm_opts_help(&HS, f);
+    fclose(f);
+    assert_non_null(strstr(text, "threads (default: 4)\n"));
+    assert_non_null(strstr(text, "rate (default: the run's)\n"));
+    assert_null(strstr(text, "(default: 0)"));
+    assert_non_null(strstr(text, "flag\n"));
+    free(text);
+}
+
 static void test_json_schema(void **state)
 {
     (void)state;
@@ -174,6 +198,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_help_defaults),
         cmocka_unit_test(test_json_schema),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
