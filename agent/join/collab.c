@@ -392,3 +392,29 @@ size_t collab_checkpoint_uploader(const struct collab_announce *a, size_t n, int
     }
     return best;
 }
+
+void collab_hold_init(struct collab_hold *h, double cap_s)
+{
+    h->tokens = cap_s;
+    h->last = -1;
+    h->waiting = 0;
+}
+
+int collab_hold_update(struct collab_hold *h, int behind, double now_s, double cap_s, double refill)
+{
+    double dt = h->last < 0 || now_s < h->last ? 0 : now_s - h->last;
+    h->last = now_s;
+    /* the time since the last update went as that update decided; a wait
+       is polled every few ms, so more than a second since a "wait" means
+       the caller went elsewhere (into a round) and waited only a poll */
+    if (h->waiting)
+        h->tokens -= dt < 1.0 ? dt : 1.0;
+    else
+        h->tokens += dt * refill;
+    if (h->tokens > cap_s)
+        h->tokens = cap_s;
+    /* below 0 is a debt (a wait overran the bucket), repaid before the
+       next wait: clamping it would give away the overrun each time */
+    h->waiting = behind && h->tokens > 0;
+    return h->waiting;
+}

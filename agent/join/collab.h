@@ -119,6 +119,22 @@ size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_
 int collab_round_going(const struct collab_announce *a, size_t n, int64_t window_ms, int64_t settle_ms,
                        int64_t now_ms, size_t on);
 
+/* The wait of delayed updates for the peers behind (seed 000 §3.2), as a
+ * token bucket: waiting spends seconds from a bucket of at most cap_s,
+ * which refills at refill (seconds per second) while we do not wait. So
+ * the first wait may take cap_s, and over time waits take at most about
+ * refill / (1 + refill) of the time, whatever the peers behind do: staying
+ * behind for good (a dead or lying peer), or going back and forth between
+ * behind and level (which used to get the whole wait again each time).
+ * collab_hold_update: `behind` now, at `now_s`; 1 while we should wait. */
+struct collab_hold {
+    double tokens; /* seconds of waiting left */
+    double last;   /* time of the last update (< 0: none yet) */
+    int waiting;   /* the last update said wait */
+};
+void collab_hold_init(struct collab_hold *h, double cap_s);
+int collab_hold_update(struct collab_hold *h, int behind, double now_s, double cap_s, double refill);
+
 /* Orders announcements canonically (by public key) so every member builds
  * the same member list; drops duplicates by key, keeping the first. Returns
  * the new count. */

@@ -178,8 +178,9 @@ struct peer_state {
     size_t n_prev;
     pthread_mutex_t js_mu;     /* js is used by the round thread too (delayed updates) */
     double mb_time;            /* seconds per micro-batch (moving average) */
-    double hold_since;         /* mono_s() since a majority of the present peers is behind
-                                  our step (delayed updates, see majority_behind); 0: not */
+    struct collab_hold hold;   /* delayed updates: our waits for the peers behind our step
+                                  (see majority_behind), a bucket of JOIN_HOLD_S */
+    double hold_warned;        /* mono_s() of the last "stayed behind" warning */
 };
 
 static int fetch_pass_once(struct peer_state *s)
@@ -1838,7 +1839,8 @@ static size_t majority_below(const struct peer_state *s, const struct collab_pro
  * peers (fresh progress in the last PRESENT_MS, at any step, ourselves
  * counted) accumulate for a step before `step`. Then starting our round
  * would run ahead of the collaboration rather than with it. */
-#define JOIN_HOLD_S 10.0
+#define JOIN_HOLD_S 10.0     /* the bucket of waits for the peers behind (collab_hold)... */
+#define JOIN_HOLD_REFILL 0.1 /* ...refilled at this many seconds per second not waiting */
 static int majority_behind(const struct peer_state *s, const struct collab_progress *p, size_t n,
                            int64_t step, int64_t now)
 {
@@ -2224,26 +2226,28 @@ static int train_loop(struct peer_state *s)
                    ends), so peers that fell behind load a state while the
                    next round gathers, and a pair that went on without the
                    two others kept them chasing it. While at least half of
-                   the present peers are behind our step, wait for them, up
-                   to JOIN_HOLD_S in one stretch (a dead or lying peer cannot
-                   stop us for longer): they take our current state
-                   meanwhile (`lone` below) and join this round. */
-                if (s->o.delayed_updates && !s->o.aggregate_only &&
-                    majority_behind(s, seen, nseen, acc_step, now)) {
-                    if (s->hold_since == 0) {
-                        s->hold_since = mono_s();
-                        printf("\nstep %lld: most peers are behind us; waiting up to %.0f s for them\n",
-                               (long long)acc_step, JOIN_HOLD_S);
-                    }
-                    if (mono_s() - s->hold_since < JOIN_HOLD_S) {
+                   the present peers are behind our step, wait for them:
+                   they take our current state meanwhile (`lone` below) and
+                   join this round. The waits come from a bucket of
+                   JOIN_HOLD_S that refills at JOIN_HOLD_REFILL (a dead or
+                   lying peer, or peers that go back and forth between
+                   behind and level, cannot hold us up for longer). */
+                if (s->o.delayed_updates && !s->o.aggregate_only) {
+                    int most_behind = majority_behind(s, seen, nseen, acc_step, now);
+                    int was = s->hold.waiting;
+                    if (collab_hold_update(&s->hold, most_behind, mono_s(), JOIN_HOLD_S,
+                                           JOIN_HOLD_REFILL)) {
+                        if (!was && s->hold.tokens >= 1)
+                            printf("\nstep %lld: most peers are behind us; waiting up to %.0f s for "
+                                   "them\n", (long long)acc_step, s->hold.tokens);
                         holding = 1;
                         continue;
                     }
-                    if (holding)
-                        fprintf(stderr, "\nwarning: step %lld: most peers stayed behind us for %.0f s; "
-                                        "going on\n", (long long)acc_step, JOIN_HOLD_S);
-                } else {
-                    s->hold_since = 0;
+                    if (most_behind && holding && mono_s() - s->hold_warned > 60) {
+                        fprintf(stderr, "\nwarning: step %lld: most peers stayed behind us; going on\n",
+                                (long long)acc_step);
+                        s->hold_warned = mono_s();
+                    }
                 }
                 holding = 0;
                 break;
@@ -2434,6 +2438,7 @@ int agent_cmd_join(int argc, char **argv)
     if (!s)
         return 1;
     pthread_mutex_init(&s->js_mu, NULL);
+    collab_hold_init(&s->hold, JOIN_HOLD_S);
     pthread_mutex_init(&s->probe_mu, NULL);
     pthread_cond_init(&s->probe_cv, NULL);
     int rc = cm_opts_parse(&JOIN, &s->o, argc, argv, NULL, NULL, stderr);

@@ -349,6 +349,76 @@ static void test_round_going(void **state)
     assert_false(collab_round_going(a, 0, 300, 150, 5000, 0));
 }
 
+/* Delayed updates' waits for the peers behind: a bucket of 10 s refilled
+ * at 0.1 s per second not waiting. Peers flipping between behind and level
+ * used to get a fresh 10 s each time. */
+static double hold_over(struct collab_hold *h, double t0, double t1, double dt, int (*behind)(double))
+{
+    double waited = 0;
+    for (double t = t0; t < t1; t += dt)
+        waited += collab_hold_update(h, behind(t), t, 10.0, 0.1) ? dt : 0;
+    return waited;
+}
+static int always(double t)
+{
+    (void)t;
+    return 1;
+}
+static int never(double t)
+{
+    (void)t;
+    return 0;
+}
+static int flipping(double t)
+{
+    return ((long)t / 2) % 2 == 0; /* behind 2 s, level 2 s */
+}
+static int once(double t)
+{
+    return t >= 500 && t < 503;
+}
+
+static void test_hold_budget(void **state)
+{
+    (void)state;
+    struct collab_hold h;
+    collab_hold_init(&h, 10.0);
+    /* 4 s behind, 1 s level, then behind: the rest of the 10 s (plus the
+       0.1 s refilled while level), then about a tenth of the time */
+    assert_false(collab_hold_update(&h, 0, 100.0, 10.0, 0.1)); /* nobody behind */
+    double w = hold_over(&h, 101, 105, 0.05, always);
+    assert_true(w > 3.9 && w < 4.1);
+    (void)hold_over(&h, 105, 106, 0.05, never);
+    w = 0;
+    double t = 106, dry = 0;
+    for (; t < 115; t += 0.05)
+        if (collab_hold_update(&h, 1, t, 10.0, 0.1))
+            w += 0.05;
+        else if (!dry)
+            dry = t;
+    assert_true(dry > 112.0 && dry < 112.3);
+    assert_true(w > 6.0 && w < 6.5);
+    /* an update long after a wait (the caller went into a round) charges
+       one poll, not the whole gap */
+    collab_hold_init(&h, 10.0);
+    assert_true(collab_hold_update(&h, 1, 200.0, 10.0, 0.1));
+    assert_true(collab_hold_update(&h, 1, 230.0, 10.0, 0.1));
+    assert_true(h.tokens > 8.9);
+    /* a peer behind for good: the first 10 s, then about a tenth of the time */
+    collab_hold_init(&h, 10.0);
+    w = hold_over(&h, 0, 1000, 0.05, always);
+    assert_true(w >= 95 && w <= 102);
+    /* peers flipping between behind and level: no more than that */
+    collab_hold_init(&h, 10.0);
+    w = hold_over(&h, 0, 1000, 0.05, flipping);
+    assert_true(w >= 10 && w <= 102);
+    /* an honest wait of 3 s after a quiet while is waited in full */
+    collab_hold_init(&h, 10.0);
+    (void)hold_over(&h, 0, 400, 0.05, always); /* the bucket is drained */
+    w = hold_over(&h, 400, 600, 0.05, once);   /* 97 s level refill it */
+    assert_true(w >= 2.9 && w <= 3.1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_progress_state_and_hash),
         cmocka_unit_test(test_outcome_records),
         cmocka_unit_test(test_outcome_final),
+        cmocka_unit_test(test_hold_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
