@@ -2458,6 +2458,25 @@ int agent_cmd_join(int argc, char **argv)
                         "--outcome-window-ms >= 50, --round-window-ms >= 10\n");
         goto out;
     }
+    /* every option checked before anything is contacted or written */
+    const char *bad = NULL;
+    double up = s->o.max_upload_mbps, down = s->o.max_download_mbps;
+    if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
+        strcmp(s->o.device, "auto"))
+        bad = "--device must be cpu, cuda or auto";
+    else if (s->o.compression && strcmp(s->o.compression, "none") && strcmp(s->o.compression, "fp16") &&
+             strcmp(s->o.compression, "q8"))
+        bad = "--compression must be none, fp16 or q8";
+    else if (!(up == 0 || (up >= 0.1 && up <= 1e6)) || !(down == 0 || (down >= 0.1 && down <= 1e6)))
+        bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
+    else if (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535)
+        bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
+    else if (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0)
+        bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";
+    if (bad) {
+        fprintf(stderr, "error: %s\n", bad);
+        goto out;
+    }
     const char *corrupt = getenv("CROWDTRAIN_TEST_CORRUPT_GRADIENTS");
     if (corrupt && *corrupt) {
         s->corrupt = !strcmp(corrupt, "nan") ? 1 : !strcmp(corrupt, "huge") ? 2 : 0;

@@ -2,7 +2,9 @@
 /* crowdtrain-agent login / pass against a real coordinator: the key pair and
  * state files are created with mode 0600, the printed pass is verified, a
  * wrong password and a non-allowlisted run fail with a clear message and
- * leave no pass behind, and renewal issues a new pass for the same key. */
+ * leave no pass behind, renewal issues a new pass for the same key, and
+ * join refuses each bad option (exit 2, a sentence naming it) before it
+ * contacts anything or writes a run directory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -161,6 +163,29 @@ static void test_failures_are_clear(void **state)
     rc = ct_run(usage, NULL, &out, 10);
     assert_int_equal(rc, 2);
     free(out);
+    /* join: every bad option is refused before anything is contacted or written
+       (the volunteer is logged in: the session would be used otherwise) */
+    static const char *const bad_join[][2] = {
+        {"--compression", "zip"},      {"--device", "tpu"},
+        {"--max-upload-mbps", "-3"},   {"--max-download-mbps", "0.01"},
+        {"--dht-port", "70000"},       {"--steps", "-1"},
+        {"--stall-ms", "5"},           {"--round-window-ms", "0"},
+    };
+    static const char *const why[] = {
+        "--compression must be none, fp16 or q8", "--device must be cpu, cuda or auto",
+        "0 (no cap) or from 0.1", "0 (no cap) or from 0.1", "from 0 (any) to 65535",
+        "0 (the run's) or positive", "--stall-ms must be in", "--round-window-ms >= 10",
+    };
+    for (size_t k = 0; k < sizeof bad_join / sizeof bad_join[0]; k++) {
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", "demo", bad_join[k][0],
+                              bad_join[k][1], "--config-dir", g_dir, NULL};
+        rc = ct_run(argv, NULL, &out, 10);
+        if (rc != 2 || !strstr(out, why[k]))
+            fail_msg("join %s %s: exit %d, said: %s", bad_join[k][0], bad_join[k][1], rc, out);
+        free(out);
+        snprintf(p, sizeof p, "%s/demo", g_dir);
+        assert_int_not_equal(access(p, F_OK), 0); /* no run directory */
+    }
     /* an untrusted certificate is explained */
     const char *nocert[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--username", "vol",
                             "--password-stdin", "--config-dir", g_dir, NULL};
