@@ -84,8 +84,9 @@ for i in $(seq 2 "$AGENTS"); do
     >"$work/agent$i.log" 2>&1 &
   pids="$pids $!"
 done
+# through tee, stdout is no terminal: ask for the live line anyway
 $BIN/crowdtrain-agent join --run fmnist-demo --config-dir "$work/agent1" --listen-ip 127.0.0.1 \
-  | tee "$work/agent1.log"
+  --progress live | tee "$work/agent1.log"
 fail=0
 for p in $pids; do wait "$p" || fail=1; done
 [ "$fail" -eq 0 ] || { echo "an agent failed:"; tail -n 5 "$work"/agent*.log; exit 1; }

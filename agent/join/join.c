@@ -45,7 +45,7 @@
 
 struct join_cfg {
     char *coordinator, *run, *config_dir, *device, *listen_ip, *advertise_ip, *export_path,
-        *compression, *step_log;
+        *compression, *step_log, *progress;
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
         outcome_window_ms, stall_ms;
@@ -92,6 +92,9 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
      "write the final parameters as safetensors (default CONFIG-DIR/<run>.safetensors)", 0},
     {"no-eval", CM_OPT_BOOL, J(no_eval), NULL, NULL, "skip the evaluation at the end", 0},
+    {"progress", CM_OPT_STR, J(progress), "auto", "MODE",
+     "live (one line updated in place), lines (a line per step, at most one per 10 s otherwise: "
+     "for logs) or auto (live on a terminal)", 0},
 };
 static const struct cm_cmd_spec JOIN = {
     "crowdtrain-agent join --run RUN [options]",
@@ -629,9 +632,19 @@ static int export_model(struct peer_state *s, const char *path)
     return rc;
 }
 
+static int g_progress_live = 1; /* --progress: 1 live, 0 lines */
+
 static void print_line(long step, double samples, double target, double sps, int pull_only,
                        size_t peers, double loss, double eta)
 {
+    static long last_step = -1;
+    static double last_t;
+    if (!g_progress_live) {
+        if (step == last_step && mono_s() - last_t < 10)
+            return;
+        last_step = step;
+        last_t = mono_s();
+    }
     char etas[32], rate[32], losss[32];
     if (isfinite(eta))
         snprintf(etas, sizeof etas, "%.1fs", eta);
@@ -646,8 +659,9 @@ static void print_line(long step, double samples, double target, double sps, int
         snprintf(losss, sizeof losss, "%7s", "-");
     else
         snprintf(losss, sizeof losss, "%7.4f", loss);
-    printf("\rstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %s | next step in %s   ",
-           step, samples, target, rate, peers, losss, etas);
+    printf("%sstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %s | next step in %s%s",
+           g_progress_live ? "\r" : "", step, samples, target, rate, peers, losss, etas,
+           g_progress_live ? "   " : "\n");
     fflush(stdout);
 }
 
@@ -2460,8 +2474,18 @@ int agent_cmd_join(int argc, char **argv)
     }
     /* every option checked before anything is contacted or written */
     const char *bad = NULL;
+    if (!strcmp(s->o.progress, "live"))
+        g_progress_live = 1;
+    else if (!strcmp(s->o.progress, "lines"))
+        g_progress_live = 0;
+    else if (!strcmp(s->o.progress, "auto"))
+        g_progress_live = isatty(STDOUT_FILENO);
+    else
+        bad = "--progress must be live, lines or auto";
     double up = s->o.max_upload_mbps, down = s->o.max_download_mbps;
-    if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
+    if (bad)
+        ;
+    else if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
         strcmp(s->o.device, "auto"))
         bad = "--device must be cpu, cuda or auto";
     else if (s->o.compression && strcmp(s->o.compression, "none") && strcmp(s->o.compression, "fp16") &&
