@@ -8,6 +8,7 @@
 
 /* api_misc.c */
 void api_health(struct coord_req *req, struct coord_resp *resp);
+void api_time(struct coord_req *req, struct coord_resp *resp);
 void api_openapi(struct coord_req *req, struct coord_resp *resp);
 void api_metrics(struct coord_req *req, struct coord_resp *resp);
 void api_keys(struct coord_req *req, struct coord_resp *resp);

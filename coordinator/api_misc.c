@@ -1,5 +1,5 @@
-/* Health, the OpenAPI document, Prometheus metrics and the coordinators'
- * public signing keys. */
+/* Health, the coordinator's clock, the OpenAPI document, Prometheus
+ * metrics and the coordinators' public signing keys. */
 #include "coordinator/api.h"
 #include "coordinator/metrics.h"
 #include "coordinator/migrate.h"
@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern const struct cm_embedded coord_docs[];
 extern const unsigned coord_docs_count;
@@ -36,6 +37,20 @@ void api_health(struct coord_req *req, struct coord_resp *resp)
                     json_pack("{s:s, s:s, s:i, s:s, s:i}", "status", "ok", "database", "ok",
                               "schema_version", schema, "version", CROWDTRAIN_VERSION,
                               "inflight", atomic_load(&req->srv->inflight)));
+}
+
+/* The coordinator's clock in ms since the epoch, read when the answer is
+ * built (no database): agents measure their offset from it (round trip
+ * halved) and time the collaboration's windows with the corrected clock,
+ * since a volunteer's clock off by a second would otherwise put its
+ * announcements outside every round window (docs/collaboration.md). */
+void api_time(struct coord_req *req, struct coord_resp *resp)
+{
+    (void)req;
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    json_int_t ms = (json_int_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+    coord_resp_json(resp, 200, json_pack("{s:I}", "time_ms", ms));
 }
 
 void api_openapi(struct coord_req *req, struct coord_resp *resp)

@@ -10,6 +10,7 @@
 
 const struct coord_route coord_routes[] = {
     {"GET", "/api/v1/health", api_health, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/time", api_time, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/openapi.json", api_openapi, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/keys", api_keys, COORD_PUBLIC, 0, 0},
     {"GET", "/metrics", api_metrics, COORD_PUBLIC, 0, 0},

@@ -113,11 +113,24 @@ static void on_sigint(int sig)
     g_interrupts++;
 }
 
-static int64_t now_ms(void)
+/* The collaboration's clock. Announcement windows, progress freshness and
+ * outcome windows compare times that peers wrote with their own clocks; a
+ * volunteer's clock a second off would put its announcements outside every
+ * round window. So every peer uses the coordinator's clock: ours plus the
+ * offset clock_sync measures (GET /api/v1/time). */
+static int64_t g_clock_offset_ms; /* coordinator's clock minus ours (atomic) */
+static int64_t g_test_skew_ms;    /* CROWDTRAIN_TEST_CLOCK_SKEW_MS: a wrong clock, for tests */
+
+static int64_t raw_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000 + g_test_skew_ms;
+}
+
+static int64_t now_ms(void)
+{
+    return raw_ms() + __atomic_load_n(&g_clock_offset_ms, __ATOMIC_RELAXED);
 }
 
 static double mono_s(void)
@@ -249,6 +262,40 @@ static int fetch_pass(struct peer_state *s)
 /* Renews the pass when a third of its lifetime is left, and hands the new
  * token to the network side; on failure the old pass is kept (and tried
  * again at the next step) until it expires. */
+/* Measures g_clock_offset_ms: three reads of the coordinator's clock, the
+ * one with the shortest round trip, against the midpoint of that trip (so
+ * the error is at most half of it). Kept as it was when the coordinator
+ * cannot be read (an older one without the endpoint, or a trip over 2 s). */
+#define CLOCK_MAX_RTT_MS 2000
+static void clock_sync(struct peer_state *s, int verbose)
+{
+    int64_t best = -1, off = 0;
+    for (int i = 0; i < 3; i++) {
+        struct agent_reply r = {0};
+        int64_t t0 = raw_ms();
+        int rc = agent_request(&s->coord, "GET", "/api/v1/time", NULL, &r);
+        int64_t t1 = raw_ms();
+        json_t *v = rc == CM_OK && r.status == 200 ? json_object_get(r.json, "time_ms") : NULL;
+        if (json_is_integer(v) && t1 >= t0 && (best < 0 || t1 - t0 < best)) {
+            best = t1 - t0;
+            off = (int64_t)json_integer_value(v) - (t0 + (t1 - t0) / 2);
+        }
+        agent_reply_free(&r);
+    }
+    if (best < 0 || best > CLOCK_MAX_RTT_MS) {
+        if (verbose)
+            fprintf(stderr, "warning: could not read the coordinator's clock%s; using this machine's "
+                            "(peers whose clocks differ by more than the round window cannot average "
+                            "together)\n", best > CLOCK_MAX_RTT_MS ? " (round trip over 2 s)" : "");
+        return;
+    }
+    int64_t was = __atomic_exchange_n(&g_clock_offset_ms, off, __ATOMIC_RELAXED);
+    if (verbose ? (off >= 250 || off <= -250) : (off - was >= 250 || was - off >= 250))
+        printf("%sclock: this machine's is %.1f s %s the coordinator's (round trip %lld ms); the "
+               "collaboration's times follow the coordinator's\n", verbose ? "" : "\n",
+               (double)(off < 0 ? -off : off) / 1000.0, off > 0 ? "behind" : "ahead of", (long long)best);
+}
+
 static void renew_pass_if_due(struct peer_state *s)
 {
     json_int_t iat = json_integer_value(json_object_get(s->pass, "issued_at"));
@@ -268,6 +315,7 @@ static void renew_pass_if_due(struct peer_state *s)
     }
     if (s->rep)
         join_reporter_set_token(s->rep, s->token);
+    clock_sync(s, 0); /* clocks drift: measure again with each pass */
     if (join_net_set_token(s->net, s->token) != CM_OK) {
         fprintf(stderr, "\nwarning: could not install the renewed pass\n");
     } else {
@@ -2501,6 +2549,18 @@ int agent_cmd_join(int argc, char **argv)
         fprintf(stderr, "error: %s\n", bad);
         goto out;
     }
+    const char *skew = getenv("CROWDTRAIN_TEST_CLOCK_SKEW_MS");
+    if (skew && *skew) {
+        char *end;
+        long long v = strtoll(skew, &end, 10);
+        if (*end || v < -3600000 || v > 3600000) {
+            fprintf(stderr, "error: CROWDTRAIN_TEST_CLOCK_SKEW_MS must be an integer within an hour\n");
+            goto out;
+        }
+        g_test_skew_ms = v;
+        fprintf(stderr, "warning: CROWDTRAIN_TEST_CLOCK_SKEW_MS=%lld: this peer's clock is set wrong "
+                        "(a test of the clock correction)\n", v);
+    }
     const char *corrupt = getenv("CROWDTRAIN_TEST_CORRUPT_GRADIENTS");
     if (corrupt && *corrupt) {
         s->corrupt = !strcmp(corrupt, "nan") ? 1 : !strcmp(corrupt, "huge") ? 2 : 0;
@@ -2538,6 +2598,7 @@ int agent_cmd_join(int argc, char **argv)
     }
     if (fetch_pass(s) != CM_OK || fetch_run(s) != CM_OK)
         goto out;
+    clock_sync(s, 1);
     if (agent_trainer_init(&s->tr, &s->tcfg, s->config_text, strlen(s->config_text), err, sizeof err) != CM_OK) {
         fprintf(stderr, "error: %s\n", err);
         goto out;

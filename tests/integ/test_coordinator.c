@@ -621,6 +621,18 @@ static void test_health_metrics_openapi(void **state)
     assert_int_equal(r.status, 200);
     assert_string_equal(json_string_value(jget(&r, "database")), "ok");
     ct_resp_free(&r);
+    /* the coordinator's clock (agents correct theirs by it): the same
+       machine's, in ms */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    ct_http(&g_c, "GET", "/api/v1/time", NULL, NULL, &r);
+    clock_gettime(CLOCK_REALTIME, &t1);
+    assert_int_equal(r.status, 200);
+    assert_true(json_is_integer(jget(&r, "time_ms")));
+    long long ms = (long long)json_integer_value(jget(&r, "time_ms"));
+    assert_true(ms >= (long long)t0.tv_sec * 1000 + t0.tv_nsec / 1000000 &&
+                ms <= (long long)t1.tv_sec * 1000 + t1.tv_nsec / 1000000);
+    ct_resp_free(&r);
     ct_http(&g_c, "GET", "/metrics", NULL, NULL, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, "crowdtrain_http_requests_total{method=\"GET\",route=\"/api/v1/health\",status=\"200\"}"));

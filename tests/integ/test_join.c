@@ -766,6 +766,59 @@ static void test_delayed_updates(void **state)
     assert_true(last < 0.8 * first);
 }
 
+/* ---- volunteers' clocks set wrong ------------------------------------------ */
+
+/* A round's members are the peers that announce within a window (150 ms
+ * here) of the first, by the times the announcers wrote: a volunteer whose
+ * clock is seconds off would never be in the others' window. The agents
+ * read the coordinator's clock (GET /api/v1/time) and write its time: one
+ * agent's clock set 3 s ahead and another's 2 s behind (a test-only
+ * setting of the agent), all four still average every step together. */
+#define CLOCK_STEPS 20
+
+static void test_clock_skew(void **state)
+{
+    (void)state;
+    assert_int_equal(create_run("fmnist-clock", CLOCK_STEPS), 0);
+    static const char *const skew[NAGENTS] = {NULL, "20000", "-15000", NULL};
+    pid_t pids[NAGENTS];
+    char logs[NAGENTS][320], steplogs[NAGENTS][320];
+    for (int i = 0; i < NAGENTS; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/clock.log", g_dirs[i]);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/clock.steps", g_dirs[i]);
+        const char *extra[] = {"--no-eval", NULL};
+        if (skew[i])
+            setenv("CROWDTRAIN_TEST_CLOCK_SKEW_MS", skew[i], 1);
+        pids[i] = spawn_agent(i, "fmnist-clock", logs[i], steplogs[i], extra);
+        unsetenv("CROWDTRAIN_TEST_CLOCK_SKEW_MS");
+    }
+    for (int i = 0; i < NAGENTS; i++)
+        assert_int_equal(ct_wait(pids[i], 600), 0);
+    static struct steps st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < NAGENTS; i++)
+        fold_steplog(steplogs[i], &st, "agent");
+    assert_int_equal(st.mismatches, 0);
+    /* each skewed agent took part in the rounds (its own step log: the
+       round's members), not in states fetched after rounds without it */
+    for (int i = 1; i <= 2; i++) {
+        static struct steps mine;
+        memset(&mine, 0, sizeof mine);
+        fold_steplog(steplogs[i], &mine, "skewed agent");
+        int all = 0;
+        for (long k = 1; k <= CLOCK_STEPS; k++)
+            all += mine.members[k] == NAGENTS;
+        printf("agent %d (clock %s ms): %d of %d steps averaged with all %d agents\n", i, skew[i], all,
+               CLOCK_STEPS, NAGENTS);
+        assert_true(all >= CLOCK_STEPS * 3 / 4);
+        char *log = ct_read_file(logs[i], NULL);
+        assert_non_null(log);
+        assert_non_null(strstr(log, i == 1 ? "clock: this machine's is 20.0 s ahead of the coordinator's"
+                                           : "clock: this machine's is 15.0 s behind the coordinator's"));
+        free(log);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -774,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_slow_peer),
         cmocka_unit_test(test_corrupt_peer),
         cmocka_unit_test(test_delayed_updates),
+        cmocka_unit_test(test_clock_skew),
     };
     if (getenv("CT_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CT_TEST_FILTER"));
