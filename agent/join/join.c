@@ -259,9 +259,6 @@ static int fetch_pass(struct peer_state *s)
     }
 }
 
-/* Renews the pass when a third of its lifetime is left, and hands the new
- * token to the network side; on failure the old pass is kept (and tried
- * again at the next step) until it expires. */
 /* Measures g_clock_offset_ms: three reads of the coordinator's clock, the
  * one with the shortest round trip, against the midpoint of that trip (so
  * the error is at most half of it). Kept as it was when the coordinator
@@ -296,6 +293,9 @@ static void clock_sync(struct peer_state *s, int verbose)
                (double)(off < 0 ? -off : off) / 1000.0, off > 0 ? "behind" : "ahead of", (long long)best);
 }
 
+/* Renews the pass when a third of its lifetime is left, and hands the new
+ * token to the network side; on failure the old pass is kept (and tried
+ * again at the next step) until it expires. */
 static void renew_pass_if_due(struct peer_state *s)
 {
     json_int_t iat = json_integer_value(json_object_get(s->pass, "issued_at"));
@@ -2531,19 +2531,17 @@ int agent_cmd_join(int argc, char **argv)
     else
         bad = "--progress must be live, lines or auto";
     double up = s->o.max_upload_mbps, down = s->o.max_download_mbps;
-    if (bad)
-        ;
-    else if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
+    if (!bad && s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
         strcmp(s->o.device, "auto"))
         bad = "--device must be cpu, cuda or auto";
-    else if (s->o.compression && strcmp(s->o.compression, "none") && strcmp(s->o.compression, "fp16") &&
+    else if (!bad && s->o.compression && strcmp(s->o.compression, "none") && strcmp(s->o.compression, "fp16") &&
              strcmp(s->o.compression, "q8"))
         bad = "--compression must be none, fp16 or q8";
-    else if (!(up == 0 || (up >= 0.1 && up <= 1e6)) || !(down == 0 || (down >= 0.1 && down <= 1e6)))
+    else if (!bad && (!(up == 0 || (up >= 0.1 && up <= 1e6)) || !(down == 0 || (down >= 0.1 && down <= 1e6))))
         bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
-    else if (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535)
+    else if (!bad && (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535))
         bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
-    else if (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0)
+    else if (!bad && (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0))
         bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";
     if (bad) {
         fprintf(stderr, "error: %s\n", bad);
