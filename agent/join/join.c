@@ -715,7 +715,7 @@ static void print_line(long step, double samples, double target, double sps, int
 
 /* Capabilities for the schedule (docs/schedules.md): re-reported every
  * minute and when they change materially; the schedule is refreshed every
- * 10 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed.
+ * 30 s. Bandwidth is the volunteer's cap; without one, 1 Gbit/s is assumed.
  * Pairwise throughput is measured to a few peers (measure_pairs). */
 /* The schedule the coordinators' backbone nodes announce in the DHT
  * ("<run>/schedule"), for when the coordinator cannot be reached: verified
@@ -930,17 +930,13 @@ static void schedule_upkeep(struct peer_state *s, double sps)
             s->caps = c;
         s->caps_at = t;
     }
-    /* every 10 s once a schedule lists us; every 5 s until then, so a new
-       peer's capabilities are put to use soon after the coordinator solves.
-       Members fetch a version another member announces, so the first peer
-       to see a new schedule brings the others to it: with 30 s, a
-       schedule that made a slow peer pull-only took up to 30 s more to be
-       followed (an answer from the database, cheap for the coordinator) */
+    /* every 30 s once a schedule lists us; every 5 s until then, so a new
+       peer's capabilities are put to use soon after the coordinator solves */
     const struct sched_schedule *cur = join_sched_current(s->js);
     int listed = 0;
     for (size_t i = 0; cur && i < cur->n && !listed; i++)
         listed = !memcmp(cur->peers[i].key, s->key.pub, CM_ED25519_PUB_LEN);
-    if (s->sched_at == 0 || t - s->sched_at > (listed ? 10 : 5)) {
+    if (s->sched_at == 0 || t - s->sched_at > (listed ? 30 : 5)) {
         if (join_sched_refresh(s->js, &s->coord) != CM_OK)
             sched_from_dht(s);
         s->sched_at = t;
