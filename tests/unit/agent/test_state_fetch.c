@@ -55,8 +55,7 @@ static int setup(void **state)
     if (join_net_start(&f->host_cfg, &f->host) || join_net_start(&f->fetch_cfg, &f->fetcher))
         return -1;
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", (unsigned)join_net_state_port(f->host));
-    snprintf(f->dir, sizeof f->dir, "/tmp/ct-state-fetch-XXXXXX");
-    if (!mkdtemp(f->dir))
+    if (ct_tempdir("state-fetch", f->dir, sizeof f->dir) != 0)
         return -1;
     snprintf(f->dest, sizeof f->dest, "%s/latest.ckpt", f->dir);
     snprintf(f->part, sizeof f->part, "%s.part", f->dest);
