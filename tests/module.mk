@@ -41,7 +41,7 @@ $(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(INTEG_LIBS_$*) $(COMMON_LIB) $(LDLIBS) -lcmocka
 
 # Contribution accounting: the test and the bench sign reports with the
-# agent's encoder (agent/join/report.c), so they link the agent library.
+# agent's encoder (agent/peer/report.c), so they link the agent library.
 INTEG_LIBS_test_contrib = $(AGENT_LIB)
 $(BUILD)/tests/integ/test_contrib: $(AGENT_LIB)
 BENCH_REPORTS := $(BUILD)/tests/bench/bench_reports

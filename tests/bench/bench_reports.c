@@ -50,7 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/join/report.h"
+#include "agent/peer/report.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
 
@@ -132,7 +132,7 @@ static char *login(const char *user, const char *pw)
 }
 
 /* One simulated agent: its key and pass, and its own keep-alive TLS
- * connection (agent/join/report.c keeps one too). */
+ * connection (agent/peer/report.c keeps one too). */
 struct agent {
     struct cm_ed25519 key;
     char *token;
@@ -673,7 +673,7 @@ int main(int argc, char **argv)
     for (int s = 0; s < g_steps; s++) {
         for (int a = 0; a < g_n; a++) {
             int g0 = a / g_group * g_group, gn = g0 + g_group > g_n ? g_n - g0 : g_group;
-            struct join_report r;
+            struct peer_report r;
             memset(&r, 0, sizeof r);
             r.step = s;
             snprintf(r.group, sizeof r.group, "g%d", g0 / g_group);
@@ -692,11 +692,11 @@ int main(int argc, char **argv)
                 memcpy(r.members[k].pub, ag[g0 + k].key.pub, 32);
                 r.members[k].samples = 32 + ((g0 + k) % 5) * 8;
             }
-            char payload[JOIN_REPORT_PAYLOAD_MAX + 1];
+            char payload[PEER_REPORT_PAYLOAD_MAX + 1];
             size_t len = 0;
-            if (join_report_encode(&r, "bench", ag[a].key.pub, 1763800000 + s, payload,
+            if (peer_report_encode(&r, "bench", ag[a].key.pub, 1763800000 + s, payload,
                                    sizeof payload, &len) != CM_OK ||
-                join_report_sign(&ag[a].key, ag[a].token, payload, len,
+                peer_report_sign(&ag[a].key, ag[a].token, payload, len,
                                  &g_body[(size_t)a * g_steps + s]) != CM_OK)
                 return 1;
             bytes += strlen(g_body[(size_t)a * g_steps + s]);

@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "agent/join/collab.h"
+#include "agent/dp/collab.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

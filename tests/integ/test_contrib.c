@@ -3,7 +3,7 @@
  * 000_02cc6b5d62a616fc.txt §4.3, H.4; coordinator/api_contrib*.c) against a
  * real PostgreSQL and the real coordinator over HTTPS. Simulated agents hold
  * real passes (users, a run, passes through the API) and sign reports with
- * the agent's own encoder (agent/join/report.c):
+ * the agent's own encoder (agent/peer/report.c):
  *  - an honest round adds up: verified == claimed, and a claim becomes
  *    verified only once another member's report corroborates it;
  *  - an inflating peer is flagged and gets nothing verified; a peer others
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/join/report.h"
+#include "agent/peer/report.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
 #include "ct_harness.h"
@@ -153,7 +153,7 @@ static void round_id(int n, uint8_t out[32])
 }
 
 /* A report of peer `me` at `step` in round `rnd`: it saw members[k] do seen[k]. */
-static void build(struct join_report *r, int me, int64_t step, int rnd, double samples,
+static void build(struct peer_report *r, int me, int64_t step, int rnd, double samples,
                   const int *members, const double *seen, size_t n)
 {
     memset(r, 0, sizeof *r);
@@ -179,7 +179,7 @@ static void build(struct join_report *r, int me, int64_t step, int rnd, double s
 static long post_raw(const char *run, int signer, int pass_of, const char *payload, char code[40])
 {
     char *body = NULL;
-    assert_int_equal(join_report_sign(&g_key[signer], g_tok[pass_of], payload, strlen(payload),
+    assert_int_equal(peer_report_sign(&g_key[signer], g_tok[pass_of], payload, strlen(payload),
                                       &body),
                      CM_OK);
     char path[128];
@@ -195,21 +195,21 @@ static long post_raw(const char *run, int signer, int pass_of, const char *paylo
     return s;
 }
 
-static char *encode(const struct join_report *r, const char *run, int me)
+static char *encode(const struct peer_report *r, const char *run, int me)
 {
-    static char buf[JOIN_REPORT_PAYLOAD_MAX + 1];
+    static char buf[PEER_REPORT_PAYLOAD_MAX + 1];
     size_t len = 0;
-    assert_int_equal(join_report_encode(r, run, g_key[me].pub, 1763800000, buf, sizeof buf, &len),
+    assert_int_equal(peer_report_encode(r, run, g_key[me].pub, 1763800000, buf, sizeof buf, &len),
                      CM_OK);
     return buf;
 }
 
-static long post(const struct join_report *r, int me, char code[40])
+static long post(const struct peer_report *r, int me, char code[40])
 {
     return post_raw("r1", me, me, encode(r, "r1", me), code);
 }
 
-static void expect_post(const struct join_report *r, int me, long status, const char *code)
+static void expect_post(const struct peer_report *r, int me, long status, const char *code)
 {
     char c[40];
     long s = post(r, me, c);
@@ -252,7 +252,7 @@ static void test_honest_round_adds_up(void **state)
     (void)state;
     const int m[] = {V1A, V1B, V2A};
     const double s[] = {64, 32, 128};
-    struct join_report r;
+    struct peer_report r;
     build(&r, V1A, 1, 1, 64, m, s, 3);
     expect_post(&r, V1A, 201, NULL);
     /* Alone so far: claimed, not verified. */
@@ -287,7 +287,7 @@ static void test_inflating_peer_flagged(void **state)
     (void)state;
     const int m[] = {V1A, MAL, V1B};
     const double honest[] = {64, 50, 32}, claimed[] = {64, 500, 32};
-    struct join_report r;
+    struct peer_report r;
     build(&r, V1A, 2, 2, 64, m, honest, 3);
     expect_post(&r, V1A, 201, NULL);
     build(&r, MAL, 2, 2, 500, m, claimed, 3);
@@ -323,7 +323,7 @@ static void test_excluded_peer_not_verified(void **state)
     (void)state;
     const int m[] = {V1A, V1B, MAL};
     const double s[] = {64, 32, 10};
-    struct join_report r;
+    struct peer_report r;
     for (int k = 0; k < 3; k++) {
         build(&r, m[k], 3, 3, s[k], m, s, 3);
         if (m[k] != MAL) {
@@ -384,7 +384,7 @@ static void test_bad_reports_change_nothing(void **state)
     long before = db_state();
     const int m[] = {V1A, V1C};
     const double s[] = {64, 16};
-    struct join_report r;
+    struct peer_report r;
     build(&r, V1C, 4, 4, 16, m, s, 2);
     /* Signed with another key than the pass's. */
     expect_raw("r1", V1A, V1C, encode(&r, "r1", V1C), 401, "bad_signature");
@@ -460,7 +460,7 @@ static void test_bad_reports_change_nothing(void **state)
     char *body = NULL;
     build(&r, V1C, 4, 4, 16, m, s, 2);
     const char *pl = encode(&r, "r1", V1C);
-    assert_int_equal(join_report_sign(&g_key[V1C], g_tok[V1C], pl, strlen(pl), &body), CM_OK);
+    assert_int_equal(peer_report_sign(&g_key[V1C], g_tok[V1C], pl, strlen(pl), &body), CM_OK);
     json_t *b = json_loads(body, 0, NULL);
     char sig[100];
     snprintf(sig, sizeof sig, "%s", json_string_value(json_object_get(b, "sig")));
@@ -512,7 +512,7 @@ static void test_retry_not_counted_twice(void **state)
     (void)state;
     const int m[] = {V1A, V1B, V2A};
     const double s[] = {64, 32, 128};
-    struct join_report r;
+    struct peer_report r;
     build(&r, V1A, 1, 1, 64, m, s, 3);
     long before = db_state();
     expect_post(&r, V1A, 200, NULL);
@@ -699,18 +699,18 @@ static void test_curve_and_stats(void **state)
 static void test_agent_reporter(void **state)
 {
     (void)state;
-    struct join_reporter *rp = NULL;
-    assert_int_equal(join_reporter_start(g_c.url, g_c.ca, "r1", &g_key[V2B], g_tok[V2B], &rp),
+    struct peer_reporter *rp = NULL;
+    assert_int_equal(peer_reporter_start(g_c.url, g_c.ca, "r1", &g_key[V2B], g_tok[V2B], &rp),
                      CM_OK);
     const int m[] = {V2B, V1C};
     const double s[] = {8, 16};
-    struct join_report r;
+    struct peer_report r;
     for (int step = 5; step < 8; step++) {
         build(&r, V2B, step, 100 + step, 8, m, s, 2);
-        assert_int_equal(join_reporter_submit(rp, &r), CM_OK);
+        assert_int_equal(peer_reporter_submit(rp, &r), CM_OK);
     }
-    assert_int_equal(join_reporter_set_token(rp, g_tok[V2B]), CM_OK);
-    assert_int_equal(join_reporter_stop(rp, 20000), 0);
+    assert_int_equal(peer_reporter_set_token(rp, g_tok[V2B]), CM_OK);
+    assert_int_equal(peer_reporter_stop(rp, 20000), 0);
     assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step BETWEEN 5 AND 7"), 3);
 }
 

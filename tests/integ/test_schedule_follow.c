@@ -451,7 +451,7 @@ static void test_pull_only_role(void **state)
 }
 
 
-/* Group all-reduce (seed 000 §3.2, Appendix C; agent/join/groups.h): a run
+/* Group all-reduce (seed 000 §3.2, Appendix C; agent/dp/groups.h): a run
  * whose organizer fixes config.collaboration.group_size = 2 gets schedules
  * with m = 2, and four agents then average each step in two rounds with two
  * senders each (pairs {0, 2} and {1, 3} in key order, then one member of

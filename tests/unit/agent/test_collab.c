@@ -1,4 +1,4 @@
-/* Unit tests for agent/join/collab.c: progress and round records round-trip
+/* Unit tests for agent/dp/collab.c: progress and round records round-trip
  * and reject malformed input; the collaboration estimate counts only fresh
  * peers at the step; member lists are canonical; the checkpoint uploader is
  * deterministic and rotates; a round goes on when a settled window holds a
@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "agent/join/collab.h"
+#include "agent/dp/collab.h"
 #include "cm_err.h"
 
 static void test_progress_roundtrip(void **state)

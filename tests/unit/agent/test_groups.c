@@ -1,4 +1,4 @@
-/* Unit tests for agent/join/groups.c: the group all-reduce layout reaches
+/* Unit tests for agent/dp/groups.c: the group all-reduce layout reaches
  * the exact weighted average on every member for every n and
  * m (simulated: each group averages its senders' values in member order,
  * as the engine's aggregators do), in ceil(log_m n) rounds, with groups of
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/join/groups.h"
+#include "agent/dp/groups.h"
 #include "cm_err.h"
 
 #define DIM 3
@@ -37,9 +37,9 @@ static void simulate_s(size_t n, unsigned m, const int *agg, const double *w, in
     size_t ns = 0;
     for (size_t i = 0; i < n; i++)
         ns += (sends[i] = sends_in ? sends_in[i] : 1);
-    struct join_groups *g = malloc(sizeof *g);
+    struct dp_groups *g = malloc(sizeof *g);
     assert_non_null(g);
-    assert_int_equal(join_groups_plan(n, sends, agg, w, m, g), CM_OK);
+    assert_int_equal(dp_groups_plan(n, sends, agg, w, m, g), CM_OK);
     assert_true(g->rounds >= 2);
     if (all_agg)
         assert_int_equal(g->rounds, ceil_log(ns, m));
@@ -163,8 +163,8 @@ static void test_non_senders_join_the_last_round(void **state)
     /* the demo's shape: four computing peers and an aggregate-only one, m = 2 */
     int s5[5] = {1, 1, 0, 1, 1}, a5[5] = {1, 1, 1, 1, 1};
     double w5[5] = {512, 512, 0, 512, 512};
-    struct join_groups g;
-    assert_int_equal(join_groups_plan(5, s5, a5, w5, 2, &g), CM_OK);
+    struct dp_groups g;
+    assert_int_equal(dp_groups_plan(5, s5, a5, w5, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 2);
     assert_int_equal(g.group[0][2], -1);
     assert_int_equal(g.group[1][2], 0);
@@ -176,28 +176,28 @@ static void test_one_group_when_grouping_does_not_apply(void **state)
     (void)state;
     int sends[8] = {1, 1, 1, 1, 1, 1, 1, 1}, agg[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     double w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    struct join_groups g;
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 8, &g), CM_OK); /* m = n */
+    struct dp_groups g;
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 8, &g), CM_OK); /* m = n */
     assert_int_equal(g.rounds, 1);
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 0, &g), CM_OK); /* no schedule */
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 0, &g), CM_OK); /* no schedule */
     assert_int_equal(g.rounds, 1);
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 1, &g), CM_OK);
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 1, &g), CM_OK);
     assert_int_equal(g.rounds, 1);
     for (int i = 2; i < 8; i++)
         sends[i] = 0; /* two senders: one all-reduce, whatever the receivers */
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 1);
     for (int i = 2; i < 8; i++)
         sends[i] = 1;
     for (int i = 0; i < 8; i++)
         agg[i] = i < 3; /* 4 first-round units, 3 aggregators */
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 1);
     agg[3] = 1;
-    assert_int_equal(join_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
+    assert_int_equal(dp_groups_plan(8, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 3);
-    assert_int_equal(join_groups_plan(0, sends, agg, w, 2, &g), CM_EINVAL);
-    assert_int_equal(join_groups_plan(AR_MAX_MEMBERS + 1, sends, agg, w, 2, &g), CM_EINVAL);
+    assert_int_equal(dp_groups_plan(0, sends, agg, w, 2, &g), CM_EINVAL);
+    assert_int_equal(dp_groups_plan(AR_MAX_MEMBERS + 1, sends, agg, w, 2, &g), CM_EINVAL);
 }
 
 static void test_four_peers_in_pairs(void **state)
@@ -206,8 +206,8 @@ static void test_four_peers_in_pairs(void **state)
     /* the integration test's layout: 4 peers, m = 2 -> pairs, then pairs across */
     int sends[4] = {1, 1, 1, 1}, agg[4] = {1, 1, 1, 1};
     double w[4] = {512, 512, 480, 544};
-    struct join_groups g;
-    assert_int_equal(join_groups_plan(4, sends, agg, w, 2, &g), CM_OK);
+    struct dp_groups g;
+    assert_int_equal(dp_groups_plan(4, sends, agg, w, 2, &g), CM_OK);
     assert_int_equal(g.rounds, 2);
     assert_int_equal(g.n_groups[0], 2);
     assert_int_equal(g.group[0][0], g.group[0][2]); /* dealt: {0, 2} and {1, 3} */

@@ -1,5 +1,5 @@
 /* Unit tests of the agent's contribution report encoder and signer
- * (agent/join/report.c; docs/protocol.md, "Contribution reports"): the
+ * (agent/peer/report.c; docs/protocol.md, "Contribution reports"): the
  * canonical payload carries every field in range, parses back with the
  * documented names, is refused when out of bounds, and the body's signature
  * verifies over "crowdtrain-report/1\n" || payload under the peer key. The
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/join/report.h"
+#include "agent/peer/report.h"
 #include "cm_err.h"
 
-static void sample(struct join_report *r)
+static void sample(struct peer_report *r)
 {
     memset(r, 0, sizeof *r);
     r->step = 41;
@@ -46,12 +46,12 @@ static void sample(struct join_report *r)
 static void test_encode_fields(void **state)
 {
     (void)state;
-    struct join_report r;
+    struct peer_report r;
     sample(&r);
     uint8_t pub[32] = {9};
-    char buf[JOIN_REPORT_PAYLOAD_MAX + 1];
+    char buf[PEER_REPORT_PAYLOAD_MAX + 1];
     size_t len = 0;
-    assert_int_equal(join_report_encode(&r, "fmnist", pub, 1763800000, buf, sizeof buf, &len),
+    assert_int_equal(peer_report_encode(&r, "fmnist", pub, 1763800000, buf, sizeof buf, &len),
                      CM_OK);
     assert_int_equal(strlen(buf), len);
     json_error_t e;
@@ -80,9 +80,9 @@ static void test_encode_fields(void **state)
     assert_int_equal(json_integer_value(json_object_get(j, "t")), 1763800000);
     json_decref(j);
     /* Encoding is deterministic: the same report gives the same bytes (retries are "already recorded"). */
-    char again[JOIN_REPORT_PAYLOAD_MAX + 1];
+    char again[PEER_REPORT_PAYLOAD_MAX + 1];
     size_t len2 = 0;
-    assert_int_equal(join_report_encode(&r, "fmnist", pub, 1763800000, again, sizeof again, &len2),
+    assert_int_equal(peer_report_encode(&r, "fmnist", pub, 1763800000, again, sizeof again, &len2),
                      CM_OK);
     assert_int_equal(len, len2);
     assert_memory_equal(buf, again, len);
@@ -92,38 +92,38 @@ static void test_encode_refuses_out_of_bounds(void **state)
 {
     (void)state;
     uint8_t pub[32] = {9};
-    char buf[JOIN_REPORT_PAYLOAD_MAX + 1];
+    char buf[PEER_REPORT_PAYLOAD_MAX + 1];
     size_t len;
-    struct join_report r;
+    struct peer_report r;
     sample(&r);
     r.samples = -1;
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     r.samples = NAN;
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     r.members[1].samples = INFINITY;
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     r.parts_averaged = 5;
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     strcpy(r.group, "bad group");
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     strcpy(r.excluded[0].reason, "Bad");
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
     r.members[1].pub[0] = 1; /* same key twice */
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
-    assert_int_equal(join_report_encode(&r, "bad run", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    assert_int_equal(peer_report_encode(&r, "bad run", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
     sample(&r);
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, 100, &len), CM_ETOOBIG);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, 100, &len), CM_ETOOBIG);
     /* A diverged loss is left out, the report is kept. */
     sample(&r);
     r.loss = NAN;
-    assert_int_equal(join_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
     assert_null(strstr(buf, "\"loss\""));
 }
 
@@ -132,20 +132,20 @@ static void test_sign_verifies(void **state)
     (void)state;
     struct cm_ed25519 key;
     assert_int_equal(cm_ed25519_generate(&key), CM_OK);
-    struct join_report r;
+    struct peer_report r;
     sample(&r);
-    char buf[JOIN_REPORT_PAYLOAD_MAX + 1];
+    char buf[PEER_REPORT_PAYLOAD_MAX + 1];
     size_t len = 0;
-    assert_int_equal(join_report_encode(&r, "fmnist", key.pub, 5, buf, sizeof buf, &len), CM_OK);
+    assert_int_equal(peer_report_encode(&r, "fmnist", key.pub, 5, buf, sizeof buf, &len), CM_OK);
     char *body = NULL;
-    assert_int_equal(join_report_sign(&key, "h.p.s", buf, len, &body), CM_OK);
+    assert_int_equal(peer_report_sign(&key, "h.p.s", buf, len, &body), CM_OK);
     json_t *b = json_loads(body, JSON_REJECT_DUPLICATES, NULL);
     assert_non_null(b);
     assert_int_equal(json_object_size(b), 3);
     assert_string_equal(json_string_value(json_object_get(b, "pass")), "h.p.s");
     const char *p64 = json_string_value(json_object_get(b, "payload"));
     const char *s64 = json_string_value(json_object_get(b, "sig"));
-    uint8_t payload[JOIN_REPORT_PAYLOAD_MAX + 32], sig[64];
+    uint8_t payload[PEER_REPORT_PAYLOAD_MAX + 32], sig[64];
     size_t pn = 0, sn = 0;
     const char *prefix = "crowdtrain-report/1\n";
     size_t pre = strlen(prefix);
@@ -169,23 +169,23 @@ static void test_reporter_bounded_and_nonblocking(void **state)
     (void)state;
     struct cm_ed25519 key;
     assert_int_equal(cm_ed25519_generate(&key), CM_OK);
-    struct join_reporter *rp = NULL;
+    struct peer_reporter *rp = NULL;
     /* Port 1 on loopback: nobody listens, every attempt fails fast and backs off. */
-    assert_int_equal(join_reporter_start("http://127.0.0.1:1", NULL, "r", &key, "h.p.s", &rp),
+    assert_int_equal(peer_reporter_start("http://127.0.0.1:1", NULL, "r", &key, "h.p.s", &rp),
                      CM_OK);
-    struct join_report r;
+    struct peer_report r;
     sample(&r);
-    for (int i = 0; i < JOIN_REPORT_QUEUE_MAX + 10; i++) {
+    for (int i = 0; i < PEER_REPORT_QUEUE_MAX + 10; i++) {
         r.step = i;
-        assert_int_equal(join_reporter_submit(rp, &r), CM_OK);
+        assert_int_equal(peer_reporter_submit(rp, &r), CM_OK);
     }
     r.samples = -5;
-    assert_int_equal(join_reporter_submit(rp, &r), CM_EINVAL);
-    struct join_reporter_stats st;
-    join_reporter_stats(rp, &st);
+    assert_int_equal(peer_reporter_submit(rp, &r), CM_EINVAL);
+    struct peer_reporter_stats st;
+    peer_reporter_stats(rp, &st);
     assert_int_equal(st.dropped, 10);
     assert_int_equal(st.sent, 0);
-    assert_int_equal(join_reporter_stop(rp, 100), JOIN_REPORT_QUEUE_MAX);
+    assert_int_equal(peer_reporter_stop(rp, 100), PEER_REPORT_QUEUE_MAX);
     cm_ed25519_cleanup(&key);
 }
 

@@ -1,4 +1,4 @@
-/* Unit tests for agent/join/sched_follow.c: the round plan (even split
+/* Unit tests for agent/dp/sched_follow.c: the round plan (even split
  * without a schedule, the schedule's shares, absent aggregators, determinism,
  * unknown versions), signed schedules accepted and forged / tampered /
  * foreign / expired ones ignored, the cache reloaded (and dropped when the
@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/join/sched_follow.h"
+#include "agent/dp/sched_follow.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
 
@@ -76,11 +76,11 @@ static json_t *answer(const struct cm_ed25519 *signer, const char *run, int64_t 
     return o;
 }
 
-static struct join_sched *open_js(const char *dir, const struct cm_ed25519 *key)
+static struct dp_sched *open_js(const char *dir, const struct cm_ed25519 *key)
 {
-    struct join_sched *js = NULL;
+    struct dp_sched *js = NULL;
     const uint8_t(*keys)[32] = (const uint8_t(*)[32])key->pub;
-    assert_int_equal(join_sched_open(dir, "r1", keys, 1, &js), CM_OK);
+    assert_int_equal(dp_sched_open(dir, "r1", keys, 1, &js), CM_OK);
     return js;
 }
 
@@ -96,126 +96,126 @@ static void members(struct ar_member *am, size_t n, const int *ids)
 static void test_plan_without_schedule(void **state)
 {
     (void)state;
-    struct join_sched *js = open_js(NULL, &g_coord);
+    struct dp_sched *js = open_js(NULL, &g_coord);
     struct ar_member am[4];
     int ids[] = {1, 2, 3, 4}, ok[] = {1, 0, 1, 1}, none[] = {0, 0, 0, 0};
     members(am, 4, ids);
-    assert_int_equal(join_sched_version(js), 0);
-    assert_int_equal(join_sched_plan(js, am, ok, 4), CM_OK);
+    assert_int_equal(dp_sched_version(js), 0);
+    assert_int_equal(dp_sched_plan(js, am, ok, 4), CM_OK);
     assert_true(am[0].fraction == 1.0 / 3 && am[1].fraction == 0 && am[2].fraction == 1.0 / 3 &&
                 am[3].fraction == 1.0 / 3);
     assert_int_equal(am[0].sends, 1); /* left as the caller set it */
-    assert_int_equal(join_sched_plan(js, am, none, 4), CM_EINVAL);
-    assert_int_equal(join_sched_plan_version(js, 7, am, ok, 4), CM_ENOTFOUND);
+    assert_int_equal(dp_sched_plan(js, am, none, 4), CM_EINVAL);
+    assert_int_equal(dp_sched_plan_version(js, 7, am, ok, 4), CM_ENOTFOUND);
     int c = -1, a = -1;
-    join_sched_role(js, am[0].pub, 1, &c, &a);
+    dp_sched_role(js, am[0].pub, 1, &c, &a);
     assert_true(c == 1 && a == 1);
-    join_sched_role(js, am[0].pub, 0, &c, &a);
+    dp_sched_role(js, am[0].pub, 0, &c, &a);
     assert_true(c == 1 && a == 0);
-    join_sched_close(js);
+    dp_sched_close(js);
 }
 
 static void test_plan_follows_shares(void **state)
 {
     (void)state;
-    struct join_sched *js = open_js(NULL, &g_coord);
+    struct dp_sched *js = open_js(NULL, &g_coord);
     int64_t now = (int64_t)time(NULL);
     /* peers 1..4: a parameter server (4) with 70 %, peer 3 with 20 %, peer 2 with 10 % */
     uint32_t shares[] = {0, 100000000, 200000000, 700000000};
     int compute[] = {1, 1, 1, 0};
     json_t *a = answer(&g_coord, "r1", 3, now, 4, shares, compute);
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_OK);
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_OK); /* again: no change */
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_OK);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_OK); /* again: no change */
     json_decref(a);
-    assert_int_equal(join_sched_version(js), 3);
+    assert_int_equal(dp_sched_version(js), 3);
 
     struct ar_member am[5], am2[5];
     int ids[] = {1, 2, 3, 4, 9}, ok[] = {1, 1, 1, 1, 1};
     members(am, 5, ids);
-    assert_int_equal(join_sched_plan(js, am, ok, 5), CM_OK);
+    assert_int_equal(dp_sched_plan(js, am, ok, 5), CM_OK);
     assert_true(am[0].fraction == 0 && am[1].fraction == 0.1 && am[2].fraction == 0.2 &&
                 am[3].fraction == 0.7 && am[4].fraction == 0); /* 9: not in the schedule */
     /* Deterministic: the same inputs give the same bits. */
     members(am2, 5, ids);
-    assert_int_equal(join_sched_plan_version(js, 3, am2, ok, 5), CM_OK);
+    assert_int_equal(dp_sched_plan_version(js, 3, am2, ok, 5), CM_OK);
     assert_memory_equal(am, am2, sizeof am);
 
     /* Peer 3 absent: the others keep their proportions (10 : 70). */
     int ids2[] = {1, 2, 4, 9};
     members(am, 4, ids2);
-    assert_int_equal(join_sched_plan(js, am, ok, 4), CM_OK);
+    assert_int_equal(dp_sched_plan(js, am, ok, 4), CM_OK);
     assert_true(am[1].fraction == 0.1 && am[2].fraction == 0.7 && am[0].fraction == 0);
     /* The parameter server cannot be reached: 30 % left, below half -> even split. */
     int ok2[] = {1, 1, 0, 1};
     members(am, 4, ids2);
-    assert_int_equal(join_sched_plan(js, am, ok2, 4), CM_OK);
+    assert_int_equal(dp_sched_plan(js, am, ok2, 4), CM_OK);
     assert_true(am[0].fraction == 1.0 / 3 && am[1].fraction == 1.0 / 3 && am[2].fraction == 0 &&
                 am[3].fraction == 1.0 / 3);
     /* Version 0 on every member: even split even though a schedule is held. */
     members(am, 4, ids2);
-    assert_int_equal(join_sched_plan_version(js, 0, am, ok, 4), CM_OK);
+    assert_int_equal(dp_sched_plan_version(js, 0, am, ok, 4), CM_OK);
     assert_true(am[0].fraction == 0.25 && am[3].fraction == 0.25);
 
     int c, ag;
-    join_sched_role(js, am[2].pub, 1, &c, &ag); /* peer 4 */
+    dp_sched_role(js, am[2].pub, 1, &c, &ag); /* peer 4 */
     assert_true(c == 0 && ag == 1);
     key_of(am[0].pub, 1);
-    join_sched_role(js, am[0].pub, 1, &c, &ag);
+    dp_sched_role(js, am[0].pub, 1, &c, &ag);
     assert_true(c == 1 && ag == 0);
-    join_sched_close(js);
+    dp_sched_close(js);
 }
 
 static void test_forged_and_stale_ignored(void **state)
 {
     (void)state;
-    struct join_sched *js = open_js(NULL, &g_coord);
+    struct dp_sched *js = open_js(NULL, &g_coord);
     int64_t now = (int64_t)time(NULL);
     uint32_t shares[] = {500000000, 500000000};
     json_t *good = answer(&g_coord, "r1", 5, now, 2, shares, NULL);
-    assert_int_equal(join_sched_accept(js, good, now, 1), CM_OK);
+    assert_int_equal(dp_sched_accept(js, good, now, 1), CM_OK);
     json_decref(good);
 
     uint32_t evil[] = {0, 1000000000};
     json_t *a = answer(&g_other, "r1", 6, now, 2, evil, NULL); /* another key */
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_EBADSIG);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_EBADSIG);
     json_decref(a);
     /* Signed by the coordinator but tampered with: the payload of version 6 with the
      * signature of another payload. */
     json_t *b = answer(&g_coord, "r1", 6, now, 2, evil, NULL);
     json_t *c = answer(&g_coord, "r1", 7, now, 2, evil, NULL);
     json_object_set(b, "signature", json_object_get(c, "signature"));
-    assert_int_equal(join_sched_accept(js, b, now, 1), CM_EBADSIG);
+    assert_int_equal(dp_sched_accept(js, b, now, 1), CM_EBADSIG);
     json_decref(b);
     json_decref(c);
     a = answer(&g_coord, "other-run", 8, now, 2, evil, NULL);
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_EINVAL);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_EINVAL);
     json_decref(a);
     a = answer(&g_coord, "r1", 9, now - 3600, 2, evil, NULL); /* expired an hour ago */
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_EEXPIRED);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_EEXPIRED);
     json_decref(a);
     a = json_pack("{s:s, s:s}", "payload", "!!", "signature", "AA");
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_EPARSE);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_EPARSE);
     json_decref(a);
-    assert_int_equal(join_sched_version(js), 5);
-    assert_int_equal(join_sched_current(js)->peers[0].share, 500000000);
+    assert_int_equal(dp_sched_version(js), 5);
+    assert_int_equal(dp_sched_current(js)->peers[0].share, 500000000);
 
     /* An expired version fetched on purpose (check_window 0) is held, and an older
      * one does not become the current schedule. */
     a = answer(&g_coord, "r1", 4, now - 3600, 2, evil, NULL);
-    assert_int_equal(join_sched_accept(js, a, now, 0), CM_OK);
+    assert_int_equal(dp_sched_accept(js, a, now, 0), CM_OK);
     json_decref(a);
-    assert_int_equal(join_sched_version(js), 5);
-    assert_true(join_sched_has_version(js, 4));
-    /* Only JOIN_SCHED_KEEP versions are kept, the newest. */
-    for (int v = 10; v < 10 + JOIN_SCHED_KEEP; v++) {
+    assert_int_equal(dp_sched_version(js), 5);
+    assert_true(dp_sched_has_version(js, 4));
+    /* Only DP_SCHED_KEEP versions are kept, the newest. */
+    for (int v = 10; v < 10 + DP_SCHED_KEEP; v++) {
         a = answer(&g_coord, "r1", v, now, 2, shares, NULL);
-        assert_int_equal(join_sched_accept(js, a, now, 1), CM_OK);
+        assert_int_equal(dp_sched_accept(js, a, now, 1), CM_OK);
         json_decref(a);
     }
-    assert_int_equal(join_sched_version(js), 10 + JOIN_SCHED_KEEP - 1);
-    assert_false(join_sched_has_version(js, 5));
-    assert_true(join_sched_has_version(js, 10));
-    join_sched_close(js);
+    assert_int_equal(dp_sched_version(js), 10 + DP_SCHED_KEEP - 1);
+    assert_false(dp_sched_has_version(js, 5));
+    assert_true(dp_sched_has_version(js, 10));
+    dp_sched_close(js);
 }
 
 static void test_cache_reload(void **state)
@@ -225,11 +225,11 @@ static void test_cache_reload(void **state)
     assert_non_null(mkdtemp(dir));
     int64_t now = (int64_t)time(NULL);
     uint32_t shares[] = {250000000, 750000000};
-    struct join_sched *js = open_js(dir, &g_coord);
+    struct dp_sched *js = open_js(dir, &g_coord);
     json_t *a = answer(&g_coord, "r1", 12, now, 2, shares, NULL);
-    assert_int_equal(join_sched_accept(js, a, now, 1), CM_OK);
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_OK);
     json_decref(a);
-    join_sched_close(js);
+    dp_sched_close(js);
 
     char path[256];
     snprintf(path, sizeof path, "%s/schedule-r1.json", dir);
@@ -238,18 +238,18 @@ static void test_cache_reload(void **state)
     assert_int_equal(st.st_mode & 0777, 0600);
 
     js = open_js(dir, &g_coord);
-    assert_int_equal(join_sched_version(js), 12);
+    assert_int_equal(dp_sched_version(js), 12);
     struct ar_member am[2];
     int ids[] = {1, 2}, ok[] = {1, 1};
     members(am, 2, ids);
-    assert_int_equal(join_sched_plan(js, am, ok, 2), CM_OK);
+    assert_int_equal(dp_sched_plan(js, am, ok, 2), CM_OK);
     assert_true(am[0].fraction == 0.25 && am[1].fraction == 0.75);
-    join_sched_close(js);
+    dp_sched_close(js);
 
     /* Keys rotated away: the cached schedule no longer verifies and is dropped. */
     js = open_js(dir, &g_other);
-    assert_int_equal(join_sched_version(js), 0);
-    join_sched_close(js);
+    assert_int_equal(dp_sched_version(js), 0);
+    dp_sched_close(js);
     /* A tampered cache file is dropped too. */
     FILE *f = fopen(path, "r+");
     assert_non_null(f);
@@ -264,8 +264,8 @@ static void test_cache_reload(void **state)
     fwrite(buf, 1, n, f);
     fclose(f);
     js = open_js(dir, &g_coord);
-    assert_int_equal(join_sched_version(js), 0);
-    join_sched_close(js);
+    assert_int_equal(dp_sched_version(js), 0);
+    dp_sched_close(js);
     unlink(path);
     rmdir(dir);
 }
@@ -381,43 +381,43 @@ static void test_refresh_and_report(void **state)
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", srv.port);
     struct agent_client coord = {url, NULL, "session-token"};
-    struct join_sched *js = open_js(NULL, &g_coord);
+    struct dp_sched *js = open_js(NULL, &g_coord);
     int64_t now = (int64_t)time(NULL);
     uint32_t shares[] = {400000000, 600000000};
 
     json_t *a = answer(&g_coord, "r1", 2, now, 2, shares, NULL);
     canned_set(&srv, 200, a);
     json_decref(a);
-    assert_int_equal(join_sched_refresh(js, &coord), CM_OK);
-    assert_int_equal(join_sched_version(js), 2);
+    assert_int_equal(dp_sched_refresh(js, &coord), CM_OK);
+    assert_int_equal(dp_sched_version(js), 2);
     assert_non_null(strstr(srv.last_req, "GET /api/v1/runs/r1/schedule "));
 
     /* A forged newer one: ignored, the last valid one stays. */
     a = answer(&g_other, "r1", 3, now, 2, shares, NULL);
     canned_set(&srv, 200, a);
     json_decref(a);
-    assert_int_equal(join_sched_refresh(js, &coord), CM_OK);
-    assert_int_equal(join_sched_version(js), 2);
+    assert_int_equal(dp_sched_refresh(js, &coord), CM_OK);
+    assert_int_equal(dp_sched_version(js), 2);
     /* An error answer: the same. */
     a = json_pack("{s:{s:s, s:s}}", "error", "code", "no_peers", "message", "nobody");
     canned_set(&srv, 409, a);
     json_decref(a);
-    assert_int_equal(join_sched_refresh(js, &coord), CM_OK);
-    assert_int_equal(join_sched_version(js), 2);
+    assert_int_equal(dp_sched_refresh(js, &coord), CM_OK);
+    assert_int_equal(dp_sched_version(js), 2);
 
     /* Fetching a version: the answer of /schedules/{version}. */
     a = answer(&g_coord, "r1", 1, now - 7200, 2, shares, NULL);
     canned_set(&srv, 200, a);
     json_decref(a);
-    assert_int_equal(join_sched_fetch_version(js, &coord, 1), CM_OK);
+    assert_int_equal(dp_sched_fetch_version(js, &coord, 1), CM_OK);
     assert_non_null(strstr(srv.last_req, "GET /api/v1/runs/r1/schedules/1 "));
-    assert_true(join_sched_has_version(js, 1));
-    assert_int_equal(join_sched_version(js), 2);
+    assert_true(dp_sched_has_version(js, 1));
+    assert_int_equal(dp_sched_version(js), 2);
     /* The server answers another version than asked: refused. */
-    assert_int_equal(join_sched_fetch_version(js, &coord, 4), CM_EPROTO);
+    assert_int_equal(dp_sched_fetch_version(js, &coord, 4), CM_EPROTO);
 
     /* Capability report: the body the coordinator expects. */
-    struct join_caps caps = {0};
+    struct peer_caps caps = {0};
     caps.sps = 812.5;
     caps.up_mbps = 100;
     caps.down_mbps = 400;
@@ -430,7 +430,7 @@ static void test_refresh_and_report(void **state)
     a = json_pack("{s:s}", "run", "r1");
     canned_set(&srv, 200, a);
     json_decref(a);
-    assert_int_equal(join_caps_report(&coord, "r1", me, &caps), CM_OK);
+    assert_int_equal(peer_caps_report(&coord, "r1", me, &caps), CM_OK);
     char *body = strchr(srv.last_req, '{');
     assert_non_null(strstr(srv.last_req, "POST /api/v1/runs/r1/capabilities "));
     json_t *j = json_loads(body, 0, NULL);
@@ -445,19 +445,19 @@ static void test_refresh_and_report(void **state)
     a = json_pack("{s:{s:s, s:s}}", "error", "code", "no_pass", "message", "no pass");
     canned_set(&srv, 403, a);
     json_decref(a);
-    assert_int_equal(join_caps_report(&coord, "r1", me, &caps), CM_EAUTH);
+    assert_int_equal(peer_caps_report(&coord, "r1", me, &caps), CM_EAUTH);
 
     /* Coordinator gone: keep the last valid schedule. */
     canned_stop(&srv);
-    assert_int_equal(join_sched_refresh(js, &coord), CM_OK);
-    assert_int_equal(join_sched_version(js), 2);
-    join_sched_close(js);
+    assert_int_equal(dp_sched_refresh(js, &coord), CM_OK);
+    assert_int_equal(dp_sched_version(js), 2);
+    dp_sched_close(js);
 }
 
 static void test_caps_changed(void **state)
 {
     (void)state;
-    struct join_caps a = {0}, b;
+    struct peer_caps a = {0}, b;
     a.sps = 100;
     a.up_mbps = 100;
     a.down_mbps = 100;
@@ -466,21 +466,21 @@ static void test_caps_changed(void **state)
     key_of(a.pairs[0].pub, 3);
     a.pairs[0].mbps = 50;
     b = a;
-    assert_false(join_caps_changed(&a, &b));
+    assert_false(peer_caps_changed(&a, &b));
     b.up_mbps = 85; /* 15 % */
-    assert_false(join_caps_changed(&a, &b));
+    assert_false(peer_caps_changed(&a, &b));
     b.up_mbps = 70; /* 30 % */
-    assert_true(join_caps_changed(&a, &b));
+    assert_true(peer_caps_changed(&a, &b));
     b = a;
     b.inbound = 0;
-    assert_true(join_caps_changed(&a, &b));
+    assert_true(peer_caps_changed(&a, &b));
     b = a;
     b.pairs[0].mbps = 20;
-    assert_true(join_caps_changed(&a, &b));
+    assert_true(peer_caps_changed(&a, &b));
     b = a;
     key_of(b.pairs[0].pub, 4);
-    assert_true(join_caps_changed(&a, &b));
-    assert_true(join_caps_changed(NULL, &a));
+    assert_true(peer_caps_changed(&a, &b));
+    assert_true(peer_caps_changed(NULL, &a));
 }
 
 int main(void)

@@ -1,6 +1,6 @@
-/* State transfer between two agents' network sides (agent/join/net.c;
+/* State transfer between two agents' network sides (agent/peer/net.c;
  * docs/protocol.md, "State transfer"): a real state host and a real fetcher
- * on loopback, each a join_net with its own key and minted pass.
+ * on loopback, each a peer_net with its own key and minted pass.
  *
  * Checked: a state of several chunks arrives whole and SHA-256 checked, is
  * written by rename (no ".part" left); a snapshot replaced during the
@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent/join/net.h"
+#include "agent/peer/net.h"
 #include "cm_err.h"
 #include "ct_harness.h"
 #include "p2p_testkit.h"
@@ -30,8 +30,8 @@
 struct fixture {
     struct p2p_tk tk;
     struct p2p_tk_peer host_id, fetch_id;
-    struct join_net_config host_cfg, fetch_cfg;
-    struct join_net *host, *fetcher;
+    struct peer_net_config host_cfg, fetch_cfg;
+    struct peer_net *host, *fetcher;
     char addr[64];
     char dir[256], dest[300], part[310];
 };
@@ -42,7 +42,7 @@ static int setup(void **state)
     if (!f || p2p_tk_init(&f->tk, "run1") || p2p_tk_peer_new(&f->tk, "h", "1", 600, &f->host_id) ||
         p2p_tk_peer_new(&f->tk, "f", "2", 600, &f->fetch_id))
         return -1;
-    struct join_net_config *c[2] = {&f->host_cfg, &f->fetch_cfg};
+    struct peer_net_config *c[2] = {&f->host_cfg, &f->fetch_cfg};
     struct p2p_tk_peer *id[2] = {&f->host_id, &f->fetch_id};
     for (int i = 0; i < 2; i++) {
         c[i]->key = &id[i]->key;
@@ -52,9 +52,9 @@ static int setup(void **state)
         c[i]->n_coord_keys = 1;
         c[i]->listen_ip = "127.0.0.1";
     }
-    if (join_net_start(&f->host_cfg, &f->host) || join_net_start(&f->fetch_cfg, &f->fetcher))
+    if (peer_net_start(&f->host_cfg, &f->host) || peer_net_start(&f->fetch_cfg, &f->fetcher))
         return -1;
-    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", (unsigned)join_net_state_port(f->host));
+    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", (unsigned)peer_net_state_port(f->host));
     if (ct_tempdir("state-fetch", f->dir, sizeof f->dir) != 0)
         return -1;
     snprintf(f->dest, sizeof f->dest, "%s/latest.ckpt", f->dir);
@@ -66,8 +66,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct fixture *f = *state;
-    join_net_stop(f->fetcher);
-    join_net_stop(f->host);
+    peer_net_stop(f->fetcher);
+    peer_net_stop(f->host);
     ct_rmrf(f->dir);
     p2p_tk_peer_cleanup(&f->host_id);
     p2p_tk_peer_cleanup(&f->fetch_id);
@@ -115,13 +115,13 @@ static int idle_cb(void *arg)
     struct idle_ctl *c = arg;
     c->calls++;
     if (c->republish_at && c->calls == c->republish_at) {
-        join_net_state_publish(c->f->host, 8, c->newer, c->newer_len);
+        peer_net_state_publish(c->f->host, 8, c->newer, c->newer_len);
         c->newer = NULL;
     }
     return c->stop_at && c->calls >= c->stop_at;
 }
 
-#define BIG (5u * JOIN_STATE_CHUNK + 12345u) /* six chunks, the last short */
+#define BIG (5u * PEER_STATE_CHUNK + 12345u) /* six chunks, the last short */
 
 static void test_whole_state_arrives(void **state)
 {
@@ -129,10 +129,10 @@ static void test_whole_state_arrives(void **state)
     uint8_t *want = pattern(BIG, 1), *copy = malloc(BIG);
     assert_non_null(copy);
     memcpy(copy, want, BIG);
-    join_net_state_publish(f->host, 7, copy, BIG);
+    peer_net_state_publish(f->host, 7, copy, BIG);
     struct idle_ctl c = {.f = f};
     int64_t step = -1;
-    assert_int_equal(join_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 7, f->dest, &step,
+    assert_int_equal(peer_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 7, f->dest, &step,
                                           20000, 0, idle_cb, &c),
                      CM_OK);
     assert_int_equal(step, 7);
@@ -153,11 +153,11 @@ static void test_newer_snapshot_restarts(void **state)
     uint8_t *old = pattern(BIG, 2), *newer = pattern(BIG + 999, 3), *want = malloc(BIG + 999);
     assert_non_null(want);
     memcpy(want, newer, BIG + 999);
-    join_net_state_publish(f->host, 7, old, BIG);
+    peer_net_state_publish(f->host, 7, old, BIG);
     /* after two chunks of step 7, the host holds step 8 instead */
     struct idle_ctl c = {.f = f, .republish_at = 3, .newer = newer, .newer_len = BIG + 999};
     int64_t step = -1;
-    assert_int_equal(join_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 7, f->dest, &step,
+    assert_int_equal(peer_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 7, f->dest, &step,
                                           20000, 0, idle_cb, &c),
                      CM_OK);
     assert_null(c.newer);
@@ -174,19 +174,19 @@ static void test_newer_snapshot_restarts(void **state)
 static void test_not_ready_gives_up(void **state)
 {
     struct fixture *f = *state;
-    assert_int_equal(join_net_state_wanted(f->host), -1);
+    assert_int_equal(peer_net_state_wanted(f->host), -1);
     int64_t step = -1;
     double t0 = now_s();
-    assert_int_equal(join_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 3, f->dest, &step,
+    assert_int_equal(peer_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 3, f->dest, &step,
                                           20000, 600, NULL, NULL),
                      CM_EBUSY);
     double took = now_s() - t0;
     assert_true(took >= 0.55 && took < 5);
-    assert_int_equal(join_net_state_wanted(f->host), 3); /* the host knows someone waits */
+    assert_int_equal(peer_net_state_wanted(f->host), 3); /* the host knows someone waits */
     assert_false(exists(f->dest));
     /* a snapshot of that step answers the wish */
-    join_net_state_publish(f->host, 3, pattern(1000, 4), 1000);
-    assert_int_equal(join_net_state_wanted(f->host), -1);
+    peer_net_state_publish(f->host, 3, pattern(1000, 4), 1000);
+    assert_int_equal(peer_net_state_wanted(f->host), -1);
 }
 
 static void test_ctrl_c_while_preparing(void **state)
@@ -196,7 +196,7 @@ static void test_ctrl_c_while_preparing(void **state)
     int64_t step = -1;
     double t0 = now_s();
     /* the peer would get 90 s to prepare the state: Ctrl-C must not wait for it */
-    assert_int_equal(join_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 5, f->dest, &step,
+    assert_int_equal(peer_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 5, f->dest, &step,
                                           90000, 90000, idle_cb, &c),
                      CM_ECANCELED);
     assert_int_equal(c.calls, 3);
@@ -208,10 +208,10 @@ static void test_ctrl_c_while_preparing(void **state)
 static void test_ctrl_c_between_chunks(void **state)
 {
     struct fixture *f = *state;
-    join_net_state_publish(f->host, 9, pattern(BIG, 5), BIG);
+    peer_net_state_publish(f->host, 9, pattern(BIG, 5), BIG);
     struct idle_ctl c = {.f = f, .stop_at = 4}; /* after three of the six chunks */
     int64_t step = -1;
-    assert_int_equal(join_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 9, f->dest, &step,
+    assert_int_equal(peer_net_state_fetch(f->fetcher, f->addr, f->host_id.key.pub, 9, f->dest, &step,
                                           90000, 0, idle_cb, &c),
                      CM_ECANCELED);
     assert_int_equal(c.calls, 4);

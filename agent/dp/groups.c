@@ -1,6 +1,6 @@
 /* Group all-reduce layout (groups.h; seed 000_02cc6b5d62a616fc.txt §3.2,
  * Appendix C). */
-#include "agent/join/groups.h"
+#include "agent/dp/groups.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +13,7 @@ struct unit {
     double w;
 };
 
-static void single(struct join_groups *g, size_t n)
+static void single(struct dp_groups *g, size_t n)
 {
     memset(g, 0, sizeof *g);
     g->n = n;
@@ -32,7 +32,7 @@ static void merge(const struct unit *const *u, size_t t, struct unit *out)
     }
 }
 
-static void place(struct join_groups *g, size_t r, int member, int group, int sends, double w)
+static void place(struct dp_groups *g, size_t r, int member, int group, int sends, double w)
 {
     g->group[r][member] = group;
     g->pos[r][member] = (int)g->size[r][group]++;
@@ -40,8 +40,8 @@ static void place(struct join_groups *g, size_t r, int member, int group, int se
     g->weight[r][member] = sends ? w : 0;
 }
 
-int join_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
-                     struct join_groups *out)
+int dp_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
+                     struct dp_groups *out)
 {
     if (n == 0 || n > AR_MAX_MEMBERS)
         return CM_EINVAL;
@@ -91,7 +91,7 @@ int join_groups_plan(size_t n, const int *sends, const int *agg, const double *w
 
     /* rounds 2..: merge up to m units at a time, in one group each */
     while (nunits > 1) {
-        if (r >= JOIN_GROUPS_MAX_ROUNDS) { /* cannot happen with m >= 2 and n <= 64 */
+        if (r >= DP_GROUPS_MAX_ROUNDS) { /* cannot happen with m >= 2 and n <= 64 */
             free(units);
             single(out, n);
             return CM_OK;

@@ -1,13 +1,13 @@
 /* The agent's contribution reporter (see report.h; docs/accounting.md and
  * docs/protocol.md, "Contribution reports"). Training calls
- * join_reporter_submit after each round; the payload is encoded and signed
+ * peer_reporter_submit after each round; the payload is encoded and signed
  * there (cheap: one Ed25519 signature) and queued. A background thread
  * posts the queue in order with one keep-alive libcurl handle, building the
  * body with the newest pass at send time so a renewed pass is used for
  * retries. Connection errors, 408, 429 and 5xx are retried with exponential
  * backoff until the report's deadline; other answers end the report (a 409
  * means a different report for that step was stored before). */
-#include "agent/join/report.h"
+#include "agent/peer/report.h"
 #include "cm_err.h"
 #include "cm_log.h"
 #include "cm_token.h"
@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SIGN_PREFIX JOIN_REPORT_FORMAT "\n"
+#define SIGN_PREFIX PEER_REPORT_FORMAT "\n"
 
 /* --- encoding ------------------------------------------------------------- */
 
@@ -78,14 +78,14 @@ static int reason_ok(const char *s)
     return 1;
 }
 
-int join_report_encode(const struct join_report *r, const char *run, const uint8_t pub[32],
+int peer_report_encode(const struct peer_report *r, const char *run, const uint8_t pub[32],
                        int64_t t, char *out, size_t cap, size_t *len)
 {
     if (!cm_name_valid(run) || r->step < 0 || r->step > ((int64_t)1 << 53) || !group_ok(r->group) ||
         !in(r->samples, 0, 1e9) || !in(r->compute_s, 0, 86400) || !in(r->sps, 0, 1e9) ||
         !in(r->round_ms, 0, 3.6e6) || r->parts < 0 || r->parts > 4096 || r->parts_averaged < 0 ||
-        r->parts_averaged > r->parts || r->n_members > JOIN_REPORT_MEMBERS_MAX ||
-        r->n_excluded > JOIN_REPORT_MEMBERS_MAX || t < 0)
+        r->parts_averaged > r->parts || r->n_members > PEER_REPORT_MEMBERS_MAX ||
+        r->n_excluded > PEER_REPORT_MEMBERS_MAX || t < 0)
         return CM_EINVAL;
     for (size_t i = 0; i < r->n_members; i++) {
         if (!in(r->members[i].samples, 0, 1e9))
@@ -107,7 +107,7 @@ int join_report_encode(const struct join_report *r, const char *run, const uint8
     cm_hex_encode(r->round_id, 32, round);
     put(&w, "{\"format\":\"%s\",\"run\":\"%s\",\"peer\":\"%s\",\"step\":%lld,\"group\":\"%s\","
             "\"round\":\"%s\",\"samples\":%.17g,\"compute_s\":%.17g,",
-        JOIN_REPORT_FORMAT, run, k, (long long)r->step, r->group, round, r->samples, r->compute_s);
+        PEER_REPORT_FORMAT, run, k, (long long)r->step, r->group, round, r->samples, r->compute_s);
     /* A loss is only meaningful over samples; a diverged (huge or NaN) loss is left out
      * rather than losing the report. */
     if (r->samples > 0 && in(r->loss, 0, 1e6))
@@ -124,7 +124,7 @@ int join_report_encode(const struct join_report *r, const char *run, const uint8
         put(&w, "%s{\"peer\":\"%s\",\"reason\":\"%.15s\"}", i ? "," : "", k, r->excluded[i].reason);
     }
     put(&w, "],\"t\":%lld}", (long long)t);
-    if (w.over || w.len > JOIN_REPORT_PAYLOAD_MAX)
+    if (w.over || w.len > PEER_REPORT_PAYLOAD_MAX)
         return CM_ETOOBIG;
     *len = w.len;
     return CM_OK;
@@ -160,7 +160,7 @@ static char *body_json(const char *pass, const char *payload, size_t len,
     return out;
 }
 
-int join_report_sign(const struct cm_ed25519 *key, const char *pass_token, const char *payload,
+int peer_report_sign(const struct cm_ed25519 *key, const char *pass_token, const char *payload,
                      size_t len, char **out)
 {
     uint8_t sig[CM_ED25519_SIG_LEN];
@@ -182,7 +182,7 @@ struct pending {
     int64_t deadline_ms;
 };
 
-struct join_reporter {
+struct peer_reporter {
     char *url; /* https://host:port/api/v1/runs/<run>/reports */
     char *ca_cert;
     char run[CM_NAME_MAX + 1];
@@ -191,11 +191,11 @@ struct join_reporter {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     char *token;
-    struct pending q[JOIN_REPORT_QUEUE_MAX];
+    struct pending q[PEER_REPORT_QUEUE_MAX];
     size_t head, count;
     int stopping;
     int64_t flush_deadline_ms;
-    struct join_reporter_stats st;
+    struct peer_reporter_stats st;
 };
 
 static int64_t now_ms(void)
@@ -234,7 +234,7 @@ static size_t keep_answer(void *p, size_t sz, size_t n, void *ud)
 }
 
 /* One POST; returns the HTTP status, or 0 when no answer came. */
-static long post_once(struct join_reporter *r, CURL *h, const char *body, long timeout_ms,
+static long post_once(struct peer_reporter *r, CURL *h, const char *body, long timeout_ms,
                       char *answer, size_t cap)
 {
     struct answer_buf b = {{0}, 0};
@@ -264,7 +264,7 @@ static long post_once(struct join_reporter *r, CURL *h, const char *body, long t
 
 static void *reporter_main(void *arg)
 {
-    struct join_reporter *r = arg;
+    struct peer_reporter *r = arg;
     CURL *h = curl_easy_init();
     int64_t backoff = 0, next_try = 0;
     pthread_mutex_lock(&r->mu);
@@ -287,7 +287,7 @@ static void *reporter_main(void *arg)
                     (long long)p->step);
             r->st.dropped++;
             free(p->payload);
-            r->head = (r->head + 1) % JOIN_REPORT_QUEUE_MAX;
+            r->head = (r->head + 1) % PEER_REPORT_QUEUE_MAX;
             r->count--;
             continue;
         }
@@ -327,7 +327,7 @@ static void *reporter_main(void *arg)
         /* The head is still the report just sent: submit only appends, and a full queue
          * drops from the head only while nothing is in flight (see submit). */
         free(r->q[r->head].payload);
-        r->head = (r->head + 1) % JOIN_REPORT_QUEUE_MAX;
+        r->head = (r->head + 1) % PEER_REPORT_QUEUE_MAX;
         r->count--;
     }
     pthread_mutex_unlock(&r->mu);
@@ -335,14 +335,14 @@ static void *reporter_main(void *arg)
     return NULL;
 }
 
-int join_reporter_start(const char *url, const char *ca_cert, const char *run,
+int peer_reporter_start(const char *url, const char *ca_cert, const char *run,
                         const struct cm_ed25519 *key, const char *pass_token,
-                        struct join_reporter **out)
+                        struct peer_reporter **out)
 {
     *out = NULL;
     if (!url || !run || !cm_name_valid(run) || !key || !key->has_private || !pass_token)
         return CM_EINVAL;
-    struct join_reporter *r = calloc(1, sizeof *r);
+    struct peer_reporter *r = calloc(1, sizeof *r);
     if (!r)
         return CM_ENOMEM;
     size_t n = strlen(url) + strlen(run) + 64;
@@ -378,7 +378,7 @@ fail:
     return CM_ENOMEM;
 }
 
-int join_reporter_set_token(struct join_reporter *r, const char *pass_token)
+int peer_reporter_set_token(struct peer_reporter *r, const char *pass_token)
 {
     char *t = pass_token ? strdup(pass_token) : NULL;
     if (!t)
@@ -390,15 +390,15 @@ int join_reporter_set_token(struct join_reporter *r, const char *pass_token)
     return CM_OK;
 }
 
-int join_reporter_submit(struct join_reporter *r, const struct join_report *rep)
+int peer_reporter_submit(struct peer_reporter *r, const struct peer_report *rep)
 {
-    char *buf = malloc(JOIN_REPORT_PAYLOAD_MAX + 1);
+    char *buf = malloc(PEER_REPORT_PAYLOAD_MAX + 1);
     if (!buf)
         return CM_ENOMEM;
     size_t len = 0;
-    int rc = join_report_encode(rep, r->run, r->key->pub, (int64_t)time(NULL), buf,
-                                JOIN_REPORT_PAYLOAD_MAX + 1, &len);
-    struct pending p = {buf, len, rep->step, {0}, now_ms() + JOIN_REPORT_DEADLINE_MS};
+    int rc = peer_report_encode(rep, r->run, r->key->pub, (int64_t)time(NULL), buf,
+                                PEER_REPORT_PAYLOAD_MAX + 1, &len);
+    struct pending p = {buf, len, rep->step, {0}, now_ms() + PEER_REPORT_DEADLINE_MS};
     if (rc == CM_OK)
         rc = sign_payload(r->key, buf, len, p.sig);
     if (rc != CM_OK) {
@@ -407,33 +407,33 @@ int join_reporter_submit(struct join_reporter *r, const struct join_report *rep)
         return rc;
     }
     pthread_mutex_lock(&r->mu);
-    if (r->count == JOIN_REPORT_QUEUE_MAX) {
+    if (r->count == PEER_REPORT_QUEUE_MAX) {
         /* Drop the oldest queued report that is not being sent: index 1 when the head
          * may be in flight. */
-        size_t victim = (r->head + 1) % JOIN_REPORT_QUEUE_MAX;
+        size_t victim = (r->head + 1) % PEER_REPORT_QUEUE_MAX;
         CM_LOGW("report", "report queue full: dropping the report of step %lld",
                 (long long)r->q[victim].step);
         free(r->q[victim].payload);
         for (size_t i = 1; i + 1 < r->count; i++)
-            r->q[(r->head + i) % JOIN_REPORT_QUEUE_MAX] = r->q[(r->head + i + 1) % JOIN_REPORT_QUEUE_MAX];
+            r->q[(r->head + i) % PEER_REPORT_QUEUE_MAX] = r->q[(r->head + i + 1) % PEER_REPORT_QUEUE_MAX];
         r->count--;
         r->st.dropped++;
     }
-    r->q[(r->head + r->count) % JOIN_REPORT_QUEUE_MAX] = p;
+    r->q[(r->head + r->count) % PEER_REPORT_QUEUE_MAX] = p;
     r->count++;
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
     return CM_OK;
 }
 
-void join_reporter_stats(struct join_reporter *r, struct join_reporter_stats *out)
+void peer_reporter_stats(struct peer_reporter *r, struct peer_reporter_stats *out)
 {
     pthread_mutex_lock(&r->mu);
     *out = r->st;
     pthread_mutex_unlock(&r->mu);
 }
 
-size_t join_reporter_stop(struct join_reporter *r, int flush_ms)
+size_t peer_reporter_stop(struct peer_reporter *r, int flush_ms)
 {
     if (!r)
         return 0;
@@ -445,7 +445,7 @@ size_t join_reporter_stop(struct join_reporter *r, int flush_ms)
     pthread_join(r->thread, NULL);
     size_t left = r->count;
     for (size_t i = 0; i < r->count; i++)
-        free(r->q[(r->head + i) % JOIN_REPORT_QUEUE_MAX].payload);
+        free(r->q[(r->head + i) % PEER_REPORT_QUEUE_MAX].payload);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r->url);

@@ -2,8 +2,8 @@
  * and run on the loop; each completes exactly once (from the operation's
  * callback) and wakes its waiter. A job is reference-counted between the
  * waiter and the loop, so neither frees it under the other. */
-#include "agent/join/net.h"
-#include "agent/join/state_msg.h"
+#include "agent/peer/net.h"
+#include "agent/peer/state_msg.h"
 #include "cm_err.h"
 #include "cm_log.h"
 #include "dht/dht_node.h"
@@ -32,18 +32,18 @@ struct job {
     int64_t expires_ms;
     struct sockaddr_storage *addrs;
     size_t naddrs;
-    struct join_record *recs;
+    struct peer_record *recs;
     size_t nrecs;
     struct ar_round_config round;
-    struct join_round_summary sum;
-    struct join_net *net;
+    struct peer_round_summary sum;
+    struct peer_net *net;
     uint8_t peer_pub[CM_ED25519_PUB_LEN]; /* JOB_REQ */
     uint32_t type, timeout_ms;
     uint8_t *resp;
     size_t resp_len;
 };
 
-struct join_net {
+struct peer_net {
     uv_loop_t loop;
     uv_async_t async;
     pthread_t th;
@@ -64,10 +64,10 @@ struct join_net {
     size_t st_len;
     int64_t st_step, st_wanted;
     uint8_t st_sha[CM_SHA256_LEN];
-    const struct join_net_config *cfg; /* during start only */
+    const struct peer_net_config *cfg; /* during start only */
 };
 
-void join_records_free(struct join_record *r, size_t n)
+void peer_records_free(struct peer_record *r, size_t n)
 {
     for (size_t i = 0; r && i < n; i++)
         free(r[i].value);
@@ -81,13 +81,13 @@ static void job_unref(struct job *j)
     free(j->value);
     free(j->resp);
     free(j->addrs);
-    join_records_free(j->recs, j->nrecs);
+    peer_records_free(j->recs, j->nrecs);
     free(j);
 }
 
 static void finish(struct job *j, int rc)
 {
-    struct join_net *n = j->net;
+    struct peer_net *n = j->net;
     pthread_mutex_lock(&n->mu);
     j->rc = rc;
     j->done = 1;
@@ -103,7 +103,7 @@ static void dht_done(void *arg, const struct dht_result *res)
         j->recs = calloc(res->nrec, sizeof *j->recs);
         for (size_t i = 0; j->recs && i < res->nrec; i++) {
             const struct dht_record *r = &res->rec[i];
-            struct join_record *o = &j->recs[j->nrecs];
+            struct peer_record *o = &j->recs[j->nrecs];
             o->value = malloc(r->value_len ? r->value_len : 1);
             if (!o->value)
                 break;
@@ -133,7 +133,7 @@ static void req_done(void *arg, int status, const struct p2p_peer *from, const u
 static void round_done(void *arg, const struct ar_result *res)
 {
     struct job *j = arg;
-    struct join_round_summary *s = &j->sum;
+    struct peer_round_summary *s = &j->sum;
     s->status = res->status;
     memcpy(s->round_id, res->round_id, sizeof s->round_id);
     s->averaged_mask = 0;
@@ -163,7 +163,7 @@ static void round_done(void *arg, const struct ar_result *res)
     finish(j, res->status);
 }
 
-static void run_job(struct join_net *n, struct job *j)
+static void run_job(struct peer_net *n, struct job *j)
 {
     int rc;
     if (n->stopping) {
@@ -210,7 +210,7 @@ static void on_close(uv_handle_t *h)
 
 static void on_async(uv_async_t *a)
 {
-    struct join_net *n = a->data;
+    struct peer_net *n = a->data;
     pthread_mutex_lock(&n->mu);
     struct job *list = n->jobs;
     n->jobs = NULL;
@@ -250,32 +250,32 @@ static void on_async(uv_async_t *a)
 static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type,
                             const uint8_t *body, size_t len, uint8_t **resp, size_t *resp_len)
 {
-    struct join_net *n = arg;
+    struct peer_net *n = arg;
     (void)h;
-    if (type == JOIN_MSG_PROBE) { /* read and dropped: the sender times it */
-        if (len > JOIN_PROBE_CHUNK)
+    if (type == PEER_MSG_PROBE) { /* read and dropped: the sender times it */
+        if (len > PEER_PROBE_CHUNK)
             return CM_ETOOBIG;
         /* One prober at a time: two probes sharing our link would each read
            a part of it and report a bottleneck that is not there. */
         int64_t now = p2p_now_ms();
         if (memcmp(n->probe_pub, from->pub, CM_ED25519_PUB_LEN) &&
-            now - n->probe_last_ms < JOIN_PROBE_HOLD_MS)
+            now - n->probe_last_ms < PEER_PROBE_HOLD_MS)
             return CM_EBUSY;
         memcpy(n->probe_pub, from->pub, CM_ED25519_PUB_LEN);
         n->probe_last_ms = now;
         return CM_OK;
     }
-    struct join_state_req q;
-    if (type != JOIN_MSG_STATE)
+    struct peer_state_req q;
+    if (type != PEER_MSG_STATE)
         return CM_EPROTO;
-    int prc = join_state_req_parse(body, len, &q);
+    int prc = peer_state_req_parse(body, len, &q);
     if (prc != CM_OK)
         return prc;
     int64_t min_step = q.min_step;
     uint64_t off = q.offset;
     uint32_t max = q.max_len;
-    if (max > JOIN_STATE_CHUNK)
-        max = JOIN_STATE_CHUNK;
+    if (max > PEER_STATE_CHUNK)
+        max = PEER_STATE_CHUNK;
     pthread_mutex_lock(&n->st_mu);
     int ready = n->st_bytes && n->st_step >= min_step;
     size_t take = 0;
@@ -290,29 +290,29 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
            (the one after the collaboration's next step, or a lie) must not
            keep those who asked for one we hold waiting */
         n->st_wanted = min_step;
-    uint8_t *out = malloc(JOIN_STATE_HDR_LEN + take);
+    uint8_t *out = malloc(PEER_STATE_HDR_LEN + take);
     if (!out) {
         pthread_mutex_unlock(&n->st_mu);
         return CM_ENOMEM;
     }
-    struct join_state_resp hd = {0};
+    struct peer_state_resp hd = {0};
     hd.ready = ready;
     hd.step = n->st_step;
     hd.total = n->st_len;
     memcpy(hd.sha, n->st_sha, CM_SHA256_LEN);
-    join_state_resp_header(&hd, out);
+    peer_state_resp_header(&hd, out);
     if (take)
-        memcpy(out + JOIN_STATE_HDR_LEN, n->st_bytes + off, take);
+        memcpy(out + PEER_STATE_HDR_LEN, n->st_bytes + off, take);
     pthread_mutex_unlock(&n->st_mu);
     *resp = out;
-    *resp_len = JOIN_STATE_HDR_LEN + take;
+    *resp_len = PEER_STATE_HDR_LEN + take;
     return CM_OK;
 }
 
 static void *thread_main(void *arg)
 {
-    struct join_net *n = arg;
-    const struct join_net_config *c = n->cfg;
+    struct peer_net *n = arg;
+    const struct peer_net_config *c = n->cfg;
     struct p2p_ctx_config cc = {0};
     cc.loop = &n->loop;
     cc.max_upload_mbps = c->max_upload_mbps;
@@ -378,7 +378,7 @@ static void *thread_main(void *arg)
 }
 
 /* Queues a job for the loop; CM_ECLOSED (and the job freed) when stopping. */
-static int enqueue(struct join_net *n, struct job *j)
+static int enqueue(struct peer_net *n, struct job *j)
 {
     j->net = n;
     j->refs = 2;
@@ -397,7 +397,7 @@ static int enqueue(struct join_net *n, struct job *j)
 }
 
 /* Waits for a queued job (bounded: its operation has its own deadline). */
-static int wait_job(struct join_net *n, struct job *j)
+static int wait_job(struct peer_net *n, struct job *j)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -411,22 +411,22 @@ static int wait_job(struct join_net *n, struct job *j)
     return rc;
 }
 
-static int submit(struct join_net *n, struct job *j)
+static int submit(struct peer_net *n, struct job *j)
 {
     int rc = enqueue(n, j);
     return rc ? rc : wait_job(n, j);
 }
 
-static void release(struct join_net *n, struct job *j)
+static void release(struct peer_net *n, struct job *j)
 {
     pthread_mutex_lock(&n->mu);
     job_unref(j);
     pthread_mutex_unlock(&n->mu);
 }
 
-int join_net_start(const struct join_net_config *cfg, struct join_net **out)
+int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
 {
-    struct join_net *n = calloc(1, sizeof *n);
+    struct peer_net *n = calloc(1, sizeof *n);
     if (!n)
         return CM_ENOMEM;
     if (uv_loop_init(&n->loop)) {
@@ -458,7 +458,7 @@ int join_net_start(const struct join_net_config *cfg, struct join_net **out)
     if (cfg->n_bootstrap) {
         struct job *j = calloc(1, sizeof *j);
         if (!j) {
-            join_net_stop(n);
+            peer_net_stop(n);
             return CM_ENOMEM;
         }
         j->kind = JOB_BOOT;
@@ -477,7 +477,7 @@ int join_net_start(const struct join_net_config *cfg, struct join_net **out)
     return CM_OK;
 }
 
-void join_net_stop(struct join_net *n)
+void peer_net_stop(struct peer_net *n)
 {
     if (!n)
         return;
@@ -498,12 +498,12 @@ void join_net_stop(struct join_net *n)
     free(n);
 }
 
-uint16_t join_net_ar_port(const struct join_net *n)
+uint16_t peer_net_ar_port(const struct peer_net *n)
 {
     return n->ar_port;
 }
 
-int join_net_put(struct join_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms)
+int peer_net_put(struct peer_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms)
 {
     struct job *j = calloc(1, sizeof *j);
     if (!j || strlen(key) >= sizeof j->key || !(j->value = malloc(len ? len : 1))) {
@@ -520,7 +520,7 @@ int join_net_put(struct join_net *n, const char *key, const void *value, size_t 
     return rc;
 }
 
-int join_net_get(struct join_net *n, const char *key, struct join_record **out, size_t *count)
+int peer_net_get(struct peer_net *n, const char *key, struct peer_record **out, size_t *count)
 {
     *out = NULL;
     *count = 0;
@@ -544,7 +544,7 @@ int join_net_get(struct join_net *n, const char *key, struct join_record **out, 
     return rc == CM_ENOTFOUND ? CM_OK : rc;
 }
 
-int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out)
+int peer_net_allreduce(struct peer_net *n, struct ar_round_config *cfg, struct peer_round_summary *out)
 {
     struct job *j = calloc(1, sizeof *j);
     if (!j)
@@ -561,7 +561,7 @@ int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct j
     return rc;
 }
 
-int join_net_set_token(struct join_net *n, const char *token)
+int peer_net_set_token(struct peer_net *n, const char *token)
 {
     struct job *j = calloc(1, sizeof *j);
     if (!j || !(j->value = (uint8_t *)strdup(token))) {
@@ -574,18 +574,18 @@ int join_net_set_token(struct join_net *n, const char *token)
     return rc;
 }
 
-void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at)
+void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at)
 {
     if (n->ctx)
         p2p_auth_set_revoked(p2p_ctx_auth(n->ctx), ids, count, generated_at);
 }
 
-uint16_t join_net_state_port(const struct join_net *n)
+uint16_t peer_net_state_port(const struct peer_net *n)
 {
     return n->st_port;
 }
 
-void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, size_t len)
+void peer_net_state_publish(struct peer_net *n, int64_t step, uint8_t *bytes, size_t len)
 {
     uint8_t sha[CM_SHA256_LEN];
     cm_sha256(bytes, len, sha);
@@ -600,7 +600,7 @@ void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, si
     pthread_mutex_unlock(&n->st_mu);
 }
 
-int64_t join_net_state_wanted(const struct join_net *n)
+int64_t peer_net_state_wanted(const struct peer_net *n)
 {
     pthread_mutex_lock((pthread_mutex_t *)&n->st_mu);
     int64_t w = n->st_wanted;
@@ -609,7 +609,7 @@ int64_t join_net_state_wanted(const struct join_net *n)
 }
 
 /* One request on the state host, blocking; *resp is heap. */
-static int net_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+static int net_request(struct peer_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
                        uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
                        uint8_t **resp, size_t *resp_len)
 {
@@ -641,28 +641,28 @@ static int net_request(struct join_net *n, const struct sockaddr_storage *addr, 
     return rc;
 }
 
-static int state_request(struct join_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+static int state_request(struct peer_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
                          int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
 {
-    uint8_t req[JOIN_STATE_REQ_LEN];
-    struct join_state_req q = {min_step, off, JOIN_STATE_CHUNK};
-    join_state_req_encode(&q, req);
-    return net_request(n, addr, pub, JOIN_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
+    uint8_t req[PEER_STATE_REQ_LEN];
+    struct peer_state_req q = {min_step, off, PEER_STATE_CHUNK};
+    peer_state_req_encode(&q, req);
+    return net_request(n, addr, pub, PEER_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
 }
 
-int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                    size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
                    const int *stop, double *mbps)
 {
     struct sockaddr_storage sa;
     *mbps = 0;
-    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 64u * JOIN_PROBE_CHUNK)
+    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 64u * PEER_PROBE_CHUNK)
         return CM_EINVAL;
     /* one small request first, so the connection (and its handshake) is
        not part of the measurement */
     uint8_t one = 0, *r = NULL;
     size_t rl = 0;
-    int rc = net_request(n, &sa, pub, JOIN_MSG_PROBE, &one, 1, 10000, &r, &rl);
+    int rc = net_request(n, &sa, pub, PEER_MSG_PROBE, &one, 1, 10000, &r, &rl);
     free(r);
     if (rc != CM_OK)
         return rc;
@@ -719,7 +719,7 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
             j->kind = JOB_REQ;
             *j->addrs = sa;
             memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-            j->type = JOIN_MSG_PROBE;
+            j->type = PEER_MSG_PROBE;
             j->timeout_ms = 10000;
             j->len = PROBE_MSG;
             if ((rc = enqueue(n, j)) != CM_OK)
@@ -746,7 +746,7 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
         nin--;
         if (jr != CM_OK) {
             /* CM_EBUSY: another prober took the host while we were busy
-               (its hold is JOIN_PROBE_HOLD_MS); what we measured stands */
+               (its hold is PEER_PROBE_HOLD_MS); what we measured stands */
             rc = jr;
             continue; /* drain the other one */
         }
@@ -772,7 +772,7 @@ int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED
     return CM_OK;
 }
 
-int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
                          uint32_t ready_ms, int (*idle)(void *arg), void *arg)
 {
@@ -798,8 +798,8 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
         rc = state_request(n, &sa, pub, min_step, got, &r, &rl);
         if (rc != CM_OK)
             break;
-        struct join_state_resp sr;
-        if (join_state_resp_parse(r, rl, &sr) != CM_OK) {
+        struct peer_state_resp sr;
+        if (peer_state_resp_parse(r, rl, &sr) != CM_OK) {
             free(r);
             rc = CM_EPROTO;
             break;

@@ -18,11 +18,11 @@
  * round); a second Ctrl-C abandons the round. */
 #include "agent/client.h"
 #include "agent/commands.h"
-#include "agent/join/collab.h"
-#include "agent/join/groups.h"
-#include "agent/join/net.h"
-#include "agent/join/report.h"
-#include "agent/join/sched_follow.h"
+#include "agent/dp/collab.h"
+#include "agent/dp/groups.h"
+#include "agent/peer/net.h"
+#include "agent/peer/report.h"
+#include "agent/dp/sched_follow.h"
 #include "agent/train/steplog.h"
 #include "agent/train/trainer.h"
 #include "ckpt/safetensors.h"
@@ -162,7 +162,7 @@ struct peer_state {
     struct agent_train_config tcfg;
     struct agent_trainer tr;
     int trainer_ready;
-    struct join_net *net;
+    struct peer_net *net;
     char my_addr[COLLAB_ADDR_MAX], st_addr[COLLAB_ADDR_MAX];
     char progress_key[128];
     char hash[65];        /* parameter hash at hash_step */
@@ -171,9 +171,9 @@ struct peer_state {
     uint64_t syncs;       /* states fetched from peers */
     double finished_at;   /* when a peer was first seen at the run's last step (mono_s) */
     int corrupt;          /* CROWDTRAIN_TEST_CORRUPT_GRADIENTS: 1 nan, 2 huge (tests only) */
-    struct join_sched *js;     /* schedules (issue 7), NULL when unavailable */
-    struct join_reporter *rep; /* contribution reports (docs/accounting.md) */
-    struct join_caps caps;     /* last capabilities reported */
+    struct dp_sched *js;     /* schedules (issue 7), NULL when unavailable */
+    struct peer_reporter *rep; /* contribution reports (docs/accounting.md) */
+    struct peer_caps caps;     /* last capabilities reported */
     double caps_at, sched_at;  /* mono_s() of the last report / schedule refresh */
     pthread_t probe_th;        /* measures pairwise throughput (probe_main) */
     int probe_started, probe_stop, probe_new;
@@ -184,11 +184,11 @@ struct peer_state {
                                   (atomic; probes count only the time it is 0) */
     pthread_mutex_t probe_mu;
     pthread_cond_t probe_cv;
-    struct join_caps probe_caps; /* its latest measurement (pairs only) */
+    struct peer_caps probe_caps; /* its latest measurement (pairs only) */
     struct pair_hist {           /* the probe thread's last readings per pair */
         uint8_t pub[CM_ED25519_PUB_LEN];
         double mbps[PROBE_KEEP]; /* newest first; 0 = none */
-    } probe_hist[JOIN_CAPS_MAX_PAIRS];
+    } probe_hist[PEER_CAPS_MAX_PAIRS];
     size_t n_probe_hist;
     uint8_t prev[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN]; /* senders of our last round */
     size_t n_prev;
@@ -314,9 +314,9 @@ static void renew_pass_if_due(struct peer_state *s)
         return;
     }
     if (s->rep)
-        join_reporter_set_token(s->rep, s->token);
+        peer_reporter_set_token(s->rep, s->token);
     clock_sync(s, 0); /* clocks drift: measure again with each pass */
-    if (join_net_set_token(s->net, s->token) != CM_OK) {
+    if (peer_net_set_token(s->net, s->token) != CM_OK) {
         fprintf(stderr, "\nwarning: could not install the renewed pass\n");
     } else {
         printf("\nrenewed the access pass (pass %s)\n",
@@ -446,7 +446,7 @@ static int catch_up_inner(struct peer_state *s, int64_t min_step, int64_t *step_
 }
 
 /* Marks the link busy (+1) or frees it (-1) for the probes: they count
- * only the time no round or state transfer of ours runs (join_net_probe). */
+ * only the time no round or state transfer of ours runs (peer_net_probe). */
 static void link_busy(struct peer_state *s, int d)
 {
     __atomic_add_fetch(&s->averaging, d, __ATOMIC_ACQ_REL);
@@ -495,7 +495,7 @@ static int publish_progress(struct peer_state *s, int64_t step, double samples, 
     }
     char rec[COLLAB_RECORD_MAX];
     int rc = collab_progress_encode(&p, rec, sizeof rec);
-    return rc ? rc : join_net_put(s->net, s->progress_key, rec, strlen(rec), 60000);
+    return rc ? rc : peer_net_put(s->net, s->progress_key, rec, strlen(rec), 60000);
 }
 
 /* The parameter hash of the current state (after a step, a catch-up or a
@@ -513,7 +513,7 @@ static void update_hash(struct peer_state *s, int64_t step)
  * behind or diverged), when we hold the step it wants. */
 static void serve_state_if_wanted(struct peer_state *s, int64_t step)
 {
-    int64_t want = join_net_state_wanted(s->net);
+    int64_t want = peer_net_state_wanted(s->net);
     if (want < 0 || want > step || s->o.aggregate_only || !s->st_addr[0])
         return;
     char err[512], file[4400];
@@ -529,7 +529,7 @@ static void serve_state_if_wanted(struct peer_state *s, int64_t step)
     long len = -1;
     if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
         (buf = malloc((size_t)len)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-        join_net_state_publish(s->net, step, buf, (size_t)len);
+        peer_net_state_publish(s->net, step, buf, (size_t)len);
         buf = NULL;
     }
     free(buf);
@@ -538,11 +538,11 @@ static void serve_state_if_wanted(struct peer_state *s, int64_t step)
 
 static int read_progress(struct peer_state *s, struct collab_progress **out, size_t *n)
 {
-    struct join_record *r = NULL;
+    struct peer_record *r = NULL;
     size_t nr = 0;
     *out = NULL;
     *n = 0;
-    int rc = join_net_get(s->net, s->progress_key, &r, &nr);
+    int rc = peer_net_get(s->net, s->progress_key, &r, &nr);
     if (rc != CM_OK)
         return rc;
     struct collab_progress *p = calloc(nr ? nr : 1, sizeof *p);
@@ -551,7 +551,7 @@ static int read_progress(struct peer_state *s, struct collab_progress **out, siz
             memcpy(p[*n].pub, r[i].author, CM_ED25519_PUB_LEN);
             (*n)++;
         }
-    join_records_free(r, nr);
+    peer_records_free(r, nr);
     *out = p;
     return p ? CM_OK : CM_ENOMEM;
 }
@@ -578,19 +578,19 @@ static int gather(struct peer_state *s, int64_t step, double weight, int pull_on
     me.pull_only = !s->o.aggregate_only && pull_only;
     me.agg = !s->o.client_mode;
     me.t_ms = now_ms();
-    me.sched_version = s->js ? join_sched_version(s->js) : 0;
+    me.sched_version = s->js ? dp_sched_version(s->js) : 0;
     snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->my_addr);
     int rc = collab_announce_encode(&me, rec, sizeof rec);
-    if (rc || (rc = join_net_put(s->net, key, rec, strlen(rec), 120000)) != CM_OK)
+    if (rc || (rc = peer_net_put(s->net, key, rec, strlen(rec), 120000)) != CM_OK)
         return rc;
     struct collab_announce *a = NULL;
     size_t na = 0;
     int64_t close = me.t_ms + s->o.round_window_ms;
     for (;;) {
         int final = now_ms() >= close + GATHER_MARGIN_MS;
-        struct join_record *r = NULL;
+        struct peer_record *r = NULL;
         size_t nr = 0;
-        if ((rc = join_net_get(s->net, key, &r, &nr)) != CM_OK) {
+        if ((rc = peer_net_get(s->net, key, &r, &nr)) != CM_OK) {
             free(a);
             return rc;
         }
@@ -602,7 +602,7 @@ static int gather(struct peer_state *s, int64_t step, double weight, int pull_on
                 memcpy(a[na].pub, r[i].author, CM_ED25519_PUB_LEN);
                 na++;
             }
-        join_records_free(r, nr);
+        peer_records_free(r, nr);
         if (!a)
             return CM_ENOMEM;
         a[na++] = me; /* our own view of ourselves; duplicates collapse */
@@ -724,23 +724,23 @@ static void sched_from_dht(struct peer_state *s)
 {
     char key[160];
     snprintf(key, sizeof key, "%s/schedule", s->o.run);
-    struct join_record *r = NULL;
+    struct peer_record *r = NULL;
     size_t nr = 0;
-    if (join_net_get(s->net, key, &r, &nr) != CM_OK)
+    if (peer_net_get(s->net, key, &r, &nr) != CM_OK)
         return;
     for (size_t i = 0; i < nr; i++) {
         json_t *o = json_loadb((const char *)r[i].value, r[i].len, JSON_REJECT_DUPLICATES, NULL);
         if (o)
-            join_sched_accept(s->js, o, (int64_t)time(NULL), 1);
+            dp_sched_accept(s->js, o, (int64_t)time(NULL), 1);
         json_decref(o);
     }
-    join_records_free(r, nr);
+    peer_records_free(r, nr);
 }
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
  * up to 2 MiB or 2 s of quiet time each over the state hosts, within the volunteer's
- * caps, two 32 KiB messages in flight (join_net_probe), so a slow link
+ * caps, two 32 KiB messages in flight (peer_net_probe), so a slow link
  * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
  * another vertex of the same optimum, one that let the slow peers aggregate
@@ -760,7 +760,7 @@ static void sched_from_dht(struct peer_state *s)
  * readings: contention comes and goes, a path's bottleneck stays. */
 #define PROBE_PEERS 3
 #define PROBE_BYTES (2048u * 1024u)
-#define PROBE_BUDGET_MS 2000    /* of quiet time (see join_net_probe) */
+#define PROBE_BUDGET_MS 2000    /* of quiet time (see peer_net_probe) */
 #define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
@@ -775,7 +775,7 @@ static double pair_best(struct peer_state *s, const uint8_t *pub, double mbps)
     while (i < s->n_probe_hist && memcmp(s->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN))
         i++;
     if (i == s->n_probe_hist) {
-        if (i == JOIN_CAPS_MAX_PAIRS) /* full: the oldest entry makes room */
+        if (i == PEER_CAPS_MAX_PAIRS) /* full: the oldest entry makes room */
             memmove(s->probe_hist, s->probe_hist + 1, --i * sizeof s->probe_hist[0]);
         else
             s->n_probe_hist++;
@@ -813,7 +813,7 @@ static int probe_wait(int base)
         r = 0;
     return base + r % (PROBE_JITTER_S / 2 + 1);
 }
-static void measure_pairs(struct peer_state *s, struct join_caps *c)
+static void measure_pairs(struct peer_state *s, struct peer_caps *c)
 {
     c->n_pairs = 0;
     struct collab_progress *p = NULL;
@@ -850,12 +850,12 @@ static void measure_pairs(struct peer_state *s, struct join_caps *c)
     uint8_t busy[PROBE_PEERS] = {0};
     for (int pass = 0; pass < PROBE_TRIES; pass++) {
         size_t again = 0;
-        for (size_t k = 0; k < nb && c->n_pairs < JOIN_CAPS_MAX_PAIRS; k++) {
+        for (size_t k = 0; k < nb && c->n_pairs < PEER_CAPS_MAX_PAIRS; k++) {
             if (pass > 0 && !busy[k])
                 continue;
             busy[k] = 0;
             double mbps = 0;
-            int rc = join_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES,
+            int rc = peer_net_probe(s->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES,
                                     PROBE_BUDGET_MS, PROBE_DEADLINE_MS, &s->averaging, &s->probe_stop, &mbps);
             if (rc == CM_OK && mbps > 0) {
                 memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
@@ -893,7 +893,7 @@ static void *probe_main(void *arg)
         if (s->probe_stop)
             break;
         pthread_mutex_unlock(&s->probe_mu);
-        struct join_caps c = {0};
+        struct peer_caps c = {0};
         measure_pairs(s, &c);
         pthread_mutex_lock(&s->probe_mu);
         if (c.n_pairs) {
@@ -912,7 +912,7 @@ static void schedule_upkeep(struct peer_state *s, double sps)
     if (!s->js)
         return;
     double t = mono_s();
-    struct join_caps c = {0};
+    struct peer_caps c = {0};
     c.sps = s->o.aggregate_only ? 0 : sps;
     c.up_mbps = s->o.max_upload_mbps > 0 ? s->o.max_upload_mbps : 1000;
     c.down_mbps = s->o.max_download_mbps > 0 ? s->o.max_download_mbps : 1000;
@@ -925,19 +925,19 @@ static void schedule_upkeep(struct peer_state *s, double sps)
     memcpy(c.pairs, s->probe_caps.pairs, sizeof c.pairs);
     pthread_mutex_unlock(&s->probe_mu);
     if ((c.sps > 0 || s->o.aggregate_only) &&
-        (s->caps_at == 0 || t - s->caps_at > 60 || fresh_pairs || join_caps_changed(&s->caps, &c))) {
-        if (join_caps_report(&s->coord, s->o.run, s->key.pub, &c) == CM_OK)
+        (s->caps_at == 0 || t - s->caps_at > 60 || fresh_pairs || peer_caps_changed(&s->caps, &c))) {
+        if (peer_caps_report(&s->coord, s->o.run, s->key.pub, &c) == CM_OK)
             s->caps = c;
         s->caps_at = t;
     }
     /* every 30 s once a schedule lists us; every 5 s until then, so a new
        peer's capabilities are put to use soon after the coordinator solves */
-    const struct sched_schedule *cur = join_sched_current(s->js);
+    const struct sched_schedule *cur = dp_sched_current(s->js);
     int listed = 0;
     for (size_t i = 0; cur && i < cur->n && !listed; i++)
         listed = !memcmp(cur->peers[i].key, s->key.pub, CM_ED25519_PUB_LEN);
     if (s->sched_at == 0 || t - s->sched_at > (listed ? 30 : 5)) {
-        if (join_sched_refresh(s->js, &s->coord) != CM_OK)
+        if (dp_sched_refresh(s->js, &s->coord) != CM_OK)
             sched_from_dht(s);
         s->sched_at = t;
     }
@@ -957,12 +957,12 @@ static int64_t plan_round(struct peer_state *s, const struct collab_announce *me
         if (mem[i].sched_version > v)
             v = mem[i].sched_version;
     }
-    if (v > 0 && s->js && !join_sched_has_version(s->js, v) &&
-        join_sched_fetch_version(s->js, &s->coord, v) != CM_OK &&
-        (sched_from_dht(s), !join_sched_has_version(s->js, v)))
+    if (v > 0 && s->js && !dp_sched_has_version(s->js, v) &&
+        dp_sched_fetch_version(s->js, &s->coord, v) != CM_OK &&
+        (sched_from_dht(s), !dp_sched_has_version(s->js, v)))
         fprintf(stderr, "\nwarning: could not get schedule version %lld; averaging with even parts\n",
                 (long long)v);
-    if (s->js && join_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)
+    if (s->js && dp_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)
         return v;
     for (size_t i = 0; i < nmem; i++)
         am[i].fraction = agg_ok[i] ? 1.0 : 0.0;
@@ -971,13 +971,13 @@ static int64_t plan_round(struct peer_state *s, const struct collab_announce *me
 
 /* The contribution report of a round (queued; sent in the background). */
 static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid, double samples,
-                         double compute_s, double loss, double sps, const struct join_round_summary *sum,
+                         double compute_s, double loss, double sps, const struct peer_round_summary *sum,
                          size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
                          const struct ar_member *am, size_t nmem)
 {
     if (!s->rep || s->o.aggregate_only || !(samples > 0)) /* nothing contributed */
         return;
-    struct join_report *r = calloc(1, sizeof *r);
+    struct peer_report *r = calloc(1, sizeof *r);
     if (!r)
         return;
     r->step = step;
@@ -990,7 +990,7 @@ static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid,
     r->round_ms = sum->ms_total;
     r->parts = (int)n_parts;
     r->parts_averaged = __builtin_popcountll(agreed);
-    for (size_t i = 0; i < nmem && r->n_members < JOIN_REPORT_MEMBERS_MAX; i++)
+    for (size_t i = 0; i < nmem && r->n_members < PEER_REPORT_MEMBERS_MAX; i++)
         if (mem[i].sends) {
             memcpy(r->members[r->n_members].pub, mem[i].pub, 32);
             r->members[r->n_members++].samples = mem[i].weight;
@@ -1000,7 +1000,7 @@ static void report_round(struct peer_state *s, int64_t step, const uint8_t *rid,
         snprintf(r->excluded[r->n_excluded++].reason, sizeof r->excluded[0].reason, "%s",
                  ar_excl_reason_name(sum->excluded_reason[i]));
     }
-    join_reporter_submit(s->rep, r);
+    peer_reporter_submit(s->rep, r);
     free(r);
 }
 
@@ -1104,7 +1104,7 @@ static int sync_from_peer_inner(struct peer_state *s, int64_t min_step, int64_t 
                within wait_ms, or it does not say the truth */
             if (wait_ms)
                 wait = holds ? wait_ms : (uint32_t)left;
-            rc = join_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
+            rc = peer_net_state_fetch(s->net, p[i].st, p[i].pub, min_step, dest, &got,
                                       p[i].step >= min_step ? 20000 : 90000, wait, serve_own_state, s);
             if (rc == CM_ECANCELED)
                 break;
@@ -1193,17 +1193,17 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
         if (am[i].sends)
             memcpy(senders[ns++], am[i].pub, CM_ED25519_PUB_LEN);
     if (collab_outcome_encode(&me, rec, sizeof rec) != CM_OK ||
-        join_net_put(s->net, key, rec, strlen(rec), 120000) != CM_OK)
+        peer_net_put(s->net, key, rec, strlen(rec), 120000) != CM_OK)
         fprintf(stderr, "\nwarning: step %lld: could not publish the round's outcome\n", (long long)step);
     int64_t give_up = me.t_ms + window_ms + 4 * OUTCOME_MARGIN_MS + 5000;
     uint64_t mask = my_mask;
     *counted = 0;
     for (;;) {
-        struct join_record *r = NULL;
+        struct peer_record *r = NULL;
         size_t nr = 0;
         struct collab_outcome *o = NULL;
         size_t no = 0;
-        if (join_net_get(s->net, key, &r, &nr) == CM_OK && (o = calloc(nr + 1, sizeof *o))) {
+        if (peer_net_get(s->net, key, &r, &nr) == CM_OK && (o = calloc(nr + 1, sizeof *o))) {
             for (size_t i = 0; i < nr; i++)
                 if (collab_outcome_parse(r[i].value, r[i].len, &o[no]) == CM_OK) {
                     memcpy(o[no].pub, r[i].author, CM_ED25519_PUB_LEN);
@@ -1211,7 +1211,7 @@ static uint64_t agree_outcome(struct peer_state *s, int64_t step, const uint8_t 
                 }
             o[no++] = me; /* our own, even before the DHT shows it */
         }
-        join_records_free(r, nr);
+        peer_records_free(r, nr);
         int decided = 0;
         uint64_t m = my_mask;
         size_t c = o ? collab_outcome_final(o, no, rid, (const uint8_t(*)[CM_ED25519_PUB_LEN])senders,
@@ -1257,7 +1257,7 @@ struct round_job {
     struct collab_announce *mem;
     struct ar_member am[AR_MAX_MEMBERS];
     uint8_t rid[AR_ROUND_ID_LEN];
-    struct join_round_summary sum;
+    struct peer_round_summary sum;
     int64_t sched_v;
     size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */
     size_t group_senders;            /* most senders in a group of ours */
@@ -1269,10 +1269,10 @@ struct round_job {
     volatile int done;
 };
 
-/* Group all-reduce (agent/join/groups.h; seed 000 §3.2 and Appendix C):
+/* Group all-reduce (agent/dp/groups.h; seed 000 §3.2 and Appendix C):
  * the rounds of the layout one after the other, each in our group of that
  * round with its own round id ("g<round>.<group>"). The outcome is kept per
- * block of the gradient (JOIN_GROUP_BLOCKS equal blocks) rather than per
+ * block of the gradient (DP_GROUP_BLOCKS equal blocks) rather than per
  * part, since every group cuts its own parts: a block is ours when every
  * round committed the parts over it. The members then agree on the blocks
  * as on parts in one round: a block any member lacks (an aggregator died)
@@ -1280,12 +1280,12 @@ struct round_job {
  * sender lost in a round is renormalized away inside its group, whose
  * members all get the same bits; the unit it sent for still carries its
  * announced weight into the next rounds. */
-#define JOIN_GROUP_BLOCKS 64
-static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
+#define DP_GROUP_BLOCKS 64
+static uint64_t run_groups(struct round_job *j, const struct dp_groups *G,
                            const struct ar_round_config *base)
 {
     struct peer_state *s = j->s;
-    size_t n = base->n, nb = n < JOIN_GROUP_BLOCKS ? n : JOIN_GROUP_BLOCKS;
+    size_t n = base->n, nb = n < DP_GROUP_BLOCKS ? n : DP_GROUP_BLOCKS;
     uint64_t blocks = nb >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << nb) - 1);
     uint64_t gone = 0; /* members (global index) an earlier round found unreachable */
     memset(&j->sum, 0, sizeof j->sum);
@@ -1314,7 +1314,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
                 me = k;
         }
         pthread_mutex_lock(&s->js_mu);
-        if (!s->js || join_sched_plan_version(s->js, j->sched_v, gm, agg_ok, ng) != CM_OK)
+        if (!s->js || dp_sched_plan_version(s->js, j->sched_v, gm, agg_ok, ng) != CM_OK)
             for (size_t k = 0; k < ng; k++)
                 gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
         pthread_mutex_unlock(&s->js_mu);
@@ -1340,7 +1340,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
         for (size_t k = 0; k < ng; k++)
             if (gone >> glob[k] & 1)
                 rc.gone |= (uint64_t)1 << k;
-        struct join_round_summary sum;
+        struct peer_round_summary sum;
         memset(&sum, 0, sizeof sum);
         uint8_t grid[AR_ROUND_ID_LEN] = {0};
         if (cm_log_enabled(CM_LOG_DEBUG)) /* a SHA-256 per round only for the log line */
@@ -1350,7 +1350,7 @@ static uint64_t run_groups(struct round_job *j, const struct join_groups *G,
                 (long long)j->step, gid, grid[0], grid[1], grid[2], grid[3], me, ng, nsend,
                 G->sends[r][j->me] ? "sending" : "receiving",
                 rc.gone ? ", skipping members found gone" : "");
-        int rc_ar = join_net_allreduce(s->net, &rc, &sum);
+        int rc_ar = peer_net_allreduce(s->net, &rc, &sum);
         if (rc_ar != CM_OK && sum.n_parts == 0)
             blocks = 0; /* nothing committed, nothing known */
         for (size_t k = 0; k < sum.n_parts && k < AR_MAX_MEMBERS; k++) {
@@ -1495,9 +1495,9 @@ static void run_round_timed(struct round_job *j)
     j->group_senders = j->senders;
     j->group_last = j->nmem;
     pthread_mutex_lock(&s->js_mu);
-    unsigned gm = j->sched_v > 0 && s->js ? join_sched_group_size(s->js, j->sched_v) : 0;
+    unsigned gm = j->sched_v > 0 && s->js ? dp_sched_group_size(s->js, j->sched_v) : 0;
     pthread_mutex_unlock(&s->js_mu);
-    struct join_groups *G = gm >= 2 && gm < j->nmem ? malloc(sizeof *G) : NULL;
+    struct dp_groups *G = gm >= 2 && gm < j->nmem ? malloc(sizeof *G) : NULL;
     if (G) {
         int gs[AR_MAX_MEMBERS], ga[AR_MAX_MEMBERS];
         double gw[AR_MAX_MEMBERS];
@@ -1506,7 +1506,7 @@ static void run_round_timed(struct round_job *j)
             ga[i] = am[i].addr.ss_family != 0;
             gw[i] = j->mem[i].weight;
         }
-        if (join_groups_plan(j->nmem, gs, ga, gw, gm, G) != CM_OK || G->rounds < 2) {
+        if (dp_groups_plan(j->nmem, gs, ga, gw, gm, G) != CM_OK || G->rounds < 2) {
             free(G);
             G = NULL;
         }
@@ -1533,7 +1533,7 @@ static void run_round_timed(struct round_job *j)
         memcpy(poff, j->sum.part_off, j->n_parts * sizeof *poff);
         memcpy(plen, j->sum.part_len, j->n_parts * sizeof *plen);
     } else {
-        int rc = join_net_allreduce(s->net, &rcfg, &j->sum);
+        int rc = peer_net_allreduce(s->net, &rcfg, &j->sum);
         if (rc != CM_OK && j->sum.n_parts == 0)
             j->sum.averaged_mask = 0;
     }
@@ -1802,7 +1802,7 @@ static int start_step_role(struct peer_state *s)
         return 0;
     int compute = 1;
     pthread_mutex_lock(&s->js_mu);
-    join_sched_role(s->js, s->key.pub, !s->o.client_mode, &compute, NULL);
+    dp_sched_role(s->js, s->key.pub, !s->o.client_mode, &compute, NULL);
     pthread_mutex_unlock(&s->js_mu);
     if (!compute && !s->pull_only)
         printf("\nthe schedule has this peer average without computing (pull-only)\n");
@@ -1923,11 +1923,11 @@ static struct collab_announce *read_announces(struct peer_state *s, int64_t step
 {
     char key[160];
     snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
-    struct join_record *r = NULL;
+    struct peer_record *r = NULL;
     size_t nr = 0;
     *na = 0;
-    if (join_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
-        join_records_free(r, nr);
+    if (peer_net_get(s->net, key, &r, &nr) != CM_OK || nr == 0) {
+        peer_records_free(r, nr);
         return NULL;
     }
     struct collab_announce *a = calloc(nr + extra, sizeof *a);
@@ -1935,7 +1935,7 @@ static struct collab_announce *read_announces(struct peer_state *s, int64_t step
         if (!(others_only && !memcmp(r[i].author, s->key.pub, CM_ED25519_PUB_LEN)) &&
             collab_announce_parse(r[i].value, r[i].len, &a[*na]) == CM_OK && a[*na].t_ms <= until_ms)
             memcpy(a[(*na)++].pub, r[i].author, CM_ED25519_PUB_LEN);
-    join_records_free(r, nr);
+    peer_records_free(r, nr);
     return a;
 }
 
@@ -2481,7 +2481,7 @@ static void linger(struct peer_state *s, int64_t step)
         serve_state_if_wanted(s, step);
         struct collab_progress *p = NULL;
         size_t n = 0;
-        int busy = join_net_state_wanted(s->net) >= 0;
+        int busy = peer_net_state_wanted(s->net) >= 0;
         if (read_progress(s, &p, &n) == CM_OK) {
             int64_t now = now_ms();
             for (size_t i = 0; i < n; i++)
@@ -2608,7 +2608,7 @@ int agent_cmd_join(int argc, char **argv)
     if (rc != CM_OK && rc != CM_ENOTFOUND)
         goto out;
 
-    struct join_net_config nc = {0};
+    struct peer_net_config nc = {0};
     nc.key = &s->key;
     nc.token = s->token;
     nc.run = s->o.run;
@@ -2621,7 +2621,7 @@ int agent_cmd_join(int argc, char **argv)
     nc.max_download_mbps = s->o.max_download_mbps;
     nc.bootstrap = s->bootstrap;
     nc.n_bootstrap = s->n_bootstrap;
-    if ((rc = join_net_start(&nc, &s->net)) != CM_OK) {
+    if ((rc = peer_net_start(&nc, &s->net)) != CM_OK) {
         fprintf(stderr, "error: starting the peer-to-peer node: %s\n", cm_strerror(rc));
         goto out;
     }
@@ -2629,16 +2629,16 @@ int agent_cmd_join(int argc, char **argv)
                       : strcmp(s->o.listen_ip, "0.0.0.0") ? s->o.listen_ip : "127.0.0.1";
     if (!s->o.client_mode) {
         snprintf(s->my_addr, sizeof s->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
-                 join_net_ar_port(s->net));
+                 peer_net_ar_port(s->net));
         snprintf(s->st_addr, sizeof s->st_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
-                 join_net_state_port(s->net));
+                 peer_net_state_port(s->net));
     }
-    if (join_sched_open(s->rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->coord_keys,
+    if (dp_sched_open(s->rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->coord_keys,
                         s->n_coord_keys, &s->js) != CM_OK) {
         fprintf(stderr, "warning: schedules unavailable; averaging with even parts\n");
         s->js = NULL;
     }
-    if (join_reporter_start(s->coord.url, s->coord.ca_cert, s->o.run, &s->key, s->token, &s->rep) !=
+    if (peer_reporter_start(s->coord.url, s->coord.ca_cert, s->o.run, &s->key, s->token, &s->rep) !=
         CM_OK) {
         fprintf(stderr, "warning: contribution reports unavailable for this session\n");
         s->rep = NULL;
@@ -2699,9 +2699,9 @@ out:
         pthread_join(s->probe_th, NULL);
     }
     if (s->rep) {
-        struct join_reporter_stats rs;
-        join_reporter_stats(s->rep, &rs);
-        size_t left = join_reporter_stop(s->rep, 5000);
+        struct peer_reporter_stats rs;
+        peer_reporter_stats(s->rep, &rs);
+        size_t left = peer_reporter_stop(s->rep, 5000);
         printf("contribution reports: %llu accepted, %llu refused, %llu dropped%s\n",
                (unsigned long long)rs.sent, (unsigned long long)rs.refused,
                (unsigned long long)rs.dropped, left ? " (some still queued at exit)" : "");
@@ -2709,9 +2709,9 @@ out:
             fprintf(stderr, "warning: %zu contribution reports could not be sent\n", left);
     }
     if (s->js)
-        join_sched_close(s->js);
+        dp_sched_close(s->js);
     if (s->net)
-        join_net_stop(s->net);
+        peer_net_stop(s->net);
     if (s->steplog)
         fclose(s->steplog);
     if (s->trainer_ready)

@@ -28,25 +28,25 @@
  *
  * Pure and deterministic: every member computes the same layout from the
  * same member list. */
-#ifndef AGENT_JOIN_GROUPS_H
-#define AGENT_JOIN_GROUPS_H
+#ifndef AGENT_DP_GROUPS_H
+#define AGENT_DP_GROUPS_H
 
 #include <stddef.h>
 
 #include "ar/ar.h"
 
-#define JOIN_GROUPS_MAX_ROUNDS 8 /* ceil(log2 AR_MAX_MEMBERS) = 6 is the most with m >= 2 */
+#define DP_GROUPS_MAX_ROUNDS 8 /* ceil(log2 AR_MAX_MEMBERS) = 6 is the most with m >= 2 */
 
-struct join_groups {
+struct dp_groups {
     size_t n;      /* members */
     size_t rounds; /* 1: no grouping, one all-reduce over every member */
     /* per round r < rounds and member i (rounds >= 2 only): */
-    int group[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* -1: sits this round out */
-    int pos[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* index in its group's member list */
-    int sends[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* 1: sends for its unit; 0: receives */
-    double weight[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* its unit's weight when it sends */
-    size_t size[JOIN_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* members of group g in round r */
-    size_t n_groups[JOIN_GROUPS_MAX_ROUNDS];
+    int group[DP_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* -1: sits this round out */
+    int pos[DP_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* index in its group's member list */
+    int sends[DP_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* 1: sends for its unit; 0: receives */
+    double weight[DP_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS]; /* its unit's weight when it sends */
+    size_t size[DP_GROUPS_MAX_ROUNDS][AR_MAX_MEMBERS];   /* members of group g in round r */
+    size_t n_groups[DP_GROUPS_MAX_ROUNDS];
 };
 
 /* Lays out the rounds for n members (canonical order) with group size m.
@@ -58,7 +58,7 @@ struct join_groups {
  * (out->rounds = 1) when m < 2, m >= the senders, or the senders hold
  * fewer aggregators than first-round units. CM_EINVAL on n = 0 or
  * n > AR_MAX_MEMBERS. */
-int join_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
-                     struct join_groups *out);
+int dp_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
+                     struct dp_groups *out);
 
 #endif

@@ -6,20 +6,20 @@
  * of one averaging round.
  *
  * Every member of a round must plan with the same schedule version (the
- * round id hashes the fractions), so join_sched_plan_version() takes the
+ * round id hashes the fractions), so dp_sched_plan_version() takes the
  * version explicitly: the round's members agree on one (e.g. the highest
  * version any of them announced), and a member lacking it fetches it with
- * join_sched_fetch_version(). join_sched_plan() is the same with the newest
+ * dp_sched_fetch_version(). dp_sched_plan() is the same with the newest
  * version held.
  *
  * Deviations from the brief's proposed API (the lead wires this module into
- * join.c): join_caps_report() takes no pass token (the coordinator checks
+ * join.c): peer_caps_report() takes no pass token (the coordinator checks
  * the caller's session and that it holds a valid pass for the key);
- * join_sched_open() takes the run name (the cache is per run).
+ * dp_sched_open() takes the run name (the cache is per run).
  *
- * Not thread-safe: one struct join_sched per thread, or a lock around it. */
-#ifndef AGENT_JOIN_SCHED_FOLLOW_H
-#define AGENT_JOIN_SCHED_FOLLOW_H
+ * Not thread-safe: one struct dp_sched per thread, or a lock around it. */
+#ifndef AGENT_DP_SCHED_FOLLOW_H
+#define AGENT_DP_SCHED_FOLLOW_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -28,12 +28,12 @@
 #include "ar/ar.h"
 #include "sched/sched.h"
 
-#define JOIN_CAPS_MAX_PAIRS 16
-#define JOIN_SCHED_KEEP 4        /* schedule versions held (newest first) */
-#define JOIN_SCHED_SKEW_S 60     /* clock skew tolerated on valid_from / valid_until */
-#define JOIN_SCHED_FILE_PREFIX "schedule-" /* state_dir/schedule-<run>.json */
+#define PEER_CAPS_MAX_PAIRS 16
+#define DP_SCHED_KEEP 4        /* schedule versions held (newest first) */
+#define DP_SCHED_SKEW_S 60     /* clock skew tolerated on valid_from / valid_until */
+#define DP_SCHED_FILE_PREFIX "schedule-" /* state_dir/schedule-<run>.json */
 
-struct join_caps {
+struct peer_caps {
     double sps;                 /* samples/s on this device for the run's model; 0: none */
     double up_mbps, down_mbps;  /* after the volunteer's caps */
     int inbound;                /* accepts inbound connections */
@@ -41,23 +41,23 @@ struct join_caps {
     struct {
         uint8_t pub[CM_ED25519_PUB_LEN];
         double mbps;            /* measured throughput from this peer to that one */
-    } pairs[JOIN_CAPS_MAX_PAIRS];
+    } pairs[PEER_CAPS_MAX_PAIRS];
 };
 
 /* POST /api/v1/runs/{run}/capabilities with the session of `coord`
  * (coordinator/api_sched.c; the report lives 120 s there: re-report every
- * ~60 s and whenever join_caps_changed says so). CM_OK on 200; otherwise
+ * ~60 s and whenever peer_caps_changed says so). CM_OK on 200; otherwise
  * the server's message is printed once per call and CM_EAUTH (401/403),
  * CM_ENOTFOUND (404), CM_ESTATE (409), CM_EINVAL (400) or the transport's
  * error is returned. */
-int join_caps_report(const struct agent_client *coord, const char *run,
-                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct join_caps *c);
+int peer_caps_report(const struct agent_client *coord, const char *run,
+                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c);
 
 /* 1 when a figure moved by more than 20 % (or inbound / the set of pairs
  * changed), so the report is worth sending before its time. */
-int join_caps_changed(const struct join_caps *old, const struct join_caps *now);
+int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now);
 
-struct join_sched;
+struct dp_sched;
 
 /* Creates the follower for `run`, verifying schedules with the coordinator
  * keys given (copied). Loads state_dir/schedule-<run>.json when present:
@@ -65,25 +65,25 @@ struct join_sched;
  * again (expired ones too: they are what "the last valid schedule" means
  * when the coordinator is unreachable; fresh ones replace them). state_dir
  * may be NULL: nothing is persisted. */
-int join_sched_open(const char *state_dir, const char *run,
+int dp_sched_open(const char *state_dir, const char *run,
                     const uint8_t (*coord_keys)[CM_ED25519_PUB_LEN], size_t n_keys,
-                    struct join_sched **out);
-void join_sched_close(struct join_sched *js);
+                    struct dp_sched **out);
+void dp_sched_close(struct dp_sched *js);
 
 /* GET /api/v1/runs/{run}/schedule; verifies the signature (before parsing),
- * the format, the run and the validity window (within JOIN_SCHED_SKEW_S);
+ * the format, the run and the validity window (within DP_SCHED_SKEW_S);
  * on any failure keeps what it holds and says why on stderr (once per
  * distinct reason). A newly accepted version is persisted atomically (0600).
  * Returns CM_OK when a schedule within its validity window is held,
  * CM_EEXPIRED when only expired ones are held (still used by the planners),
  * CM_ENOTFOUND when none is held. */
-int join_sched_refresh(struct join_sched *js, const struct agent_client *coord);
+int dp_sched_refresh(struct dp_sched *js, const struct agent_client *coord);
 
 /* GET /api/v1/runs/{run}/schedules/{version} (public form: payload and
  * signature). Verified like refresh, except the validity window (an older
  * version is fetched to agree with the other members of a round). CM_OK
  * when that version is held afterwards. */
-int join_sched_fetch_version(struct join_sched *js, const struct agent_client *coord,
+int dp_sched_fetch_version(struct dp_sched *js, const struct agent_client *coord,
                              int64_t version);
 
 /* Accepts one schedule answer (the JSON object of either endpoint above):
@@ -91,23 +91,23 @@ int join_sched_fetch_version(struct join_sched *js, const struct agent_client *c
  * another way (e.g. the DHT). now: Unix seconds; check_window: 1 to refuse
  * a schedule outside its validity window. CM_OK (held now, or already
  * held), CM_EBADSIG, CM_EPARSE, CM_EINVAL (another run), CM_EEXPIRED. */
-int join_sched_accept(struct join_sched *js, const json_t *answer, int64_t now, int check_window);
+int dp_sched_accept(struct dp_sched *js, const json_t *answer, int64_t now, int check_window);
 
 /* Newest version held; 0: none. */
-int64_t join_sched_version(const struct join_sched *js);
+int64_t dp_sched_version(const struct dp_sched *js);
 /* 1 when that version is held. */
-int join_sched_has_version(const struct join_sched *js, int64_t version);
-/* The group size m of that version (Appendix C; agent/join/groups.h);
+int dp_sched_has_version(const struct dp_sched *js, int64_t version);
+/* The group size m of that version (Appendix C; agent/dp/groups.h);
  * 0 when it is not held. */
-unsigned join_sched_group_size(const struct join_sched *js, int64_t version);
+unsigned dp_sched_group_size(const struct dp_sched *js, int64_t version);
 /* The newest schedule held, or NULL (borrowed; valid until the next call). */
-const struct sched_schedule *join_sched_current(const struct join_sched *js);
+const struct sched_schedule *dp_sched_current(const struct dp_sched *js);
 
 /* My role in the newest schedule. Not held or not listed: compute = 1,
  * aggregate = inbound. Listed: compute as scheduled, aggregate = inbound and
  * share > 0. A peer told not to compute still needs the average when it has
  * an accelerator (the LP counts it as a receiver). */
-void join_sched_role(const struct join_sched *js, const uint8_t pub[CM_ED25519_PUB_LEN],
+void dp_sched_role(const struct dp_sched *js, const uint8_t pub[CM_ED25519_PUB_LEN],
                      int inbound, int *compute, int *aggregate);
 
 /* Fills am[i].fraction for a round whose members am[0..n) (canonical order,
@@ -124,10 +124,10 @@ void join_sched_role(const struct join_sched *js, const uint8_t pub[CM_ED25519_P
  * version 0 (or no schedule held): even split among the agg_ok members.
  * CM_ENOTFOUND when `version` > 0 is not held (fetch it, or plan with 0 on
  * every member); CM_EINVAL when no member is agg_ok. */
-int join_sched_plan_version(const struct join_sched *js, int64_t version, struct ar_member *am,
+int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_member *am,
                             const int *agg_ok, size_t n);
 /* The same with the newest version held (0 when none). */
-int join_sched_plan(const struct join_sched *js, struct ar_member *am, const int *agg_ok,
+int dp_sched_plan(const struct dp_sched *js, struct ar_member *am, const int *agg_ok,
                     size_t n);
 
 #endif

@@ -3,8 +3,8 @@
  * the averaging engine. The training thread talks to it through blocking
  * calls that queue a job on the loop and wait for its completion; every
  * call is bounded (DHT lookups by their RPC deadlines, rounds by theirs). */
-#ifndef AGENT_JOIN_NET_H
-#define AGENT_JOIN_NET_H
+#ifndef AGENT_PEER_NET_H
+#define AGENT_PEER_NET_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #include "ar/ar.h"
 #include "cm_crypto.h"
 
-struct join_net_config {
+struct peer_net_config {
     const struct cm_ed25519 *key; /* borrowed, outlives the net */
     const char *token;
     const char *run;
@@ -25,28 +25,28 @@ struct join_net_config {
     size_t n_bootstrap;
 };
 
-struct join_net;
+struct peer_net;
 
-int join_net_start(const struct join_net_config *cfg, struct join_net **out);
-void join_net_stop(struct join_net *n);
-uint16_t join_net_ar_port(const struct join_net *n);
+int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out);
+void peer_net_stop(struct peer_net *n);
+uint16_t peer_net_ar_port(const struct peer_net *n);
 
 /* A record read from the DHT: author and value (heap). */
-struct join_record {
+struct peer_record {
     uint8_t author[CM_ED25519_PUB_LEN];
     uint8_t *value;
     size_t len;
 };
-void join_records_free(struct join_record *r, size_t n);
+void peer_records_free(struct peer_record *r, size_t n);
 
 /* Stores my entry (subkey "p") under key, expiring ttl_ms from now. */
-int join_net_put(struct join_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms);
-/* Reads every live entry of key. *out is heap (join_records_free). */
-int join_net_get(struct join_net *n, const char *key, struct join_record **out, size_t *count);
+int peer_net_put(struct peer_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms);
+/* Reads every live entry of key. *out is heap (peer_records_free). */
+int peer_net_get(struct peer_net *n, const char *key, struct peer_record **out, size_t *count);
 
 /* One averaging round; cfg->done/arg are set by this call. The summary is
  * copied out of the engine's result. */
-struct join_round_summary {
+struct peer_round_summary {
     int status;
     size_t n_parts, n_averaged;
     double weight; /* smallest total weight over the averaged parts */
@@ -61,27 +61,27 @@ struct join_round_summary {
     uint32_t part_owner[AR_MAX_MEMBERS]; /* member index of each part's aggregator */
     int part_status[AR_MAX_MEMBERS];     /* CM_OK, or why the part was not averaged */
 };
-int join_net_allreduce(struct join_net *n, struct ar_round_config *cfg, struct join_round_summary *out);
+int peer_net_allreduce(struct peer_net *n, struct ar_round_config *cfg, struct peer_round_summary *out);
 
 /* Replaces the access token of the DHT node and the averaging engine (after
  * a pass renewal). */
-int join_net_set_token(struct join_net *n, const char *token);
+int peer_net_set_token(struct peer_net *n, const char *token);
 
 /* ---- state transfer (late joiners, peers behind or diverged) ----------
  * Every peer that accepts connections serves its newest training state on
- * a third p2p host (message P2P type JOIN_MSG_STATE, docs/protocol.md,
+ * a third p2p host (message P2P type PEER_MSG_STATE, docs/protocol.md,
  * "State transfer"): the training thread publishes a snapshot (the bytes of
  * a checkpoint file) when someone asked for a newer step than the one
  * published; requesters fetch it in chunks and check its SHA-256. */
-#define JOIN_MSG_STATE 48
-#define JOIN_STATE_CHUNK (192u * 1024u)
-uint16_t join_net_state_port(const struct join_net *n);
+#define PEER_MSG_STATE 48
+#define PEER_STATE_CHUNK (192u * 1024u)
+uint16_t peer_net_state_port(const struct peer_net *n);
 /* Hands over a snapshot (bytes owned by the net afterwards) of `step`. */
-void join_net_state_publish(struct join_net *n, int64_t step, uint8_t *bytes, size_t len);
+void peer_net_state_publish(struct peer_net *n, int64_t step, uint8_t *bytes, size_t len);
 /* The lowest step someone asked for and the snapshot does not have yet
  * (-1: nobody waits); reset by a snapshot of that step or later, after
  * which those who want a later one ask again. */
-int64_t join_net_state_wanted(const struct join_net *n);
+int64_t peer_net_state_wanted(const struct peer_net *n);
 /* Fetches a peer's state of at least min_step into dest (written to
  * dest.part, checked, renamed); *step_out = its step. Gives up after
  * deadline_ms, or after ready_ms (when not 0) without the peer having such
@@ -91,13 +91,13 @@ int64_t join_net_state_wanted(const struct join_net *n);
  * waiting on each other's states would otherwise each wait out the other's
  * deadline; when it returns nonzero the fetch stops with CM_ECANCELED
  * (Ctrl-C) and nothing is written. */
-int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
                          uint32_t ready_ms, int (*idle)(void *arg), void *arg);
 
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
- * message JOIN_MSG_PROBE carries up to JOIN_PROBE_CHUNK bytes the peer's
- * state host reads and drops. join_net_probe sends up to `bytes` in such
+ * message PEER_MSG_PROBE carries up to PEER_PROBE_CHUNK bytes the peer's
+ * state host reads and drops. peer_net_probe sends up to `bytes` in such
  * messages, two in flight, and returns the rate in Mbit/s of what was
  * acknowledged, counting only the time when *busy (if given) was 0: while
  * it is set, the probe sends nothing and waits. It measures at most
@@ -105,16 +105,16 @@ int join_net_state_fetch(struct join_net *n, const char *addr, const uint8_t pub
  * when it measured nothing), sooner once *stop (if given) is set; a probe
  * the host refuses midway (CM_EBUSY) returns what it measured. The state host
  * serves one prober at a time: a probe message from another peer within
- * JOIN_PROBE_HOLD_MS of the current prober's last gets CM_EBUSY (probe
+ * PEER_PROBE_HOLD_MS of the current prober's last gets CM_EBUSY (probe
  * again later). */
-#define JOIN_MSG_PROBE 49
-#define JOIN_PROBE_CHUNK (128u * 1024u)
-#define JOIN_PROBE_HOLD_MS 1500
-int join_net_probe(struct join_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+#define PEER_MSG_PROBE 49
+#define PEER_PROBE_CHUNK (128u * 1024u)
+#define PEER_PROBE_HOLD_MS 1500
+int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                    size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
                    const int *stop, double *mbps);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
-void join_net_set_revoked(struct join_net *n, const char *const *ids, size_t count, int64_t generated_at);
+void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at);
 
 #endif

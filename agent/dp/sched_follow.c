@@ -8,7 +8,7 @@
  * got with its pass (docs/protocol.md, "Schedules"); the unsigned
  * "schedule" field of the answer is never read. The cache file holds the
  * same payload and signature, so it is verified again when loaded. */
-#include "agent/join/sched_follow.h"
+#include "agent/dp/sched_follow.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -27,22 +27,22 @@ struct held {
     uint8_t sig[CM_ED25519_SIG_LEN];
 };
 
-struct join_sched {
+struct dp_sched {
     char *dir; /* NULL: no cache */
     char run[SCHED_RUN_MAX + 1];
     uint8_t (*keys)[CM_ED25519_PUB_LEN];
     size_t n_keys;
-    struct held v[JOIN_SCHED_KEEP]; /* newest version first */
+    struct held v[DP_SCHED_KEEP]; /* newest version first */
     size_t nv;
     char last_why[160]; /* the last failure said on stderr, to say it once */
 };
 
 /* ---- capabilities ---- */
 
-int join_caps_report(const struct agent_client *coord, const char *run,
-                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct join_caps *c)
+int peer_caps_report(const struct agent_client *coord, const char *run,
+                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c)
 {
-    if (!coord || !run || !peer_pub || !c || c->n_pairs > JOIN_CAPS_MAX_PAIRS)
+    if (!coord || !run || !peer_pub || !c || c->n_pairs > PEER_CAPS_MAX_PAIRS)
         return CM_EINVAL;
     char k64[64], path[160];
     cm_b64url_encode(peer_pub, CM_ED25519_PUB_LEN, k64);
@@ -85,7 +85,7 @@ static int moved(double a, double b)
     return hi > 0 && fabs(a - b) > 0.2 * hi;
 }
 
-int join_caps_changed(const struct join_caps *old, const struct join_caps *now)
+int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
 {
     if (!old || !now)
         return 1;
@@ -112,7 +112,7 @@ static void held_free(struct held *h)
     memset(h, 0, sizeof *h);
 }
 
-static void say_once(struct join_sched *js, const char *fmt, const char *a, const char *b)
+static void say_once(struct dp_sched *js, const char *fmt, const char *a, const char *b)
 {
     char why[sizeof js->last_why];
     snprintf(why, sizeof why, fmt, a, b);
@@ -123,7 +123,7 @@ static void say_once(struct join_sched *js, const char *fmt, const char *a, cons
 }
 
 /* Verifies payload + signature with one of the keys, then decodes. */
-static int verify_decode(const struct join_sched *js, const char *payload, size_t plen,
+static int verify_decode(const struct dp_sched *js, const char *payload, size_t plen,
                          const uint8_t sig[CM_ED25519_SIG_LEN], struct sched_schedule *s,
                          char *err, size_t cap)
 {
@@ -150,17 +150,17 @@ static int verify_decode(const struct join_sched *js, const char *payload, size_
     return CM_OK;
 }
 
-/* Takes ownership of h (moved in). Keeps the JOIN_SCHED_KEEP newest. */
-static void hold(struct join_sched *js, struct held *h)
+/* Takes ownership of h (moved in). Keeps the DP_SCHED_KEEP newest. */
+static void hold(struct dp_sched *js, struct held *h)
 {
     size_t at = 0;
     while (at < js->nv && js->v[at].s.version > h->s.version)
         at++;
-    if (at == JOIN_SCHED_KEEP) { /* older than everything held */
+    if (at == DP_SCHED_KEEP) { /* older than everything held */
         held_free(h);
         return;
     }
-    if (js->nv == JOIN_SCHED_KEEP)
+    if (js->nv == DP_SCHED_KEEP)
         held_free(&js->v[--js->nv]);
     memmove(&js->v[at + 1], &js->v[at], (js->nv - at) * sizeof js->v[0]);
     js->v[at] = *h;
@@ -168,7 +168,7 @@ static void hold(struct join_sched *js, struct held *h)
     memset(h, 0, sizeof *h);
 }
 
-static const struct held *find(const struct join_sched *js, int64_t version)
+static const struct held *find(const struct dp_sched *js, int64_t version)
 {
     for (size_t i = 0; i < js->nv; i++)
         if (js->v[i].s.version == version)
@@ -176,12 +176,12 @@ static const struct held *find(const struct join_sched *js, int64_t version)
     return NULL;
 }
 
-static void cache_name(const struct join_sched *js, char *out, size_t cap)
+static void cache_name(const struct dp_sched *js, char *out, size_t cap)
 {
-    snprintf(out, cap, JOIN_SCHED_FILE_PREFIX "%s.json", js->run);
+    snprintf(out, cap, DP_SCHED_FILE_PREFIX "%s.json", js->run);
 }
 
-static void persist(struct join_sched *js)
+static void persist(struct dp_sched *js)
 {
     if (!js->dir)
         return;
@@ -206,7 +206,7 @@ static void persist(struct join_sched *js)
 }
 
 /* payload/signature fields (base64url) of an answer or a cache entry. */
-static int held_from_json(struct join_sched *js, const json_t *o, struct held *h, char *err,
+static int held_from_json(struct dp_sched *js, const json_t *o, struct held *h, char *err,
                           size_t cap)
 {
     memset(h, 0, sizeof *h);
@@ -241,7 +241,7 @@ static int held_from_json(struct join_sched *js, const json_t *o, struct held *h
     return rc;
 }
 
-int join_sched_accept(struct join_sched *js, const json_t *answer, int64_t now, int check_window)
+int dp_sched_accept(struct dp_sched *js, const json_t *answer, int64_t now, int check_window)
 {
     if (!js || !json_is_object(answer))
         return CM_EINVAL;
@@ -252,8 +252,8 @@ int join_sched_accept(struct join_sched *js, const json_t *answer, int64_t now, 
         say_once(js, "ignored a schedule: %s%s", err, "");
         return rc;
     }
-    if (check_window && (h.s.valid_from > now + JOIN_SCHED_SKEW_S ||
-                         h.s.valid_until <= now - JOIN_SCHED_SKEW_S)) {
+    if (check_window && (h.s.valid_from > now + DP_SCHED_SKEW_S ||
+                         h.s.valid_until <= now - DP_SCHED_SKEW_S)) {
         char v[32];
         snprintf(v, sizeof v, "%lld", (long long)h.s.version);
         say_once(js, "ignored schedule version %s: outside its validity window%s", v, "");
@@ -269,15 +269,15 @@ int join_sched_accept(struct join_sched *js, const json_t *answer, int64_t now, 
     return CM_OK;
 }
 
-int join_sched_open(const char *state_dir, const char *run,
+int dp_sched_open(const char *state_dir, const char *run,
                     const uint8_t (*coord_keys)[CM_ED25519_PUB_LEN], size_t n_keys,
-                    struct join_sched **out)
+                    struct dp_sched **out)
 {
     if (!out || !run || !*run || strlen(run) > SCHED_RUN_MAX || strchr(run, '/') || run[0] == '.' ||
         (n_keys && !coord_keys))
         return CM_EINVAL;
     *out = NULL;
-    struct join_sched *js = calloc(1, sizeof *js);
+    struct dp_sched *js = calloc(1, sizeof *js);
     if (!js)
         return CM_ENOMEM;
     snprintf(js->run, sizeof js->run, "%s", run);
@@ -291,7 +291,7 @@ int join_sched_open(const char *state_dir, const char *run,
         js->n_keys = n_keys;
     }
     if (state_dir && !(js->dir = strdup(state_dir))) {
-        join_sched_close(js);
+        dp_sched_close(js);
         return CM_ENOMEM;
     }
     if (js->dir) {
@@ -322,7 +322,7 @@ int join_sched_open(const char *state_dir, const char *run,
     return CM_OK;
 }
 
-void join_sched_close(struct join_sched *js)
+void dp_sched_close(struct dp_sched *js)
 {
     if (!js)
         return;
@@ -333,14 +333,14 @@ void join_sched_close(struct join_sched *js)
     free(js);
 }
 
-static int held_status(const struct join_sched *js, int64_t now)
+static int held_status(const struct dp_sched *js, int64_t now)
 {
     if (!js->nv)
         return CM_ENOTFOUND;
-    return js->v[0].s.valid_until > now - JOIN_SCHED_SKEW_S ? CM_OK : CM_EEXPIRED;
+    return js->v[0].s.valid_until > now - DP_SCHED_SKEW_S ? CM_OK : CM_EEXPIRED;
 }
 
-static int get_answer(struct join_sched *js, const struct agent_client *coord, const char *path,
+static int get_answer(struct dp_sched *js, const struct agent_client *coord, const char *path,
                       json_t **out)
 {
     struct agent_reply r = {0};
@@ -368,7 +368,7 @@ static int get_answer(struct join_sched *js, const struct agent_client *coord, c
     return CM_OK;
 }
 
-int join_sched_refresh(struct join_sched *js, const struct agent_client *coord)
+int dp_sched_refresh(struct dp_sched *js, const struct agent_client *coord)
 {
     if (!js || !coord)
         return CM_EINVAL;
@@ -377,13 +377,13 @@ int join_sched_refresh(struct join_sched *js, const struct agent_client *coord)
     json_t *a = NULL;
     int64_t now = (int64_t)time(NULL);
     if (get_answer(js, coord, path, &a) == CM_OK) {
-        join_sched_accept(js, a, now, 1);
+        dp_sched_accept(js, a, now, 1);
         json_decref(a);
     }
     return held_status(js, now);
 }
 
-int join_sched_fetch_version(struct join_sched *js, const struct agent_client *coord,
+int dp_sched_fetch_version(struct dp_sched *js, const struct agent_client *coord,
                              int64_t version)
 {
     if (!js || !coord || version <= 0)
@@ -395,7 +395,7 @@ int join_sched_fetch_version(struct join_sched *js, const struct agent_client *c
     json_t *a = NULL;
     int rc = get_answer(js, coord, path, &a);
     if (rc == CM_OK) {
-        rc = join_sched_accept(js, a, (int64_t)time(NULL), 0);
+        rc = dp_sched_accept(js, a, (int64_t)time(NULL), 0);
         json_decref(a);
     }
     if (rc == CM_OK && !find(js, version)) {
@@ -405,23 +405,23 @@ int join_sched_fetch_version(struct join_sched *js, const struct agent_client *c
     return rc;
 }
 
-int64_t join_sched_version(const struct join_sched *js)
+int64_t dp_sched_version(const struct dp_sched *js)
 {
     return js && js->nv ? js->v[0].s.version : 0;
 }
 
-int join_sched_has_version(const struct join_sched *js, int64_t version)
+int dp_sched_has_version(const struct dp_sched *js, int64_t version)
 {
     return js && version > 0 && find(js, version) != NULL;
 }
 
-unsigned join_sched_group_size(const struct join_sched *js, int64_t version)
+unsigned dp_sched_group_size(const struct dp_sched *js, int64_t version)
 {
     const struct held *h = js && version > 0 ? find(js, version) : NULL;
     return h ? h->s.group_size : 0;
 }
 
-const struct sched_schedule *join_sched_current(const struct join_sched *js)
+const struct sched_schedule *dp_sched_current(const struct dp_sched *js)
 {
     return js && js->nv ? &js->v[0].s : NULL;
 }
@@ -434,10 +434,10 @@ static const struct sched_entry *entry_of(const struct sched_schedule *s, const 
     return NULL;
 }
 
-void join_sched_role(const struct join_sched *js, const uint8_t pub[CM_ED25519_PUB_LEN],
+void dp_sched_role(const struct dp_sched *js, const uint8_t pub[CM_ED25519_PUB_LEN],
                      int inbound, int *compute, int *aggregate)
 {
-    const struct sched_entry *e = entry_of(join_sched_current(js), pub);
+    const struct sched_entry *e = entry_of(dp_sched_current(js), pub);
     if (compute)
         *compute = e ? e->compute : 1;
     if (aggregate)
@@ -456,7 +456,7 @@ static int even_split(struct ar_member *am, const int *agg_ok, size_t n)
     return CM_OK;
 }
 
-int join_sched_plan_version(const struct join_sched *js, int64_t version, struct ar_member *am,
+int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_member *am,
                             const int *agg_ok, size_t n)
 {
     if (!am || !agg_ok || n == 0)
@@ -483,8 +483,8 @@ int join_sched_plan_version(const struct join_sched *js, int64_t version, struct
     return CM_OK;
 }
 
-int join_sched_plan(const struct join_sched *js, struct ar_member *am, const int *agg_ok,
+int dp_sched_plan(const struct dp_sched *js, struct ar_member *am, const int *agg_ok,
                     size_t n)
 {
-    return join_sched_plan_version(js, join_sched_version(js), am, agg_ok, n);
+    return dp_sched_plan_version(js, dp_sched_version(js), am, agg_ok, n);
 }

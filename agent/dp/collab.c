@@ -1,5 +1,5 @@
 /* Progress and round records and the collaboration estimate (see collab.h). */
-#include "agent/join/collab.h"
+#include "agent/dp/collab.h"
 #include "cm_err.h"
 
 #include <jansson.h>
