@@ -1,7 +1,7 @@
 /* Following adaptive-averaging schedules on the agent (seed
- * 000_02cc6b5d62a616fc.txt, §3.2; docs/schedules.md): capability reports,
- * signed schedules fetched, verified and cached, and the plan of one
- * averaging round. The API and its rules are in sched_follow.h.
+ * 000_02cc6b5d62a616fc.txt, §3.2; docs/schedules.md): signed schedules fetched,
+ * verified and cached, and the plan of one averaging round. The API and
+ * its rules are in sched_follow.h.
  *
  * Trust: a schedule is believed only after its Ed25519 signature over the
  * exact payload bytes verified with one of the coordinator keys the agent
@@ -36,72 +36,6 @@ struct dp_sched {
     size_t nv;
     char last_why[160]; /* the last failure said on stderr, to say it once */
 };
-
-/* ---- capabilities ---- */
-
-int peer_caps_report(const struct agent_client *coord, const char *run,
-                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c)
-{
-    if (!coord || !run || !peer_pub || !c || c->n_pairs > PEER_CAPS_MAX_PAIRS)
-        return CM_EINVAL;
-    char k64[64], path[160];
-    cm_b64url_encode(peer_pub, CM_ED25519_PUB_LEN, k64);
-    json_t *pairs = json_array();
-    for (size_t i = 0; pairs && i < c->n_pairs; i++) {
-        char o64[64];
-        cm_b64url_encode(c->pairs[i].pub, CM_ED25519_PUB_LEN, o64);
-        json_array_append_new(pairs,
-                              json_pack("{s:s, s:f}", "peer_public_key", o64, "mbps",
-                                        c->pairs[i].mbps));
-    }
-    json_t *body = pairs ? json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64,
-                                     "samples_per_s", c->sps, "upload_mbps", c->up_mbps,
-                                     "download_mbps", c->down_mbps, "accepts_inbound",
-                                     c->inbound != 0, "pairs", pairs)
-                         : NULL;
-    if (!body)
-        return CM_ENOMEM;
-    snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
-    struct agent_reply r = {0};
-    int rc = agent_request(coord, "POST", path, body, &r);
-    json_decref(body);
-    if (rc != CM_OK)
-        return rc;
-    if (r.status != 200) {
-        agent_reply_report("capability report", &r);
-        rc = r.status == 401 || r.status == 403 ? CM_EAUTH
-             : r.status == 404                  ? CM_ENOTFOUND
-             : r.status == 409                  ? CM_ESTATE
-             : r.status == 400                  ? CM_EINVAL
-                                                : CM_EPROTO;
-    }
-    agent_reply_free(&r);
-    return rc;
-}
-
-static int moved(double a, double b)
-{
-    double hi = fmax(fabs(a), fabs(b));
-    return hi > 0 && fabs(a - b) > 0.2 * hi;
-}
-
-int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
-{
-    if (!old || !now)
-        return 1;
-    if (moved(old->sps, now->sps) || moved(old->up_mbps, now->up_mbps) ||
-        moved(old->down_mbps, now->down_mbps) || (old->inbound != 0) != (now->inbound != 0) ||
-        old->n_pairs != now->n_pairs)
-        return 1;
-    for (size_t i = 0; i < now->n_pairs; i++) {
-        size_t j = 0;
-        while (j < old->n_pairs && memcmp(old->pairs[j].pub, now->pairs[i].pub, CM_ED25519_PUB_LEN))
-            j++;
-        if (j == old->n_pairs || moved(old->pairs[j].mbps, now->pairs[i].mbps))
-            return 1;
-    }
-    return 0;
-}
 
 /* ---- holding schedules ---- */
 

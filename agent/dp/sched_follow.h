@@ -1,7 +1,6 @@
 /* The agent's side of adaptive averaging (seed 000_02cc6b5d62a616fc.txt,
- * §3.2; docs/schedules.md, "Agents following a schedule"): report this
- * peer's capabilities to the coordinator, fetch and verify the signed
- * schedule, keep the last valid ones (in memory and in the state
+ * §3.2; docs/schedules.md, "Agents following a schedule"): fetch and verify the
+ * signed schedule, keep the last valid ones (in memory and in the state
  * directory), and turn a schedule into the roles and aggregation fractions
  * of one averaging round.
  *
@@ -12,10 +11,8 @@
  * dp_sched_fetch_version(). dp_sched_plan() is the same with the newest
  * version held.
  *
- * Deviations from the brief's proposed API (the lead wires this module into
- * join.c): peer_caps_report() takes no pass token (the coordinator checks
- * the caller's session and that it holds a valid pass for the key);
- * dp_sched_open() takes the run name (the cache is per run).
+ * dp_sched_open() takes the run name (the cache is per run). Capability
+ * reports are the runtime's (agent/peer/caps.h).
  *
  * Not thread-safe: one struct dp_sched per thread, or a lock around it. */
 #ifndef AGENT_DP_SCHED_FOLLOW_H
@@ -26,36 +23,12 @@
 
 #include "agent/client.h"
 #include "ar/ar.h"
+#include "cm_crypto.h"
 #include "sched/sched.h"
 
-#define PEER_CAPS_MAX_PAIRS 16
 #define DP_SCHED_KEEP 4        /* schedule versions held (newest first) */
 #define DP_SCHED_SKEW_S 60     /* clock skew tolerated on valid_from / valid_until */
 #define DP_SCHED_FILE_PREFIX "schedule-" /* state_dir/schedule-<run>.json */
-
-struct peer_caps {
-    double sps;                 /* samples/s on this device for the run's model; 0: none */
-    double up_mbps, down_mbps;  /* after the volunteer's caps */
-    int inbound;                /* accepts inbound connections */
-    size_t n_pairs;
-    struct {
-        uint8_t pub[CM_ED25519_PUB_LEN];
-        double mbps;            /* measured throughput from this peer to that one */
-    } pairs[PEER_CAPS_MAX_PAIRS];
-};
-
-/* POST /api/v1/runs/{run}/capabilities with the session of `coord`
- * (coordinator/api_sched.c; the report lives 120 s there: re-report every
- * ~60 s and whenever peer_caps_changed says so). CM_OK on 200; otherwise
- * the server's message is printed once per call and CM_EAUTH (401/403),
- * CM_ENOTFOUND (404), CM_ESTATE (409), CM_EINVAL (400) or the transport's
- * error is returned. */
-int peer_caps_report(const struct agent_client *coord, const char *run,
-                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c);
-
-/* 1 when a figure moved by more than 20 % (or inbound / the set of pairs
- * changed), so the report is worth sending before its time. */
-int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now);
 
 struct dp_sched;
 

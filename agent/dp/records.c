@@ -1,0 +1,224 @@
+/* The data-parallel role's DHT records (docs/collaboration.md; formats in
+ * collab.h): our progress, the peers' progress (also handed to the runtime
+ * as the run's peers, for state sync and probes), and the announcements
+ * that make a round's members (seed 000 §3.1). */
+#include "agent/dp/dp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cm_err.h"
+
+int64_t dp_now(const struct dp_state *s)
+{
+    return peer_rt_now_ms(&s->rt);
+}
+
+int dp_interrupted(const struct dp_state *s)
+{
+    return peer_rt_interrupted(&s->rt);
+}
+
+int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double sps,
+                            double pledged)
+{
+    struct collab_progress p = {0};
+    p.step = step;
+    p.samples = samples;
+    p.pledged = pledged;
+    p.pstep = (int64_t)s->tr.opt->step;
+    if (p.pstep > step)
+        p.pstep = step;
+    else if (p.pstep < step - 1)
+        /* a round of ours averages ahead of our parameters (we joined the
+           collaboration with a round in flight, see join_bet_check): it
+           applies to the parameters of step - 1, which the others hold.
+           Saying `step` here made peers behind us ask for a state two
+           steps past anyone's and wait 90 s per peer for it. */
+        p.pstep = step - 1;
+    p.sps = sps;
+    p.t_ms = dp_now(s);
+    snprintf(p.addr, sizeof p.addr, "%s", s->rt.my_addr);
+    p.client = s->o.client_mode;
+    /* A pull-only peer counts as auxiliary for the others' counting (it
+       accumulates nothing, must not hold a round back, and a round of one
+       sender beside it is still one sender); it publishes its state host and
+       hash like any peer with parameters. */
+    p.aux = s->o.aggregate_only || s->pull_only;
+    if (!s->o.aggregate_only) {
+        snprintf(p.st, sizeof p.st, "%s", s->rt.st_addr);
+        /* the hash of the parameters it holds (at pstep: with a round in
+           flight, one step behind the step it accumulates for) */
+        if (s->hash_step == p.pstep)
+            snprintf(p.hash, sizeof p.hash, "%.*s", COLLAB_HASH_HEX, s->hash);
+    }
+    char rec[COLLAB_RECORD_MAX];
+    int rc = collab_progress_encode(&p, rec, sizeof rec);
+    return rc ? rc : peer_net_put(s->rt.net, s->progress_key, rec, strlen(rec), 60000);
+}
+
+int dp_read_progress(struct dp_state *s, struct collab_progress **out, size_t *n)
+{
+    struct peer_record *r = NULL;
+    size_t nr = 0;
+    *out = NULL;
+    *n = 0;
+    int rc = peer_net_get(s->rt.net, s->progress_key, &r, &nr);
+    if (rc != CM_OK)
+        return rc;
+    struct collab_progress *p = calloc(nr ? nr : 1, sizeof *p);
+    for (size_t i = 0; p && i < nr; i++)
+        if (collab_progress_parse(r[i].value, r[i].len, &p[*n]) == CM_OK) {
+            memcpy(p[*n].pub, r[i].author, CM_ED25519_PUB_LEN);
+            (*n)++;
+        }
+    peer_records_free(r, nr);
+    *out = p;
+    return p ? CM_OK : CM_ENOMEM;
+}
+
+/* The run's peers for the runtime (struct peer_role.peers): our progress
+ * records carry what state sync and the probes need. Any thread. */
+static void to_info(const struct collab_progress *p, struct peer_info *q)
+{
+    memset(q, 0, sizeof *q);
+    memcpy(q->pub, p->pub, CM_ED25519_PUB_LEN);
+    snprintf(q->st, sizeof q->st, "%s", p->st);
+    q->step = p->step;
+    q->pstep = p->pstep;
+    snprintf(q->hash, sizeof q->hash, "%s", p->hash);
+    q->t_ms = p->t_ms;
+    q->aux = p->aux;
+}
+
+int dp_peers(void *ctx, struct peer_info **out, size_t *n)
+{
+    struct collab_progress *p = NULL;
+    size_t np = 0;
+    *out = NULL;
+    *n = 0;
+    int rc = dp_read_progress(ctx, &p, &np);
+    if (rc != CM_OK)
+        return rc;
+    struct peer_info *q = calloc(np ? np : 1, sizeof *q);
+    if (!q) {
+        free(p);
+        return CM_ENOMEM;
+    }
+    for (size_t i = 0; i < np; i++)
+        to_info(&p[i], &q[i]);
+    free(p);
+    *out = q;
+    *n = np;
+    return CM_OK;
+}
+
+/* peer_majority_hash over progress records (the runtime's rule, so the
+ * loop's divergence check and state sync agree on the majority). */
+void dp_majority_hash(const struct collab_progress *p, size_t n, int64_t pstep, int64_t now,
+                      char out[COLLAB_HASH_HEX + 1])
+{
+    struct peer_info *q = calloc(n ? n : 1, sizeof *q);
+    out[0] = 0;
+    if (!q)
+        return;
+    for (size_t i = 0; i < n; i++)
+        to_info(&p[i], &q[i]);
+    peer_majority_hash(q, n, pstep, now, out);
+    free(q);
+}
+
+/* The announcements of the round of `step` in the DHT (authors' keys in
+ * .pub), made no later than until_ms, ours left out when others_only; room
+ * for `extra` more entries. NULL (*na 0) when there are none. */
+struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int others_only,
+                                              int64_t until_ms, size_t extra, size_t *na)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct peer_record *r = NULL;
+    size_t nr = 0;
+    *na = 0;
+    if (peer_net_get(s->rt.net, key, &r, &nr) != CM_OK || nr == 0) {
+        peer_records_free(r, nr);
+        return NULL;
+    }
+    struct collab_announce *a = calloc(nr + extra, sizeof *a);
+    for (size_t i = 0; a && i < nr; i++)
+        if (!(others_only && !memcmp(r[i].author, s->rt.key.pub, CM_ED25519_PUB_LEN)) &&
+            collab_announce_parse(r[i].value, r[i].len, &a[*na]) == CM_OK && a[*na].t_ms <= until_ms)
+            memcpy(a[(*na)++].pub, r[i].author, CM_ED25519_PUB_LEN);
+    peer_records_free(r, nr);
+    return a;
+}
+
+int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
+                  struct collab_announce **out, size_t *n)
+{
+    char key[160], rec[COLLAB_RECORD_MAX];
+    snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
+    struct collab_announce me = {0};
+    memcpy(me.pub, s->rt.key.pub, CM_ED25519_PUB_LEN);
+    me.weight = s->o.aggregate_only || pull_only ? 0 : weight;
+    me.sends = !s->o.aggregate_only && !pull_only;
+    me.pull_only = !s->o.aggregate_only && pull_only;
+    me.agg = !s->o.client_mode;
+    me.t_ms = dp_now(s);
+    me.sched_version = s->js ? dp_sched_version(s->js) : 0;
+    snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->rt.my_addr);
+    int rc = collab_announce_encode(&me, rec, sizeof rec);
+    if (rc || (rc = peer_net_put(s->rt.net, key, rec, strlen(rec), 120000)) != CM_OK)
+        return rc;
+    struct collab_announce *a = NULL;
+    size_t na = 0;
+    int64_t close = me.t_ms + s->o.round_window_ms;
+    for (;;) {
+        int final = dp_now(s) >= close + DP_GATHER_MARGIN_MS;
+        struct peer_record *r = NULL;
+        size_t nr = 0;
+        if ((rc = peer_net_get(s->rt.net, key, &r, &nr)) != CM_OK) {
+            free(a);
+            return rc;
+        }
+        free(a);
+        a = calloc(nr + 1, sizeof *a);
+        na = 0;
+        for (size_t i = 0; a && i < nr; i++)
+            if (collab_announce_parse(r[i].value, r[i].len, &a[na]) == CM_OK) {
+                memcpy(a[na].pub, r[i].author, CM_ED25519_PUB_LEN);
+                na++;
+            }
+        peer_records_free(r, nr);
+        if (!a)
+            return CM_ENOMEM;
+        a[na++] = me; /* our own view of ourselves; duplicates collapse */
+        na = collab_canonical(a, na);
+        struct collab_announce *tmp = malloc(na * sizeof *tmp);
+        if (!tmp) {
+            free(a);
+            return CM_ENOMEM;
+        }
+        memcpy(tmp, a, na * sizeof *tmp);
+        size_t nm = collab_round_members(tmp, na, s->o.round_window_ms, me.t_ms, &close);
+        free(tmp);
+        if (final && dp_now(s) >= close + DP_GATHER_MARGIN_MS) {
+            na = collab_round_members(a, na, s->o.round_window_ms, me.t_ms, &close);
+            break;
+        }
+        (void)nm;
+        int64_t wait = close + DP_GATHER_MARGIN_MS - dp_now(s);
+        usleep((useconds_t)(wait > 50 ? 50000 : wait > 0 ? wait * 1000 : 1000));
+    }
+    size_t k = 0;
+    while (k < na && memcmp(a[k].pub, me.pub, CM_ED25519_PUB_LEN))
+        k++;
+    if (k == na) {
+        free(a);
+        return CM_EBUSY;
+    }
+    *out = a;
+    *n = na;
+    return CM_OK;
+}

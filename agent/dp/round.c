@@ -1,0 +1,523 @@
+/* One averaging round of the data-parallel role (seed 000 §3.1-3.2;
+ * docs/collaboration.md): gather the round's members from their
+ * announcements, plan the parts with the schedule, average (one butterfly
+ * all-reduce, or group rounds when the schedule says so), agree on the
+ * outcome with the other members, and leave in the job's buffer the
+ * gradient every member applies. Runs on the training thread, or on a
+ * round thread of its own with --delayed-updates (dp.h). */
+#include "agent/dp/dp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent/dp/groups.h"
+#include "cm_err.h"
+#include "cm_log.h"
+#include "p2p/p2p_transport.h"
+
+/* Outcome agreement (docs/collaboration.md): every sender of the round
+ * publishes which parts it committed; the parts every counted outcome has
+ * are applied by everyone, the others are skipped (zero gradient) for this
+ * step, so survivors stay bit-identical even when an aggregator died. */
+#define OUTCOME_MARGIN_MS 300
+/* 1 when the outcomes name another round id more often than ours (ties:
+ * the smaller id wins): then our view of the round's members was not the
+ * others', and our update would not be theirs. One vote per author. */
+static int odd_round(const struct collab_outcome *o, size_t n, const uint8_t rid[16])
+{
+    size_t mine = 0, best = 0;
+    const uint8_t *best_rid = NULL;
+    for (size_t i = 0; i < n; i++) {
+        int dup = 0;
+        for (size_t k = 0; k < i && !dup; k++)
+            dup = !memcmp(o[k].pub, o[i].pub, CM_ED25519_PUB_LEN);
+        if (dup)
+            continue;
+        size_t c = 0;
+        for (size_t k = 0; k < n; k++) {
+            int first = 1;
+            for (size_t q = 0; q < k && first; q++)
+                first = memcmp(o[q].pub, o[k].pub, CM_ED25519_PUB_LEN) != 0;
+            c += first && !memcmp(o[k].rid, o[i].rid, 16);
+        }
+        if (!memcmp(o[i].rid, rid, 16))
+            mine = c;
+        else if (c > best || (c == best && best_rid && memcmp(o[i].rid, best_rid, 16) < 0)) {
+            best = c;
+            best_rid = o[i].rid;
+        }
+    }
+    return best_rid && (best > mine || (best == mine && memcmp(best_rid, rid, 16) < 0));
+}
+
+static uint64_t agree_outcome(struct dp_state *s, int64_t step, const uint8_t rid[AR_ROUND_ID_LEN],
+                              uint64_t my_mask, const struct ar_member *am, size_t nmem,
+                              uint32_t window_ms, size_t *counted, int *odd)
+{
+    char key[160], rec[COLLAB_RECORD_MAX];
+    snprintf(key, sizeof key, "%s/outcome/%lld", s->o.run, (long long)step);
+    struct collab_outcome me = {0};
+    memcpy(me.pub, s->rt.key.pub, CM_ED25519_PUB_LEN);
+    memcpy(me.rid, rid, sizeof me.rid);
+    me.mask = my_mask;
+    me.t_ms = dp_now(s);
+    uint8_t senders[AR_MAX_MEMBERS][CM_ED25519_PUB_LEN];
+    size_t ns = 0;
+    for (size_t i = 0; i < nmem; i++)
+        if (am[i].sends)
+            memcpy(senders[ns++], am[i].pub, CM_ED25519_PUB_LEN);
+    if (collab_outcome_encode(&me, rec, sizeof rec) != CM_OK ||
+        peer_net_put(s->rt.net, key, rec, strlen(rec), 120000) != CM_OK)
+        fprintf(stderr, "\nwarning: step %lld: could not publish the round's outcome\n", (long long)step);
+    int64_t give_up = me.t_ms + window_ms + 4 * OUTCOME_MARGIN_MS + 5000;
+    uint64_t mask = my_mask;
+    *counted = 0;
+    for (;;) {
+        struct peer_record *r = NULL;
+        size_t nr = 0;
+        struct collab_outcome *o = NULL;
+        size_t no = 0;
+        if (peer_net_get(s->rt.net, key, &r, &nr) == CM_OK && (o = calloc(nr + 1, sizeof *o))) {
+            for (size_t i = 0; i < nr; i++)
+                if (collab_outcome_parse(r[i].value, r[i].len, &o[no]) == CM_OK) {
+                    memcpy(o[no].pub, r[i].author, CM_ED25519_PUB_LEN);
+                    no++;
+                }
+            o[no++] = me; /* our own, even before the DHT shows it */
+        }
+        peer_records_free(r, nr);
+        int decided = 0;
+        uint64_t m = my_mask;
+        size_t c = o ? collab_outcome_final(o, no, rid, (const uint8_t(*)[CM_ED25519_PUB_LEN])senders,
+                                            ns, window_ms, OUTCOME_MARGIN_MS, dp_now(s),
+                                            &m, &decided)
+                     : 0;
+        int is_odd = o ? odd_round(o, no, rid) : 0;
+        free(o);
+        if (decided || dp_now(s) > give_up) {
+            *odd = is_odd;
+            if (!decided)
+                fprintf(stderr, "\nwarning: step %lld: no agreement on the round's outcome; using ours\n",
+                        (long long)step);
+            else
+                mask = m;
+            *counted = c;
+            break;
+        }
+        usleep(20000);
+    }
+    return mask;
+}
+
+/* The round's aggregation fractions: the schedule version the members
+ * announced (the highest), fetched when we lack it; an even split among the
+ * members that accept connections when there is none. Returns the version
+ * used (0: even). */
+static int64_t plan_round(struct dp_state *s, const struct collab_announce *mem, struct ar_member *am,
+                          size_t nmem)
+{
+    int agg_ok[AR_MAX_MEMBERS];
+    int64_t v = 0;
+    for (size_t i = 0; i < nmem; i++) {
+        agg_ok[i] = am[i].fraction > 0;
+        if (mem[i].sched_version > v)
+            v = mem[i].sched_version;
+    }
+    if (v > 0 && s->js && !dp_sched_has_version(s->js, v) &&
+        dp_sched_fetch_version(s->js, &s->rt.coord, v) != CM_OK &&
+        (dp_sched_from_dht(s), !dp_sched_has_version(s->js, v)))
+        fprintf(stderr, "\nwarning: could not get schedule version %lld; averaging with even parts\n",
+                (long long)v);
+    if (s->js && dp_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)
+        return v;
+    for (size_t i = 0; i < nmem; i++)
+        am[i].fraction = agg_ok[i] ? 1.0 : 0.0;
+    return 0;
+}
+
+/* Group all-reduce (agent/dp/groups.h; seed 000 §3.2 and Appendix C):
+ * the rounds of the layout one after the other, each in our group of that
+ * round with its own round id ("g<round>.<group>"). The outcome is kept per
+ * block of the gradient (DP_GROUP_BLOCKS equal blocks) rather than per
+ * part, since every group cuts its own parts: a block is ours when every
+ * round committed the parts over it. The members then agree on the blocks
+ * as on parts in one round: a block any member lacks (an aggregator died)
+ * is skipped by everyone (zero gradient), so the members stay identical. A
+ * sender lost in a round is renormalized away inside its group, whose
+ * members all get the same bits; the unit it sent for still carries its
+ * announced weight into the next rounds. */
+#define DP_GROUP_BLOCKS 64
+static uint64_t run_groups(struct dp_job *j, const struct dp_groups *G,
+                           const struct ar_round_config *base)
+{
+    struct dp_state *s = j->s;
+    size_t n = base->n, nb = n < DP_GROUP_BLOCKS ? n : DP_GROUP_BLOCKS;
+    uint64_t blocks = nb >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << nb) - 1);
+    uint64_t gone = 0; /* members (global index) an earlier round found unreachable */
+    memset(&j->sum, 0, sizeof j->sum);
+    size_t r = 0;
+    for (; r < G->rounds && !dp_interrupted(s); r++) {
+        int grp = G->group[r][j->me];
+        if (grp < 0)
+            continue; /* our unit waits for the others' rounds */
+        struct ar_member gm[AR_MAX_MEMBERS];
+        int agg_ok[AR_MAX_MEMBERS];
+        uint32_t glob[AR_MAX_MEMBERS];
+        size_t ng = G->size[r][grp], me = ng, nsend = 0;
+        for (size_t i = 0; i < j->nmem; i++) {
+            if (G->group[r][i] != grp)
+                continue;
+            size_t k = (size_t)G->pos[r][i];
+            gm[k] = j->am[i];
+            /* a receiver; pull-only and aggregate-only members keep their role */
+            gm[k].sends = G->sends[r][i]                  ? AR_SENDS_FULL
+                          : j->am[i].sends == AR_SENDS_FULL ? AR_SENDS_PULL
+                                                            : j->am[i].sends;
+            agg_ok[k] = j->mem[i].agg && j->am[i].addr.ss_family != 0;
+            nsend += G->sends[r][i] != 0;
+            glob[k] = (uint32_t)i;
+            if (i == j->me)
+                me = k;
+        }
+        pthread_mutex_lock(&s->js_mu);
+        if (!s->js || dp_sched_plan_version(s->js, j->sched_v, gm, agg_ok, ng) != CM_OK)
+            for (size_t k = 0; k < ng; k++)
+                gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
+        pthread_mutex_unlock(&s->js_mu);
+        char gid[48];
+        snprintf(gid, sizeof gid, "g%zu.%d", r + 1, grp);
+        struct ar_round_config rc = *base;
+        rc.group_id = (const uint8_t *)gid;
+        rc.group_id_len = strlen(gid);
+        rc.members = gm;
+        rc.n_members = ng;
+        rc.my_index = me;
+        rc.weight = G->sends[r][j->me] ? G->weight[r][j->me] : 0;
+        /* a member whose earlier group lost a peer starts this round up to a
+           stall per earlier round late: wait that long for it (it answers
+           "busy"), not only a stall, or its partners give up on it just as
+           it arrives */
+        rc.start_wait_ms = base->stall_ms * (uint32_t)(r + 1);
+        /* and serves its results at least as long (a receiver is not waited for) */
+        rc.linger_ms = rc.start_wait_ms > 10000 ? rc.start_wait_ms : 10000;
+        /* and an aggregator that did not answer us in an earlier round is
+           not waited for again (its part fails at once) */
+        rc.gone = 0;
+        for (size_t k = 0; k < ng; k++)
+            if (gone >> glob[k] & 1)
+                rc.gone |= (uint64_t)1 << k;
+        struct peer_round_summary sum;
+        memset(&sum, 0, sizeof sum);
+        uint8_t grid[AR_ROUND_ID_LEN] = {0};
+        if (cm_log_enabled(CM_LOG_DEBUG)) /* a SHA-256 per round only for the log line */
+            ar_round_id(&rc, grid);
+        CM_LOGD("join", "step %lld: group round %s (round %02x%02x%02x%02x): member %zu of %zu "
+                        "(%zu senders, %s)%s",
+                (long long)j->step, gid, grid[0], grid[1], grid[2], grid[3], me, ng, nsend,
+                G->sends[r][j->me] ? "sending" : "receiving",
+                rc.gone ? ", skipping members found gone" : "");
+        int rc_ar = peer_net_allreduce(s->rt.net, &rc, &sum);
+        if (rc_ar != CM_OK && sum.n_parts == 0)
+            blocks = 0; /* nothing committed, nothing known */
+        for (size_t k = 0; k < sum.n_parts && k < AR_MAX_MEMBERS; k++) {
+            if ((sum.averaged_mask >> k & 1) || sum.part_len[k] == 0)
+                continue;
+            int st = sum.part_status[k];
+            if ((st == CM_ETIMEOUT || st == CM_ECONN || st == CM_ECLOSED) &&
+                sum.part_owner[k] < ng && sum.part_owner[k] != me)
+                gone |= (uint64_t)1 << glob[sum.part_owner[k]];
+            size_t lo = sum.part_off[k], hi = sum.part_off[k] + sum.part_len[k];
+            for (size_t b = 0; b < nb; b++) /* the blocks that overlap the part */
+                if (b * n / nb < hi && (b + 1) * n / nb > lo)
+                    blocks &= ~((uint64_t)1 << b);
+        }
+        for (size_t i = 0; i < sum.n_excluded && j->sum.n_excluded < AR_MAX_MEMBERS; i++)
+            if (sum.excluded[i] < ng) {
+                j->sum.excluded[j->sum.n_excluded] = glob[sum.excluded[i]];
+                j->sum.excluded_reason[j->sum.n_excluded++] = sum.excluded_reason[i];
+            }
+        j->sum.ms_total += sum.ms_total;
+        j->sum.bytes_sent += sum.bytes_sent;
+        j->sum.bytes_received += sum.bytes_received;
+        if (r == 0)
+            j->group_size = ng;
+        j->group_last = ng;
+        if (nsend > j->group_senders)
+            j->group_senders = nsend;
+    }
+    if (r < G->rounds)
+        blocks = 0; /* interrupted (Ctrl-C): our buffer is half averaged */
+    j->sum.n_parts = nb;
+    for (size_t b = 0; b < nb; b++) {
+        j->sum.part_off[b] = b * n / nb;
+        j->sum.part_len[b] = (b + 1) * n / nb - b * n / nb;
+    }
+    j->sum.averaged_mask = blocks;
+    return blocks;
+}
+
+/* The round's members (gathered from the announcements) as all-reduce
+ * members with their parts planned. 0 to go on; 1 when the round ends
+ * here (j->rc, or j->alone when it is declined). */
+static int round_members(struct dp_job *j)
+{
+    struct dp_state *s = j->s;
+    j->rc = dp_gather(s, j->step, j->samples, j->pull_only, &j->mem, &j->nmem);
+    if (j->rc != CM_OK)
+        return 1;
+    size_t senders = 0;
+    for (size_t i = 0; i < j->nmem; i++)
+        senders += j->mem[i].sends;
+    j->senders = senders;
+    if (!s->o.aggregate_only && !j->pull_only &&
+        (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || s->finished_at > 0)))) {
+        /* Our window holds no majority of the peers accumulating for this
+           step (their announcements had not reached us, or ours not them),
+           or we would step alone while other peers are about (catching up:
+           a peer stepping alone meanwhile would keep them chasing it), or
+           the collaboration already finished the run: stepping would split
+           the collaboration. Go
+           back to accumulating; their round, or the next window, takes
+           us in, or the behind check finds them a step ahead. */
+        j->alone = 1;
+        return 1;
+    }
+    if (j->nmem > AR_MAX_MEMBERS)
+        j->nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
+    struct ar_member *am = j->am;
+    size_t naggs = 0;
+    j->me = j->nmem;
+    memset(am, 0, sizeof j->am);
+    for (size_t i = 0; i < j->nmem; i++) {
+        const struct collab_announce *mi = &j->mem[i];
+        memcpy(am[i].pub, mi->pub, CM_ED25519_PUB_LEN);
+        am[i].sends = mi->sends ? AR_SENDS_FULL : mi->pull_only ? AR_SENDS_PULL : AR_SENDS_NONE;
+        am[i].fraction = mi->agg ? 1.0 : 0.0;
+        if (mi->agg && p2p_addr_parse(mi->addr, &am[i].addr) != CM_OK)
+            am[i].fraction = 0;
+        naggs += am[i].fraction > 0;
+        j->global += mi->sends ? mi->weight : 0;
+        if (!memcmp(mi->pub, s->rt.key.pub, CM_ED25519_PUB_LEN))
+            j->me = i;
+    }
+    if (naggs) {
+        pthread_mutex_lock(&s->js_mu);
+        j->sched_v = plan_round(s, j->mem, am, j->nmem);
+        pthread_mutex_unlock(&s->js_mu);
+    }
+    if (j->me == j->nmem || naggs == 0) {
+        fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
+                (long long)j->step, j->nmem, naggs);
+        j->rc = CM_ESTATE;
+        return 1;
+    }
+    return 0;
+}
+
+/* Averages j->accum with the members: one all-reduce over all of them, or
+ * the schedule's group rounds. Fills j->sum, j->rid, j->n_parts and the
+ * parts' offsets and lengths (poff, plen); 1 on an internal error. */
+static int round_average(struct dp_job *j, size_t *poff, size_t *plen)
+{
+    struct dp_state *s = j->s;
+    struct ar_member *am = j->am;
+    size_t n = s->tr.model->nparams;
+    float *accum = j->accum;
+    if (j->samples > 0)
+        for (size_t i = 0; i < n; i++)
+            accum[i] /= (float)j->samples;
+    if (s->corrupt && j->samples > 0) /* test hook: behave like a broken or malicious peer */
+        for (size_t i = 0; i < n; i += 97)
+            accum[i] = s->corrupt == 1 ? NAN : 1e30f;
+    struct ar_round_config rcfg = {0};
+    rcfg.step = (uint64_t)j->step;
+    rcfg.group_id = (const uint8_t *)"all";
+    rcfg.group_id_len = 3;
+    rcfg.members = am;
+    rcfg.n_members = j->nmem;
+    rcfg.my_index = j->me;
+    rcfg.buf = s->o.aggregate_only ? NULL : accum; /* pull-only: zeros in, the average out */
+    rcfg.n = n;
+    rcfg.weight = s->o.aggregate_only || j->pull_only ? 0 : j->samples;
+    rcfg.comp = s->comp;
+    rcfg.deadline_ms = (uint32_t)s->o.round_timeout_ms;
+    /* generous: on a loaded machine a slow peer must not be mistaken for a
+       dead one (the outcome agreement then skips its part for everyone) */
+    rcfg.stall_ms = (uint32_t)s->o.stall_ms;
+    /* averages straight into accum, no staging copy of the gradient: a part
+       not averaged is zeroed below (or its blocks skipped) whatever it holds */
+    rcfg.in_place = 1;
+    uint32_t owner[AR_MAX_MEMBERS];
+    if (ar_round_id(&rcfg, j->rid) != CM_OK ||
+        ar_partition(am, j->nmem, n, AR_ALIGN, &j->n_parts, owner, poff, plen) != CM_OK) {
+        j->rc = CM_EINTERNAL;
+        return 1;
+    }
+    /* the schedule's group size (Appendix C): groups of m when it is below
+       the members (the round id above, over all members, names the step's
+       outcome; each group round has its own) */
+    j->group_rounds = 1;
+    j->group_size = j->nmem;
+    j->group_senders = j->senders;
+    j->group_last = j->nmem;
+    pthread_mutex_lock(&s->js_mu);
+    unsigned gm = j->sched_v > 0 && s->js ? dp_sched_group_size(s->js, j->sched_v) : 0;
+    pthread_mutex_unlock(&s->js_mu);
+    struct dp_groups *G = gm >= 2 && gm < j->nmem ? malloc(sizeof *G) : NULL;
+    if (G) {
+        int gs[AR_MAX_MEMBERS], ga[AR_MAX_MEMBERS];
+        double gw[AR_MAX_MEMBERS];
+        for (size_t i = 0; i < j->nmem; i++) {
+            gs[i] = am[i].sends == AR_SENDS_FULL;
+            ga[i] = am[i].addr.ss_family != 0;
+            gw[i] = j->mem[i].weight;
+        }
+        if (dp_groups_plan(j->nmem, gs, ga, gw, gm, G) != CM_OK || G->rounds < 2) {
+            free(G);
+            G = NULL;
+        }
+    }
+    if (G) {
+        /* the step's round id says "grouped, m": members that planned one
+           all-reduce (or another m) see an odd round, not a mix of part and
+           block masks */
+        char sgid[32];
+        snprintf(sgid, sizeof sgid, "groups/m%u", gm);
+        struct ar_round_config idc = rcfg;
+        idc.group_id = (const uint8_t *)sgid;
+        idc.group_id_len = strlen(sgid);
+        if (ar_round_id(&idc, j->rid) != CM_OK) {
+            free(G);
+            j->rc = CM_EINTERNAL;
+            return 1;
+        }
+        j->group_rounds = G->rounds;
+        j->group_senders = 0;
+        run_groups(j, G, &rcfg);
+        free(G);
+        j->n_parts = j->sum.n_parts;
+        memcpy(poff, j->sum.part_off, j->n_parts * sizeof *poff);
+        memcpy(plen, j->sum.part_len, j->n_parts * sizeof *plen);
+    } else {
+        int rc = peer_net_allreduce(s->rt.net, &rcfg, &j->sum);
+        if (rc != CM_OK && j->sum.n_parts == 0)
+            j->sum.averaged_mask = 0;
+    }
+    /* one entry per excluded peer (each aggregator of a part reports it) */
+    size_t ne = 0;
+    for (size_t i = 0; i < j->sum.n_excluded; i++) {
+        size_t k = 0;
+        while (k < ne && j->sum.excluded[k] != j->sum.excluded[i])
+            k++;
+        if (k == ne) {
+            j->sum.excluded[ne] = j->sum.excluded[i];
+            j->sum.excluded_reason[ne++] = j->sum.excluded_reason[i];
+        }
+    }
+    j->sum.n_excluded = ne;
+    for (size_t i = 0; i < j->sum.n_excluded; i++) {
+        char pk[64];
+        cm_b64url_encode(am[j->sum.excluded[i]].pub, CM_ED25519_PUB_LEN, pk);
+        fprintf(stderr, "\nwarning: step %lld: peer %s excluded from the round (%s)\n",
+                (long long)j->step, pk, ar_excl_reason_name(j->sum.excluded_reason[i]));
+    }
+    return 0;
+}
+
+/* What the round leaves to apply: the parts every member averaged (agreed
+ * with the others' outcomes), the others zeroed, or why there is nothing
+ * to apply (j->unshared, j->missed). */
+static void round_verdict(struct dp_job *j, const size_t *poff, const size_t *plen)
+{
+    struct dp_state *s = j->s;
+    struct ar_member *am = j->am;
+    float *accum = j->accum;
+    uint64_t all = j->n_parts >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << j->n_parts) - 1);
+    uint64_t mine = j->sum.averaged_mask & all;
+    j->agreed = mine;
+    if (!s->o.aggregate_only && !j->pull_only && j->group_rounds == 1 && j->senders > 1 &&
+        j->sum.n_averaged > 0 && j->sum.n_excluded == 0 && j->sum.weight <= j->samples + 0.5) {
+        /* Every part we hold averaged only our own gradient: the other
+           senders never sent (they declined the round: each member
+           decides from its own view of the peers accumulating for the
+           step, so one may decline a round another goes on with; or they
+           left; a sender excluded for bad data did send). A step with it
+           would be a step alone, apart from them.
+           Decided before the outcome agreement, so no outcome of ours
+           names this round when the step is averaged again. */
+        j->unshared = 1;
+        return;
+    }
+    if (!s->o.aggregate_only) {
+        int odd = 0;
+        /* group rounds: members may finish a stall apart per round after
+           the first (a member whose group lost a peer waited for it) */
+        uint32_t window = (uint32_t)s->o.outcome_window_ms +
+                          (uint32_t)(j->group_rounds - 1) * (uint32_t)s->o.stall_ms;
+        j->agreed = agree_outcome(s, j->step, j->rid, mine, am, j->nmem, window, &j->counted, &odd) &
+                    all;
+        if (odd) {
+            fprintf(stderr, "\nwarning: step %lld: the other peers averaged a round with other members "
+                            "than we saw; fetching their state\n", (long long)j->step);
+            j->missed = 1;
+            return;
+        }
+    }
+    if (j->agreed != all && !s->o.aggregate_only) /* an aggregate-only peer holds only its part */
+        fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
+                        "are skipped this step\n",
+                (long long)j->step, __builtin_popcountll(j->agreed), j->n_parts);
+    if (j->pull_only && (j->agreed == 0 || j->counted < 2)) {
+        /* A pull-only peer has no gradient of its own: a round that averaged
+           nothing, or that no other member reported, is not the round the
+           computing peers stepped with (our window saw them, theirs had
+           closed without us), and a zero update would split us from them.
+           Take their state after the step instead. */
+        fprintf(stderr, "\nwarning: step %lld: our pull-only round averaged %s; fetching the "
+                        "others' state\n", (long long)j->step,
+                j->agreed == 0 ? "nothing" : "with no other member reporting");
+        j->missed = 1;
+        return;
+    }
+    if (!s->o.aggregate_only && (j->agreed & ~mine)) {
+        /* the others averaged a part we could not get: our update would
+           differ from theirs, so take their state after the step instead */
+        fprintf(stderr, "\nwarning: step %lld: we missed parts the others averaged; fetching their state\n",
+                (long long)j->step);
+        j->missed = 1;
+        return;
+    }
+    for (size_t k = 0; k < j->n_parts; k++)
+        if (!(j->agreed >> k & 1) && !s->o.aggregate_only)
+            memset(accum + poff[k], 0, plen[k] * sizeof *accum);
+    j->rc = CM_OK;
+}
+
+/* Gather, plan, average and agree on the outcome; leaves in j->accum the
+ * gradient every member applies (parts not agreed zeroed). */
+void dp_run_round(struct dp_job *j)
+{
+    double t0 = peer_mono_s();
+    size_t poff[AR_MAX_MEMBERS], plen[AR_MAX_MEMBERS];
+    peer_rt_link_busy(&j->s->rt, 1);
+    if (!round_members(j) && !round_average(j, poff, plen))
+        round_verdict(j, poff, plen);
+    peer_rt_link_busy(&j->s->rt, -1);
+    j->t_round = peer_mono_s() - t0;
+}
+
+void *dp_round_thread(void *arg)
+{
+    struct dp_job *j = arg;
+    dp_run_round(j);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+int dp_round_done(struct dp_job *j)
+{
+    return __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+}

@@ -1,0 +1,280 @@
+/* Capability reports and the probe thread that measures pairwise
+ * throughput for them (docs/schedules.md; seed 000_02cc6b5d62a616fc.txt
+ * §3.2). The report format is in caps.h; the runtime's part (when to
+ * report, the probe thread's schedule) is peer_rt_report_caps and
+ * peer__probe_main below. */
+#include "agent/peer/caps.h"
+#include "agent/peer/runtime.h"
+#include "agent/peer/runtime_int.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cm_err.h"
+
+int peer_caps_report(const struct agent_client *coord, const char *run,
+                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c)
+{
+    if (!coord || !run || !peer_pub || !c || c->n_pairs > PEER_CAPS_MAX_PAIRS)
+        return CM_EINVAL;
+    char k64[64], path[160];
+    cm_b64url_encode(peer_pub, CM_ED25519_PUB_LEN, k64);
+    json_t *pairs = json_array();
+    for (size_t i = 0; pairs && i < c->n_pairs; i++) {
+        char o64[64];
+        cm_b64url_encode(c->pairs[i].pub, CM_ED25519_PUB_LEN, o64);
+        json_array_append_new(pairs,
+                              json_pack("{s:s, s:f}", "peer_public_key", o64, "mbps",
+                                        c->pairs[i].mbps));
+    }
+    json_t *body = pairs ? json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64,
+                                     "samples_per_s", c->sps, "upload_mbps", c->up_mbps,
+                                     "download_mbps", c->down_mbps, "accepts_inbound",
+                                     c->inbound != 0, "pairs", pairs)
+                         : NULL;
+    if (!body)
+        return CM_ENOMEM;
+    snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
+    struct agent_reply r = {0};
+    int rc = agent_request(coord, "POST", path, body, &r);
+    json_decref(body);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 200) {
+        agent_reply_report("capability report", &r);
+        rc = r.status == 401 || r.status == 403 ? CM_EAUTH
+             : r.status == 404                  ? CM_ENOTFOUND
+             : r.status == 409                  ? CM_ESTATE
+             : r.status == 400                  ? CM_EINVAL
+                                                : CM_EPROTO;
+    }
+    agent_reply_free(&r);
+    return rc;
+}
+
+static int moved(double a, double b)
+{
+    double hi = fmax(fabs(a), fabs(b));
+    return hi > 0 && fabs(a - b) > 0.2 * hi;
+}
+
+int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
+{
+    if (!old || !now)
+        return 1;
+    if (moved(old->sps, now->sps) || moved(old->up_mbps, now->up_mbps) ||
+        moved(old->down_mbps, now->down_mbps) || (old->inbound != 0) != (now->inbound != 0) ||
+        old->n_pairs != now->n_pairs)
+        return 1;
+    for (size_t i = 0; i < now->n_pairs; i++) {
+        size_t j = 0;
+        while (j < old->n_pairs && memcmp(old->pairs[j].pub, now->pairs[i].pub, CM_ED25519_PUB_LEN))
+            j++;
+        if (j == old->n_pairs || moved(old->pairs[j].mbps, now->pairs[i].mbps))
+            return 1;
+    }
+    return 0;
+}
+
+/* Capabilities for the schedule: re-reported every minute and when they
+ * change materially. Bandwidth is the volunteer's cap; without one,
+ * 1 Gbit/s is assumed. Pairwise throughput comes from the probe thread. */
+void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
+{
+    double t = peer_mono_s();
+    struct peer_caps c = {0};
+    c.sps = aux ? 0 : sps;
+    c.up_mbps = rt->cfg.max_upload_mbps > 0 ? rt->cfg.max_upload_mbps : 1000;
+    c.down_mbps = rt->cfg.max_download_mbps > 0 ? rt->cfg.max_download_mbps : 1000;
+    c.inbound = !rt->cfg.client_mode;
+    /* the pairs the probe thread measured last */
+    pthread_mutex_lock(&rt->probe_mu);
+    int fresh_pairs = rt->probe_new;
+    rt->probe_new = 0;
+    c.n_pairs = rt->probe_caps.n_pairs;
+    memcpy(c.pairs, rt->probe_caps.pairs, sizeof c.pairs);
+    pthread_mutex_unlock(&rt->probe_mu);
+    if ((c.sps > 0 || aux) &&
+        (rt->caps_at == 0 || t - rt->caps_at > 60 || fresh_pairs || peer_caps_changed(&rt->caps, &c))) {
+        if (peer_caps_report(&rt->coord, rt->cfg.run, rt->key.pub, &c) == CM_OK)
+            rt->caps = c;
+        rt->caps_at = t;
+    }
+}
+
+/* Pairwise throughput to a sample of peers (up to 3, chosen by
+ * SHA-256(our key || theirs), so different peers probe different ones):
+ * up to 2 MiB or 2 s of quiet time each over the state hosts, within the volunteer's
+ * caps, two 32 KiB messages in flight (peer_net_probe), so a slow link
+ * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
+ * read slow links high by the token bucket's burst, and the LP then picked
+ * another vertex of the same optimum, one that let the slow peers aggregate
+ * and took 1.7x its prediction. A thread of its own does it (20-30 s after
+ * joining, again 40-60 s later, then every five minutes), so the probes
+ * never hold the training loop.
+ *
+ * A probe reads what the path gives while it runs: when it shares the link
+ * with the collaboration's averaging, or with another peer's probe, it reads
+ * a fraction of it (tests/integ/test_schedule_follow.c saw 0.6-2.2 Mbit/s on
+ * 4 Mbit/s links, the LP then planned around links that were not there and
+ * predicted rounds 10-20 % slower than they ran). So a probe counts only
+ * the time no round or state transfer of this peer is running
+ * (rt->averaging; rounds are synchronous, so mostly nobody's is), a state
+ * host serves one prober at a time (busy ones are tried again later), the
+ * start is jittered, and each pair is reported at the best of its last
+ * PEER_PROBE_KEEP readings: contention comes and goes, a path's bottleneck
+ * stays. */
+#define PROBE_PEERS 3
+#define PROBE_TRIES 4 /* passes over the peers that were busy with another prober */
+#define PROBE_BYTES (2048u * 1024u)
+#define PROBE_BUDGET_MS 2000    /* of quiet time (see peer_net_probe) */
+#define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
+#define PROBE_EVERY_S 300
+#define PROBE_FIRST_S 20
+#define PROBE_SECOND_S 40
+#define PROBE_JITTER_S 20
+
+/* Records a reading of the pair to `pub` and returns the pair's best of its
+ * last PEER_PROBE_KEEP readings. Probe thread only. */
+static double pair_best(struct peer_rt *rt, const uint8_t *pub, double mbps)
+{
+    size_t i = 0;
+    while (i < rt->n_probe_hist && memcmp(rt->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN))
+        i++;
+    if (i == rt->n_probe_hist) {
+        if (i == PEER_CAPS_MAX_PAIRS) /* full: the oldest entry makes room */
+            memmove(rt->probe_hist, rt->probe_hist + 1, --i * sizeof rt->probe_hist[0]);
+        else
+            rt->n_probe_hist++;
+        memset(&rt->probe_hist[i], 0, sizeof rt->probe_hist[i]);
+        memcpy(rt->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN);
+    }
+    struct peer_pair_hist *h = &rt->probe_hist[i];
+    memmove(h->mbps + 1, h->mbps, (PEER_PROBE_KEEP - 1) * sizeof h->mbps[0]);
+    h->mbps[0] = mbps;
+    double best = 0;
+    for (size_t k = 0; k < PEER_PROBE_KEEP; k++)
+        best = fmax(best, h->mbps[k]);
+    return best;
+}
+
+/* Waits `secs` seconds or until the runtime stops; 1 when it stops. */
+static int probe_pause(struct peer_rt *rt, int secs)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += secs;
+    pthread_mutex_lock(&rt->probe_mu);
+    while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
+        ;
+    int stop = rt->probe_stop;
+    pthread_mutex_unlock(&rt->probe_mu);
+    return stop;
+}
+
+/* Seconds in [base, base + PROBE_JITTER_S / 2], drawn afresh each time. */
+static int probe_wait(int base)
+{
+    uint8_t r = 0;
+    if (cm_random_bytes(&r, 1) != CM_OK)
+        r = 0;
+    return base + r % (PROBE_JITTER_S / 2 + 1);
+}
+
+static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
+{
+    c->n_pairs = 0;
+    struct peer_info *p = NULL;
+    size_t n = 0;
+    if (!rt->role.peers || rt->role.peers(rt->role.ctx, &p, &n) != CM_OK)
+        return;
+    int64_t now = peer_rt_now_ms(rt);
+    uint8_t best_h[PROBE_PEERS][CM_SHA256_LEN];
+    size_t best[PROBE_PEERS], nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i].st[0] || p[i].aux || p[i].t_ms < now - 30000 ||
+            !memcmp(p[i].pub, rt->key.pub, CM_ED25519_PUB_LEN))
+            continue;
+        uint8_t buf[2 * CM_ED25519_PUB_LEN], h[CM_SHA256_LEN];
+        memcpy(buf, rt->key.pub, CM_ED25519_PUB_LEN);
+        memcpy(buf + CM_ED25519_PUB_LEN, p[i].pub, CM_ED25519_PUB_LEN);
+        cm_sha256(buf, sizeof buf, h);
+        size_t at = nb;
+        while (at > 0 && memcmp(h, best_h[at - 1], sizeof h) < 0)
+            at--;
+        if (at >= PROBE_PEERS)
+            continue;
+        for (size_t k = (nb < PROBE_PEERS ? nb : PROBE_PEERS - 1); k > at; k--) {
+            best[k] = best[k - 1];
+            memcpy(best_h[k], best_h[k - 1], sizeof h);
+        }
+        best[at] = i;
+        memcpy(best_h[at], h, sizeof h);
+        if (nb < PROBE_PEERS)
+            nb++;
+    }
+    /* A peer busy with another prober is tried again after the others,
+       a few seconds later, up to PROBE_TRIES times. */
+    uint8_t busy[PROBE_PEERS] = {0};
+    for (int pass = 0; pass < PROBE_TRIES; pass++) {
+        size_t again = 0;
+        for (size_t k = 0; k < nb && c->n_pairs < PEER_CAPS_MAX_PAIRS; k++) {
+            if (pass > 0 && !busy[k])
+                continue;
+            busy[k] = 0;
+            double mbps = 0;
+            int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS,
+                                    PROBE_DEADLINE_MS, &rt->averaging, &rt->probe_stop, &mbps);
+            if (rc == CM_OK && mbps > 0) {
+                memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
+                c->pairs[c->n_pairs++].mbps = pair_best(rt, p[best[k]].pub, mbps);
+                /* reported as they come (a probe may wait long for quiet
+                   time), unless that would report fewer pairs than before */
+                pthread_mutex_lock(&rt->probe_mu);
+                if (c->n_pairs >= rt->probe_caps.n_pairs) {
+                    rt->probe_caps = *c;
+                    rt->probe_new = 1;
+                }
+                pthread_mutex_unlock(&rt->probe_mu);
+            } else if (rc == CM_EBUSY) {
+                busy[k] = 1;
+                again++;
+            }
+        }
+        if (!again || probe_pause(rt, probe_wait(1))) /* 1-11 s */
+            break;
+    }
+    free(p);
+}
+
+void *peer__probe_main(void *arg)
+{
+    struct peer_rt *rt = arg;
+    int wait_s = probe_wait(PROBE_FIRST_S), rounds = 0;
+    pthread_mutex_lock(&rt->probe_mu);
+    while (!rt->probe_stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += wait_s;
+        while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
+            ;
+        if (rt->probe_stop)
+            break;
+        pthread_mutex_unlock(&rt->probe_mu);
+        struct peer_caps c = {0};
+        measure_pairs(rt, &c);
+        pthread_mutex_lock(&rt->probe_mu);
+        if (c.n_pairs) {
+            rt->probe_caps = c;
+            rt->probe_new = 1;
+        }
+        rounds += c.n_pairs > 0;
+        wait_s = probe_wait(!c.n_pairs ? PROBE_FIRST_S : rounds == 1 ? PROBE_SECOND_S : PROBE_EVERY_S);
+    }
+    pthread_mutex_unlock(&rt->probe_mu);
+    return NULL;
+}

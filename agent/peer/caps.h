@@ -1,0 +1,42 @@
+/* Capability reports (docs/schedules.md; seed 000_02cc6b5d62a616fc.txt
+ * §3.2): what this peer can do for the run's schedules (samples/s,
+ * bandwidth after the volunteer's caps, inbound connections, and the
+ * throughput measured to a few peers), posted to the coordinator. The
+ * runtime's probe thread measures the pairs (caps.c). */
+#ifndef AGENT_PEER_CAPS_H
+#define AGENT_PEER_CAPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/client.h"
+#include "cm_crypto.h"
+
+#define PEER_CAPS_MAX_PAIRS 16
+
+struct peer_caps {
+    double sps;                 /* samples/s on this device for the run's model; 0: none */
+    double up_mbps, down_mbps;  /* after the volunteer's caps */
+    int inbound;                /* accepts inbound connections */
+    size_t n_pairs;
+    struct {
+        uint8_t pub[CM_ED25519_PUB_LEN];
+        double mbps;            /* measured throughput from this peer to that one */
+    } pairs[PEER_CAPS_MAX_PAIRS];
+};
+
+/* POST /api/v1/runs/{run}/capabilities with the session of `coord`
+ * (coordinator/api_sched.c; the report lives 120 s there: re-report every
+ * ~60 s and whenever peer_caps_changed says so). CM_OK on 200; otherwise
+ * the server's message is printed once per call and CM_EAUTH (401/403),
+ * CM_ENOTFOUND (404), CM_ESTATE (409), CM_EINVAL (400) or the transport's
+ * error is returned. The coordinator checks the caller's session and that
+ * it holds a valid pass for the key. */
+int peer_caps_report(const struct agent_client *coord, const char *run,
+                     const uint8_t peer_pub[CM_ED25519_PUB_LEN], const struct peer_caps *c);
+
+/* 1 when a figure moved by more than 20 % (or inbound / the set of pairs
+ * changed), so the report is worth sending before its time. */
+int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now);
+
+#endif

@@ -1,0 +1,432 @@
+/* The peer runtime's lifecycle, session, access pass and clock (API and
+ * ownership in runtime.h). Stages start in a fixed order and stop in the
+ * reverse one; each start_* below undoes its own partial work on failure,
+ * so peer_rt_stop only ever sees whole stages. */
+#include "agent/peer/runtime.h"
+#include "agent/peer/runtime_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_err.h"
+#include "cm_token.h"
+
+static const char *const STAGE_NAMES[] = {"none", "session", "pass", "clock", "net", "reports", "probes"};
+
+const char *peer_stage_name(enum peer_stage st)
+{
+    return st >= PEER_STAGE_NONE && st <= PEER_STAGE_ALL ? STAGE_NAMES[st] : "?";
+}
+
+void peer_rt_init(struct peer_rt *rt, const struct peer_rt_config *cfg, const struct peer_role *role)
+{
+    memset(rt, 0, sizeof *rt);
+    rt->cfg = *cfg;
+    if (role)
+        rt->role = *role;
+    pthread_mutex_init(&rt->probe_mu, NULL);
+    pthread_cond_init(&rt->probe_cv, NULL);
+}
+
+int peer_rt_interrupted(const struct peer_rt *rt)
+{
+    return rt->cfg.interrupted && *rt->cfg.interrupted;
+}
+
+double peer_mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* ---- clock ----
+ * The collaboration's clock. Announcement windows, progress freshness and
+ * outcome windows compare times that peers wrote with their own clocks; a
+ * volunteer's clock a second off would put its announcements outside every
+ * round window. So every peer uses the coordinator's clock: ours plus the
+ * offset clock_sync measures (GET /api/v1/time). */
+static int64_t raw_ms(const struct peer_rt *rt)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000 + rt->cfg.test_skew_ms;
+}
+
+int64_t peer_rt_now_ms(const struct peer_rt *rt)
+{
+    return raw_ms(rt) + __atomic_load_n(&rt->clock_offset_ms, __ATOMIC_RELAXED);
+}
+
+/* Measures the offset: three reads of the coordinator's clock, the one
+ * with the shortest round trip, against the midpoint of that trip (so the
+ * error is at most half of it). Kept as it was when the coordinator cannot
+ * be read (an older one without the endpoint, or a trip over 2 s). */
+#define CLOCK_MAX_RTT_MS 2000
+static void clock_sync(struct peer_rt *rt, int verbose)
+{
+    int64_t best = -1, off = 0;
+    for (int i = 0; i < 3 && !peer_rt_interrupted(rt); i++) {
+        struct agent_reply r = {0};
+        int64_t t0 = raw_ms(rt);
+        int rc = agent_request(&rt->coord, "GET", "/api/v1/time", NULL, &r);
+        int64_t t1 = raw_ms(rt);
+        json_t *v = rc == CM_OK && r.status == 200 ? json_object_get(r.json, "time_ms") : NULL;
+        if (json_is_integer(v) && t1 >= t0 && (best < 0 || t1 - t0 < best)) {
+            best = t1 - t0;
+            off = (int64_t)json_integer_value(v) - (t0 + (t1 - t0) / 2);
+        }
+        agent_reply_free(&r);
+    }
+    if (best < 0 || best > CLOCK_MAX_RTT_MS) {
+        if (verbose)
+            fprintf(stderr, "warning: could not read the coordinator's clock%s; using this machine's "
+                            "(peers whose clocks differ by more than the round window cannot average "
+                            "together)\n", best > CLOCK_MAX_RTT_MS ? " (round trip over 2 s)" : "");
+        return;
+    }
+    int64_t was = __atomic_exchange_n(&rt->clock_offset_ms, off, __ATOMIC_RELAXED);
+    if (verbose ? (off >= 250 || off <= -250) : (off - was >= 250 || was - off >= 250))
+        printf("%sclock: this machine's is %.1f s %s the coordinator's (round trip %lld ms); the "
+               "collaboration's times follow the coordinator's\n", verbose ? "" : "\n",
+               (double)(off < 0 ? -off : off) / 1000.0, off > 0 ? "behind" : "ahead of", (long long)best);
+}
+
+/* ---- session ---- */
+static int start_session(struct peer_rt *rt)
+{
+    if (agent_state_dir(rt->cfg.config_dir, rt->dir, sizeof rt->dir) != CM_OK)
+        return CM_EIO;
+    snprintf(rt->rundir, sizeof rt->rundir, "%s/%s", rt->dir, rt->cfg.run);
+    snprintf(rt->state_path, sizeof rt->state_path, "%s/latest.ckpt", rt->rundir);
+    mkdir(rt->rundir, 0700);
+    rt->session = agent_state_read(rt->dir, "session.json");
+    if (!rt->session) {
+        fprintf(stderr, "error: not logged in; run 'crowdtrain-agent login' first\n");
+        return CM_EAUTH;
+    }
+    rt->coord.url = rt->cfg.coordinator ? (char *)rt->cfg.coordinator
+                                        : (char *)json_string_value(json_object_get(rt->session, "coordinator"));
+    rt->coord.ca_cert = (char *)json_string_value(json_object_get(rt->session, "ca_cert"));
+    rt->coord.token = (char *)json_string_value(json_object_get(rt->session, "token"));
+    char keypath[4200];
+    snprintf(keypath, sizeof keypath, "%s/peer-ed25519.pem", rt->dir);
+    if (!rt->coord.url || !rt->coord.token || cm_ed25519_load_or_create(&rt->key, keypath, NULL) != CM_OK) {
+        fprintf(stderr, "error: incomplete state in %s; log in again\n", rt->dir);
+        json_decref(rt->session);
+        rt->session = NULL;
+        memset(&rt->coord, 0, sizeof rt->coord);
+        return CM_EINVAL;
+    }
+    rt->key_loaded = 1;
+    return CM_OK;
+}
+
+static void stop_session(struct peer_rt *rt)
+{
+    if (rt->key_loaded)
+        cm_ed25519_cleanup(&rt->key);
+    rt->key_loaded = 0;
+    json_decref(rt->session);
+    rt->session = NULL;
+    memset(&rt->coord, 0, sizeof rt->coord);
+}
+
+/* ---- pass ---- */
+static int fetch_pass_once(struct peer_rt *rt)
+{
+    char pk[64], path[256];
+    cm_b64url_encode(rt->key.pub, CM_ED25519_PUB_LEN, pk);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", rt->cfg.run);
+    json_t *body = json_pack("{s:s}", "peer_public_key", pk);
+    struct agent_reply r;
+    int rc = agent_request(&rt->coord, "POST", path, body, &r);
+    json_decref(body);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 201) {
+        agent_reply_report("getting an access pass", &r);
+        agent_reply_free(&r);
+        return CM_EPERM;
+    }
+    rt->pass = r.json;
+    rt->token = json_string_value(json_object_get(rt->pass, "access_token"));
+    size_t i;
+    json_t *v;
+    rt->n_coord_keys = 0;
+    json_array_foreach(json_object_get(rt->pass, "coordinator_keys"), i, v) {
+        size_t got = 0;
+        const char *k = json_string_value(v);
+        if (k && rt->n_coord_keys < P2P_MAX_COORD_KEYS &&
+            cm_b64url_decode(k, strlen(k), rt->coord_keys[rt->n_coord_keys], CM_ED25519_PUB_LEN, &got) == CM_OK &&
+            got == CM_ED25519_PUB_LEN)
+            rt->n_coord_keys++;
+    }
+    rt->n_bootstrap = 0;
+    json_array_foreach(json_object_get(rt->pass, "bootstrap"), i, v)
+        if (rt->n_bootstrap < PEER_MAX_BOOTSTRAP)
+            rt->bootstrap[rt->n_bootstrap++] = json_string_value(v);
+    struct cm_pass_claims c;
+    rc = rt->token ? cm_token_verify(rt->token, strlen(rt->token), (const uint8_t(*)[32])rt->coord_keys,
+                                     rt->n_coord_keys, time(NULL), 60, &c)
+                   : CM_EPARSE;
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: the access pass does not verify: %s\n", cm_strerror(rc));
+        return rc;
+    }
+    return CM_OK;
+}
+
+static void drop_pass(struct peer_rt *rt)
+{
+    json_decref(rt->pass);
+    rt->pass = NULL;
+    rt->token = NULL;
+    rt->n_bootstrap = 0;
+}
+
+/* A pass whose bootstrap list names at least one peer: a run that just
+ * opened gets its backbone node within seconds. */
+static int start_pass(struct peer_rt *rt)
+{
+    for (int attempt = 0;; attempt++) {
+        drop_pass(rt);
+        int rc = fetch_pass_once(rt);
+        if (rc != CM_OK) {
+            drop_pass(rt);
+            return rc;
+        }
+        if (rt->n_bootstrap > 0 || attempt >= 20)
+            return CM_OK;
+        if (attempt == 0)
+            printf("waiting for the run's DHT backbone to come up...\n");
+        for (int i = 0; i < 10; i++) {
+            if (peer_rt_interrupted(rt)) {
+                drop_pass(rt);
+                return CM_ECANCELED;
+            }
+            usleep(100000);
+        }
+    }
+}
+
+int peer_pass_renew_due(int64_t iat, int64_t exp, int64_t now)
+{
+    return exp - now <= (exp - iat) / 3;
+}
+
+int peer_rt_renew_pass(struct peer_rt *rt)
+{
+    if (rt->stage < PEER_STAGE_PASS)
+        return CM_ESTATE;
+    json_t *old = rt->pass;
+    const char *old_token = rt->token;
+    uint8_t old_keys[P2P_MAX_COORD_KEYS][CM_ED25519_PUB_LEN];
+    size_t old_nkeys = rt->n_coord_keys, old_nboot = rt->n_bootstrap;
+    const char *old_boot[PEER_MAX_BOOTSTRAP];
+    memcpy(old_keys, rt->coord_keys, sizeof old_keys);
+    memcpy(old_boot, rt->bootstrap, sizeof old_boot);
+    rt->pass = NULL;
+    int rc = fetch_pass_once(rt);
+    if (rc != CM_OK || !rt->token) {
+        fprintf(stderr, "\nwarning: renewing the access pass failed; keeping the current one\n");
+        json_decref(rt->pass);
+        rt->pass = old;
+        rt->token = old_token;
+        memcpy(rt->coord_keys, old_keys, sizeof old_keys);
+        rt->n_coord_keys = old_nkeys;
+        memcpy(rt->bootstrap, old_boot, sizeof old_boot);
+        rt->n_bootstrap = old_nboot;
+        return rc != CM_OK ? rc : CM_EPROTO;
+    }
+    if (rt->rep)
+        peer_reporter_set_token(rt->rep, rt->token);
+    if (rt->stage >= PEER_STAGE_CLOCK)
+        clock_sync(rt, 0); /* clocks drift: measure again with each pass */
+    if (rt->net && peer_net_set_token(rt->net, rt->token) != CM_OK)
+        fprintf(stderr, "\nwarning: could not install the renewed pass\n");
+    else
+        printf("\nrenewed the access pass (pass %s)\n", peer_rt_pass_id(rt));
+    json_decref(old);
+    return CM_OK;
+}
+
+/* Renews the pass when a third of its lifetime is left, and hands the new
+ * token to the network side; on failure the old pass is kept (and tried
+ * again at the next call) until it expires. */
+void peer_rt_renew_pass_if_due(struct peer_rt *rt)
+{
+    if (rt->stage < PEER_STAGE_PASS)
+        return;
+    json_int_t iat = json_integer_value(json_object_get(rt->pass, "issued_at"));
+    json_int_t exp = json_integer_value(json_object_get(rt->pass, "expires_at"));
+    if (peer_pass_renew_due(iat, exp, (int64_t)time(NULL)))
+        peer_rt_renew_pass(rt);
+}
+
+const char *peer_rt_pass_id(const struct peer_rt *rt)
+{
+    return json_string_value(json_object_get(rt->pass, "pass_id"));
+}
+
+const char *peer_rt_username(const struct peer_rt *rt)
+{
+    return json_string_value(json_object_get(rt->pass, "username"));
+}
+
+/* ---- net ---- */
+static int start_net(struct peer_rt *rt)
+{
+    struct peer_net_config nc = {0};
+    const char *listen = rt->cfg.listen_ip ? rt->cfg.listen_ip : "0.0.0.0";
+    nc.key = &rt->key;
+    nc.token = rt->token;
+    nc.run = rt->cfg.run;
+    nc.coord_keys = (const uint8_t(*)[CM_ED25519_PUB_LEN])rt->coord_keys;
+    nc.n_coord_keys = rt->n_coord_keys;
+    nc.listen_ip = rt->cfg.client_mode ? NULL : listen;
+    nc.dht_port = rt->cfg.dht_port;
+    nc.ar_port = rt->cfg.ar_port;
+    nc.max_upload_mbps = rt->cfg.max_upload_mbps;
+    nc.max_download_mbps = rt->cfg.max_download_mbps;
+    nc.bootstrap = rt->bootstrap;
+    nc.n_bootstrap = rt->n_bootstrap;
+    int rc = peer_net_start(&nc, &rt->net);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: starting the peer-to-peer node: %s\n", cm_strerror(rc));
+        rt->net = NULL;
+        return rc;
+    }
+    const char *adv = rt->cfg.advertise_ip ? rt->cfg.advertise_ip
+                      : strcmp(listen, "0.0.0.0") ? listen : "127.0.0.1";
+    rt->my_addr[0] = rt->st_addr[0] = 0;
+    if (!rt->cfg.client_mode) {
+        snprintf(rt->my_addr, sizeof rt->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
+                 peer_net_ar_port(rt->net));
+        snprintf(rt->st_addr, sizeof rt->st_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
+                 peer_net_state_port(rt->net));
+    }
+    return CM_OK;
+}
+
+/* ---- reports ---- */
+static int start_reports(struct peer_rt *rt)
+{
+    if (peer_reporter_start(rt->coord.url, rt->coord.ca_cert, rt->cfg.run, &rt->key, rt->token, &rt->rep) !=
+        CM_OK) {
+        fprintf(stderr, "warning: contribution reports unavailable for this session\n");
+        rt->rep = NULL;
+    }
+    return CM_OK;
+}
+
+static void stop_reports(struct peer_rt *rt)
+{
+    if (!rt->rep)
+        return;
+    struct peer_reporter_stats rs;
+    peer_reporter_stats(rt->rep, &rs);
+    size_t left = peer_reporter_stop(rt->rep, 5000);
+    rt->rep = NULL;
+    printf("contribution reports: %llu accepted, %llu refused, %llu dropped%s\n",
+           (unsigned long long)rs.sent, (unsigned long long)rs.refused, (unsigned long long)rs.dropped,
+           left ? " (some still queued at exit)" : "");
+    if (left)
+        fprintf(stderr, "warning: %zu contribution reports could not be sent\n", left);
+}
+
+/* ---- probes ---- */
+static int start_probes(struct peer_rt *rt)
+{
+    if (!rt->cfg.probes || rt->cfg.client_mode)
+        return CM_OK;
+    rt->probe_stop = 0;
+    if (pthread_create(&rt->probe_th, NULL, peer__probe_main, rt) == 0)
+        rt->probe_started = 1;
+    return CM_OK;
+}
+
+static void stop_probes(struct peer_rt *rt)
+{
+    if (!rt->probe_started)
+        return;
+    pthread_mutex_lock(&rt->probe_mu);
+    __atomic_store_n(&rt->probe_stop, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&rt->probe_cv);
+    pthread_mutex_unlock(&rt->probe_mu);
+    pthread_join(rt->probe_th, NULL);
+    rt->probe_started = 0;
+}
+
+/* ---- lifecycle ---- */
+static int start_stage(struct peer_rt *rt, enum peer_stage st)
+{
+    switch (st) {
+    case PEER_STAGE_SESSION: return start_session(rt);
+    case PEER_STAGE_PASS: return start_pass(rt);
+    case PEER_STAGE_CLOCK: clock_sync(rt, 1); return CM_OK;
+    case PEER_STAGE_NET: return start_net(rt);
+    case PEER_STAGE_REPORTS: return start_reports(rt);
+    case PEER_STAGE_PROBES: return start_probes(rt);
+    default: return CM_EINVAL;
+    }
+}
+
+int peer_rt_start(struct peer_rt *rt, enum peer_stage upto)
+{
+    if (upto < PEER_STAGE_NONE || upto > PEER_STAGE_ALL)
+        return CM_EINVAL;
+    if (!rt->cfg.run || !rt->cfg.run[0])
+        return CM_EINVAL;
+    while (rt->stage < upto) {
+        enum peer_stage next = (enum peer_stage)(rt->stage + 1);
+        if (peer_rt_interrupted(rt))
+            return CM_ECANCELED;
+        if (rt->cfg.on_stage)
+            rt->cfg.on_stage(rt->cfg.on_stage_arg, next);
+        if (peer_rt_interrupted(rt))
+            return CM_ECANCELED;
+        int rc = start_stage(rt, next);
+        if (rc != CM_OK)
+            return rc;
+        rt->stage = next;
+    }
+    return CM_OK;
+}
+
+void peer_rt_stop(struct peer_rt *rt)
+{
+    peer_rt_stop_to(rt, PEER_STAGE_NONE);
+}
+
+void peer_rt_stop_to(struct peer_rt *rt, enum peer_stage keep)
+{
+    while (rt->stage > keep && rt->stage > PEER_STAGE_NONE) {
+        switch (rt->stage) {
+        case PEER_STAGE_PROBES: stop_probes(rt); break;
+        case PEER_STAGE_REPORTS: stop_reports(rt); break;
+        case PEER_STAGE_NET:
+            if (rt->net)
+                peer_net_stop(rt->net);
+            rt->net = NULL;
+            rt->my_addr[0] = rt->st_addr[0] = 0;
+            break;
+        case PEER_STAGE_CLOCK: __atomic_store_n(&rt->clock_offset_ms, 0, __ATOMIC_RELAXED); break;
+        case PEER_STAGE_PASS: drop_pass(rt); break;
+        case PEER_STAGE_SESSION: stop_session(rt); break;
+        default: break;
+        }
+        rt->stage = (enum peer_stage)(rt->stage - 1);
+    }
+}
+
+void peer_rt_cleanup(struct peer_rt *rt)
+{
+    peer_rt_stop(rt);
+    pthread_mutex_destroy(&rt->probe_mu);
+    pthread_cond_destroy(&rt->probe_cv);
+}

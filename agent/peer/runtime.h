@@ -1,0 +1,210 @@
+/* The peer runtime: what every role of a volunteer's agent needs once it
+ * has joined a run (DESIGN.md "Agent layout"; docs/architecture.md "The
+ * agent"). A role (agent/dp/ today; agent/moe/ and agent/pipe/ next)
+ * includes this header and nothing else of agent/peer/ except the services
+ * it uses (peer/net.h for DHT records and rounds, peer/report.h for the
+ * report type).
+ *
+ * The runtime owns, one owner each:
+ *   session    state directory, session, peer key, coordinator client
+ *   pass       the access pass (token, coordinator keys, DHT bootstrap),
+ *              renewed when a third of its lifetime is left
+ *   clock      the coordinator's clock (the collaboration's times)
+ *   net        the p2p node: transport with the volunteer's caps, DHT,
+ *              averaging engine, state host (peer/net.h; its own thread)
+ *   reports    the contribution reporter (peer/report.h; its own thread)
+ *   probes     pairwise throughput and capability reports (peer/caps.h;
+ *              its own thread)
+ *   state sync catch-up from the coordinator's newest checkpoint or from a
+ *              peer, and serving our own state to peers that ask
+ *
+ * Stages start in that fixed order and stop in the reverse one.
+ * peer_rt_start(rt, upto) starts every stage up to `upto` that is not
+ * running yet, so a role can start a few stages, do its own set-up (read
+ * the run, build its model, catch up) and start the rest; peer_rt_stop()
+ * stops whatever runs, in any state, and may be called again. Ctrl-C
+ * (cfg.interrupted) is checked before each stage and inside every wait of
+ * one: start then returns CM_ECANCELED with the earlier stages running.
+ *
+ * The role gives the runtime what only it knows through struct peer_role:
+ * how to save and load its state, which step that state is at, and which
+ * peers of the run it sees. Threads: the role's calls into the runtime
+ * come from one thread (the role's main thread) unless a function says
+ * otherwise; the runtime calls the role's callbacks from that thread too,
+ * except `peers`, which the probe thread calls (it must be thread-safe). */
+#ifndef AGENT_PEER_RUNTIME_H
+#define AGENT_PEER_RUNTIME_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/client.h"
+#include "agent/peer/caps.h"
+#include "agent/peer/net.h"
+#include "agent/peer/report.h"
+#include "cm_crypto.h"
+#include "p2p/p2p_transport.h"
+
+#define PEER_ADDR_MAX 64
+#define PEER_HASH_HEX 16 /* hex digits of a published parameter hash (64 bits) */
+#define PEER_MAX_BOOTSTRAP 16
+
+enum peer_stage {
+    PEER_STAGE_NONE = 0,
+    PEER_STAGE_SESSION, /* state dir, session, peer key, coordinator client */
+    PEER_STAGE_PASS,    /* access pass (waits up to 20 s for the run's DHT backbone) */
+    PEER_STAGE_CLOCK,   /* the coordinator's clock offset */
+    PEER_STAGE_NET,     /* the p2p node and our advertised addresses */
+    PEER_STAGE_REPORTS, /* contribution reporter (a failure here is a warning, not fatal) */
+    PEER_STAGE_PROBES,  /* probe thread (only with cfg.probes and not in client mode) */
+    PEER_STAGE_ALL = PEER_STAGE_PROBES
+};
+const char *peer_stage_name(enum peer_stage st);
+
+struct peer_rt_config {
+    const char *run;          /* required; borrowed, outlives the runtime */
+    const char *coordinator;  /* NULL: the one of the session */
+    const char *config_dir;   /* NULL: agent_state_dir's default */
+    const char *listen_ip;    /* NULL: "0.0.0.0" */
+    const char *advertise_ip; /* NULL: listen_ip, or 127.0.0.1 for 0.0.0.0 */
+    int client_mode;          /* accept no inbound connections */
+    uint16_t dht_port, ar_port;                /* 0: any */
+    double max_upload_mbps, max_download_mbps; /* 0: no cap */
+    int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
+                                 clear it before that stage starts */
+    int64_t test_skew_ms;     /* a wrong clock, for tests of the clock correction */
+    const volatile sig_atomic_t *interrupted; /* Ctrl-C count, may be NULL */
+    /* Called before each stage starts (progress, tests); may be NULL. */
+    void (*on_stage)(void *arg, enum peer_stage st);
+    void *on_stage_arg;
+};
+
+/* A peer of the run as a role sees it (for state sync and probes). */
+struct peer_info {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    char st[PEER_ADDR_MAX];        /* its state host "ip:port", "" = none */
+    int64_t step;                  /* the step it works toward */
+    int64_t pstep;                 /* the step of the parameters it holds */
+    char hash[PEER_HASH_HEX + 1];  /* hash of those parameters, "" = unknown */
+    int64_t t_ms;                  /* when it said so (coordinator's clock) */
+    int aux;                       /* computes nothing (holds no state to compare) */
+};
+
+struct peer_role {
+    const char *name;
+    void *ctx;
+    /* Writes the role's state to peer_rt_state_path() (a checkpoint file).
+       NULL: the role has no state to serve. */
+    int (*save_state)(void *ctx, char *err, size_t cap);
+    /* Loads peer_rt_state_path(); *step gets its step. */
+    int (*load_state)(void *ctx, int64_t *step, char *err, size_t cap);
+    /* The step of the state it could serve now, -1 when none. */
+    int64_t (*state_step)(void *ctx);
+    /* The run's peers as last seen (*out heap, freed by the caller).
+       Called from the probe thread too. */
+    int (*peers)(void *ctx, struct peer_info **out, size_t *n);
+};
+
+/* Readings kept per probed pair (see caps.c). */
+#define PEER_PROBE_KEEP 3
+
+struct peer_rt {
+    struct peer_rt_config cfg;
+    struct peer_role role;
+    enum peer_stage stage; /* the highest stage running */
+    /* session */
+    char dir[4096], rundir[4300], state_path[4400];
+    json_t *session;
+    struct agent_client coord;
+    struct cm_ed25519 key;
+    int key_loaded;
+    /* pass */
+    json_t *pass;
+    const char *token; /* into pass */
+    uint8_t coord_keys[P2P_MAX_COORD_KEYS][CM_ED25519_PUB_LEN];
+    size_t n_coord_keys;
+    const char *bootstrap[PEER_MAX_BOOTSTRAP]; /* into pass */
+    size_t n_bootstrap;
+    /* clock: the coordinator's minus ours (atomic) */
+    int64_t clock_offset_ms;
+    /* net */
+    struct peer_net *net;
+    char my_addr[PEER_ADDR_MAX], st_addr[PEER_ADDR_MAX]; /* "" in client mode */
+    int averaging; /* > 0 while a round or state transfer uses the link (atomic) */
+    /* reports */
+    struct peer_reporter *rep;
+    /* probes and capability reports (caps.c) */
+    pthread_t probe_th;
+    int probe_started, probe_stop, probe_new;
+    pthread_mutex_t probe_mu;
+    pthread_cond_t probe_cv;
+    struct peer_caps probe_caps; /* the probe thread's latest measurement (pairs) */
+    struct peer_pair_hist {
+        uint8_t pub[CM_ED25519_PUB_LEN];
+        double mbps[PEER_PROBE_KEEP]; /* newest first; 0 = none */
+    } probe_hist[PEER_CAPS_MAX_PAIRS];
+    size_t n_probe_hist;
+    struct peer_caps caps; /* last reported */
+    double caps_at;        /* mono of the last report */
+    /* state sync */
+    uint64_t syncs; /* states fetched from peers */
+};
+
+/* Caller-owned: init copies cfg (its strings are borrowed) and sets the role. */
+void peer_rt_init(struct peer_rt *rt, const struct peer_rt_config *cfg, const struct peer_role *role);
+int peer_rt_start(struct peer_rt *rt, enum peer_stage upto);
+void peer_rt_stop(struct peer_rt *rt);
+/* Stops the stages above `keep` (a role that must release its own
+   resources between two stages: the probes read the role's records). */
+void peer_rt_stop_to(struct peer_rt *rt, enum peer_stage keep);
+/* peer_rt_stop, then frees what init set up. */
+void peer_rt_cleanup(struct peer_rt *rt);
+
+int peer_rt_interrupted(const struct peer_rt *rt);
+
+/* ---- clock ---- */
+/* The collaboration's time in ms (the coordinator's clock). Any thread. */
+int64_t peer_rt_now_ms(const struct peer_rt *rt);
+/* CLOCK_MONOTONIC in seconds. */
+double peer_mono_s(void);
+
+/* ---- pass ---- */
+/* 1 when a pass issued at iat, expiring at exp (Unix s) should be renewed at `now`. */
+int peer_pass_renew_due(int64_t iat, int64_t exp, int64_t now);
+/* Renews the pass now: CM_OK with a new token installed everywhere, or an
+   error with the current pass kept. */
+int peer_rt_renew_pass(struct peer_rt *rt);
+/* Renews when due (a third of the lifetime left); failures are warnings. */
+void peer_rt_renew_pass_if_due(struct peer_rt *rt);
+const char *peer_rt_pass_id(const struct peer_rt *rt);
+const char *peer_rt_username(const struct peer_rt *rt);
+
+/* ---- state sync (state.c) ---- */
+const char *peer_rt_state_path(const struct peer_rt *rt);
+/* Marks the link busy (+1) or free (-1) for the probes. Any thread. */
+void peer_rt_link_busy(struct peer_rt *rt, int d);
+/* Loads the coordinator's newest checkpoint (only one past min_step when
+   min_step > 0) with role.load_state. CM_ENOTFOUND: none (worth loading). */
+int peer_rt_catch_up(struct peer_rt *rt, int64_t min_step, int64_t *step);
+/* Fetches a peer's state at step >= min_step and loads it (rules in
+   state.c). CM_OK: *step moved, from_addr (PEER_ADDR_MAX) names the peer. */
+int peer_rt_sync_from_peer(struct peer_rt *rt, int64_t min_step, int64_t *step, uint32_t wait_ms,
+                           char *from_addr);
+/* Serves our state of `step` when a peer asked for it and we hold it. */
+void peer_rt_serve_state(struct peer_rt *rt, int64_t step);
+/* The hash most fresh compute peers at parameter step `pstep` hold (ties:
+   the smallest), "" when none published one. */
+void peer_majority_hash(const struct peer_info *p, size_t n, int64_t pstep, int64_t now,
+                        char out[PEER_HASH_HEX + 1]);
+
+/* ---- capabilities (caps.c) ---- */
+/* Reports our capabilities (sps: samples/s, 0 for a peer that computes
+   nothing) with the probe thread's pairs: every minute, and at once when
+   they changed materially or new pairs came in. aux: the role computes
+   nothing by choice (then sps 0 is reported too). */
+void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux);
+
+#endif
