@@ -204,7 +204,7 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
             /* Nobody holds those parameters: the round in flight we bet on
                was not applied (its members declined it), and every peer
                that bet with us waits for the same missing state. Drop this
-               round; the caller goes back to our own step (join_bet_check)
+               round; the caller goes back to our own step (dp_bet_check)
                and the behind check finds the others if they went on. */
             fprintf(stderr, "\nwarning: step %lld: no peer has the parameters of step %lld that this "
                             "round applies to; dropping it\n", (long long)j->step, (long long)j->step);

@@ -41,7 +41,7 @@ static void place(struct dp_groups *g, size_t r, int member, int group, int send
 }
 
 int dp_groups_plan(size_t n, const int *sends, const int *agg, const double *weight, unsigned m,
-                     struct dp_groups *out)
+                   struct dp_groups *out)
 {
     if (n == 0 || n > AR_MAX_MEMBERS)
         return CM_EINVAL;

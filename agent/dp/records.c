@@ -22,7 +22,7 @@ int dp_interrupted(const struct dp_state *s)
 }
 
 int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double sps,
-                            double pledged)
+                        double pledged)
 {
     struct collab_progress p = {0};
     p.step = step;
@@ -33,7 +33,7 @@ int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double
         p.pstep = step;
     else if (p.pstep < step - 1)
         /* a round of ours averages ahead of our parameters (we joined the
-           collaboration with a round in flight, see join_bet_check): it
+           collaboration with a round in flight, see dp_bet_check): it
            applies to the parameters of step - 1, which the others hold.
            Saying `step` here made peers behind us ask for a state two
            steps past anyone's and wait 90 s per peer for it. */
@@ -134,7 +134,7 @@ void dp_majority_hash(const struct collab_progress *p, size_t n, int64_t pstep, 
  * .pub), made no later than until_ms, ours left out when others_only; room
  * for `extra` more entries. NULL (*na 0) when there are none. */
 struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int others_only,
-                                              int64_t until_ms, size_t extra, size_t *na)
+                                          int64_t until_ms, size_t extra, size_t *na)
 {
     char key[160];
     snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
@@ -154,8 +154,16 @@ struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int 
     return a;
 }
 
+/* Announces for the round of `step` and gathers its members: our round is
+ * the window our announcement falls in (collab_round_members: a window
+ * closes window_ms after its first announcement), and the members are read
+ * once its close plus a propagation margin has passed, so every peer that
+ * reads after that agrees on them. A peer too late for a window opens the
+ * next one (round.c declines to step alone while others
+ * accumulate). Announcing again for the same step replaces our earlier
+ * announcement (newest record per author). */
 int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
-                  struct collab_announce **out, size_t *n)
+              struct collab_announce **out, size_t *n)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
     snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);

@@ -348,7 +348,8 @@ static int round_average(struct dp_job *j, size_t *poff, size_t *plen)
        dead one (the outcome agreement then skips its part for everyone) */
     rcfg.stall_ms = (uint32_t)s->o.stall_ms;
     /* averages straight into accum, no staging copy of the gradient: a part
-       not averaged is zeroed below (or its blocks skipped) whatever it holds */
+       not averaged is zeroed in round_verdict (or its blocks skipped) whatever
+       it holds */
     rcfg.in_place = 1;
     uint32_t owner[AR_MAX_MEMBERS];
     if (ar_round_id(&rcfg, j->rid) != CM_OK ||

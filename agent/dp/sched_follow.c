@@ -204,8 +204,8 @@ int dp_sched_accept(struct dp_sched *js, const json_t *answer, int64_t now, int 
 }
 
 int dp_sched_open(const char *state_dir, const char *run,
-                    const uint8_t (*coord_keys)[CM_ED25519_PUB_LEN], size_t n_keys,
-                    struct dp_sched **out)
+                  const uint8_t (*coord_keys)[CM_ED25519_PUB_LEN], size_t n_keys,
+                  struct dp_sched **out)
 {
     if (!out || !run || !*run || strlen(run) > SCHED_RUN_MAX || strchr(run, '/') || run[0] == '.' ||
         (n_keys && !coord_keys))
@@ -318,7 +318,7 @@ int dp_sched_refresh(struct dp_sched *js, const struct agent_client *coord)
 }
 
 int dp_sched_fetch_version(struct dp_sched *js, const struct agent_client *coord,
-                             int64_t version)
+                           int64_t version)
 {
     if (!js || !coord || version <= 0)
         return CM_EINVAL;
@@ -369,7 +369,7 @@ static const struct sched_entry *entry_of(const struct sched_schedule *s, const 
 }
 
 void dp_sched_role(const struct dp_sched *js, const uint8_t pub[CM_ED25519_PUB_LEN],
-                     int inbound, int *compute, int *aggregate)
+                   int inbound, int *compute, int *aggregate)
 {
     const struct sched_entry *e = entry_of(dp_sched_current(js), pub);
     if (compute)
@@ -391,7 +391,7 @@ static int even_split(struct ar_member *am, const int *agg_ok, size_t n)
 }
 
 int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_member *am,
-                            const int *agg_ok, size_t n)
+                          const int *agg_ok, size_t n)
 {
     if (!am || !agg_ok || n == 0)
         return CM_EINVAL;
@@ -418,7 +418,7 @@ int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_
 }
 
 int dp_sched_plan(const struct dp_sched *js, struct ar_member *am, const int *agg_ok,
-                    size_t n)
+                  size_t n)
 {
     return dp_sched_plan_version(js, dp_sched_version(js), am, agg_ok, n);
 }

@@ -12,7 +12,7 @@
 /* A member of our last round (s->prev) whose fresh progress still shows
  * that round's step: it is finishing it. */
 int dp_lagging_members(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                           int64_t acc_step, int64_t now)
+                       int64_t acc_step, int64_t now)
 {
     for (size_t i = 0; i < n; i++) {
         if (p[i].step >= acc_step || p[i].aux || p[i].t_ms < now - 10000 ||
@@ -28,7 +28,7 @@ int dp_lagging_members(const struct dp_state *s, const struct collab_progress *p
 /* Peers accumulating for a step: fresh progress (DP_ACTIVE_MS) with samples
  * or a pledge, compute peers only, ourselves excluded. */
 size_t dp_others_active(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                            int64_t step, int64_t now)
+                        int64_t step, int64_t now)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -39,7 +39,7 @@ size_t dp_others_active(const struct dp_state *s, const struct collab_progress *
 
 /* Other compute peers with progress in the last DP_PRESENT_MS, at any step. */
 size_t dp_others_present(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                             int64_t now)
+                         int64_t now)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -54,7 +54,7 @@ size_t dp_others_present(const struct dp_state *s, const struct collab_progress 
  * declined and they come back), *firm the others (they applied our step's
  * round). Returns both together. */
 size_t dp_peers_ahead(const struct collab_progress *p, size_t n, int64_t step, int64_t now,
-                          size_t *firm, size_t *pending)
+                      size_t *firm, size_t *pending)
 {
     *firm = *pending = 0;
     for (size_t i = 0; i < n; i++) {
@@ -74,7 +74,7 @@ size_t dp_peers_ahead(const struct collab_progress *p, size_t n, int64_t step, i
  * round of our own) and must take its state. Returns that step's peer
  * count (0: not so) and the step in *low. */
 size_t dp_majority_below(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                             int64_t step, size_t at_step, int64_t now, int64_t *low)
+                         int64_t step, size_t at_step, int64_t now, int64_t *low)
 {
     size_t best = 0;
     for (size_t i = 0; i < n; i++) {
@@ -101,7 +101,7 @@ size_t dp_majority_below(const struct dp_state *s, const struct collab_progress 
  * counted) accumulate for a step before `step`. Then starting our round
  * would run ahead of the collaboration rather than with it. */
 int dp_majority_behind(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                           int64_t step, int64_t now)
+                       int64_t step, int64_t now)
 {
     size_t total = 1, below = 0;
     for (size_t i = 0; i < n; i++)
@@ -114,11 +114,11 @@ int dp_majority_behind(const struct dp_state *s, const struct collab_progress *p
 
 /* 1 when the round of `step` goes on (collab_round_going: a closed window
  * of its announcements holds more than half of the peers on that step as
- * senders, what its members need not to decline it in run_round_timed).
+ * senders, what its members need not to decline it in round.c, round_members).
  * The peers on it: fresh compute peers accumulating for it, or a step past
  * it with their parameters still at it (they announced). */
 int dp_round_going(struct dp_state *s, const struct collab_progress *p, size_t n, int64_t step,
-                       int64_t now)
+                   int64_t now)
 {
     size_t on = 0;
     for (size_t i = 0; i < n; i++)
@@ -135,7 +135,7 @@ int dp_round_going(struct dp_state *s, const struct collab_progress *p, size_t n
  * parameters of step `pstep` or later (it publishes their hash: its state
  * can be fetched now). */
 int dp_pstep_held(const struct dp_state *s, const struct collab_progress *p, size_t n,
-                      int64_t pstep)
+                  int64_t pstep)
 {
     int64_t now = dp_now(s);
     for (size_t i = 0; i < n; i++)
