@@ -86,6 +86,66 @@ static size_t pass_keys(json_t *pass, uint8_t (*keys)[CM_ED25519_PUB_LEN], size_
     return n;
 }
 
+/* --bootstrap a,b, or else the pass's list: *out heap strings (the caller
+ * frees them and the array, also on failure). */
+static int bootstrap_list(char *flag, const json_t *pass, char ***out, size_t *n)
+{
+    if (flag) {
+        for (char *s = strtok(flag, ","); s; s = strtok(NULL, ",")) {
+            char **nb = realloc(*out, (*n + 1) * sizeof **out);
+            if (!nb)
+                return CM_ENOMEM;
+            *out = nb;
+            (*out)[(*n)++] = strdup(s);
+        }
+        return CM_OK;
+    }
+    json_t *arr = json_object_get(pass, "bootstrap"), *v;
+    size_t i;
+    json_array_foreach(arr, i, v)
+    {
+        if (!json_is_string(v))
+            continue;
+        char **nb = realloc(*out, (*n + 1) * sizeof **out);
+        if (!nb)
+            return CM_ENOMEM;
+        *out = nb;
+        (*out)[(*n)++] = strdup(json_string_value(v));
+    }
+    return CM_OK;
+}
+
+/* `dht get`: one line per live record. Returns the exit status. */
+static int get_and_print(struct dht_node *node, const char *key, uint32_t timeout_ms)
+{
+    struct dht_result res = {0};
+    int status = 1;
+    int rc = dht_get(node, key, strlen(key), timeout_ms, &res);
+    if (rc == CM_ENOTFOUND) {
+        fprintf(stderr, "%s: no live value\n", key);
+    } else if (rc != CM_OK) {
+        fprintf(stderr, "error: get %s: %s\n", key, cm_strerror(rc));
+    } else {
+        for (size_t i = 0; i < res.nrec; i++) {
+            const struct dht_record *r = &res.rec[i];
+            char kid[CM_KID_LEN + 1];
+            cm_key_id(r->author, kid);
+            if (r->subkey_len == 0) {
+                fputs("value ", stdout);
+            } else {
+                fputs("entry ", stdout);
+                print_bytes(r->subkey, r->subkey_len);
+                printf(" %s %lld ", kid, (long long)(r->expires_ms / 1000));
+            }
+            print_bytes(r->value, r->value_len);
+            putchar('\n');
+        }
+        status = 0;
+    }
+    dht_result_cleanup(&res);
+    return status;
+}
+
 int agent_cmd_dht(int argc, char **argv)
 {
     struct dht_cfg cfg = {0};
@@ -138,29 +198,8 @@ int agent_cmd_dht(int argc, char **argv)
         fprintf(stderr, "error: %s/%s lacks access_token or coordinator keys\n", dir, name);
         goto out;
     }
-    /* bootstrap: --bootstrap a,b or the pass's list */
-    if (cfg.bootstrap) {
-        for (char *s = strtok(cfg.bootstrap, ","); s; s = strtok(NULL, ",")) {
-            char **nb = realloc(boot, (nboot + 1) * sizeof *boot);
-            if (!nb)
-                goto out;
-            boot = nb;
-            boot[nboot++] = strdup(s);
-        }
-    } else {
-        json_t *arr = json_object_get(pass, "bootstrap"), *v;
-        size_t i;
-        json_array_foreach(arr, i, v)
-        {
-            if (!json_is_string(v))
-                continue;
-            char **nb = realloc(boot, (nboot + 1) * sizeof *boot);
-            if (!nb)
-                goto out;
-            boot = nb;
-            boot[nboot++] = strdup(json_string_value(v));
-        }
-    }
+    if (bootstrap_list(cfg.bootstrap, pass, &boot, &nboot) != CM_OK)
+        goto out;
     if (nboot == 0) {
         fprintf(stderr, "error: no bootstrap peers (the pass lists none; give --bootstrap)\n");
         goto out;
@@ -211,30 +250,7 @@ int agent_cmd_dht(int argc, char **argv)
         printf("stored on %d node%s\n", stored, stored == 1 ? "" : "s");
         status = 0;
     } else {
-        struct dht_result res;
-        rc = dht_get(node, pos[1], strlen(pos[1]), (uint32_t)cfg.timeout_ms, &res);
-        if (rc == CM_ENOTFOUND) {
-            fprintf(stderr, "%s: no live value\n", pos[1]);
-        } else if (rc != CM_OK) {
-            fprintf(stderr, "error: get %s: %s\n", pos[1], cm_strerror(rc));
-        } else {
-            for (size_t i = 0; i < res.nrec; i++) {
-                const struct dht_record *r = &res.rec[i];
-                char kid[CM_KID_LEN + 1];
-                cm_key_id(r->author, kid);
-                if (r->subkey_len == 0) {
-                    fputs("value ", stdout);
-                } else {
-                    fputs("entry ", stdout);
-                    print_bytes(r->subkey, r->subkey_len);
-                    printf(" %s %lld ", kid, (long long)(r->expires_ms / 1000));
-                }
-                print_bytes(r->value, r->value_len);
-                putchar('\n');
-            }
-            status = 0;
-        }
-        dht_result_cleanup(&res);
+        status = get_and_print(node, pos[1], (uint32_t)cfg.timeout_ms);
     }
 out:
     if (node)

@@ -89,11 +89,18 @@ static const struct cm_cmd_spec JOIN = {
     JOIN_OPTS, sizeof JOIN_OPTS / sizeof JOIN_OPTS[0], 1};
 
 
-static volatile sig_atomic_t g_interrupts;
+/* Ctrl-C (and SIGTERM). During start-up the runtime and start() stop at
+ * the next stage; a second one there exits at once (a checkpoint download
+ * or a model build may take long, and nothing is committed yet: a partial
+ * download is a .part file that is never loaded). Once training, the loop
+ * leaves after the current round, or abandons it at the second. */
+static volatile sig_atomic_t g_interrupts, g_starting;
 static void on_sigint(int sig)
 {
     (void)sig;
     g_interrupts++;
+    if (g_starting && g_interrupts >= 2)
+        _exit(130);
 }
 
 /* ---- the role's callbacks for the runtime (struct peer_role) ---- */
@@ -311,8 +318,8 @@ static int test_hooks(struct dp_state *s, int64_t *skew_ms)
 static int start(struct dp_state *s)
 {
     char err[512];
-    if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || fetch_run(s) != CM_OK ||
-        peer_rt_start(&s->rt, PEER_STAGE_CLOCK) != CM_OK)
+    if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || g_interrupts || fetch_run(s) != CM_OK ||
+        peer_rt_start(&s->rt, PEER_STAGE_CLOCK) != CM_OK || g_interrupts)
         return 1;
     if (agent_trainer_init(&s->tr, &s->tcfg, s->config_text, strlen(s->config_text), err, sizeof err) != CM_OK) {
         fprintf(stderr, "error: %s\n", err);
@@ -321,7 +328,7 @@ static int start(struct dp_state *s)
     s->trainer_ready = 1;
     s->tr.resume_keeps_stream = 1; /* our own data order, whoever's state we load */
     int64_t step = 0;
-    int rc = peer_rt_catch_up(&s->rt, 0, &step);
+    int rc = g_interrupts ? CM_ECANCELED : peer_rt_catch_up(&s->rt, 0, &step);
     if ((rc != CM_OK && rc != CM_ENOTFOUND) || peer_rt_start(&s->rt, PEER_STAGE_NET) != CM_OK)
         return 1;
     if (dp_sched_open(s->rt.rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->rt.coord_keys,
@@ -341,10 +348,6 @@ static int start(struct dp_state *s)
     printf("joined run '%s' as %s (peer %.12s..., %s%s), target batch %.0f, %ld steps, model %zu parameters\n",
            s->o.run, peer_rt_username(&s->rt), pk, s->o.aggregate_only ? "aggregate-only" : s->tr.be->name,
            s->o.client_mode ? ", client mode" : "", s->target, s->steps, s->tr.model->nparams);
-    struct sigaction sa = {0};
-    sa.sa_handler = on_sigint;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     s->rt.cfg.probes = s->js != NULL; /* they measure for the schedules */
     return peer_rt_start(&s->rt, PEER_STAGE_PROBES) != CM_OK;
 }
@@ -411,7 +414,18 @@ int agent_cmd_join(int argc, char **argv)
     if (check_opts(s) != 0 || test_hooks(s, &s->rt.cfg.test_skew_ms) != 0)
         goto out;
     status = 1;
-    if (start(s) != 0)
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigint;
+    g_starting = 1;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int failed = start(s);
+    g_starting = 0;
+    if (failed && g_interrupts) {
+        printf("left during start-up (Ctrl-C)\n");
+        status = 130;
+    }
+    if (failed)
         goto out;
     if ((rc = dp_train_loop(s)) != CM_OK) {
         fprintf(stderr, "error: training stopped: %s\n", cm_strerror(rc));

@@ -71,7 +71,15 @@ static char *read_all(const char *path, size_t *len)
     return buf;
 }
 
-int agent_cmd_train(int argc, char **argv)
+struct train_opts {
+    const char *config, *device, *step_log;
+    unsigned long long data_seed;
+    int local, threads;
+    long steps;
+};
+
+/* 0: go on; otherwise the exit status (--help: 0 after printing it, as -1). */
+static int parse_opts(int argc, char **argv, struct train_opts *o)
 {
     static const struct option opts[] = {
         {"local", no_argument, NULL, 'l'},      {"config", required_argument, NULL, 'c'},
@@ -79,43 +87,39 @@ int agent_cmd_train(int argc, char **argv)
         {"steps", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
         {"step-log", required_argument, NULL, 'g'}, {"data-seed", required_argument, NULL, 'r'},
         {NULL, 0, NULL, 0}};
-    const char *step_log = NULL;
-    unsigned long long data_seed = 0;
-    FILE *slog = NULL;
-    int local = 0, threads = -1;
-    long steps = 0;
-    const char *config = NULL, *device = NULL;
+    memset(o, 0, sizeof *o);
+    o->threads = -1;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         char *end;
         switch (c) {
-        case 'l': local = 1; break;
-        case 'c': config = optarg; break;
-        case 'd': device = optarg; break;
+        case 'l': o->local = 1; break;
+        case 'c': o->config = optarg; break;
+        case 'd': o->device = optarg; break;
         case 't':
-            threads = (int)strtol(optarg, &end, 10);
-            if (*end || threads < 0 || threads > 1024) {
+            o->threads = (int)strtol(optarg, &end, 10);
+            if (*end || o->threads < 0 || o->threads > 1024) {
                 fprintf(stderr, "train: --threads must be an integer in [0, 1024]\n");
                 return 2;
             }
             break;
         case 's':
-            steps = strtol(optarg, &end, 10);
-            if (*end || steps < 1) {
+            o->steps = strtol(optarg, &end, 10);
+            if (*end || o->steps < 1) {
                 fprintf(stderr, "train: --steps must be a positive integer\n");
                 return 2;
             }
             break;
-        case 'g': step_log = optarg; break;
+        case 'g': o->step_log = optarg; break;
         case 'r':
-            data_seed = strtoull(optarg, &end, 10);
-            if (*end || !*optarg || data_seed == 0) {
+            o->data_seed = strtoull(optarg, &end, 10);
+            if (*end || !*optarg || o->data_seed == 0) {
                 fprintf(stderr, "train: --data-seed must be a positive integer\n");
                 return 2;
             }
             break;
-        case 'h': usage(stdout); return 0;
+        case 'h': usage(stdout); return -1;
         default: usage(stderr); return 2;
         }
     }
@@ -124,37 +128,111 @@ int agent_cmd_train(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!local || !config) {
+    if (!o->local || !o->config) {
         fprintf(stderr, "train: only local training is available here: --local --config FILE "
                         "(collaborative training is 'crowdtrain-agent join')\n");
         usage(stderr);
         return 2;
     }
-    if (device && strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "auto")) {
+    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda") && strcmp(o->device, "auto")) {
         fprintf(stderr, "train: --device must be cpu, cuda or auto\n");
         return 2;
     }
+    return 0;
+}
+
+/* The steps from the trainer's step to cfg->steps, with the log line every
+ * log_every steps, checkpoints and evaluations on the way. */
+static int train_steps(struct agent_trainer *t, const struct agent_train_config *cfg, FILE *slog, char *err,
+                       size_t cap)
+{
+    int rc;
+    struct kern_eval ev;
+    double t0 = now_s(), tlast = t0;
+    double samples_last = 0;
+    long first = t->opt->step;
+    double win_loss = 0;
+    long win_count = 0;
+    while (t->opt->step < cfg->steps) {
+        struct kern_eval bev;
+        float gnorm = 0, lr = 0;
+        if ((rc = agent_trainer_compute_grads(t, &bev))) {
+            snprintf(err, cap, "step %ld: %s", t->opt->step, cm_strerror(rc));
+            return rc;
+        }
+        if ((rc = agent_trainer_apply(t, &gnorm, &lr))) {
+            snprintf(err, cap, "step %ld: optimizer: %s", t->opt->step, cm_strerror(rc));
+            return rc;
+        }
+        win_loss += bev.loss_sum;
+        win_count += bev.count;
+        long s = t->opt->step;
+        if (slog) {
+            char hash[65], line[256];
+            if ((rc = agent_param_hash(t->model, hash)))
+                return rc;
+            snprintf(line, sizeof line, "{\"step\":%ld,\"hash\":\"%s\",\"loss\":%.6f,\"samples\":%ld}", s,
+                     hash, bev.count ? bev.loss_sum / (double)bev.count : 0.0, bev.count);
+            agent_steplog_write(slog, line);
+        }
+        if (s % cfg->log_every == 0 || s == cfg->steps) {
+            double now = now_s();
+            double sps = (t->samples - samples_last) / (now - tlast);
+            double eta = (now - t0) / (double)(s - first) * (double)(cfg->steps - s);
+            char etas[32];
+            fmt_dur(eta, etas, sizeof etas);
+            printf("step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %.0f samples/s | "
+                   "ETA %s\n",
+                   s, cfg->steps, win_count ? win_loss / win_count : NAN, lr, gnorm, sps, etas);
+            fflush(stdout);
+            tlast = now;
+            samples_last = t->samples;
+            win_loss = 0;
+            win_count = 0;
+        }
+        if (cfg->ckpt_every && s % cfg->ckpt_every == 0 && s != cfg->steps &&
+            (rc = agent_trainer_save(t, err, cap)))
+            return rc;
+        if (cfg->eval_every && s % cfg->eval_every == 0 && s != cfg->steps) {
+            if ((rc = agent_trainer_evaluate(t, cfg->eval_batches, &ev, err, cap)))
+                return rc;
+            char when[48];
+            snprintf(when, sizeof when, "at step %ld", s);
+            print_eval(t, when, &ev);
+        }
+    }
+    printf("train: %ld steps in %.1f s\n", cfg->steps - first, now_s() - t0);
+    return CM_OK;
+}
+
+int agent_cmd_train(int argc, char **argv)
+{
+    struct train_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    FILE *slog = NULL;
     struct agent_train_config cfg;
     char err[512] = "";
-    int rc = agent_train_config_load(config, &cfg, err, sizeof err);
+    rc = agent_train_config_load(o.config, &cfg, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "train: %s: %s\n", config, err);
+        fprintf(stderr, "train: %s: %s\n", o.config, err);
         return 1;
     }
-    if (device)
-        snprintf(cfg.device, sizeof cfg.device, "%s", device);
-    if (threads >= 0)
-        cfg.threads = threads;
-    if (steps)
-        cfg.steps = steps;
-    if (data_seed)
-        cfg.data_seed = data_seed;
-    if (step_log && !(slog = fopen(step_log, "a"))) {
-        fprintf(stderr, "train: cannot open the step log %s\n", step_log);
+    if (o.device)
+        snprintf(cfg.device, sizeof cfg.device, "%s", o.device);
+    if (o.threads >= 0)
+        cfg.threads = o.threads;
+    if (o.steps)
+        cfg.steps = o.steps;
+    if (o.data_seed)
+        cfg.data_seed = o.data_seed;
+    if (o.step_log && !(slog = fopen(o.step_log, "a"))) {
+        fprintf(stderr, "train: cannot open the step log %s\n", o.step_log);
         return 1;
     }
     size_t text_len = 0;
-    char *text = read_all(config, &text_len);
+    char *text = read_all(o.config, &text_len);
     struct agent_trainer t;
     rc = agent_trainer_init(&t, &cfg, text, text_len, err, sizeof err);
     int resumed = 0;
@@ -186,62 +264,8 @@ int agent_cmd_train(int argc, char **argv)
             goto fail;
         print_eval(&t, "before", &ev);
     }
-    double t0 = now_s(), tlast = t0;
-    double samples_last = 0;
-    long first = t.opt->step;
-    double win_loss = 0;
-    long win_count = 0, win_correct = 0;
-    while (t.opt->step < cfg.steps) {
-        struct kern_eval bev;
-        float gnorm = 0, lr = 0;
-        if ((rc = agent_trainer_compute_grads(&t, &bev))) {
-            snprintf(err, sizeof err, "step %ld: %s", t.opt->step, cm_strerror(rc));
-            goto fail;
-        }
-        if ((rc = agent_trainer_apply(&t, &gnorm, &lr))) {
-            snprintf(err, sizeof err, "step %ld: optimizer: %s", t.opt->step, cm_strerror(rc));
-            goto fail;
-        }
-        win_loss += bev.loss_sum;
-        win_count += bev.count;
-        win_correct += bev.correct;
-        long s = t.opt->step;
-        if (slog) {
-            char hash[65], line[256];
-            if ((rc = agent_param_hash(t.model, hash)))
-                goto fail;
-            snprintf(line, sizeof line, "{\"step\":%ld,\"hash\":\"%s\",\"loss\":%.6f,\"samples\":%ld}", s,
-                     hash, bev.count ? bev.loss_sum / (double)bev.count : 0.0, bev.count);
-            agent_steplog_write(slog, line);
-        }
-        if (s % cfg.log_every == 0 || s == cfg.steps) {
-            double now = now_s();
-            double sps = (t.samples - samples_last) / (now - tlast);
-            double eta = (now - t0) / (double)(s - first) * (double)(cfg.steps - s);
-            char etas[32];
-            fmt_dur(eta, etas, sizeof etas);
-            printf("step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %.0f samples/s | "
-                   "ETA %s\n",
-                   s, cfg.steps, win_count ? win_loss / win_count : NAN, lr, gnorm, sps, etas);
-            fflush(stdout);
-            tlast = now;
-            samples_last = t.samples;
-            win_loss = 0;
-            win_count = win_correct = 0;
-        }
-        if (cfg.ckpt_every && s % cfg.ckpt_every == 0 && s != cfg.steps &&
-            (rc = agent_trainer_save(&t, err, sizeof err)))
-            goto fail;
-        if (cfg.eval_every && s % cfg.eval_every == 0 && s != cfg.steps) {
-            if ((rc = agent_trainer_evaluate(&t, cfg.eval_batches, &ev, err, sizeof err)))
-                goto fail;
-            char when[48];
-            snprintf(when, sizeof when, "at step %ld", s);
-            print_eval(&t, when, &ev);
-        }
-    }
-    double secs = now_s() - t0;
-    printf("train: %ld steps in %.1f s\n", cfg.steps - first, secs);
+    if ((rc = train_steps(&t, &cfg, slog, err, sizeof err)))
+        goto fail;
     if (*cfg.ckpt_dir) {
         if ((rc = agent_trainer_save(&t, err, sizeof err)))
             goto fail;

@@ -4,17 +4,20 @@
  * wrong password and a non-allowlisted run fail with a clear message and
  * leave no pass behind, renewal issues a new pass for the same key, and
  * join refuses each bad option (exit 2, a sentence naming it) before it
- * contacts anything or writes a run directory. */
+ * contacts anything or writes a run directory, and Ctrl-C during join's
+ * start-up stops it there (at the next stage, or at once the second time). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +58,7 @@ static int g_teardown_failed;
 static int teardown(void **state)
 {
     (void)state;
+    kill(g_c.pid, SIGCONT); /* test_ctrl_c_during_start_up stops it */
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_rmrf(g_dir);
@@ -197,11 +201,61 @@ static void test_failures_are_clear(void **state)
     free(out);
 }
 
+/* 1 when pid is still running. */
+static int alive(pid_t pid)
+{
+    int st;
+    return waitpid(pid, &st, WNOHANG) == 0;
+}
+
+/* Ctrl-C while join is starting: the coordinator is stopped (SIGSTOP), so
+ * the agent sits in its access-pass request. The first Ctrl-C must not kill
+ * it there (that would be the default action: the old agent died at once,
+ * wherever it was); when the request completes it leaves before the next
+ * stage, exit 130, saying so and nothing else. A second Ctrl-C during
+ * start-up exits at once. */
+static void test_ctrl_c_during_start_up(void **state)
+{
+    (void)state;
+    char log[400];
+    snprintf(log, sizeof log, "%s/join-ctrl-c.log", g_dir);
+    const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", "demo", "--config-dir", g_dir, NULL};
+    assert_int_equal(kill(g_c.pid, SIGSTOP), 0);
+
+    /* twice: out at once */
+    pid_t pid = ct_spawn(argv, log);
+    assert_true(pid > 0);
+    usleep(1500000);
+    assert_true(alive(pid));
+    kill(pid, SIGINT);
+    usleep(500000);
+    assert_true(alive(pid)); /* in its request, the Ctrl-C noted */
+    kill(pid, SIGINT);
+    assert_int_equal(ct_wait(pid, 5), 130);
+
+    /* once: out at the next stage, when the request is answered */
+    pid = ct_spawn(argv, log);
+    assert_true(pid > 0);
+    usleep(1500000);
+    kill(pid, SIGINT);
+    usleep(500000);
+    assert_true(alive(pid));
+    assert_int_equal(kill(g_c.pid, SIGCONT), 0);
+    int rc = ct_wait(pid, 40);
+    char *out = ct_read_file(log, NULL);
+    if (rc != 130 || !out || !strstr(out, "left during start-up (Ctrl-C)"))
+        fail_msg("join after one Ctrl-C in start-up: exit %d, said: %s", rc, out ? out : "");
+    /* it did not go on to read the run (which has no recipe here) */
+    assert_null(strstr(out, "training recipe"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_login_and_pass),
         cmocka_unit_test(test_failures_are_clear),
+        cmocka_unit_test(test_ctrl_c_during_start_up),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
