@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "agent/dp/sched_follow.h"
+#include "agent/peer/caps.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
 
