@@ -40,6 +40,23 @@ static size_t on_data(char *d, size_t sz, size_t n, void *ud)
     return len;
 }
 
+/* curl's progress callback: nonzero aborts the transfer (Ctrl-C). */
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    (void)dt, (void)dn, (void)ut, (void)un;
+    const volatile sig_atomic_t *cancel = arg;
+    return *cancel != 0;
+}
+
+static void cancel_opts(CURL *h, const struct agent_client *c)
+{
+    if (!c->cancel)
+        return;
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, (void *)c->cancel);
+}
+
 int agent_request(const struct agent_client *c, const char *method, const char *path, json_t *body,
                   struct agent_reply *out)
 {
@@ -73,9 +90,12 @@ int agent_request(const struct agent_client *c, const char *method, const char *
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https,http");
     if (c->ca_cert)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_cert);
+    cancel_opts(h, c);
     CURLcode rc = curl_easy_perform(h);
     int ret = CM_OK;
-    if (rc != CURLE_OK) {
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+        ret = CM_ECANCELED;
+    } else if (rc != CURLE_OK) {
         fprintf(stderr, "error: %s %s: %s%s\n", method, url,
                 b.overflow ? "answer too large" : curl_easy_strerror(rc),
                 rc == CURLE_PEER_FAILED_VERIFICATION
@@ -241,6 +261,7 @@ static void common_opts(CURL *h, const struct agent_client *c, const char *url, 
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https,http");
     if (c->ca_cert)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_cert);
+    cancel_opts(h, c);
 }
 
 int agent_download_file(const struct agent_client *c, const char *path, const char *dest,
@@ -271,9 +292,10 @@ int agent_download_file(const struct agent_client *c, const char *path, const ch
     int ok = fflush(x.f) == 0 && fsync(fileno(x.f)) == 0;
     ok = fclose(x.f) == 0 && ok;
     if (cc != CURLE_OK) {
-        fprintf(stderr, "error: GET %s: %s\n", url, curl_easy_strerror(cc));
+        if (cc != CURLE_ABORTED_BY_CALLBACK)
+            fprintf(stderr, "error: GET %s: %s\n", url, curl_easy_strerror(cc));
         unlink(part);
-        return CM_ECONN;
+        return cc == CURLE_ABORTED_BY_CALLBACK ? CM_ECANCELED : CM_ECONN;
     }
     if (*status != 200) {
         unlink(part);
@@ -332,8 +354,9 @@ int agent_upload_file(const struct agent_client *c, const char *path, const char
         out->json = json_loadb(b.p, b.len, 0, NULL);
     free(b.p);
     if (cc != CURLE_OK) {
-        fprintf(stderr, "error: PUT %s: %s\n", url, curl_easy_strerror(cc));
-        return CM_ECONN;
+        if (cc != CURLE_ABORTED_BY_CALLBACK)
+            fprintf(stderr, "error: PUT %s: %s\n", url, curl_easy_strerror(cc));
+        return cc == CURLE_ABORTED_BY_CALLBACK ? CM_ECANCELED : CM_ECONN;
     }
     return CM_OK;
 }

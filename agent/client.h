@@ -6,11 +6,15 @@
 #define AGENT_CLIENT_H
 
 #include <jansson.h>
+#include <signal.h>
 
 struct agent_client {
     char *url;     /* https://host:port, no trailing slash */
     char *ca_cert; /* NULL: system CAs */
     char *token;   /* bearer session, or NULL */
+    /* When set and nonzero (Ctrl-C), a request in flight is abandoned with
+       CM_ECANCELED, without a message (a download leaves no file). */
+    const volatile sig_atomic_t *cancel;
 };
 
 struct agent_reply {
@@ -19,7 +23,8 @@ struct agent_reply {
 };
 
 /* Performs one request (body may be NULL). Returns CM_OK when an HTTP answer
- * came back (any status), or CM_ECONN/CM_ETIMEOUT with a message on stderr. */
+ * came back (any status), CM_ECONN/CM_ETIMEOUT with a message on stderr, or
+ * CM_ECANCELED (see cancel). */
 int agent_request(const struct agent_client *c, const char *method, const char *path,
                   json_t *body, struct agent_reply *out);
 void agent_reply_free(struct agent_reply *r);

@@ -315,7 +315,7 @@ static int test_hooks(struct dp_state *s, int64_t *skew_ms)
 /* The runtime's stages with the role's set-up between them (order in
  * runtime.h): the recipe needs the session, the model the recipe, the
  * catch-up the model, the probes a schedule. 0, or 1 on failure. */
-static int start(struct dp_state *s)
+static int start_stages(struct dp_state *s)
 {
     char err[512];
     if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || g_interrupts || fetch_run(s) != CM_OK ||
@@ -350,6 +350,17 @@ static int start(struct dp_state *s)
            s->o.client_mode ? ", client mode" : "", s->target, s->steps, s->tr.model->nparams);
     s->rt.cfg.probes = s->js != NULL; /* they measure for the schedules */
     return peer_rt_start(&s->rt, PEER_STAGE_PROBES) != CM_OK;
+}
+
+/* Start-up, where Ctrl-C also abandons a request to the coordinator in
+ * flight (the recipe, the checkpoint download); once training, requests
+ * run to their end (a checkpoint upload is not cut by the first Ctrl-C). */
+static int start(struct dp_state *s)
+{
+    s->rt.coord.cancel = &g_interrupts;
+    int rc = start_stages(s);
+    s->rt.coord.cancel = NULL;
+    return rc;
 }
 
 /* After the loop: linger for peers behind, evaluate, export. */

@@ -67,7 +67,7 @@ int64_t peer_rt_now_ms(const struct peer_rt *rt)
  * error is at most half of it). Kept as it was when the coordinator cannot
  * be read (an older one without the endpoint, or a trip over 2 s). */
 #define CLOCK_MAX_RTT_MS 2000
-static void clock_sync(struct peer_rt *rt, int verbose)
+static int clock_sync(struct peer_rt *rt, int verbose)
 {
     int64_t best = -1, off = 0;
     for (int i = 0; i < 3 && !peer_rt_interrupted(rt); i++) {
@@ -82,18 +82,21 @@ static void clock_sync(struct peer_rt *rt, int verbose)
         }
         agent_reply_free(&r);
     }
+    if (peer_rt_interrupted(rt))
+        return CM_ECANCELED;
     if (best < 0 || best > CLOCK_MAX_RTT_MS) {
         if (verbose)
             fprintf(stderr, "warning: could not read the coordinator's clock%s; using this machine's "
                             "(peers whose clocks differ by more than the round window cannot average "
                             "together)\n", best > CLOCK_MAX_RTT_MS ? " (round trip over 2 s)" : "");
-        return;
+        return CM_OK;
     }
     int64_t was = __atomic_exchange_n(&rt->clock_offset_ms, off, __ATOMIC_RELAXED);
     if (verbose ? (off >= 250 || off <= -250) : (off - was >= 250 || was - off >= 250))
         printf("%sclock: this machine's is %.1f s %s the coordinator's (round trip %lld ms); the "
                "collaboration's times follow the coordinator's\n", verbose ? "" : "\n",
                (double)(off < 0 ? -off : off) / 1000.0, off > 0 ? "behind" : "ahead of", (long long)best);
+    return CM_OK;
 }
 
 /* ---- session ---- */
@@ -246,7 +249,7 @@ int peer_rt_renew_pass(struct peer_rt *rt)
     if (rt->rep)
         peer_reporter_set_token(rt->rep, rt->token);
     if (rt->stage >= PEER_STAGE_CLOCK)
-        clock_sync(rt, 0); /* clocks drift: measure again with each pass */
+        (void)clock_sync(rt, 0); /* clocks drift: measure again with each pass */
     if (rt->net && peer_net_set_token(rt->net, rt->token) != CM_OK)
         fprintf(stderr, "\nwarning: could not install the renewed pass\n");
     else
@@ -360,6 +363,12 @@ static void stop_probes(struct peer_rt *rt)
     pthread_mutex_unlock(&rt->probe_mu);
     pthread_join(rt->probe_th, NULL);
     rt->probe_started = 0;
+    /* a later start measures its own peers */
+    memset(&rt->probe_caps, 0, sizeof rt->probe_caps);
+    rt->n_probe_hist = 0;
+    rt->probe_new = 0;
+    memset(&rt->caps, 0, sizeof rt->caps);
+    rt->caps_at = 0;
 }
 
 /* ---- lifecycle ---- */
@@ -368,7 +377,7 @@ static int start_stage(struct peer_rt *rt, enum peer_stage st)
     switch (st) {
     case PEER_STAGE_SESSION: return start_session(rt);
     case PEER_STAGE_PASS: return start_pass(rt);
-    case PEER_STAGE_CLOCK: clock_sync(rt, 1); return CM_OK;
+    case PEER_STAGE_CLOCK: return clock_sync(rt, 1);
     case PEER_STAGE_NET: return start_net(rt);
     case PEER_STAGE_REPORTS: return start_reports(rt);
     case PEER_STAGE_PROBES: return start_probes(rt);
@@ -380,9 +389,10 @@ int peer_rt_start(struct peer_rt *rt, enum peer_stage upto)
 {
     if (upto < PEER_STAGE_NONE || upto > PEER_STAGE_ALL)
         return CM_EINVAL;
-    if (!rt->cfg.run || !rt->cfg.run[0])
+    if (!rt->cfg.run || !cm_name_valid(rt->cfg.run))
         return CM_EINVAL;
-    while (rt->stage < upto) {
+    int rc = CM_OK;
+    while (rt->stage < upto && rc == CM_OK) {
         enum peer_stage next = (enum peer_stage)(rt->stage + 1);
         if (peer_rt_interrupted(rt))
             return CM_ECANCELED;
@@ -390,12 +400,16 @@ int peer_rt_start(struct peer_rt *rt, enum peer_stage upto)
             rt->cfg.on_stage(rt->cfg.on_stage_arg, next);
         if (peer_rt_interrupted(rt))
             return CM_ECANCELED;
-        int rc = start_stage(rt, next);
-        if (rc != CM_OK)
-            return rc;
-        rt->stage = next;
+        /* Ctrl-C abandons the coordinator's requests of the start-up (they
+           may wait 30 s for an answer); later ones are the role's to cancel */
+        const volatile sig_atomic_t *was = rt->coord.cancel;
+        rt->coord.cancel = rt->cfg.interrupted;
+        rc = start_stage(rt, next);
+        rt->coord.cancel = was;
+        if (rc == CM_OK)
+            rt->stage = next;
     }
-    return CM_OK;
+    return rc != CM_OK && peer_rt_interrupted(rt) ? CM_ECANCELED : rc;
 }
 
 void peer_rt_stop(struct peer_rt *rt)

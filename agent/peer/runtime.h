@@ -23,8 +23,11 @@
  * running yet, so a role can start a few stages, do its own set-up (read
  * the run, build its model, catch up) and start the rest; peer_rt_stop()
  * stops whatever runs, in any state, and may be called again. Ctrl-C
- * (cfg.interrupted) is checked before each stage and inside every wait of
- * one: start then returns CM_ECANCELED with the earlier stages running.
+ * (cfg.interrupted) is checked before each stage and in the stages' waits
+ * (the coordinator's requests are abandoned, the pass's wait for a DHT
+ * backbone stops; the DHT bootstrap of the net stage runs its 3 s): start
+ * then returns CM_ECANCELED with the earlier stages running. cfg.run must
+ * be a valid run name (cm_name_valid).
  *
  * The role gives the runtime what only it knows through struct peer_role:
  * how to save and load its state, which step that state is at, and which
