@@ -14,7 +14,10 @@
  *    the old, revoked pass, serves us again); when renewal is due;
  *  - Ctrl-C (a real SIGINT and handler) at each stage of start-up: start
  *    returns CM_ECANCELED with the earlier stages running, stop takes them
- *    down, and start resumes once the interrupt is cleared.
+ *    down, and start resumes once the interrupt is cleared; and inside the
+ *    pass and clock stages' requests to a coordinator that stopped
+ *    answering (SIGSTOP): abandoned within a second, not at the request's
+ *    30 s deadline.
  * Each case runs in a forked child of its own with a deadline (SIGALRM), so
  * a hang in start or stop fails that case instead of the whole file, and
  * under ASan LeakSanitizer checks at the child's exit that the runtime
