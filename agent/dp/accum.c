@@ -93,7 +93,9 @@ static int observe(struct dp_loop *l)
     struct dp_acc *a = &l->a;
     struct dp_job *j = a->j;
     free(a->seen);
+    free(a->infos);
     a->seen = NULL;
+    a->infos = NULL;
     a->nseen = 0;
     if (dp_read_progress(s, &a->seen, &a->nseen) != CM_OK)
         return 0;
@@ -128,6 +130,8 @@ static int observe(struct dp_loop *l)
             a->seen[a->nseen++] = self;
         }
     }
+    if (!(a->infos = dp_infos(a->seen, a->nseen)))
+        return 0; /* no memory: as if the records could not be read */
     a->now = dp_now(s);
     collab_estimate(a->seen, a->nseen, a->acc_step, a->now, 30000, s->target, &a->view);
     if (a->view.max_step >= s->steps && s->finished_at == 0)
@@ -178,7 +182,7 @@ static int misplaced(struct dp_loop *l)
                    dp_round_going(s, a->seen, a->nseen, a->view.max_pstep, now);
         /* the parameters of the round in flight: we may hold them */
         char maj[COLLAB_HASH_HEX + 1];
-        dp_majority_hash(a->seen, a->nseen, l->step, now, maj);
+        peer_majority_hash(a->infos, a->nseen, l->step, now, maj);
         a->held = s->hash_step == l->step && maj[0] && !strncmp(maj, s->hash, COLLAB_HASH_HEX);
         if (!(a->going && a->held && a->view.max_pstep == l->step && a->acc_step == l->step + 1 &&
               !l->inflight)) {
@@ -200,7 +204,7 @@ static int misplaced(struct dp_loop *l)
        check ever saw two hashes of one step). */
     if (!s->o.aggregate_only && s->hash_step == l->step) {
         char maj[COLLAB_HASH_HEX + 1];
-        dp_majority_hash(a->seen, a->nseen, l->step, now, maj);
+        peer_majority_hash(a->infos, a->nseen, l->step, now, maj);
         if (maj[0] && strncmp(maj, s->hash, COLLAB_HASH_HEX) != 0) {
             a->diverged = 1;
             return 1;
@@ -317,7 +321,9 @@ enum dp_phase dp_accumulate(struct dp_loop *l)
             break;
     }
     free(a->seen);
+    free(a->infos);
     a->seen = NULL;
+    a->infos = NULL;
     a->nseen = 0;
     if (l->rc != CM_OK)
         return DP_STOP;

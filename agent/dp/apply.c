@@ -32,9 +32,12 @@ void dp_update_hash(struct dp_state *s, int64_t step)
 int dp_sync_from_peer(struct dp_state *s, int64_t min_step, int64_t *step, uint32_t wait_ms)
 {
     char from[PEER_ADDR_MAX] = "";
+    peer_rt_link_busy(&s->rt, 1); /* the hash of what came in too, as before the split */
     int rc = peer_rt_sync_from_peer(&s->rt, min_step, step, wait_ms, from);
-    if (rc != CM_OK)
+    if (rc != CM_OK) {
+        peer_rt_link_busy(&s->rt, -1);
         return rc;
+    }
     dp_update_hash(s, *step);
     printf("\nfetched the state of step %lld from a peer (%s, hash %.16s)\n", (long long)*step, from,
            s->hash);
@@ -42,6 +45,7 @@ int dp_sync_from_peer(struct dp_state *s, int64_t min_step, int64_t *step, uint3
     snprintf(line, sizeof line, "{\"step\":%lld,\"hash\":\"%s\",\"synced\":true,\"t_ms\":%lld}",
              (long long)*step, s->hash, (long long)dp_now(s));
     agent_steplog_write(s->steplog, line);
+    peer_rt_link_busy(&s->rt, -1);
     return CM_OK;
 }
 

@@ -16,8 +16,9 @@
  *
  * Threads: the training thread runs the loop and owns everything here
  * except a job whose round runs on its own thread (--delayed-updates): that
- * thread owns the job until round_done says so, and shares only js (under
- * js_mu) and the runtime's thread-safe services. */
+ * thread owns the job until dp_round_done says so, and otherwise shares js
+ * (under js_mu), the runtime's thread-safe services, and settings that do
+ * not change after start-up (options, the model's size, our key). */
 #ifndef AGENT_DP_DP_H
 #define AGENT_DP_DP_H
 
@@ -78,6 +79,8 @@ struct dp_job {
     struct dp_state *s;
     int64_t step;       /* the round's step (parameters' step before it) */
     int pull_only;      /* sends nothing, takes the average (s->pull_only at its start) */
+    int finished;       /* a peer was seen at the run's last step (s->finished_at, copied
+                           by the training thread: the round thread reads this one) */
     float *accum;       /* mean gradient in, averaged gradient out (n floats) */
     double samples, loss_sum, loss_n, compute_s, sps;
     /* results */
@@ -126,8 +129,7 @@ int dp_interrupted(const struct dp_state *s);
 int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double sps, double pledged);
 int dp_read_progress(struct dp_state *s, struct collab_progress **out, size_t *n);
 int dp_peers(void *ctx, struct peer_info **out, size_t *n);
-void dp_majority_hash(const struct collab_progress *p, size_t n, int64_t pstep, int64_t now,
-                      char out[COLLAB_HASH_HEX + 1]);
+struct peer_info *dp_infos(const struct collab_progress *p, size_t n);
 struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int others_only,
                                           int64_t until_ms, size_t extra, size_t *na);
 int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
@@ -194,6 +196,7 @@ struct dp_loop {
         int64_t acc_step;   /* the round we accumulate for */
         double samples, loss_sum, loss_n, compute_s;
         struct collab_progress *seen; /* the peers' progress, ourselves from memory */
+        struct peer_info *infos;      /* the same as peer_info (nseen) */
         size_t nseen;
         struct collab_view view;
         int behind, diverged, restart, held, going, open, holding;

@@ -89,18 +89,19 @@ static const struct cm_cmd_spec JOIN = {
     JOIN_OPTS, sizeof JOIN_OPTS / sizeof JOIN_OPTS[0], 1};
 
 
-/* Ctrl-C (and SIGTERM). During start-up the runtime and start() stop at
- * the next stage; a second one there exits at once (a checkpoint download
- * or a model build may take long, and nothing is committed yet: a partial
+/* Ctrl-C (and SIGTERM, alike). During start-up the runtime and start()
+ * stop at the next stage (exit status 128 + the signal, as if it had
+ * killed us, with a line saying so); a second one there exits at once (a
+ * model build may take long, and nothing is committed yet: a partial
  * download is a .part file that is never loaded). Once training, the loop
  * leaves after the current round, or abandons it at the second. */
-static volatile sig_atomic_t g_interrupts, g_starting;
+static volatile sig_atomic_t g_interrupts, g_starting, g_signal;
 static void on_sigint(int sig)
 {
-    (void)sig;
     g_interrupts++;
+    g_signal = sig;
     if (g_starting && g_interrupts >= 2)
-        _exit(130);
+        _exit(128 + sig);
 }
 
 /* ---- the role's callbacks for the runtime (struct peer_role) ---- */
@@ -120,8 +121,8 @@ static int role_load(void *ctx, int64_t *step, char *err, size_t cap)
     return rc;
 }
 
-/* Our parameters can be served when their hash is known (not between a
- * round's optimizer step and the hash of its result). */
+/* Our parameters can be served once their hash is known (-1 before the
+ * first hash, and for an aggregate-only peer, which holds none). */
 static int64_t role_state_step(void *ctx)
 {
     struct dp_state *s = ctx;
@@ -277,10 +278,6 @@ static int check_opts(struct dp_state *s)
         fprintf(stderr, "error: %s\n", bad);
         return -1;
     }
-    if (s->o.aggregate_only && s->o.client_mode) {
-        fprintf(stderr, "error: an --aggregate-only peer must accept connections (not --client-mode)\n");
-        return -1;
-    }
     return 0;
 }
 
@@ -424,6 +421,10 @@ int agent_cmd_join(int argc, char **argv)
     int status = 2;
     if (check_opts(s) != 0 || test_hooks(s, &s->rt.cfg.test_skew_ms) != 0)
         goto out;
+    if (s->o.aggregate_only && s->o.client_mode) {
+        fprintf(stderr, "error: an --aggregate-only peer must accept connections (not --client-mode)\n");
+        goto out;
+    }
     status = 1;
     struct sigaction sa = {0};
     sa.sa_handler = on_sigint;
@@ -432,9 +433,10 @@ int agent_cmd_join(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     int failed = start(s);
     g_starting = 0;
-    if (failed && g_interrupts) {
-        printf("left during start-up (Ctrl-C)\n");
-        status = 130;
+    if (g_interrupts) { /* also one that came after the last stage started */
+        printf("left during start-up (%s)\n", g_signal == SIGTERM ? "SIGTERM" : "Ctrl-C");
+        status = 128 + g_signal;
+        goto out;
     }
     if (failed)
         goto out;

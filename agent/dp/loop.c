@@ -28,8 +28,9 @@ static void job_reset(struct dp_job *j)
     j->s = s;
 }
 
-/* Applies the round in flight (waiting for its thread) and frees its job.
- * The caller compares l->step with the round's step + 1: a resync moved it
+/* Applies the round in flight (waiting for its thread) and frees its job
+ * (on success; on a fatal error the loop ends and frees both jobs). The
+ * caller compares l->step with the round's step + 1: a resync moved it
  * elsewhere. */
 int dp_finish_inflight(struct dp_loop *l)
 {
@@ -200,6 +201,7 @@ static enum dp_phase phase_average(struct dp_loop *l)
     j->loss_n = a->loss_n;
     j->compute_s = a->compute_s;
     j->sps = l->sps;
+    j->finished = s->finished_at > 0;
     if (s->o.delayed_updates && !s->o.aggregate_only &&
         pthread_create(&j->th, NULL, dp_round_thread, j) == 0) {
         j->threaded = 1;

@@ -115,19 +115,15 @@ int dp_peers(void *ctx, struct peer_info **out, size_t *n)
     return CM_OK;
 }
 
-/* peer_majority_hash over progress records (the runtime's rule, so the
- * loop's divergence check and state sync agree on the majority). */
-void dp_majority_hash(const struct collab_progress *p, size_t n, int64_t pstep, int64_t now,
-                      char out[COLLAB_HASH_HEX + 1])
+/* The records as the runtime's peer_info (*out heap; NULL on ENOMEM), for
+ * peer_majority_hash: the loop's divergence check and state sync then
+ * agree on the majority by one rule. */
+struct peer_info *dp_infos(const struct collab_progress *p, size_t n)
 {
     struct peer_info *q = calloc(n ? n : 1, sizeof *q);
-    out[0] = 0;
-    if (!q)
-        return;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; q && i < n; i++)
         to_info(&p[i], &q[i]);
-    peer_majority_hash(q, n, pstep, now, out);
-    free(q);
+    return q;
 }
 
 /* The announcements of the round of `step` in the DHT (authors' keys in

@@ -273,7 +273,7 @@ static int round_members(struct dp_job *j)
         senders += j->mem[i].sends;
     j->senders = senders;
     if (!s->o.aggregate_only && !j->pull_only &&
-        (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || s->finished_at > 0)))) {
+        (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || j->finished)))) {
         /* Our window holds no majority of the peers accumulating for this
            step (their announcements had not reached us, or ours not them),
            or we would step alone while other peers are about (catching up:

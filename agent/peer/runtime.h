@@ -177,8 +177,9 @@ double peer_mono_s(void);
 /* ---- pass ---- */
 /* 1 when a pass issued at iat, expiring at exp (Unix s) should be renewed at `now`. */
 int peer_pass_renew_due(int64_t iat, int64_t exp, int64_t now);
-/* Renews the pass now: CM_OK with a new token installed everywhere, or an
-   error with the current pass kept. */
+/* Renews the pass now: CM_OK with the new pass and its token handed to the
+   reporter and the p2p node (a node that refuses it is a warning), or an
+   error with the current pass kept, untouched. */
 int peer_rt_renew_pass(struct peer_rt *rt);
 /* Renews when due (a third of the lifetime left); failures are warnings. */
 void peer_rt_renew_pass_if_due(struct peer_rt *rt);
@@ -189,8 +190,9 @@ const char *peer_rt_username(const struct peer_rt *rt);
 const char *peer_rt_state_path(const struct peer_rt *rt);
 /* Marks the link busy (+1) or free (-1) for the probes. Any thread. */
 void peer_rt_link_busy(struct peer_rt *rt, int d);
-/* Loads the coordinator's newest checkpoint (only one past min_step when
-   min_step > 0) with role.load_state. CM_ENOTFOUND: none (worth loading). */
+/* Loads the coordinator's newest checkpoint (only one at min_step or later
+   when min_step > 0) with role.load_state. CM_ENOTFOUND: none (worth
+   loading). */
 int peer_rt_catch_up(struct peer_rt *rt, int64_t min_step, int64_t *step);
 /* Fetches a peer's state at step >= min_step and loads it (rules in
    state.c). CM_OK: *step moved, from_addr (PEER_ADDR_MAX) names the peer. */
@@ -198,8 +200,9 @@ int peer_rt_sync_from_peer(struct peer_rt *rt, int64_t min_step, int64_t *step, 
                            char *from_addr);
 /* Serves our state of `step` when a peer asked for it and we hold it. */
 void peer_rt_serve_state(struct peer_rt *rt, int64_t step);
-/* The hash most fresh compute peers at parameter step `pstep` hold (ties:
-   the smallest), "" when none published one. */
+/* The hash most fresh peers at parameter step `pstep` hold (ties: the
+   smallest), among the hashes that fresh compute peers published; "" when
+   none did. */
 void peer_majority_hash(const struct peer_info *p, size_t n, int64_t pstep, int64_t now,
                         char out[PEER_HASH_HEX + 1]);
 
