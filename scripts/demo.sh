@@ -93,6 +93,13 @@ for p in $pids; do wait "$p" || fail=1; done
 for i in $(seq 2 "$AGENTS"); do
   printf 'agent %s: %s\n' "$i" "$(grep -a 'evaluation at step' "$work/agent$i.log" | tail -n 1)"
 done
+# every agent applied the same averaged steps: their exports must be the same bytes
+first=$(sha256sum "$work/agent1/fmnist-demo.safetensors" | cut -c1-64)
+for i in $(seq 2 "$AGENTS"); do
+  h=$(sha256sum "$work/agent$i/fmnist-demo.safetensors" | cut -c1-64)
+  [ "$h" = "$first" ] || { echo "agent $i exported a different model ($h, agent 1: $first)"; exit 1; }
+done
+echo "the $AGENTS agents exported identical models (sha256 $(echo "$first" | cut -c1-16)...)"
 mkdir -p build/demo
 cp "$work/agent1/fmnist-demo.safetensors" build/demo/fmnist-demo.safetensors
 echo "checkpoints on the coordinator:"
