@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define O(f) offsetof(struct coord_config, f)
@@ -220,6 +221,40 @@ static int write_url_file(const char *dir, const char *url)
     return CM_OK;
 }
 
+/* SIGTERM and SIGINT are taken by sigwait in the main thread; every thread
+ * we start inherits them blocked. Threads that a library starts before
+ * main() do not: OpenBLAS's pool comes from its constructor (the kernels
+ * are linked into every binary) with nothing blocked. The kernel may hand
+ * a process-directed SIGTERM to such a thread when the main thread is not
+ * in sigwait at that instant (seen: a coordinator stopped and continued
+ * around the signal, as test_agent_login does), and the default action
+ * then killed the process instead of stopping it gracefully. This handler
+ * only ever runs on such threads (everywhere else the signals are blocked)
+ * and hands the signal to the main thread, where sigwait takes it. */
+static pid_t g_main_tid;
+static void forward_to_main(int sig)
+{
+    int saved = errno;
+    syscall(SYS_tgkill, getpid(), g_main_tid, sig);
+    errno = saved;
+}
+
+static void catch_stop_signals(sigset_t *set)
+{
+    g_main_tid = (pid_t)syscall(SYS_gettid);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward_to_main;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     struct coord_config cfg = {0};
@@ -242,10 +277,7 @@ static int cmd_serve(int argc, char **argv)
 
     /* Signals are handled by sigwait in this thread only; workers inherit the mask. */
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    catch_stop_signals(&set);
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     raise_nofile(cfg.max_connections);
