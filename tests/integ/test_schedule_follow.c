@@ -83,6 +83,7 @@ static int g_teardown_failed;
 #define MAXAGENTS (NAGENTS + 1)
 struct collab {
     const char *test; /* the test that checks it */
+    const char *run;
     int n;            /* agents */
     int started;
     char dirs[MAXAGENTS][256], logs[MAXAGENTS][320], steplogs[MAXAGENTS][320];
@@ -141,7 +142,7 @@ static int create_run(const char *name, const char *roles, int group_size)
 
 /* Starts agent i of a collaboration: `crowdtrain-agent join` as a volunteer
  * types it, with the test's windows and its own extra options (NULL-ended). */
-static int spawn(struct collab *c, int i, const char *run, const char *log_tag, const char *steps_name,
+static int spawn(struct collab *c, int i, const char *log_tag, const char *steps_name,
                  const char *const *extra)
 {
     snprintf(c->logs[i], sizeof c->logs[i], "build/test-logs/%s-agent%d.log", log_tag, i);
@@ -150,10 +151,12 @@ static int spawn(struct collab *c, int i, const char *run, const char *log_tag, 
         memcpy(dir, c->dirs[i], sizeof dir);
         snprintf(c->steplogs[i], sizeof c->steplogs[i], "%.250s/%s", dir, steps_name);
     }
-    const char *argv[32] = {ct_bin("crowdtrain-agent"), "join", "--run", run, "--config-dir", c->dirs[i],
+    const char *argv[32] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dirs[i],
                             "--listen-ip", "127.0.0.1", "--device", "cpu", "--round-window-ms", "400",
                             "--outcome-window-ms", "1000", "--stall-ms", "8000", "--no-eval"};
-    int n = 17;
+    int n = 0;
+    while (argv[n])
+        n++;
     if (steps_name) {
         argv[n++] = "--step-log";
         argv[n++] = c->steplogs[i];
@@ -173,6 +176,24 @@ static int selected(const char *test)
     return !f || fnmatch(f, test, 0) == 0;
 }
 
+/* Readies a collaboration of n agents checked by `test` on a new run
+ * (compute_roles `roles`, NULL: unset; group_size, 0: unset): its
+ * volunteers logged in, each in a state dir. 1: spawn its agents now; 0:
+ * its test is filtered out; -1: error. */
+static int prepare(struct collab *c, const char *test, const char *run, int n, const char *roles,
+                   int group_size)
+{
+    c->test = test;
+    c->run = run;
+    c->n = n;
+    if (!selected(test))
+        return 0;
+    if (create_run(run, roles, group_size) != 0 || ct_volunteers(&g_c, g_org, run, n, c->dirs) != 0)
+        return -1;
+    c->started = 1;
+    return 1;
+}
+
 /* The compute role (test_pull_only_role): three agents, the third with a
  * 2 Mbit/s upload. */
 #define PO_RUN "fmnist-po"
@@ -180,19 +201,13 @@ static int selected(const char *test)
 static int start_pull_only(void)
 {
     struct collab *c = &g_po;
-    c->test = "test_pull_only_role";
-    c->n = PO_AGENTS;
-    if (!selected(c->test))
-        return 0;
-    if (create_run(PO_RUN, "lp", 0) != 0 || ct_volunteers(&g_c, g_org, PO_RUN, c->n, c->dirs) != 0)
-        return -1;
-    c->started = 1;
-    for (int i = 0; i < c->n; i++) {
+    int rc = prepare(c, "test_pull_only_role", PO_RUN, PO_AGENTS, "lp", 0);
+    for (int i = 0; rc > 0 && i < c->n; i++) {
         const char *slow[] = {"--max-upload-mbps", "2", NULL};
-        if (spawn(c, i, PO_RUN, "pull_only", "po.steps", i == 2 ? slow : NULL) != 0)
+        if (spawn(c, i, "pull_only", "po.steps", i == 2 ? slow : NULL) != 0)
             return -1;
     }
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
 
 /* Group rounds (test_group_rounds): four agents and an aggregate-only
@@ -202,19 +217,13 @@ static int start_pull_only(void)
 static int start_groups(void)
 {
     struct collab *c = &g_gr;
-    c->test = "test_group_rounds";
-    c->n = NAGENTS + 1;
-    if (!selected(c->test))
-        return 0;
-    if (create_run(GR_RUN, NULL, 2) != 0 || ct_volunteers(&g_c, g_org, GR_RUN, c->n, c->dirs) != 0)
-        return -1;
-    c->started = 1;
-    for (int i = 0; i < c->n; i++) {
+    int rc = prepare(c, "test_group_rounds", GR_RUN, NAGENTS + 1, NULL, 2);
+    for (int i = 0; rc > 0 && i < c->n; i++) {
         const char *aux[] = {"--aggregate-only", NULL};
-        if (spawn(c, i, GR_RUN, "groups", i < NAGENTS ? "groups.steps" : NULL, i < NAGENTS ? NULL : aux) != 0)
+        if (spawn(c, i, "groups", i < NAGENTS ? "groups.steps" : NULL, i < NAGENTS ? NULL : aux) != 0)
             return -1;
     }
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
 
 /* The schedule's rounds (test_agents_follow_schedule): two agents capped
@@ -222,21 +231,15 @@ static int start_groups(void)
 static int start_follow(void)
 {
     struct collab *c = &g_sf;
-    c->test = "test_agents_follow_schedule";
-    c->n = NAGENTS;
-    if (!selected(c->test))
-        return 0;
-    if (create_run(RUN, NULL, 0) != 0 || ct_volunteers(&g_c, g_org, RUN, c->n, c->dirs) != 0)
-        return -1;
-    c->started = 1;
-    for (int i = 0; i < c->n; i++) {
+    int rc = prepare(c, "test_agents_follow_schedule", RUN, NAGENTS, NULL, 0);
+    for (int i = 0; rc > 0 && i < c->n; i++) {
         char mbps[16];
         snprintf(mbps, sizeof mbps, "%g", i < 2 ? FAST_MBPS : SLOW_MBPS);
         const char *caps[] = {"--max-upload-mbps", mbps, "--max-download-mbps", mbps, NULL};
-        if (spawn(c, i, RUN, "schedule_follow", "sched.steps", caps) != 0)
+        if (spawn(c, i, "schedule_follow", "sched.steps", caps) != 0)
             return -1;
     }
-    return 0;
+    return rc < 0 ? -1 : 0;
 }
 
 /* Waits for a collaboration's agents (all but `skip`, -1: none) to finish
