@@ -221,6 +221,32 @@ static int write_url_file(const char *dir, const char *url)
     return CM_OK;
 }
 
+/* "[::1]" -> "::1" in place. */
+static void strip_brackets(char *h)
+{
+    size_t n = strlen(h);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        memmove(h, h + 1, n - 2);
+        h[n - 2] = '\0';
+    }
+}
+
+/* The host of a URL ("https://[::1]:8443/x" -> "::1"); "" when there is
+ * none. */
+static void url_host(const char *url, char *out, size_t cap)
+{
+    out[0] = '\0';
+    const char *p = url ? strstr(url, "://") : NULL;
+    if (!p)
+        return;
+    p += 3;
+    size_t n = *p == '[' ? strcspn(p, "]") + 1 : strcspn(p, ":/");
+    if (n > 0 && n < cap) {
+        snprintf(out, cap, "%.*s", (int)n, p);
+        strip_brackets(out);
+    }
+}
+
 /* SIGTERM and SIGINT are taken by sigwait in the main thread; every thread
  * we start inherits them blocked. Threads that a library starts before
  * main() do not: OpenBLAS's pool comes from its constructor (the kernels
@@ -312,11 +338,14 @@ static int cmd_serve(int argc, char **argv)
     cm_key_id(srv.signing_key.pub, srv.kid);
     CM_LOGI("main", "%s signing key %s (kid %s)", created ? "created" : "loaded", keypath, srv.kid);
 
-    char host[64] = "";
+    char host[64] = "", pub_host[256] = "";
     const char *colon = strrchr(cfg.listen, ':');
     if (colon && (size_t)(colon - cfg.listen) < sizeof host)
         snprintf(host, sizeof host, "%.*s", (int)(colon - cfg.listen), cfg.listen);
-    if ((rc = coord_tls_load(cfg.tls_cert, cfg.tls_key, cfg.data_dir, host, &srv.tls_cert_pem,
+    strip_brackets(host);
+    url_host(cfg.public_url, pub_host, sizeof pub_host);
+    const char *tls_hosts[] = {host, pub_host};
+    if ((rc = coord_tls_load(cfg.tls_cert, cfg.tls_key, cfg.data_dir, tls_hosts, 2, &srv.tls_cert_pem,
                              &srv.tls_key_pem)) != CM_OK)
         goto out;
 
@@ -326,19 +355,10 @@ static int cmd_serve(int argc, char **argv)
     PQfinish(pg);
     pg = NULL;
 
-    if (!cfg.dht_advertise) {
-        char adv[256] = "127.0.0.1";
-        const char *pu = cfg.public_url ? strstr(cfg.public_url, "://") : NULL;
-        if (pu) {
-            pu += 3;
-            size_t hl = strcspn(pu, ":/");
-            if (hl > 0 && hl < sizeof adv)
-                snprintf(adv, sizeof adv, "%.*s", (int)hl, pu);
-        } else if (host[0] && strcmp(host, "0.0.0.0") != 0) {
-            snprintf(adv, sizeof adv, "%s", host);
-        }
-        cfg.dht_advertise = strdup(adv);
-    }
+    if (!cfg.dht_advertise)
+        cfg.dht_advertise = strdup(pub_host[0] ? pub_host
+                                   : host[0] && strcmp(host, "0.0.0.0") && strcmp(host, "::") ? host
+                                   : "127.0.0.1");
     if ((rc = coord_db_pool_new(cfg.database_url, (int)cfg.db_pool, (int)cfg.db_timeout_ms,
                                 (int)cfg.db_timeout_ms, &srv.db)) != CM_OK ||
         (rc = coord_metrics_new(srv.nroutes, &srv.metrics)) != CM_OK ||

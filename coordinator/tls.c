@@ -84,7 +84,28 @@ static char *bio_text(BIO *b)
     return s;
 }
 
-static int generate(const char *host, char **cert_pem, char **key_pem)
+/* Names every self-signed certificate covers anyway; 0.0.0.0 and :: are
+ * "any address", not a host. */
+static int is_builtin_host(const char *h)
+{
+    return !strcmp(h, "0.0.0.0") || !strcmp(h, "::") || !strcmp(h, "127.0.0.1") || !strcmp(h, "::1") ||
+           !strcmp(h, "localhost");
+}
+
+/* Whether the certificate verifies for host (an IP or a DNS name). */
+static int cert_covers(const char *cert_pem, const char *host)
+{
+    BIO *b = BIO_new_mem_buf(cert_pem, -1);
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    unsigned char a[16];
+    int ip = inet_pton(AF_INET, host, a) == 1 || inet_pton(AF_INET6, host, a) == 1;
+    int ok = x && (ip ? X509_check_ip_asc(x, host, 0) : X509_check_host(x, host, 0, 0, NULL)) == 1;
+    X509_free(x);
+    BIO_free(b);
+    return ok;
+}
+
+static int generate(const char *const *hosts, size_t nhosts, char **cert_pem, char **key_pem)
 {
     int rc = CM_ECRYPTO;
     EVP_PKEY *key = EVP_EC_gen("P-256");
@@ -107,13 +128,17 @@ static int generate(const char *host, char **cert_pem, char **key_pem)
     X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, (const unsigned char *)"Crowdtrain", -1, -1, 0);
     X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, (const unsigned char *)"crowdtrain-coordinator", -1, -1, 0);
     X509_set_issuer_name(x, name);
-    char san[512];
-    struct in_addr a4;
-    if (host && *host && strcmp(host, "0.0.0.0") && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
-        snprintf(san, sizeof san, "DNS:localhost,IP:127.0.0.1,IP:::1,%s:%s",
-                 inet_pton(AF_INET, host, &a4) == 1 ? "IP" : "DNS", host);
-    else
-        snprintf(san, sizeof san, "DNS:localhost,IP:127.0.0.1,IP:::1");
+    char san[1024];
+    size_t off = (size_t)snprintf(san, sizeof san, "DNS:localhost,IP:127.0.0.1,IP:::1");
+    for (size_t i = 0; i < nhosts; i++) {
+        if (!hosts[i] || !*hosts[i] || is_builtin_host(hosts[i]) || off >= sizeof san)
+            continue;
+        unsigned char a[16];
+        int ip = inet_pton(AF_INET, hosts[i], a) == 1 || inet_pton(AF_INET6, hosts[i], a) == 1;
+        off += (size_t)snprintf(san + off, sizeof san - off, ",%s:%s", ip ? "IP" : "DNS", hosts[i]);
+    }
+    if (off >= sizeof san)
+        goto out;
     X509V3_CTX ctx;
     X509V3_set_ctx_nodb(&ctx);
     X509V3_set_ctx(&ctx, x, x, NULL, NULL, 0);
@@ -144,7 +169,7 @@ out:
 }
 
 int coord_tls_load(const char *cert_path, const char *key_path, const char *data_dir,
-                   const char *listen_host, char **cert_pem, char **key_pem)
+                   const char *const *hosts, size_t nhosts, char **cert_pem, char **key_pem)
 {
     *cert_pem = *key_pem = NULL;
     char cp[4096], kp[4096];
@@ -172,17 +197,36 @@ int coord_tls_load(const char *cert_path, const char *key_path, const char *data
             CM_LOGE("tls", "%s exists but %s cannot be read: %s", cp, kp, cm_strerror(rc));
             free(*cert_pem);
             *cert_pem = NULL;
+            return rc;
         }
+        /* Our own certificate from an earlier start: agents could not verify
+           it for a host it does not name (a new --public-url), so make a new
+           one that names every host. */
+        const char *missing = NULL;
+        for (size_t i = 0; i < nhosts && !missing; i++)
+            if (hosts[i] && *hosts[i] && !is_builtin_host(hosts[i]) && !cert_covers(*cert_pem, hosts[i]))
+                missing = hosts[i];
+        if (!missing)
+            return CM_OK;
+        CM_LOGW("tls", "%s does not name %s: generating a new self-signed certificate (agents need the "
+                "new file for --ca-cert)", cp, missing);
+        free(*cert_pem);
+        free(*key_pem);
+        *cert_pem = *key_pem = NULL;
+    } else if (rc != CM_ENOTFOUND) {
         return rc;
     }
-    if (rc != CM_ENOTFOUND)
-        return rc;
-    rc = generate(listen_host, cert_pem, key_pem);
+    rc = generate(hosts, nhosts, cert_pem, key_pem);
     if (rc != CM_OK)
         return rc;
-    /* Key first: a crash between the two leaves no certificate, and the next
-     * start generates a fresh pair instead of pairing a cert with no key. */
-    if ((rc = write_atomic(kp, *key_pem, 0600)) != CM_OK || (rc = write_atomic(cp, *cert_pem, 0644)) != CM_OK) {
+    /* Key first, and an old certificate gone before: a crash in between
+     * leaves no certificate, and the next start generates a fresh pair
+     * instead of pairing a certificate with another key. */
+    if (unlink(cp) != 0 && errno != ENOENT)
+        rc = CM_EIO;
+    else if ((rc = write_atomic(kp, *key_pem, 0600)) == CM_OK)
+        rc = write_atomic(cp, *cert_pem, 0644);
+    if (rc != CM_OK) {
         CM_LOGE("tls", "writing the self-signed certificate into %s failed", data_dir);
         free(*cert_pem);
         free(*key_pem);

@@ -12,7 +12,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -680,6 +683,61 @@ static void test_sigterm_on_any_thread(void **state)
     }
 }
 
+/* The self-signed certificate names the --public-url host (IP or name), so
+ * agents elsewhere verify the coordinator at the address they are given; a
+ * certificate from an earlier start that does not name a new public host
+ * is replaced, one that does is kept. */
+static int cert_names(const char *path, const char *host)
+{
+    char *pem = ct_read_file(path, NULL);
+    BIO *b = pem ? BIO_new_mem_buf(pem, -1) : NULL;
+    X509 *x = b ? PEM_read_bio_X509(b, NULL, NULL, NULL) : NULL;
+    unsigned char a[16];
+    int ip = inet_pton(AF_INET, host, a) == 1 || inet_pton(AF_INET6, host, a) == 1;
+    int ok = x && (ip ? X509_check_ip_asc(x, host, 0) : X509_check_host(x, host, 0, 0, NULL)) == 1;
+    X509_free(x);
+    BIO_free(b);
+    free(pem);
+    return ok;
+}
+
+static void test_certificate_names_public_host(void **state)
+{
+    (void)state;
+    struct ct_coord b;
+    const char *by_ip[] = {"--public-url", "https://10.1.2.3:8443", NULL};
+    assert_int_equal(ct_coord_start(&b, g_pg.url, NULL, by_ip), 0);
+    assert_true(cert_names(b.ca, "10.1.2.3"));
+    assert_true(cert_names(b.ca, "127.0.0.1"));
+    assert_false(cert_names(b.ca, "10.1.2.4"));
+    char *first = ct_read_file(b.ca, NULL);
+    assert_non_null(first);
+    /* same host again: the same certificate (agents keep their pinned copy) */
+    assert_int_equal(ct_coord_stop(&b, SIGTERM), 0);
+    assert_int_equal(ct_coord_start(&b, g_pg.url, b.dir, by_ip), 0);
+    char *again = ct_read_file(b.ca, NULL);
+    assert_non_null(again);
+    assert_string_equal(first, again);
+    /* a new public name: a new certificate that names it (and still loopback) */
+    const char *by_name[] = {"--public-url", "https://coord.example.org:8443/", NULL};
+    assert_int_equal(ct_coord_stop(&b, SIGTERM), 0);
+    assert_int_equal(ct_coord_start(&b, g_pg.url, b.dir, by_name), 0);
+    assert_true(cert_names(b.ca, "coord.example.org"));
+    assert_false(cert_names(b.ca, "other.example.org"));
+    char *log = ct_read_file(b.log, NULL);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "does not name coord.example.org"));
+    free(log);
+    /* IPv6 in brackets */
+    const char *by_v6[] = {"--public-url", "https://[2001:db8::7]:8443", NULL};
+    assert_int_equal(ct_coord_stop(&b, SIGTERM), 0);
+    assert_int_equal(ct_coord_start(&b, g_pg.url, b.dir, by_v6), 0);
+    assert_true(cert_names(b.ca, "2001:db8::7"));
+    free(first);
+    free(again);
+    assert_int_equal(ct_coord_cleanup(&b), 0);
+}
+
 static void test_refuses_newer_schema(void **state)
 {
     (void)state;
@@ -749,6 +807,7 @@ int main(void)
         cmocka_unit_test(test_two_coordinators_one_database),
         cmocka_unit_test(test_sigterm_finishes_inflight),
         cmocka_unit_test(test_sigterm_on_any_thread),
+        cmocka_unit_test(test_certificate_names_public_host),
         cmocka_unit_test(test_refuses_newer_schema),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
