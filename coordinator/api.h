@@ -44,6 +44,14 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_list(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
+/* Whether the caller holds a valid pass of run params[0] for peer key pk
+ * (and is allowlisted, the run open); 1 with the ids, else 0 with the
+ * error response set. Needs req->db. */
+int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
+                  char pass_id[24], char run_id[24]);
+
+/* api_reach.c: dial-back reachability checks (docs/p2p.md, "Reachability") */
+void api_reachability_post(struct coord_req *req, struct coord_resp *resp);
 
 /* api_web.c: the dashboard's files and the logged-in user's own records */
 void api_web_index(struct coord_req *req, struct coord_resp *resp);

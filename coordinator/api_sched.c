@@ -103,6 +103,49 @@ COORD_DB_STMT(S_CAP_UPSERT, 6,
               "capabilities.expires_at <= now() THEN now() ELSE capabilities.first_reported_at END "
               "RETURNING extract(epoch from expires_at)::bigint");
 
+int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
+                  char pass_id[24], char run_id[24])
+{
+    char uid[24];
+    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
+    const char *p[] = {req->params[0], uid, (const char *)pk, req->user.username};
+    const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0};
+    const int fmts[] = {0, 0, 1, 0};
+    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_PASS, p, lens, fmts, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return 0;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        const char *wp[] = {req->params[0], req->user.username};
+        r = coord_db_exec(req->db, &S_CAP_WHY, wp, NULL);
+        if (!r)
+            coord_resp_error(resp, 500, "internal", "database error");
+        else if (PQntuples(r) != 1)
+            coord_resp_error(resp, 404, "not_found", "no such run");
+        else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
+            coord_resp_error(resp, 403, "not_allowlisted",
+                             "'%s' is not on the allowlist of run '%s'", req->user.username,
+                             req->params[0]);
+        else if (strcmp(PQgetvalue(r, 0, 0), "open") != 0)
+            coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open",
+                             req->params[0], PQgetvalue(r, 0, 0));
+        else
+            coord_resp_error(resp, 403, "no_pass",
+                             "'%s' holds no valid (unrevoked, unexpired) pass for this peer key "
+                             "in run '%s'; get one with POST /api/v1/runs/%s/passes",
+                             req->user.username, req->params[0], req->params[0]);
+        if (r)
+            PQclear(r);
+        return 0;
+    }
+    snprintf(pass_id, 24, "%s", PQgetvalue(r, 0, 0));
+    snprintf(run_id, 24, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    return 1;
+}
+
 void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
 {
     static const struct cm_json_field F[] = {
@@ -182,46 +225,12 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         free(report_txt);
         return;
     }
-    char uid[24];
+    char uid[24], pass_id[24], run_id[24], ttl[16];
     snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
-    const char *p[] = {req->params[0], uid, (const char *)pk, req->user.username};
-    const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0};
-    const int fmts[] = {0, 0, 1, 0};
-    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_PASS, p, lens, fmts, NULL);
-    if (!r) {
+    if (!api_peer_pass(req, resp, pk, pass_id, run_id)) {
         free(report_txt);
-        coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        free(report_txt);
-        const char *wp[] = {req->params[0], req->user.username};
-        r = coord_db_exec(req->db, &S_CAP_WHY, wp, NULL);
-        if (!r)
-            coord_resp_error(resp, 500, "internal", "database error");
-        else if (PQntuples(r) != 1)
-            coord_resp_error(resp, 404, "not_found", "no such run");
-        else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
-            coord_resp_error(resp, 403, "not_allowlisted",
-                             "'%s' is not on the allowlist of run '%s'", req->user.username,
-                             req->params[0]);
-        else if (strcmp(PQgetvalue(r, 0, 0), "open") != 0)
-            coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open",
-                             req->params[0], PQgetvalue(r, 0, 0));
-        else
-            coord_resp_error(resp, 403, "no_pass",
-                             "'%s' holds no valid (unrevoked, unexpired) pass for this peer key "
-                             "in run '%s'; get one with POST /api/v1/runs/%s/passes",
-                             req->user.username, req->params[0], req->params[0]);
-        if (r)
-            PQclear(r);
-        return;
-    }
-    char pass_id[24], run_id[24], ttl[16];
-    snprintf(pass_id, sizeof pass_id, "%s", PQgetvalue(r, 0, 0));
-    snprintf(run_id, sizeof run_id, "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
     snprintf(ttl, sizeof ttl, "%d", CAP_TTL_S);
     if (coord_db_cmd(req->db, "BEGIN") != CM_OK) {
         free(report_txt);
@@ -231,7 +240,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     /* A peer whose report had expired left and came back: record the departure. */
     const char *op[] = {run_id, (const char *)pk};
     const int olens[] = {0, CM_ED25519_PUB_LEN}, ofmts[] = {0, 1};
-    r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
+    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
     int ok = r != NULL;
     if (r && PQntuples(r) == 1) {
         PQclear(r);

@@ -45,6 +45,9 @@ struct coord_backbone {
     pthread_cond_t cv;
     int stop, poked;
     PGconn *pg;
+    /* Changed by the manager only, under the write lock; request handlers
+       hold the read lock while they use a node (dial-back). */
+    pthread_rwlock_t nodes_lock;
     struct bb_node *nodes;
 };
 
@@ -267,9 +270,11 @@ static void sync_nodes(struct coord_backbone *b)
         }
         CM_LOGI("backbone", "stopping the DHT node of run %s (%s)", n->run,
                 open ? "renewing its token" : "run no longer open");
+        pthread_rwlock_wrlock(&b->nodes_lock);
+        *pp = n->next;
+        pthread_rwlock_unlock(&b->nodes_lock);
         unpublish(b, n);
         dht_node_stop(n->node);
-        *pp = n->next;
         free(n);
     }
     for (int i = 0; i < PQntuples(r); i++) {
@@ -280,8 +285,10 @@ static void sync_nodes(struct coord_backbone *b)
         if (n)
             continue;
         if (start_node(b, id, PQgetvalue(r, i, 1), &n) == CM_OK) {
+            pthread_rwlock_wrlock(&b->nodes_lock);
             n->next = b->nodes;
             b->nodes = n;
+            pthread_rwlock_unlock(&b->nodes_lock);
         }
     }
     PQclear(r);
@@ -305,13 +312,16 @@ static void *manager(void *arg)
         b->poked = 0;
     }
     pthread_mutex_unlock(&b->mu);
-    for (struct bb_node *n = b->nodes, *x; n; n = x) {
+    pthread_rwlock_wrlock(&b->nodes_lock);
+    struct bb_node *list = b->nodes;
+    b->nodes = NULL;
+    pthread_rwlock_unlock(&b->nodes_lock);
+    for (struct bb_node *n = list, *x; n; n = x) {
         x = n->next;
         unpublish(b, n);
         dht_node_stop(n->node);
         free(n);
     }
-    b->nodes = NULL;
     return NULL;
 }
 
@@ -327,6 +337,22 @@ void coord_backbone_poke(void)
     b->poked = 1;
     pthread_cond_signal(&b->cv);
     pthread_mutex_unlock(&b->mu);
+}
+
+int coord_backbone_dialback(const char *run, const struct sockaddr_storage *addrs, size_t naddrs,
+                            const uint8_t pub[CM_ED25519_PUB_LEN], uint32_t timeout_ms, int *status,
+                            uint32_t *ms)
+{
+    struct coord_backbone *b = g_backbone;
+    if (!b)
+        return CM_ENOTFOUND;
+    pthread_rwlock_rdlock(&b->nodes_lock);
+    struct bb_node *n = b->nodes;
+    while (n && strcmp(n->run, run) != 0)
+        n = n->next;
+    int rc = n ? dht_ping(n->node, addrs, naddrs, pub, timeout_ms, status, ms) : CM_ENOTFOUND;
+    pthread_rwlock_unlock(&b->nodes_lock);
+    return rc;
 }
 
 int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)
@@ -354,6 +380,7 @@ int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)
     }
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
+    pthread_rwlock_init(&b->nodes_lock, NULL);
     /* The first pass runs here, so nodes exist before the API serves passes. */
     sync_nodes(b);
     if (pthread_create(&b->th, NULL, manager, b) != 0) {
@@ -379,6 +406,7 @@ void coord_backbone_stop(struct coord_backbone *b)
     pthread_join(b->th, NULL);
     PQfinish(b->pg);
     cm_ed25519_cleanup(&b->key);
+    pthread_rwlock_destroy(&b->nodes_lock);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
     free(b);

@@ -13,6 +13,9 @@
 #ifndef COORD_BACKBONE_H
 #define COORD_BACKBONE_H
 
+#include <sys/socket.h>
+
+#include "cm_crypto.h"
 #include "coordinator/server.h"
 
 struct coord_backbone;
@@ -23,6 +26,15 @@ int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out);
 void coord_backbone_stop(struct coord_backbone *b);
 /* Wakes the manager now (a run was created or its status changed). */
 void coord_backbone_poke(void);
+
+/* Dial-back (docs/p2p.md, "Reachability"): the run's backbone node pings
+ * every address, each answered only by the holder of pub (dht_ping).
+ * CM_ENOTFOUND when this coordinator runs no node for the run (not open,
+ * DHT disabled, or not started yet). Any thread; blocks up to timeout_ms
+ * plus a margin. */
+int coord_backbone_dialback(const char *run, const struct sockaddr_storage *addrs, size_t naddrs,
+                            const uint8_t pub[CM_ED25519_PUB_LEN], uint32_t timeout_ms, int *status,
+                            uint32_t *ms);
 
 /* The run's fresh backbone addresses ("host:port"), from every coordinator
  * of the database, as a JSON array (owned by the caller). Cached briefly. */

@@ -45,12 +45,14 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"aggregate-only", CM_OPT_BOOL, J(aggregate_only), NULL, NULL,
      "contribute bandwidth only: aggregate others' gradients, compute none", 0},
     {"client-mode", CM_OPT_BOOL, J(client_mode), NULL, NULL,
-     "accept no inbound connections (behind NAT): send and receive, aggregate nothing", 0},
+     "accept no inbound connections: send and receive, aggregate nothing (automatic when the "
+     "coordinator cannot reach us)", 0},
     {"max-upload-mbps", CM_OPT_DBL, J(max_upload_mbps), "0", "MBPS", "upload cap, 0 = none", 0},
     {"max-download-mbps", CM_OPT_DBL, J(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
     {"listen-ip", CM_OPT_STR, J(listen_ip), "0.0.0.0", "IP", "address peers connect to us on", 0},
     {"advertise-ip", CM_OPT_STR, J(advertise_ip), NULL, "IP",
-     "address announced to peers (default: --listen-ip, or 127.0.0.1 for 0.0.0.0)", 0},
+     "address announced to peers, unchecked (default: the address the coordinator sees us at, "
+     "once it reached us there; unreachable peers join in client mode)", 0},
     {"dht-port", CM_OPT_INT, J(dht_port), "0", "PORT", "DHT port, 0 = any", 0},
     {"ar-port", CM_OPT_INT, J(ar_port), "0", "PORT", "averaging port, 0 = any", 0},
     {"steps", CM_OPT_INT, J(steps), "0", "N", "stop after this global step (default: the run's)", 0},
@@ -328,6 +330,8 @@ static int start_stages(struct dp_state *s)
     int rc = g_interrupts ? CM_ECANCELED : peer_rt_catch_up(&s->rt, 0, &step);
     if ((rc != CM_OK && rc != CM_ENOTFOUND) || peer_rt_start(&s->rt, PEER_STAGE_NET) != CM_OK)
         return 1;
+    /* the net stage may have found us unreachable (reach.h) */
+    s->o.client_mode = s->rt.cfg.client_mode;
     if (dp_sched_open(s->rt.rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->rt.coord_keys,
                       s->rt.n_coord_keys, &s->js) != CM_OK) {
         fprintf(stderr, "warning: schedules unavailable; averaging with even parts\n");
@@ -412,6 +416,7 @@ int agent_cmd_join(int argc, char **argv)
     rc_cfg.listen_ip = s->o.listen_ip;
     rc_cfg.advertise_ip = s->o.advertise_ip;
     rc_cfg.client_mode = s->o.client_mode;
+    rc_cfg.must_accept = s->o.aggregate_only;
     rc_cfg.dht_port = (uint16_t)s->o.dht_port;
     rc_cfg.ar_port = (uint16_t)s->o.ar_port;
     rc_cfg.max_upload_mbps = s->o.max_upload_mbps;

@@ -57,6 +57,7 @@ struct peer_net {
     uint16_t ar_port;
     struct p2p_host *st_host; /* state transfer: serves snapshots, fetches */
     uint16_t st_port;
+    uint16_t dht_port; /* 0 in client mode */
     uint8_t probe_pub[CM_ED25519_PUB_LEN]; /* the peer probing us now (loop thread only) */
     int64_t probe_last_ms;                 /* its last probe message */
     pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
@@ -328,6 +329,8 @@ static void *thread_main(void *arg)
         dc.listen_ip = c->listen_ip;
         dc.listen_port = c->dht_port;
         rc = dht_node_new(n->ctx, &dc, &n->dht);
+        if (!rc && c->listen_ip)
+            n->dht_port = dht_node_port(n->dht);
     }
     if (!rc) {
         struct ar_engine_config ac = {0};
@@ -501,6 +504,11 @@ void peer_net_stop(struct peer_net *n)
 uint16_t peer_net_ar_port(const struct peer_net *n)
 {
     return n->ar_port;
+}
+
+uint16_t peer_net_dht_port(const struct peer_net *n)
+{
+    return n->dht_port;
 }
 
 int peer_net_put(struct peer_net *n, const char *key, const void *value, size_t len, int64_t ttl_ms)

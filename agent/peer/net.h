@@ -30,6 +30,7 @@ struct peer_net;
 int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out);
 void peer_net_stop(struct peer_net *n);
 uint16_t peer_net_ar_port(const struct peer_net *n);
+uint16_t peer_net_dht_port(const struct peer_net *n); /* 0 in client mode */
 
 /* A record read from the DHT: author and value (heap). */
 struct peer_record {

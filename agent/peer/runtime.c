@@ -282,10 +282,9 @@ const char *peer_rt_username(const struct peer_rt *rt)
 }
 
 /* ---- net ---- */
-static int start_net(struct peer_rt *rt)
+static int net_up(struct peer_rt *rt, const char *listen)
 {
     struct peer_net_config nc = {0};
-    const char *listen = rt->cfg.listen_ip ? rt->cfg.listen_ip : "0.0.0.0";
     nc.key = &rt->key;
     nc.token = rt->token;
     nc.run = rt->cfg.run;
@@ -302,10 +301,90 @@ static int start_net(struct peer_rt *rt)
     if (rc != CM_OK) {
         fprintf(stderr, "error: starting the peer-to-peer node: %s\n", cm_strerror(rc));
         rt->net = NULL;
+    }
+    return rc;
+}
+
+static int is_wildcard(const char *ip)
+{
+    return !strcmp(ip, "0.0.0.0") || !strcmp(ip, "::");
+}
+
+/* Which address to announce (docs/p2p.md, "Reachability"): --advertise-ip
+ * as given; else the address the coordinator sees us at, once its
+ * dial-back reached every port there; unreachable, we restart as a
+ * client-mode peer. When the coordinator cannot tell (an older one, or an
+ * error), the listen address, or for a wildcard the address of the
+ * interface that routes to the coordinator. */
+static int discover(struct peer_rt *rt, const char *listen, char *adv, size_t cap)
+{
+    if (rt->cfg.advertise_ip) {
+        snprintf(adv, cap, "%s", rt->cfg.advertise_ip);
+        rt->reach = PEER_REACH_FLAG_ADDR;
+        return CM_OK;
+    }
+    uint16_t ports[3] = {peer_net_dht_port(rt->net), peer_net_ar_port(rt->net), peer_net_state_port(rt->net)};
+    struct peer_reach_result res;
+    int rc = peer_reach_check(&rt->coord, rt->cfg.run, rt->key.pub, ports, 3, 8000, rt->cfg.interrupted, &res);
+    if (rc == CM_ECANCELED)
+        return rc;
+    if (rc == CM_OK) {
+        snprintf(rt->observed_ip, sizeof rt->observed_ip, "%s", res.observed_ip);
+        if (res.reachable) {
+            snprintf(adv, cap, "%s", res.observed_ip);
+            rt->reach = PEER_REACH_DIRECT;
+            printf("reachability: direct at %s (the coordinator dialed back ports %u, %u, %u)\n", adv, ports[0],
+                   ports[1], ports[2]);
+            return CM_OK;
+        }
+        char why[256] = "";
+        size_t off = 0;
+        for (size_t i = 0; i < res.n && off < sizeof why; i++)
+            if (!res.ok[i])
+                off += (size_t)snprintf(why + off, sizeof why - off, "%sport %u: %s", off ? ", " : "", res.port[i],
+                                        res.error[i]);
+        if (rt->cfg.must_accept) {
+            fprintf(stderr, "error: peers cannot reach this host at %s (%s), and this role must accept "
+                            "connections: forward the ports, or run it on a reachable host\n",
+                    res.observed_ip, why);
+            return CM_ECONN;
+        }
+        printf("reachability: not reachable at %s (%s): continuing as a client-mode peer (sends and "
+               "receives, aggregates nothing)\n", res.observed_ip, why);
+        fflush(stdout);
+        peer_net_stop(rt->net);
+        rt->net = NULL;
+        rt->cfg.client_mode = 1;
+        rt->reach = PEER_REACH_CLIENT;
+        return net_up(rt, listen);
+    }
+    rt->reach = PEER_REACH_UNKNOWN;
+    if (!is_wildcard(listen))
+        snprintf(adv, cap, "%s", listen);
+    else if (peer_local_addr_towards(rt->coord.url, adv, cap) != CM_OK)
+        snprintf(adv, cap, "127.0.0.1");
+    fprintf(stderr, "warning: the coordinator did not check our reachability (%s); announcing %s unchecked "
+                    "(--advertise-ip or --client-mode set it by hand)\n", cm_strerror(rc), adv);
+    return CM_OK;
+}
+
+static int start_net(struct peer_rt *rt)
+{
+    const char *listen = rt->cfg.listen_ip ? rt->cfg.listen_ip : "0.0.0.0";
+    double t0 = peer_mono_s();
+    rt->reach = rt->cfg.client_mode ? PEER_REACH_FLAG_CLIENT : PEER_REACH_UNKNOWN;
+    rt->observed_ip[0] = 0;
+    int rc = net_up(rt, listen);
+    char adv[64] = "";
+    if (rc == CM_OK && !rt->cfg.client_mode)
+        rc = discover(rt, listen, adv, sizeof adv);
+    if (rc != CM_OK) {
+        if (rt->net)
+            peer_net_stop(rt->net);
+        rt->net = NULL;
         return rc;
     }
-    const char *adv = rt->cfg.advertise_ip ? rt->cfg.advertise_ip
-                      : strcmp(listen, "0.0.0.0") ? listen : "127.0.0.1";
+    rt->reach_ms = (peer_mono_s() - t0) * 1e3;
     rt->my_addr[0] = rt->st_addr[0] = 0;
     if (!rt->cfg.client_mode) {
         snprintf(rt->my_addr, sizeof rt->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,

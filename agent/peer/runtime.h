@@ -47,6 +47,7 @@
 #include "agent/client.h"
 #include "agent/peer/caps.h"
 #include "agent/peer/net.h"
+#include "agent/peer/reach.h"
 #include "agent/peer/report.h"
 #include "cm_crypto.h"
 #include "p2p/p2p_transport.h"
@@ -72,8 +73,11 @@ struct peer_rt_config {
     const char *coordinator;  /* NULL: the one of the session */
     const char *config_dir;   /* NULL: agent_state_dir's default */
     const char *listen_ip;    /* NULL: "0.0.0.0" */
-    const char *advertise_ip; /* NULL: listen_ip, or 127.0.0.1 for 0.0.0.0 */
-    int client_mode;          /* accept no inbound connections */
+    const char *advertise_ip; /* NULL: discovered (reach.h): the address the coordinator
+                                 sees us at when it reaches us there */
+    int client_mode;          /* accept no inbound connections; set by the net stage when
+                                 the dial-back finds us unreachable */
+    int must_accept;          /* the role cannot work in client mode: unreachable is an error */
     uint16_t dht_port, ar_port;                /* 0: any */
     double max_upload_mbps, max_download_mbps; /* 0: no cap */
     int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
@@ -136,6 +140,9 @@ struct peer_rt {
     /* net */
     struct peer_net *net;
     char my_addr[PEER_ADDR_MAX], st_addr[PEER_ADDR_MAX]; /* "" in client mode */
+    enum peer_reach reach;   /* how peers reach us (reach.h) */
+    char observed_ip[64];    /* our address as the coordinator sees it ("" unknown) */
+    double reach_ms;         /* from the net stage's start until reachability was known */
     int averaging; /* > 0 while a round or state transfer uses the link (atomic) */
     /* reports */
     struct peer_reporter *rep;

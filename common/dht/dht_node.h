@@ -136,6 +136,14 @@ int dht_get(struct dht_node *n, const void *key, size_t klen, uint32_t deadline_
 /* Picks the plain value out of a get result: NULL when there is none. */
 const struct dht_record *dht_result_plain(const struct dht_result *res);
 void dht_result_cleanup(struct dht_result *res);
+/* Dial-back (docs/p2p.md, "Reachability"): pings every address at once
+ * from the node's host, each request addressed to and answered only by the
+ * holder of `pub`, with its own deadline. status[i] gets CM_OK when that
+ * key answered at addrs[i], else why not (CM_ECONN refused or unreachable,
+ * CM_ETIMEOUT, CM_EAUTH/CM_ECLOSED: someone else answered); ms[i] (may be
+ * NULL) the milliseconds until then. Returns CM_OK once every ping ended. */
+int dht_ping(struct dht_node *n, const struct sockaddr_storage *addrs, size_t naddrs,
+             const uint8_t pub[32], uint32_t timeout_ms, int *status, uint32_t *ms);
 /* Bootstraps a started node from "host:port" strings. */
 int dht_bootstrap(struct dht_node *n, const char *const *addrs, size_t naddrs,
                   uint32_t deadline_ms);

@@ -15,7 +15,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 
-enum job_type { J_PUT, J_GET, J_BOOT, J_STATS };
+enum job_type { J_PUT, J_GET, J_BOOT, J_STATS, J_PING };
 
 struct dht__job {
     struct dht__job *next;
@@ -29,6 +29,14 @@ struct dht__job {
     struct dht_result res;
     struct dht_node_stats st;
     struct p2p_stats net;
+    /* J_PING */
+    uint8_t pub[32];
+    uint32_t ping_timeout_ms;
+    int *ping_status;
+    uint32_t *ping_ms;
+    size_t ping_pending;
+    int64_t ping_t0;
+    struct dht_node *n;
 };
 
 static void job_unref(struct dht__job *j)
@@ -39,6 +47,8 @@ static void job_unref(struct dht__job *j)
     free(j->subkey);
     free(j->value);
     free(j->addrs);
+    free(j->ping_status);
+    free(j->ping_ms);
     dht_result_cleanup(&j->res);
     free(j);
 }
@@ -93,6 +103,50 @@ static void job_cb(void *arg, const struct dht_result *res)
     free(c);
 }
 
+/* One dial-back ping of a J_PING job answered (or failed). */
+struct ping_ctx {
+    struct dht__job *j;
+    size_t i;
+};
+
+static void ping_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body,
+                      size_t len)
+{
+    struct ping_ctx *c = arg;
+    struct dht__job *j = c->j;
+    (void)from, (void)body, (void)len;
+    j->ping_status[c->i] = status;
+    j->ping_ms[c->i] = (uint32_t)(p2p_now_ms() - j->ping_t0);
+    free(c);
+    if (--j->ping_pending == 0)
+        job_finish(j->n, j, CM_OK);
+}
+
+static void run_ping(struct dht_node *n, struct dht__job *j)
+{
+    j->n = n;
+    j->ping_t0 = p2p_now_ms();
+    j->ping_pending = 1; /* held until every request is sent */
+    for (size_t i = 0; i < j->naddrs; i++) {
+        struct ping_ctx *c = malloc(sizeof *c);
+        j->ping_status[i] = CM_ENOMEM;
+        if (!c)
+            continue;
+        c->j = j;
+        c->i = i;
+        j->ping_pending++;
+        int rc = p2p_request(n->host, (struct sockaddr *)&j->addrs[i], j->pub, P2P_MSG_PING, NULL, 0,
+                             j->ping_timeout_ms, ping_done, c);
+        if (rc) {
+            j->ping_pending--;
+            j->ping_status[i] = rc;
+            free(c);
+        }
+    }
+    if (--j->ping_pending == 0)
+        job_finish(n, j, CM_OK);
+}
+
 static void run_job(struct dht_node *n, struct dht__job *j)
 {
     if (n->stopping || n->closing) {
@@ -103,6 +157,10 @@ static void run_job(struct dht_node *n, struct dht__job *j)
         dht_node_get_stats(n, &j->st);
         p2p_ctx_stats(n->ctx, &j->net);
         job_finish(n, j, CM_OK);
+        return;
+    }
+    if (j->type == J_PING) {
+        run_ping(n, j);
         return;
     }
     struct job_ctx *c = malloc(sizeof *c);
@@ -432,6 +490,43 @@ int dht_stats(struct dht_node *n, struct dht_node_stats *out, struct p2p_stats *
         if (net)
             *net = j->net;
     }
+    job_unref(j);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+int dht_ping(struct dht_node *n, const struct sockaddr_storage *addrs, size_t naddrs,
+             const uint8_t pub[32], uint32_t timeout_ms, int *status, uint32_t *ms)
+{
+    if (!naddrs || !pub)
+        return CM_EINVAL;
+    struct dht__job *j = calloc(1, sizeof *j);
+    if (!j)
+        return CM_ENOMEM;
+    j->addrs = malloc(naddrs * sizeof *addrs);
+    j->ping_status = calloc(naddrs, sizeof *j->ping_status);
+    j->ping_ms = calloc(naddrs, sizeof *j->ping_ms);
+    if (!j->addrs || !j->ping_status || !j->ping_ms) {
+        j->refs = 1;
+        job_unref(j);
+        return CM_ENOMEM;
+    }
+    memcpy(j->addrs, addrs, naddrs * sizeof *addrs);
+    j->naddrs = naddrs;
+    memcpy(j->pub, pub, 32);
+    j->ping_timeout_ms = timeout_ms;
+    j->type = J_PING;
+    /* the requests carry their own deadline; the wait adds a margin for the loop */
+    int rc = submit(n, j, timeout_ms + 2000);
+    if (rc == CM_ESTATE || rc == CM_ECLOSED)
+        return rc;
+    pthread_mutex_lock(&n->mu);
+    if (rc == CM_OK)
+        for (size_t i = 0; i < naddrs; i++) {
+            status[i] = j->ping_status[i];
+            if (ms)
+                ms[i] = j->ping_ms[i];
+        }
     job_unref(j);
     pthread_mutex_unlock(&n->mu);
     return rc;

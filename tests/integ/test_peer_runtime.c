@@ -30,7 +30,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +208,10 @@ static void check_resources(struct peer_rt *rt, enum peer_stage st, const char *
         CHECK(rt->my_addr[0] && strchr(rt->my_addr, ':'));
         CHECK(rt->st_addr[0] && strchr(rt->st_addr, ':'));
         CHECK(strcmp(rt->my_addr, rt->st_addr) != 0);
+        /* the coordinator dialed us back where it sees us */
+        CHECK(rt->reach == PEER_REACH_DIRECT);
+        CHECK_STR(rt->observed_ip, "127.0.0.1");
+        CHECK(!strncmp(rt->my_addr, "127.0.0.1:", 10));
         CHECK_RC(dht_round_trip(rt, peer_stage_name(st)), CM_OK);
     } else {
         CHECK(rt->net == NULL && !rt->my_addr[0] && !rt->st_addr[0]);
@@ -268,6 +275,129 @@ START_STOP_TEST(PEER_STAGE_CLOCK, clock)
 START_STOP_TEST(PEER_STAGE_NET, net)
 START_STOP_TEST(PEER_STAGE_REPORTS, reports)
 START_STOP_TEST(PEER_STAGE_PROBES, probes)
+
+/* ---- reachability (reach.h, POST /api/v1/runs/{run}/reachability) ------- */
+
+/* POSTs body (a JSON text) to the run's reachability check as the runtime's
+ * volunteer; returns the status, *out the answer (may be NULL). */
+static long reach_post(struct peer_rt *rt, const char *run, const char *body, json_t **out)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/reachability", run);
+    json_t *b = json_loads(body, 0, NULL);
+    CHECK(b);
+    struct agent_reply r = {0};
+    CHECK_RC(agent_request(&rt->coord, "POST", path, b, &r), CM_OK);
+    json_decref(b);
+    long st = r.status;
+    if (out)
+        *out = json_incref(r.json);
+    agent_reply_free(&r);
+    return st;
+}
+
+static int port_reachable(json_t *ans, size_t i)
+{
+    return json_is_true(json_object_get(json_array_get(json_object_get(ans, "ports"), i), "reachable"));
+}
+
+static void child_reachability(void)
+{
+    struct peer_rt_config cfg, cfg2;
+    base_cfg(&cfg, VOL_LIFE);
+    cfg.listen_ip = NULL; /* the default, 0.0.0.0: what to announce is discovered */
+    struct peer_rt *rt = new_rt(), *other = new_rt();
+    peer_rt_init(rt, &cfg, NULL);
+    CHECK_RC(peer_rt_start(rt, PEER_STAGE_NET), CM_OK);
+    CHECK(rt->reach == PEER_REACH_DIRECT);
+    CHECK_STR(rt->observed_ip, "127.0.0.1");
+    CHECK(!strncmp(rt->my_addr, "127.0.0.1:", 10) && !strncmp(rt->st_addr, "127.0.0.1:", 10));
+    CHECK(rt->reach_ms < 5000);
+    printf("reachability known %.0f ms after the net stage started\n", rt->reach_ms);
+    /* another peer (another key) listening on this host */
+    base_cfg(&cfg2, VOL_INT);
+    peer_rt_init(other, &cfg2, NULL);
+    CHECK_RC(peer_rt_start(other, PEER_STAGE_NET), CM_OK);
+
+    char k64[64], body[512];
+    cm_b64url_encode(rt->key.pub, CM_ED25519_PUB_LEN, k64);
+    unsigned dht = peer_net_dht_port(rt->net), ar = peer_net_ar_port(rt->net), st = peer_net_state_port(rt->net);
+    unsigned theirs = peer_net_ar_port(other->net);
+    /* a port nobody listens on: bind one and close it */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+          getsockname(fd, (struct sockaddr *)&sa, &sl) == 0);
+    unsigned closed = ntohs(sa.sin_port);
+    close(fd);
+
+    json_t *ans = NULL;
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\",\"ports\":[%u,%u,%u,%u]}", k64, dht, ar, closed,
+             theirs);
+    CHECK(reach_post(rt, RUN, body, &ans) == 200);
+    CHECK_STR(json_string_value(json_object_get(ans, "observed_ip")), "127.0.0.1");
+    CHECK(port_reachable(ans, 0) && port_reachable(ans, 1));
+    CHECK(!port_reachable(ans, 2)); /* nothing there */
+    CHECK(!port_reachable(ans, 3)); /* someone else's key answers there */
+    CHECK(json_is_false(json_object_get(ans, "reachable")));
+    CHECK(json_string_value(json_object_get(json_array_get(json_object_get(ans, "ports"), 2), "error")));
+    struct peer_reach_result res;
+    CHECK_RC(peer_reach_parse(ans, &res), CM_OK);
+    CHECK(!res.reachable && res.n == 4 && res.ok[0] && res.ok[1] && !res.ok[2] && !res.ok[3]);
+    json_decref(ans);
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\",\"ports\":[%u,%u,%u]}", k64, dht, ar, st);
+    CHECK(reach_post(rt, RUN, body, &ans) == 200);
+    CHECK(json_is_true(json_object_get(ans, "reachable")));
+    json_decref(ans);
+
+    /* bad input: refused, nothing dialed */
+    const char *bad[] = {
+        "{\"peer_public_key\":\"%s\",\"ports\":[]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[0]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[70000]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[\"80\"]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[1,2,3,4,5]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[7,7]}",
+        "{\"peer_public_key\":\"%s\",\"ports\":80}",
+        "{\"peer_public_key\":\"%s\",\"ports\":[1],\"ip\":\"10.0.0.1\"}",
+        "{\"peer_public_key\":\"%.42s!\",\"ports\":[1]}",
+        "{\"ports\":[1],\"x\":\"%s\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, bad[i], k64);
+        long code = reach_post(rt, RUN, body, NULL);
+        if (code != 400)
+            fprintf(stderr, "bad body %s: status %ld\n", body, code);
+        CHECK(code == 400);
+    }
+    /* a key this volunteer holds no pass for, a run that does not exist */
+    uint8_t stranger[CM_ED25519_PUB_LEN];
+    memset(stranger, 7, sizeof stranger);
+    char s64[64];
+    cm_b64url_encode(stranger, CM_ED25519_PUB_LEN, s64);
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\",\"ports\":[%u]}", s64, ar);
+    CHECK(reach_post(rt, RUN, body, NULL) == 403);
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\",\"ports\":[%u]}", k64, ar);
+    CHECK(reach_post(rt, "no-such-run", body, NULL) == 404);
+
+    /* --advertise-ip is taken as given, unchecked */
+    peer_rt_stop(rt);
+    cfg.advertise_ip = "10.9.8.7";
+    peer_rt_init(rt, &cfg, NULL);
+    CHECK_RC(peer_rt_start(rt, PEER_STAGE_NET), CM_OK);
+    CHECK(rt->reach == PEER_REACH_FLAG_ADDR && !strncmp(rt->my_addr, "10.9.8.7:", 9));
+    peer_rt_cleanup(rt);
+    peer_rt_cleanup(other);
+    free(rt);
+    free(other);
+}
+
+static void test_reachability(void **state)
+{
+    (void)state;
+    in_child("reachability", child_reachability);
+}
 
 /* A role starts a few stages, does its own set-up, starts the rest. */
 static void child_steps(void)
@@ -751,6 +881,7 @@ int main(void)
         cmocka_unit_test(test_start_stop_net),
         cmocka_unit_test(test_start_stop_reports),
         cmocka_unit_test(test_start_stop_probes),
+        cmocka_unit_test(test_reachability),
         cmocka_unit_test(test_start_in_steps),
         cmocka_unit_test(test_restart),
         cmocka_unit_test(test_start_lower_is_noop),
