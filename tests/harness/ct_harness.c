@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -339,7 +340,28 @@ char *ct_login(const struct ct_coord *c, const char *user, const char *password)
     return out;
 }
 
+/* In a forked child: moves it into the network namespace /var/run/netns/ns
+ * (NULL: stays); exits the child on failure. */
+static void child_netns(const char *ns)
+{
+    if (!ns)
+        return;
+    char path[300];
+    snprintf(path, sizeof path, "/var/run/netns/%s", ns);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+        fprintf(stderr, "cannot enter network namespace %s: %s\n", ns, strerror(errno));
+        _exit(126);
+    }
+    close(fd);
+}
+
 int ct_run(const char *const *argv, const char *stdin_text, char **out, int timeout_s)
+{
+    return ct_run_ns(NULL, argv, stdin_text, out, timeout_s);
+}
+
+int ct_run_ns(const char *ns, const char *const *argv, const char *stdin_text, char **out, int timeout_s)
 {
     int in[2], o[2];
     if (pipe(in) != 0 || pipe(o) != 0)
@@ -347,6 +369,7 @@ int ct_run(const char *const *argv, const char *stdin_text, char **out, int time
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        child_netns(ns);
         dup2(in[0], 0);
         dup2(o[1], 1);
         dup2(o[1], 2);
@@ -514,6 +537,11 @@ int ct_coord_cleanup(struct ct_coord *c)
 
 pid_t ct_spawn(const char *const *argv, const char *logpath)
 {
+    return ct_spawn_ns(NULL, argv, logpath);
+}
+
+pid_t ct_spawn_ns(const char *ns, const char *const *argv, const char *logpath)
+{
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
@@ -521,6 +549,7 @@ pid_t ct_spawn(const char *const *argv, const char *logpath)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
         _exit(1);
+    child_netns(ns);
     int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int nul = open("/dev/null", O_RDONLY);
     if (fd >= 0) {

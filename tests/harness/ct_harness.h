@@ -83,6 +83,9 @@ int ct_run(const char *const *argv, const char *stdin_text, char **out, int time
 /* Starts argv in the background with stdout+stderr to logpath (dies with
  * the test). Returns the pid or -1. */
 pid_t ct_spawn(const char *const *argv, const char *logpath);
+/* The same, in the network namespace /var/run/netns/ns (NULL: ours). */
+int ct_run_ns(const char *ns, const char *const *argv, const char *stdin_text, char **out, int timeout_s);
+pid_t ct_spawn_ns(const char *ns, const char *const *argv, const char *logpath);
 /* Waits up to timeout_s for pid (then SIGKILL); exit status or 128+sig. */
 int ct_wait(pid_t pid, int timeout_s);
 /* Reads a whole file (heap, NUL-terminated) or NULL. */

@@ -1,0 +1,398 @@
+/* ct-timeout: 420 */
+/* Volunteers on separate hosts (issue 17), with the command lines a
+ * volunteer types and default flags: PostgreSQL and the coordinator on one
+ * host of a test bed of network namespaces (tests/harness/ct_net.h), agents
+ * on others, each logged in at the coordinator's public address.
+ *
+ *  - public: four agents on four public hosts. Every agent is dialed back
+ *    at its own host's address and announces it (before this, an agent
+ *    listening on 0.0.0.0 announced 127.0.0.1 and the hosts never averaged);
+ *    every round holds all four, every part is averaged, the parameters are
+ *    identical at every step and the loss falls.
+ *  - behind NAT: two public agents and four behind two home routers (two
+ *    per router; one port-preserving "cone-like" MASQUERADE, one
+ *    --random-fully "symmetric-like"). The NAT'ed agents find out by
+ *    themselves, within 10 s, that peers cannot reach them (the coordinator
+ *    sees them at their router's address and its dial-back fails there) and
+ *    join as client-mode peers; the public ones aggregate. Same checks:
+ *    all six in every round, all parts averaged, identical parameters, the
+ *    loss falls.
+ *
+ * Both collaborations run at once (separate runs, same coordinator). Needs
+ * root, ip and iptables (skips otherwise) and Fashion-MNIST. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ct_harness.h"
+#include "ct_net.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define STEPS 16
+#else
+#define STEPS 30
+#endif
+#define PORT "8443"
+#define NPUB 4
+#define NNAT_PUB 2
+#define NNAT_PRIV 4
+#define MAXA 8
+
+struct collab {
+    const char *run;
+    int n;
+    int host[MAXA];
+    char dir[MAXA][256], log[MAXA][320], steps[MAXA][320];
+    pid_t pid[MAXA];
+    double t0;              /* when the agents were started (monotonic s) */
+    double reach_at[MAXA];  /* when each printed its reachability line */
+    int status[MAXA];
+};
+
+static struct ct_net g_net;
+static struct ct_pg g_pg;
+static struct ct_coord g_c;
+static char *g_org;
+static int g_coord_host;
+static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"};
+static int g_vol; /* volunteers made so far */
+static int g_teardown_failed;
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* The example recipe with absolute manifests and `steps`. */
+static char *run_body(const char *name, long steps)
+{
+    char ex[PATH_MAX], path[PATH_MAX + 64];
+    if (!realpath("examples", ex))
+        return NULL;
+    snprintf(path, sizeof path, "%s/fmnist-collab.json", ex);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg)
+        return NULL;
+    json_t *data = json_object_get(cfg, "data");
+    char tr[PATH_MAX + 64], ev[PATH_MAX + 64];
+    snprintf(tr, sizeof tr, "%s/fmnist-train.manifest.json", ex);
+    snprintf(ev, sizeof ev, "%s/fmnist-test.manifest.json", ex);
+    json_object_set_new(data, "train", json_string(tr));
+    json_object_set_new(data, "eval", json_string(ev));
+    json_object_set_new(cfg, "steps", json_integer(steps));
+    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size",
+                             json_integer_value(json_object_get(cfg, "batch_size")), "model_summary",
+                             "MLP 784-256-128-10", "config", cfg);
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    return s;
+}
+
+/* A volunteer account, allowlisted on run, logged in from `host` at the
+ * coordinator's public address (as a volunteer does: README, "A volunteer
+ * joins"). */
+static int volunteer(const char *run, int host, char *dir)
+{
+    char name[16], b[200], path[256], url[64];
+    struct ct_resp r;
+    snprintf(name, sizeof name, "vol%d", g_vol++);
+    snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}", name);
+    ct_http(&g_c, "POST", "/api/v1/users", g_org, b, &r);
+    ct_resp_free(&r);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/%s", run, name);
+    ct_http(&g_c, "PUT", path, g_org, NULL, &r);
+    long st = r.status;
+    ct_resp_free(&r);
+    if (st < 200 || st > 299 || ct_tempdir("host-agent", dir, 256) != 0)
+        return -1;
+    snprintf(url, sizeof url, "https://%s:" PORT, g_net.h[g_coord_host].ip);
+    const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", url, "--ca-cert", g_c.ca,
+                          "--username", name, "--password-stdin", "--config-dir", dir, NULL};
+    char *out = NULL;
+    int rc = ct_net_run(&g_net, host, argv, "volunteer-pw\n", &out, 60);
+    if (rc != 0)
+        fprintf(stderr, "login of %s on %s: %s\n", name, g_net.h[host].name, out ? out : "");
+    free(out);
+    return rc == 0 ? 0 : -1;
+}
+
+static int prepare(struct collab *c)
+{
+    char *body = run_body(c->run, STEPS);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
+    free(body);
+    long st = r.status;
+    ct_resp_free(&r);
+    if (st != 201)
+        return -1;
+    for (int i = 0; i < c->n; i++)
+        if (volunteer(c->run, c->host[i], c->dir[i]) != 0)
+            return -1;
+    return 0;
+}
+
+static int start(struct collab *c)
+{
+    c->t0 = mono_s();
+    for (int i = 0; i < c->n; i++) {
+        snprintf(c->log[i], sizeof c->log[i], "%.250s/join.log", c->dir[i]);
+        snprintf(c->steps[i], sizeof c->steps[i], "%.250s/join.steps", c->dir[i]);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dir[i],
+                              "--device", "cpu", "--no-eval", "--step-log", c->steps[i], NULL};
+        if ((c->pid[i] = ct_net_spawn(&g_net, c->host[i], argv, c->log[i])) <= 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) != 0) {
+        printf("skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)\n");
+        exit(CT_SKIP);
+    }
+    int rc = ct_net_init(&g_net);
+    if (rc == CT_SKIP)
+        exit(CT_SKIP);
+    if (rc != 0 || (g_coord_host = ct_net_public(&g_net, "coord")) < 0)
+        return -1;
+    g_pub.n = NPUB;
+    for (int i = 0; i < NPUB; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "pub%d", i);
+        if ((g_pub.host[i] = ct_net_public(&g_net, name)) < 0)
+            return -1;
+    }
+    int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
+    if (cone < 0 || sym < 0)
+        return -1;
+    g_nat.n = NNAT_PUB + NNAT_PRIV;
+    for (int i = 0; i < g_nat.n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "nat%d", i);
+        g_nat.host[i] = i < NNAT_PUB ? ct_net_public(&g_net, name)
+                                     : ct_net_private(&g_net, name, i < NNAT_PUB + 2 ? cone : sym);
+        if (g_nat.host[i] < 0)
+            return -1;
+    }
+    /* PostgreSQL and the coordinator live on the coordinator's host: this
+       process moves there (before any thread starts) */
+    if (ct_net_enter(&g_net, g_coord_host) != 0)
+        return -1;
+    rc = ct_pg_start(&g_pg);
+    if (rc == CT_SKIP)
+        exit(CT_SKIP);
+    char public_url[64];
+    snprintf(public_url, sizeof public_url, "https://%s:" PORT, g_net.h[g_coord_host].ip);
+    const char *args[] = {"--listen", "0.0.0.0:" PORT, "--public-url", public_url, "--dht-listen-ip", "0.0.0.0",
+                          NULL};
+    if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
+        ct_coord_start(&g_c, g_pg.url, NULL, args) != 0)
+        return -1;
+    g_org = ct_login(&g_c, "org", "organizer-password");
+    if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || start(&g_pub) != 0 || start(&g_nat) != 0)
+        return -1;
+    return 0;
+}
+
+static void stop_all(struct collab *c)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->pid[i] > 0) {
+            kill(c->pid[i], SIGKILL);
+            ct_wait(c->pid[i], 10);
+            c->pid[i] = 0;
+        }
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    stop_all(&g_pub);
+    stop_all(&g_nat);
+    int rc = ct_coord_cleanup(&g_c);
+    ct_pg_stop(&g_pg);
+    ct_net_destroy(&g_net);
+    for (int i = 0; i < MAXA && !getenv("CT_KEEP_LOGS"); i++) {
+        if (g_pub.dir[i][0])
+            ct_rmrf(g_pub.dir[i]);
+        if (g_nat.dir[i][0])
+            ct_rmrf(g_nat.dir[i]);
+    }
+    free(g_org);
+    g_teardown_failed = rc != 0;
+    return rc;
+}
+
+/* Notes when each agent of c printed its reachability line. */
+static void watch(struct collab *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (c->reach_at[i] || !c->t0)
+            continue;
+        char *log = ct_read_file(c->log[i], NULL);
+        if (log && strstr(log, "reachability: "))
+            c->reach_at[i] = mono_s() - c->t0;
+        free(log);
+    }
+}
+
+/* Waits for every agent of c to exit, watching both collaborations'
+ * reachability lines meanwhile (they run at once). */
+static void wait_all(struct collab *c, int timeout_s)
+{
+    double end = mono_s() + timeout_s;
+    int left = c->n;
+    for (int i = 0; i < c->n; i++)
+        c->status[i] = -1;
+    while (left > 0 && mono_s() < end) {
+        watch(&g_pub);
+        watch(&g_nat);
+        for (int i = 0; i < c->n; i++) {
+            if (c->status[i] < 0 && c->pid[i] > 0) {
+                int st = 0;
+                if (waitpid(c->pid[i], &st, WNOHANG) == c->pid[i]) {
+                    c->status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                    c->pid[i] = 0;
+                    left--;
+                }
+            }
+        }
+        usleep(100000);
+    }
+    watch(c);
+    stop_all(c);
+}
+
+struct fold {
+    char hash[STEPS + 2][65];
+    int members[STEPS + 2], full[STEPS + 2];
+    double loss[STEPS + 2], w[STEPS + 2];
+    int mismatches, lines;
+};
+
+static void fold_steplog(const char *path, struct fold *f, const char *who)
+{
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    char line[2048];
+    while (fgets(line, sizeof line, fp)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j)
+            continue;
+        long step = (long)json_integer_value(json_object_get(j, "step"));
+        const char *h = json_string_value(json_object_get(j, "hash"));
+        if (step >= 0 && step <= STEPS + 1 && h && strlen(h) == 64 && !json_is_true(json_object_get(j, "synced"))) {
+            f->lines++;
+            if (!f->hash[step][0])
+                snprintf(f->hash[step], sizeof f->hash[step], "%s", h);
+            else if (strcmp(f->hash[step], h)) {
+                f->mismatches++;
+                fprintf(stderr, "%s: step %ld hash %.16s differs from %.16s\n", who, step, h, f->hash[step]);
+            }
+            int mem = (int)json_integer_value(json_object_get(j, "members"));
+            if (mem > f->members[step])
+                f->members[step] = mem;
+            if (json_integer_value(json_object_get(j, "agreed")) == json_integer_value(json_object_get(j, "parts")) &&
+                json_integer_value(json_object_get(j, "parts")) > 0)
+                f->full[step]++;
+            json_t *l = json_object_get(j, "loss");
+            double w = json_number_value(json_object_get(j, "samples"));
+            if (json_is_number(l) && isfinite(json_number_value(l)) && w > 0) {
+                f->loss[step] += json_number_value(l) * w;
+                f->w[step] += w;
+            }
+        }
+        json_decref(j);
+    }
+    fclose(fp);
+}
+
+/* The collaboration's checks: every agent finished, its reachability line
+ * says `want` (for agents [0, n_direct): "direct at <its host's IP>", the
+ * rest "not reachable at <its router's address>", within 10 s), every step
+ * was averaged by all n members with every part agreed, identical hashes,
+ * and the loss fell. */
+static void check(struct collab *c, int n_direct)
+{
+    wait_all(c, 300);
+    struct fold f;
+    memset(&f, 0, sizeof f);
+    for (int i = 0; i < c->n; i++) {
+        const struct ct_net_host *h = &g_net.h[c->host[i]];
+        char *log = ct_read_file(c->log[i], NULL);
+        assert_non_null(log);
+        const char *line = strstr(log, "reachability: ");
+        char want[96];
+        if (i < n_direct)
+            snprintf(want, sizeof want, "reachability: direct at %s ", h->ip);
+        else
+            snprintf(want, sizeof want, "reachability: not reachable at %s ", g_net.r[h->router].wan_ip);
+        printf("%s (%s): exit %d, reachability known after %.1f s: %.*s\n", h->name, h->ip, c->status[i],
+               c->reach_at[i], line ? (int)strcspn(line, "\n") : 4, line ? line : "none");
+        if (c->status[i] != 0)
+            fprintf(stderr, "%s's log:\n%s\n", h->name, log);
+        assert_int_equal(c->status[i], 0);
+        assert_non_null(line);
+        assert_true(!strncmp(line, want, strlen(want)));
+        assert_true(c->reach_at[i] > 0 && c->reach_at[i] < 10.0);
+        if (i >= n_direct)
+            assert_non_null(strstr(log, "client mode"));
+        free(log);
+        fold_steplog(c->steps[i], &f, h->name);
+    }
+    assert_int_equal(f.mismatches, 0);
+    /* every step, all members in the round, every part averaged by all */
+    int full = 0, all_in = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        all_in += f.members[s] == c->n;
+        full += f.full[s] > 0;
+    }
+    printf("%s: %d of %d steps held all %d agents, %d had every part averaged; %d step-log lines\n", c->run,
+           all_in, STEPS, c->n, full, f.lines);
+    assert_true(f.hash[STEPS][0] != 0);
+    assert_true(all_in >= STEPS - 2); /* a joiner may miss the first round or two */
+    assert_int_equal(full, STEPS);
+    double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[STEPS] > 0 ? f.loss[STEPS] / f.w[STEPS] : NAN;
+    printf("%s: loss %.3f at step 1, %.3f at step %d\n", c->run, first, last, STEPS);
+    assert_true(isfinite(first) && isfinite(last) && last < 0.7 * first);
+}
+
+static void test_public_hosts(void **state)
+{
+    (void)state;
+    check(&g_pub, NPUB);
+}
+
+static void test_behind_nat(void **state)
+{
+    (void)state;
+    check(&g_nat, NNAT_PUB);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_public_hosts),
+        cmocka_unit_test(test_behind_nat),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return failed || g_teardown_failed ? 1 : 0;
+}
