@@ -584,6 +584,17 @@ COORD_DB_STMT(S_STATS_TOTALS, 2,
               "count(*) FILTER (WHERE parts_averaged < parts AND received_at >= now() - make_interval(secs => $2::int)) "
               "FROM contrib_claims WHERE run = $1");
 
+/* Live peers (capability reports), those whose rounds keep averaging
+   nothing, the most such rounds in a row and one peer's reason. */
+COORD_DB_STMT(S_STATS_AVERAGING, 1,
+              "SELECT count(*), count(*) FILTER (WHERE (c.report->>'failing_rounds')::bigint > 0), "
+              "coalesce(max((c.report->>'failing_rounds')::bigint), 0), "
+              "(SELECT x.report->>'failing_reason' FROM capabilities x WHERE x.run_id = r.id AND "
+              " x.expires_at > now() AND (x.report->>'failing_rounds')::bigint > 0 "
+              " ORDER BY (x.report->>'failing_rounds')::bigint DESC LIMIT 1) "
+              "FROM runs r LEFT JOIN capabilities c ON c.run_id = r.id AND c.expires_at > now() "
+              "WHERE r.name = $1 GROUP BY r.id");
+
 /* Steps first reported in the window: how many, and the time they span. */
 COORD_DB_STMT(S_STATS_RATE, 2,
               "SELECT count(*), extract(epoch from max(t) - min(t)) FROM ("
@@ -645,6 +656,19 @@ void api_run_stats(struct coord_req *req, struct coord_resp *resp)
                         sps > 0 && total_steps > 0 && current >= 0
                             ? json_real(fmax(0, (double)(total_steps - current)) / sps)
                             : json_null());
+
+    const char *ap[] = {req->params[0]};
+    if (!(r = run_query(req, resp, &S_STATS_AVERAGING, ap))) {
+        json_decref(out);
+        return;
+    }
+    long long live = PQntuples(r) ? lng(r, 0, 0) : 0, failing = PQntuples(r) ? lng(r, 0, 1) : 0;
+    json_t *avg = json_pack("{s:I, s:I, s:I, s:b}", "live_peers", live, "failing_peers", failing,
+                            "failing_rounds", PQntuples(r) ? lng(r, 0, 2) : 0, "not_averaging", failing > 0);
+    if (failing > 0 && !PQgetisnull(r, 0, 3))
+        json_object_set_new(avg, "reason", json_string(PQgetvalue(r, 0, 3)));
+    PQclear(r);
+    json_object_set_new(out, "averaging", avg);
 
     const char *q[] = {req->params[0], hours};
     if (!(r = run_query(req, resp, &S_STATS_ACTIVE, q))) {

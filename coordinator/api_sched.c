@@ -155,6 +155,8 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         {"download_mbps", CM_J_NUMBER, 1, 1, 0},
         {"accepts_inbound", CM_J_BOOL, 1, 1, 0},
         {"pairs", CM_J_ARRAY, 0, 1, 0},
+        {"failing_rounds", CM_J_INT, 0, 0, 1000000000},
+        {"failing_reason", CM_J_STRING, 0, 0, 320},
     };
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
@@ -213,6 +215,13 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
                                "download_mbps", down, "accepts_inbound",
                                json_is_true(json_object_get(req->json, "accepts_inbound")),
                                "pairs", pairs);
+    /* a peer whose rounds keep averaging nothing says so (the run's stats) */
+    json_int_t failing = json_integer_value(json_object_get(req->json, "failing_rounds"));
+    if (report && failing > 0) {
+        const char *why = json_string_value(json_object_get(req->json, "failing_reason"));
+        json_object_set_new(report, "failing_rounds", json_integer(failing));
+        json_object_set_new(report, "failing_reason", json_string(why ? why : ""));
+    }
     char *report_txt = report ? json_dumps(report, JSON_COMPACT | JSON_SORT_KEYS |
                                                        JSON_REAL_PRECISION(17))
                               : NULL;

@@ -6,6 +6,7 @@
 #include "cm_log.h"
 #include "dht/dht_node.h"
 #include "dht/dht_types.h"
+#include "p2p/p2p_probe.h"
 
 #include <jansson.h>
 
@@ -31,6 +32,7 @@ struct bb_node {
     char address[300];
     int64_t sched_version; /* newest schedule announced in the DHT */
     int64_t sched_put_at;  /* when (Unix s), to refresh it before it expires */
+    struct p2p_probe_hold probe; /* throughput probes: one prober at a time (node's loop) */
     struct bb_node *next;
 };
 
@@ -80,6 +82,37 @@ static int coord_keys(PGconn *pg, uint8_t keys[P2P_MAX_COORD_KEYS][CM_ED25519_PU
     return *n ? CM_OK : CM_ENOTFOUND;
 }
 
+/* Throughput probes (p2p/p2p_probe.h; docs/schedules.md, "Measured
+ * links"): agents measure their link's upload and download against the
+ * backbone node, which usually sits on a fatter link than any volunteer's.
+ * --probe-slots probers at a time (a burst of joins queues for fewer
+ * seconds; more would share, and read less than, our link); on the node's
+ * loop. */
+static int on_probe(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint32_t type, const uint8_t *body,
+                    size_t len, uint8_t **resp, size_t *rlen)
+{
+    struct bb_node *bn = arg;
+    (void)h;
+    if (type == P2P_MSG_PROBE) {
+        if (len == 0 || len > P2P_PROBE_CHUNK)
+            return CM_ETOOBIG;
+        return p2p_probe_admit(&bn->probe, from->pub, p2p_now_ms());
+    }
+    if (type == P2P_MSG_PROBE_PULL) {
+        uint32_t want = 0;
+        int rc = p2p_probe_pull_parse(body, len, &want);
+        if (rc == CM_OK)
+            rc = p2p_probe_admit(&bn->probe, from->pub, p2p_now_ms());
+        if (rc != CM_OK)
+            return rc;
+        if (!(*resp = calloc(1, want)))
+            return CM_ENOMEM;
+        *rlen = want;
+        return CM_OK;
+    }
+    return CM_EUNSUPPORTED;
+}
+
 static int start_node(struct coord_backbone *b, int64_t run_id, const char *run, struct bb_node **out)
 {
     struct coord_server *srv = b->srv;
@@ -112,7 +145,16 @@ static int start_node(struct coord_backbone *b, int64_t run_id, const char *run,
     for (int i = 0; r && i < PQntuples(r) && nboot < 16; i++)
         boot[nboot++] = PQgetvalue(r, i, 0);
 
+    struct bb_node *bn = calloc(1, sizeof *bn);
+    if (!bn) {
+        PQclear(r);
+        free(tok);
+        return CM_ENOMEM;
+    }
     struct dht_config cfg = {0};
+    cfg.on_other = on_probe;
+    cfg.on_other_arg = bn;
+    bn->probe.slots = (unsigned)b->srv->cfg->probe_slots;
     cfg.key = &b->key;
     cfg.token = tok;
     cfg.listen_ip = b->listen_ip;
@@ -134,12 +176,8 @@ static int start_node(struct coord_backbone *b, int64_t run_id, const char *run,
     free(tok);
     if (rc != CM_OK) {
         CM_LOGE("backbone", "could not start the DHT node of run %s: %s", run, cm_strerror(rc));
+        free(bn);
         return rc;
-    }
-    struct bb_node *bn = calloc(1, sizeof *bn);
-    if (!bn) {
-        dht_node_stop(node);
-        return CM_ENOMEM;
     }
     bn->run_id = run_id;
     snprintf(bn->run, sizeof bn->run, "%s", run);

@@ -31,6 +31,7 @@ struct coord_config {
     long dht_port;
     char *dht_listen_ip;
     char *dht_advertise;
+    long probe_slots;
     char *web_dir;
 };
 

@@ -16,6 +16,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "cm_opts.h"
+#include "p2p/p2p_probe.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -84,6 +85,9 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"dht-advertise", CM_OPT_STR, O(dht_advertise), NULL, "HOST",
      "host peers reach the backbone nodes at (default: the --public-url or --listen host, "
      "else 127.0.0.1)", 0},
+    {"probe-slots", CM_OPT_INT, O(probe_slots), "4", "N",
+     "agents measuring their link's rates against a backbone node at once (1-16; each may use "
+     "its whole link for about 2 s at join and every 30 minutes)", 0},
     {"web-dir", CM_OPT_STR, O(web_dir), NULL, "DIR",
      "the built dashboard served at / (default: ../web/dist next to the binary, else "
      "/usr/share/crowdtrain/web)", 0},
@@ -117,7 +121,8 @@ static int validate(const struct coord_config *c)
                   {"shutdown-grace-ms", c->shutdown_grace_ms, 0, 600000},
                   {"checkpoint-keep", c->checkpoint_keep, 1, 1000},
                   {"checkpoint-max-mb", c->checkpoint_max_mb, 1, 1L << 24},
-                  {"dht-port", c->dht_port, -1, 65535}};
+                  {"dht-port", c->dht_port, -1, 65535},
+                  {"probe-slots", c->probe_slots, 1, P2P_PROBE_MAX_SLOTS}};
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
             fprintf(stderr, "error: --%s must be %ld..%ld\n", ranges[i].name, ranges[i].lo,

@@ -146,6 +146,40 @@ static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, d
     free(r);
 }
 
+/* A round that was not a step because nothing was averaged with the
+ * others (j->unaveraged, j->unshared): counted, said on the console and in
+ * the step log, and from the second in a row handed to the runtime, whose
+ * capability reports tell the coordinator (the run's stats and dashboard:
+ * "not averaging"). A real step resets it (dp_finish_round). */
+static void note_failing(struct dp_state *s, const struct dp_job *j, int64_t step, const char *why)
+{
+    double now = peer_mono_s();
+    if (s->failing && now - s->failing_last > DP_FAILING_FORGET_S)
+        s->failing = 0; /* an old failure: this is a new episode */
+    s->failing_last = now;
+    if (!s->failing++)
+        s->failing_since = now;
+    snprintf(s->failing_why, sizeof s->failing_why, "%s", why);
+    if (s->failing >= 2) {
+        fprintf(stderr, "warning: the collaboration is not averaging: %d rounds in a row, %.0f s, averaged "
+                        "nothing with the other peers\n", s->failing, peer_mono_s() - s->failing_since);
+        peer_rt_set_failing(&s->rt, s->failing, why);
+    }
+    if (!s->steplog || s->o.aggregate_only)
+        return;
+    char line[1024], ridhex[17], w[sizeof s->failing_why];
+    cm_hex_encode(j->rid, 8, ridhex);
+    snprintf(w, sizeof w, "%s", why);
+    for (char *c = w; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+            *c = '_';
+    snprintf(line, sizeof line,
+             "{\"step\":%lld,\"averaged\":false,\"members\":%zu,\"parts\":%zu,\"round\":\"%s\","
+             "\"failing_rounds\":%d,\"why\":\"%s\",\"t_ms\":%lld}",
+             (long long)step, j->nmem, j->n_parts, ridhex, s->failing, w, (long long)dp_now(s));
+    agent_steplog_write(s->steplog, line);
+}
+
 /* Applies a finished round: the optimizer step, the hash, the step log, the
  * contribution report, the checkpoint. Returns CM_OK and moves *step, or a
  * fatal error. */
@@ -167,6 +201,12 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         if (j->rc == CM_EBUSY)
             printf("\nstep %lld: announced after the round closed; catching up\n", (long long)j->step);
         *step = dp_resync_after(s, j->step);
+        if (*step <= j->step && j->missed) {
+            /* nobody went past the round: it averaged nothing after all */
+            snprintf(j->why, sizeof j->why, "no peer applied the round of step %lld (its members saw different "
+                     "rounds) and none went past it", (long long)j->step);
+            note_failing(s, j, *step, j->why);
+        }
         return CM_OK;
     }
     if (j->rc == CM_ESTATE) {
@@ -181,10 +221,20 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         usleep(200000);
         return CM_OK;
     }
+    if (j->unaveraged) {
+        fprintf(stderr, "\nwarning: step %lld: no part of the round was averaged by every member of its %zu "
+                        "(%s); not a step\n", (long long)j->step, j->nmem, j->why);
+        note_failing(s, j, *step, j->why);
+        usleep(200000);
+        return CM_OK;
+    }
     if (j->unshared) {
         fprintf(stderr, "\nwarning: step %lld: our round (%zu senders) averaged our gradient alone (the "
                         "others declined it or left); not stepping\n",
                 (long long)j->step, j->senders);
+        snprintf(j->why, sizeof j->why, "our round of %zu senders averaged only our own gradient: the others' "
+                 "did not reach us at %s", j->senders, s->rt.my_addr[0] ? s->rt.my_addr : "(client mode)");
+        note_failing(s, j, *step, j->why);
         return CM_OK;
     }
     if (j->rc != CM_OK)
@@ -235,6 +285,15 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
                  j->agreed, j->mem, j->am, j->nmem);
     *step = j->step + 1;
     dp_update_hash(s, *step);
+    /* A step with others ends an episode of failed rounds. A step alone
+       does not: after rounds with the others failed, nobody averages with
+       anybody (the others may be stuck fetching a state nobody has). */
+    if (s->failing && j->senders > 1) {
+        printf("\nstep %lld: averaged again after %d round%s that averaged nothing\n", (long long)j->step,
+               s->failing, s->failing == 1 ? "" : "s");
+        s->failing = 0;
+        peer_rt_set_failing(&s->rt, 0, NULL);
+    }
     if (j->loss_n)
         *last_loss = loss;
     if (s->steplog && !s->o.aggregate_only) {

@@ -41,6 +41,9 @@ struct dp_opts {
     double max_upload_mbps, max_download_mbps;
 };
 
+/* A failed round this long after the last one starts a new count. */
+#define DP_FAILING_FORGET_S 120.0
+
 struct dp_state {
     struct dp_opts o;
     struct peer_rt rt;          /* the runtime: session, pass, clock, net, reports, probes */
@@ -70,6 +73,10 @@ struct dp_state {
     struct collab_hold hold;    /* delayed updates: our waits for the peers behind our step
                                    (see dp_majority_behind), a bucket of DP_HOLD_S */
     double hold_warned;         /* mono of the last "stayed behind" warning */
+    /* rounds in a row that averaged nothing (not steps), since when, why */
+    int failing;
+    double failing_since, failing_last;
+    char failing_why[320];
 };
 
 /* One averaging round: what the accumulation hands over and what comes
@@ -88,6 +95,8 @@ struct dp_job {
     int missed;         /* the others agreed on parts we lack: fetch their state */
     int alone;          /* declined: a minority of the peers (see round.c) */
     int unshared;       /* no other sender's gradient reached us: not stepping */
+    int unaveraged;     /* no part averaged by every member: not a step (issue 17) */
+    char why[320];      /* for unaveraged: each part's aggregator and why it failed */
     size_t others;      /* other peers accumulating for the step when it started */
     size_t present;     /* other compute peers with fresh progress, any step */
     size_t senders;     /* senders in our window */

@@ -467,6 +467,26 @@ static void round_verdict(struct dp_job *j, const size_t *poff, const size_t *pl
             return;
         }
     }
+    if (!s->o.aggregate_only && !j->pull_only && j->agreed == 0 && j->nmem > 1) {
+        /* Nothing averaged by every member: stepping would apply a zero
+           update and count a step in which the collaboration learnt
+           nothing (issue 17: peers that cannot reach each other "trained"
+           for 25 steps at chance). Not a step: no update, no report, the
+           step is tried again; say which aggregators failed and why. */
+        size_t off = 0;
+        j->why[0] = '\0';
+        for (size_t k = 0; k < j->n_parts && off < sizeof j->why; k++) {
+            char a[80] = "?";
+            uint32_t o = j->sum.part_owner[k];
+            if (o < j->nmem)
+                p2p_addr_format((const struct sockaddr *)&am[o].addr, a, sizeof a);
+            int st = j->sum.part_status[k];
+            off += (size_t)snprintf(j->why + off, sizeof j->why - off, "%spart %zu at %s: %s", k ? "; " : "", k, a,
+                                    st == CM_OK ? "not averaged by every member" : cm_strerror(st));
+        }
+        j->unaveraged = 1;
+        return;
+    }
     if (j->agreed != all && !s->o.aggregate_only) /* an aggregate-only peer holds only its part */
         fprintf(stderr, "\nwarning: step %lld: %d of %zu parts averaged by every member; the others "
                         "are skipped this step\n",

@@ -36,6 +36,10 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
                                      "download_mbps", c->down_mbps, "accepts_inbound",
                                      c->inbound != 0, "pairs", pairs)
                          : NULL;
+    if (body && c->failing > 0) {
+        json_object_set_new(body, "failing_rounds", json_integer(c->failing));
+        json_object_set_new(body, "failing_reason", json_string(c->failing_why));
+    }
     if (!body)
         return CM_ENOMEM;
     snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
@@ -68,6 +72,7 @@ int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
         return 1;
     if (moved(old->sps, now->sps) || moved(old->up_mbps, now->up_mbps) ||
         moved(old->down_mbps, now->down_mbps) || (old->inbound != 0) != (now->inbound != 0) ||
+        (old->failing != 0) != (now->failing != 0) ||
         old->n_pairs != now->n_pairs)
         return 1;
     for (size_t i = 0; i < now->n_pairs; i++) {
@@ -88,9 +93,19 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     double t = peer_mono_s();
     struct peer_caps c = {0};
     c.sps = aux ? 0 : sps;
-    c.up_mbps = rt->cfg.max_upload_mbps > 0 ? rt->cfg.max_upload_mbps : 1000;
-    c.down_mbps = rt->cfg.max_download_mbps > 0 ? rt->cfg.max_download_mbps : 1000;
+    /* measured (the link probe), capped by what the volunteer allows; the
+       cap, or 1 Gbit/s, until measured */
+    pthread_mutex_lock(&rt->probe_mu);
+    double lu = rt->link_up, ld = rt->link_down;
+    pthread_mutex_unlock(&rt->probe_mu);
+    double cu = rt->cfg.max_upload_mbps, cd = rt->cfg.max_download_mbps;
+    c.up_mbps = lu > 0 ? (cu > 0 ? fmin(lu, cu) : lu) : cu > 0 ? cu : 1000;
+    c.down_mbps = ld > 0 ? (cd > 0 ? fmin(ld, cd) : ld) : cd > 0 ? cd : 1000;
     c.inbound = !rt->cfg.client_mode;
+    c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&rt->probe_mu);
+    snprintf(c.failing_why, sizeof c.failing_why, "%s", rt->failing_why);
+    pthread_mutex_unlock(&rt->probe_mu);
     /* the pairs the probe thread measured last */
     pthread_mutex_lock(&rt->probe_mu);
     int fresh_pairs = rt->probe_new;
@@ -99,7 +114,8 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     memcpy(c.pairs, rt->probe_caps.pairs, sizeof c.pairs);
     pthread_mutex_unlock(&rt->probe_mu);
     if ((c.sps > 0 || aux) &&
-        (rt->caps_at == 0 || t - rt->caps_at > 60 || fresh_pairs || peer_caps_changed(&rt->caps, &c))) {
+        (rt->caps_at == 0 || t - rt->caps_at > (c.failing ? 15 : 60) || fresh_pairs ||
+         peer_caps_changed(&rt->caps, &c))) {
         if (peer_caps_report(&rt->coord, rt->cfg.run, rt->key.pub, &c) == CM_OK)
             rt->caps = c;
         rt->caps_at = t;
@@ -168,6 +184,22 @@ static int probe_pause(struct peer_rt *rt, int secs)
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += secs;
+    pthread_mutex_lock(&rt->probe_mu);
+    while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
+        ;
+    int stop = rt->probe_stop;
+    pthread_mutex_unlock(&rt->probe_mu);
+    return stop;
+}
+
+/* Waits ms milliseconds or until the runtime stops; 1 when it stops. */
+static int probe_pause_ms(struct peer_rt *rt, int ms)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    long ns = dl.tv_nsec + (long)ms * 1000000L;
+    dl.tv_sec += ns / 1000000000L;
+    dl.tv_nsec = ns % 1000000000L;
     pthread_mutex_lock(&rt->probe_mu);
     while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
         ;
@@ -251,30 +283,115 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
     free(p);
 }
 
+/* The link's own upload and download (docs/schedules.md, "Measured
+ * links"): probes against the run's DHT backbone node (the coordinator's,
+ * normally on a fatter link than any volunteer's), in quiet time only, one
+ * prober at a time there (a busy backbone is tried again 0.5-2 s later):
+ * by the net stage, before the role moves anything (runtime.c), then by
+ * the probe thread every LINK_EVERY_S. The volunteer's --max-*-mbps still
+ * cap what is reported. */
+#define LINK_BYTES (16u * 1024u * 1024u)
+#define LINK_BUDGET_MS 1000
+#define LINK_DEADLINE_MS 30000
+#define LINK_TRIES 10
+#define LINK_EVERY_S 1800
+
+int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
+{
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    double t0 = peer_mono_s();
+    int rc = CM_ETIMEOUT;
+    for (int t = 0; t < LINK_TRIES && !__atomic_load_n(&rt->probe_stop, __ATOMIC_ACQUIRE) &&
+                    !peer_rt_interrupted(rt) && (peer_mono_s() - t0) * 1000 < deadline_ms;
+         t++) {
+        const char *addr = rt->n_bootstrap ? rt->bootstrap[t % rt->n_bootstrap] : NULL;
+        double up = 0, down = 0;
+        rc = addr ? peer_net_key_of(rt->net, addr, pub) : CM_ENOTFOUND;
+        if (rc == CM_OK)
+            rc = peer_net_link_probe(rt->net, addr, pub, 0, LINK_BYTES, LINK_BUDGET_MS, LINK_DEADLINE_MS,
+                                     &rt->averaging, &rt->probe_stop, &up);
+        if (rc == CM_OK)
+            rc = peer_net_link_probe(rt->net, addr, pub, 1, LINK_BYTES, LINK_BUDGET_MS, LINK_DEADLINE_MS,
+                                     &rt->averaging, &rt->probe_stop, &down);
+        if (rc == CM_OK && up > 0 && down > 0) {
+            pthread_mutex_lock(&rt->probe_mu);
+            rt->link_up = up;
+            rt->link_down = down;
+            rt->probe_new = 1;
+            pthread_mutex_unlock(&rt->probe_mu);
+            printf("link: upload %.1f Mbit/s, download %.1f Mbit/s (measured against %s in %.1f s)\n", up, down,
+                   addr, peer_mono_s() - t0);
+            fflush(stdout);
+            return CM_OK;
+        }
+        if (rc != CM_EBUSY && rc != CM_ETIMEOUT && t >= 2)
+            break;
+        /* the backbone measures another peer's link: again in 0.5-2 s */
+        for (int k = probe_wait(1) % 4 + 1; k > 0 && !peer_rt_interrupted(rt); k--)
+            if (probe_pause_ms(rt, 500))
+                return CM_ECANCELED;
+    }
+    if (peer_rt_interrupted(rt))
+        return CM_ECANCELED;
+    if (rc != CM_ECANCELED)
+        fprintf(stderr, "warning: the link could not be measured (%s); reporting %s until it is\n",
+                cm_strerror(rc), rt->cfg.max_upload_mbps > 0 ? "the caps" : "1 Gbit/s");
+    return rc;
+}
+
 void *peer__probe_main(void *arg)
 {
     struct peer_rt *rt = arg;
-    int wait_s = probe_wait(PROBE_FIRST_S), rounds = 0;
+    /* the net stage measured the link (or tried: again in a few seconds);
+       then every LINK_EVERY_S. Pairs: 20-30 s after joining, again 40-60 s
+       later, then every five minutes. */
+    double now = peer_mono_s();
     pthread_mutex_lock(&rt->probe_mu);
+    double link_next = now + (rt->link_up > 0 ? LINK_EVERY_S : probe_wait(1) % 4 + 2);
+    double pairs_next = now + probe_wait(PROBE_FIRST_S);
+    int rounds = 0;
     while (!rt->probe_stop) {
+        double next = fmin(link_next, pairs_next);
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_sec += wait_s;
-        while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
-            ;
+        double wait = next - peer_mono_s();
+        if (wait > 0) {
+            long ns = dl.tv_nsec + (long)((wait - floor(wait)) * 1e9);
+            dl.tv_sec += (time_t)wait + ns / 1000000000L;
+            dl.tv_nsec = ns % 1000000000L;
+            while (!rt->probe_stop && pthread_cond_timedwait(&rt->probe_cv, &rt->probe_mu, &dl) == 0)
+                ;
+        }
         if (rt->probe_stop)
             break;
         pthread_mutex_unlock(&rt->probe_mu);
+        if (peer_mono_s() >= link_next) {
+            int lr = peer_rt_measure_link(rt, LINK_DEADLINE_MS);
+            link_next = peer_mono_s() + (lr == CM_OK ? LINK_EVERY_S : PROBE_EVERY_S);
+        }
         struct peer_caps c = {0};
-        measure_pairs(rt, &c);
+        int pairs = peer_mono_s() >= pairs_next;
+        if (pairs)
+            measure_pairs(rt, &c);
         pthread_mutex_lock(&rt->probe_mu);
+        if (!pairs)
+            continue;
         if (c.n_pairs) {
             rt->probe_caps = c;
             rt->probe_new = 1;
         }
         rounds += c.n_pairs > 0;
-        wait_s = probe_wait(!c.n_pairs ? PROBE_FIRST_S : rounds == 1 ? PROBE_SECOND_S : PROBE_EVERY_S);
+        pairs_next = peer_mono_s() + probe_wait(!c.n_pairs ? PROBE_FIRST_S : rounds == 1 ? PROBE_SECOND_S
+                                                                                       : PROBE_EVERY_S);
     }
     pthread_mutex_unlock(&rt->probe_mu);
     return NULL;
+}
+
+void peer_rt_set_failing(struct peer_rt *rt, int rounds, const char *why)
+{
+    pthread_mutex_lock(&rt->probe_mu);
+    snprintf(rt->failing_why, sizeof rt->failing_why, "%s", rounds > 0 && why ? why : "");
+    pthread_mutex_unlock(&rt->probe_mu);
+    __atomic_store_n(&rt->failing_rounds, rounds > 0 ? rounds : 0, __ATOMIC_RELAXED);
 }

@@ -18,6 +18,8 @@ struct peer_caps {
     double sps;                 /* samples/s on this device for the run's model; 0: none */
     double up_mbps, down_mbps;  /* after the volunteer's caps */
     int inbound;                /* accepts inbound connections */
+    int failing;                /* the role's rounds in a row that averaged nothing (0: fine) */
+    char failing_why[160];      /* and why, when failing */
     size_t n_pairs;
     struct {
         uint8_t pub[CM_ED25519_PUB_LEN];

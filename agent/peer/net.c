@@ -7,6 +7,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "dht/dht_node.h"
+#include "p2p/p2p_probe.h"
 #include "p2p/p2p_transport.h"
 
 #include <errno.h>
@@ -37,7 +38,8 @@ struct job {
     struct ar_round_config round;
     struct peer_round_summary sum;
     struct peer_net *net;
-    uint8_t peer_pub[CM_ED25519_PUB_LEN]; /* JOB_REQ */
+    uint8_t peer_pub[CM_ED25519_PUB_LEN]; /* JOB_REQ; with no_key, the responder's */
+    int no_key;                           /* JOB_REQ: a Ping to learn the key */
     uint32_t type, timeout_ms;
     uint8_t *resp;
     size_t resp_len;
@@ -58,8 +60,7 @@ struct peer_net {
     struct p2p_host *st_host; /* state transfer: serves snapshots, fetches */
     uint16_t st_port;
     uint16_t dht_port; /* 0 in client mode */
-    uint8_t probe_pub[CM_ED25519_PUB_LEN]; /* the peer probing us now (loop thread only) */
-    int64_t probe_last_ms;                 /* its last probe message */
+    struct p2p_probe_hold probe; /* the peer probing us now (loop thread only) */
     pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
     uint8_t *st_bytes;
     size_t st_len;
@@ -121,7 +122,8 @@ static void req_done(void *arg, int status, const struct p2p_peer *from, const u
                      size_t len)
 {
     struct job *j = arg;
-    (void)from;
+    if (status == CM_OK && from && j->no_key)
+        memcpy(j->peer_pub, from->pub, CM_ED25519_PUB_LEN);
     if (status == CM_OK && len && (j->resp = malloc(len)) != NULL) {
         memcpy(j->resp, body, len);
         j->resp_len = len;
@@ -191,8 +193,8 @@ static void run_job(struct peer_net *n, struct job *j)
         finish(j, rc);
         return;
     case JOB_REQ:
-        rc = p2p_request(n->st_host, (const struct sockaddr *)j->addrs, j->peer_pub, j->type, j->value,
-                         j->len, j->timeout_ms, req_done, j);
+        rc = p2p_request(n->st_host, (const struct sockaddr *)j->addrs, j->no_key ? NULL : j->peer_pub, j->type,
+                         j->value, j->len, j->timeout_ms, req_done, j);
         break;
     default:
         j->round.done = round_done;
@@ -258,13 +260,7 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
             return CM_ETOOBIG;
         /* One prober at a time: two probes sharing our link would each read
            a part of it and report a bottleneck that is not there. */
-        int64_t now = p2p_now_ms();
-        if (memcmp(n->probe_pub, from->pub, CM_ED25519_PUB_LEN) &&
-            now - n->probe_last_ms < PEER_PROBE_HOLD_MS)
-            return CM_EBUSY;
-        memcpy(n->probe_pub, from->pub, CM_ED25519_PUB_LEN);
-        n->probe_last_ms = now;
-        return CM_OK;
+        return p2p_probe_admit(&n->probe, from->pub, p2p_now_ms());
     }
     struct peer_state_req q;
     if (type != PEER_MSG_STATE)
@@ -649,6 +645,32 @@ static int net_request(struct peer_net *n, const struct sockaddr_storage *addr, 
     return rc;
 }
 
+int peer_net_key_of(struct peer_net *n, const char *addr, uint8_t pub[CM_ED25519_PUB_LEN])
+{
+    struct sockaddr_storage sa;
+    if (p2p_addr_parse(addr, &sa) != CM_OK)
+        return CM_EINVAL;
+    struct job *j = calloc(1, sizeof *j);
+    if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = malloc(1))) {
+        if (j)
+            free(j->addrs);
+        free(j);
+        return CM_ENOMEM;
+    }
+    j->kind = JOB_REQ;
+    j->no_key = 1;
+    *j->addrs = sa;
+    j->type = P2P_MSG_PING;
+    j->timeout_ms = 5000;
+    int rc = submit(n, j);
+    pthread_mutex_lock(&n->mu);
+    if (rc == CM_OK)
+        memcpy(pub, j->peer_pub, CM_ED25519_PUB_LEN);
+    job_unref(j);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
 static int state_request(struct peer_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
                          int64_t min_step, uint64_t off, uint8_t **resp, size_t *resp_len)
 {
@@ -658,19 +680,31 @@ static int state_request(struct peer_net *n, const struct sockaddr_storage *addr
     return net_request(n, addr, pub, PEER_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
 }
 
-int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
-                   const int *stop, double *mbps)
+#define PROBE_WINDOW_MAX 64
+
+/* A probe in either direction (pull: the peer sends, P2P_MSG_PROBE_PULL),
+ * with up to `window` messages of msg bytes in flight; `adaptive`: starting
+ * with 2 and growing to about 50 ms of the rate measured so far, so a slow
+ * link never holds seconds of probe queued in front of the collaboration's
+ * messages (a 2 Mbit/s uploader with 2 MiB in flight held its DHT records
+ * back 8 s and missed its rounds), and a fast one still fills. */
+static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int pull,
+                     size_t msg, size_t window, int adaptive, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
+                     const int *busy, const int *stop, double *mbps)
 {
     struct sockaddr_storage sa;
     *mbps = 0;
-    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 64u * PEER_PROBE_CHUNK)
+    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 512u * PEER_PROBE_CHUNK || window < 1 ||
+        window > PROBE_WINDOW_MAX || msg < 1 || msg > PEER_PROBE_CHUNK)
         return CM_EINVAL;
     /* one small request first, so the connection (and its handshake) is
        not part of the measurement */
-    uint8_t one = 0, *r = NULL;
+    uint8_t one[4] = {0}, *r = NULL;
     size_t rl = 0;
-    int rc = net_request(n, &sa, pub, PEER_MSG_PROBE, &one, 1, 10000, &r, &rl);
+    if (pull)
+        p2p_probe_pull_encode(1, one);
+    int rc = net_request(n, &sa, pub, pull ? P2P_MSG_PROBE_PULL : PEER_MSG_PROBE, one, pull ? 4 : 1, 10000, &r,
+                         &rl);
     free(r);
     if (rc != CM_OK)
         return rc;
@@ -693,10 +727,9 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
        are measured, or deadline_ms have passed (no reading when nothing was
        measured). */
     const int64_t PROBE_SETTLE_MS = 150;
-    const size_t PROBE_MSG = 32u * 1024u;
-    struct job *win[2] = {0}; /* in flight, oldest at win[h] */
-    int dirty[2] = {0};       /* sent, or acknowledged, outside the quiet spell */
-    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0;
+    struct job *win[PROBE_WINDOW_MAX] = {0}; /* in flight, oldest at win[h] */
+    int dirty[PROBE_WINDOW_MAX] = {0};       /* sent, or acknowledged, outside the quiet spell */
+    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = adaptive ? 2 : window, acked = 0;
     int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
     for (;;) {
         int64_t now = p2p_now_ms();
@@ -709,15 +742,16 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
             }
             spell_t0 = seg_t0 = seg_t1 = -1;
             seg_bytes = 0;
-            dirty[0] = dirty[1] = 1;
+            for (size_t k = 0; k < window; k++)
+                dirty[k] = 1;
         }
         int more = rc == CM_OK && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) &&
                    counted + seg_bytes < bytes &&
                    measured + (seg_t0 >= 0 ? now - seg_t0 : 0) < (int64_t)budget_ms &&
                    now - t_start < (int64_t)deadline_ms;
-        while (quiet && more && nin < 2) {
+        while (quiet && more && nin < cur) {
             struct job *j = calloc(1, sizeof *j);
-            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, PROBE_MSG))) {
+            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, pull ? 4 : msg))) {
                 if (j)
                     free(j->addrs);
                 free(j);
@@ -727,12 +761,14 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
             j->kind = JOB_REQ;
             *j->addrs = sa;
             memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-            j->type = PEER_MSG_PROBE;
+            j->type = pull ? P2P_MSG_PROBE_PULL : PEER_MSG_PROBE;
             j->timeout_ms = 10000;
-            j->len = PROBE_MSG;
+            j->len = pull ? 4 : msg;
+            if (pull)
+                p2p_probe_pull_encode((uint32_t)msg, j->value);
             if ((rc = enqueue(n, j)) != CM_OK)
                 break;
-            size_t at = (h + nin++) % 2;
+            size_t at = (h + nin++) % window;
             win[at] = j;
             dirty[at] = 0;
             if (spell_t0 < 0)
@@ -745,12 +781,15 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
             continue;
         }
         struct job *j = win[h];
-        size_t len = j->len;
         int jr = wait_job(n, j);
+        /* bytes that crossed the link: ours, or the peer's answer */
+        size_t len = pull ? (jr == CM_OK ? j->resp_len : 0) : j->len;
+        if (pull && jr == CM_OK && len != msg)
+            jr = CM_EPROTO;
         release(n, j);
         win[h] = NULL;
         int was_dirty = dirty[h] || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
-        h = (h + 1) % 2;
+        h = (h + 1) % window;
         nin--;
         if (jr != CM_OK) {
             /* CM_EBUSY: another prober took the host while we were busy
@@ -759,6 +798,12 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
             continue; /* drain the other one */
         }
         int64_t t = p2p_now_ms();
+        acked += len;
+        if (adaptive && t - t_start >= 50) {
+            double per_ms = (double)acked / (double)(t - t_start);
+            size_t want = (size_t)(per_ms * 50 / (double)msg) + 1;
+            cur = want < 2 ? 2 : want > window ? window : want;
+        }
         if (!was_dirty && spell_t0 >= 0) {
             if (seg_t0 >= 0) {
                 seg_bytes += len;
@@ -778,6 +823,21 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
         return CM_ETIMEOUT; /* never quiet long enough to measure */
     *mbps = (double)counted * 8 / 1e6 / ((double)measured / 1000.0);
     return CM_OK;
+}
+
+int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                   const int *stop, double *mbps)
+{
+    return probe_run(n, addr, pub, 0, 32u * 1024u, 2, 0, bytes, budget_ms, deadline_ms, busy, stop, mbps);
+}
+
+int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int down,
+                        size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                        const int *stop, double *mbps)
+{
+    return probe_run(n, addr, pub, down, 32u * 1024u, PROBE_WINDOW_MAX, 1, bytes, budget_ms, deadline_ms, busy,
+                     stop, mbps);
 }
 
 int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],

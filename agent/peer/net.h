@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "ar/ar.h"
+#include "p2p/p2p_probe.h"
 #include "cm_crypto.h"
 
 struct peer_net_config {
@@ -108,12 +109,25 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
  * serves one prober at a time: a probe message from another peer within
  * PEER_PROBE_HOLD_MS of the current prober's last gets CM_EBUSY (probe
  * again later). */
-#define PEER_MSG_PROBE 49
-#define PEER_PROBE_CHUNK (128u * 1024u)
-#define PEER_PROBE_HOLD_MS 1500
+#define PEER_MSG_PROBE P2P_MSG_PROBE /* p2p/p2p_probe.h, shared with the backbone */
+#define PEER_PROBE_CHUNK P2P_PROBE_CHUNK
+#define PEER_PROBE_HOLD_MS P2P_PROBE_HOLD_MS
 int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                    size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
                    const int *stop, double *mbps);
+
+/* The link's own rate (docs/schedules.md, "Measured links"): like
+ * peer_net_probe, against a host with a fat link (the coordinator's DHT
+ * backbone node, p2p/p2p_probe.h), with 32 KiB messages, from 2 in flight
+ * up to about 50 ms of the rate measured so far (at most 64), so a fast
+ * path fills and a slow one holds little queued: our upload (down = 0) or
+ * our download (down = 1, the host sends). */
+int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int down,
+                        size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                        const int *stop, double *mbps);
+/* The key of the peer at addr (a Ping, which needs none), for probes of
+ * a bootstrap address. */
+int peer_net_key_of(struct peer_net *n, const char *addr, uint8_t pub[CM_ED25519_PUB_LEN]);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at);

@@ -282,6 +282,10 @@ const char *peer_rt_username(const struct peer_rt *rt)
 }
 
 /* ---- net ---- */
+/* How long the net stage spends measuring the link (peers that join
+   together measure one after another at the backbone). */
+#define LINK_START_DEADLINE_MS 10000
+
 static int net_up(struct peer_rt *rt, const char *listen)
 {
     struct peer_net_config nc = {0};
@@ -335,6 +339,7 @@ static int discover(struct peer_rt *rt, const char *listen, char *adv, size_t ca
             rt->reach = PEER_REACH_DIRECT;
             printf("reachability: direct at %s (the coordinator dialed back ports %u, %u, %u)\n", adv, ports[0],
                    ports[1], ports[2]);
+            fflush(stdout);
             return CM_OK;
         }
         char why[256] = "";
@@ -372,6 +377,7 @@ static int start_net(struct peer_rt *rt)
 {
     const char *listen = rt->cfg.listen_ip ? rt->cfg.listen_ip : "0.0.0.0";
     double t0 = peer_mono_s();
+    rt->probe_stop = 0; /* a stop of the probes before a restart left it set */
     rt->reach = rt->cfg.client_mode ? PEER_REACH_FLAG_CLIENT : PEER_REACH_UNKNOWN;
     rt->observed_ip[0] = 0;
     int rc = net_up(rt, listen);
@@ -385,6 +391,13 @@ static int start_net(struct peer_rt *rt)
         return rc;
     }
     rt->reach_ms = (peer_mono_s() - t0) * 1e3;
+    /* the link's rates, while nothing of ours uses it yet; a failure is a
+       warning (the probe thread tries again) */
+    if (peer_rt_measure_link(rt, LINK_START_DEADLINE_MS) == CM_ECANCELED) {
+        peer_net_stop(rt->net);
+        rt->net = NULL;
+        return CM_ECANCELED;
+    }
     rt->my_addr[0] = rt->st_addr[0] = 0;
     if (!rt->cfg.client_mode) {
         snprintf(rt->my_addr, sizeof rt->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
@@ -424,7 +437,7 @@ static void stop_reports(struct peer_rt *rt)
 /* ---- probes ---- */
 static int start_probes(struct peer_rt *rt)
 {
-    if (!rt->cfg.probes || rt->cfg.client_mode)
+    if (!rt->cfg.probes) /* client-mode peers measure too: outbound only */
         return CM_OK;
     rt->probe_stop = 0;
     if (pthread_create(&rt->probe_th, NULL, peer__probe_main, rt) == 0)
@@ -448,6 +461,7 @@ static void stop_probes(struct peer_rt *rt)
     rt->probe_new = 0;
     memset(&rt->caps, 0, sizeof rt->caps);
     rt->caps_at = 0;
+    rt->link_up = rt->link_down = 0;
 }
 
 /* ---- lifecycle ---- */

@@ -63,7 +63,7 @@ enum peer_stage {
     PEER_STAGE_CLOCK,   /* the coordinator's clock offset */
     PEER_STAGE_NET,     /* the p2p node and our advertised addresses */
     PEER_STAGE_REPORTS, /* contribution reporter (a failure here is a warning, not fatal) */
-    PEER_STAGE_PROBES,  /* probe thread (only with cfg.probes and not in client mode) */
+    PEER_STAGE_PROBES,  /* probe thread (only with cfg.probes): the link, then pairs */
     PEER_STAGE_ALL = PEER_STAGE_PROBES
 };
 const char *peer_stage_name(enum peer_stage st);
@@ -152,12 +152,15 @@ struct peer_rt {
     pthread_mutex_t probe_mu;
     pthread_cond_t probe_cv;
     struct peer_caps probe_caps; /* the probe thread's latest measurement (pairs) */
+    double link_up, link_down;   /* the link's measured rates, Mbit/s (0: not yet) */
     struct peer_pair_hist {
         uint8_t pub[CM_ED25519_PUB_LEN];
         double mbps[PEER_PROBE_KEEP]; /* newest first; 0 = none */
     } probe_hist[PEER_CAPS_MAX_PAIRS];
     size_t n_probe_hist;
     struct peer_caps caps; /* last reported */
+    int failing_rounds;    /* the role's rounds in a row that averaged nothing (atomic) */
+    char failing_why[160]; /* under probe_mu */
     double caps_at;        /* mono of the last report */
     /* state sync */
     uint64_t syncs; /* states fetched from peers */
@@ -219,5 +222,15 @@ void peer_majority_hash(const struct peer_info *p, size_t n, int64_t pstep, int6
    they changed materially or new pairs came in. aux: the role computes
    nothing by choice (then sps 0 is reported too). */
 void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux);
+/* Measures the link's upload and download against the run's backbone
+   (caps.c, docs/schedules.md "Measured links"), trying a busy backbone
+   again until deadline_ms; CM_OK with rt->link_up/down set (and printed),
+   or why not (a warning). Called by the net stage and the probe thread. */
+int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms);
+/* The role's rounds keep averaging nothing (rounds in a row, why; 0 when it
+   averages again): capability reports carry it (failing_rounds,
+   failing_reason) at once and every 15 s while it lasts, so the
+   organizer sees a run that is not learning (docs/collaboration.md). */
+void peer_rt_set_failing(struct peer_rt *rt, int rounds, const char *why);
 
 #endif

@@ -746,7 +746,8 @@ static int on_request(void *arg, struct p2p_host *h, const struct p2p_peer *from
         return rc;
     }
     default:
-        return CM_EUNSUPPORTED;
+        return n->on_other ? n->on_other(n->on_other_arg, h, from, type, body, len, resp, rlen)
+                           : CM_EUNSUPPORTED;
     }
 }
 
@@ -814,6 +815,8 @@ int dht_node_new(struct p2p_ctx *ctx, const struct dht_config *cfg, struct dht_n
     n->serving = cfg->listen_ip != NULL;
     dht_id_of_pub(cfg->key->pub, n->id);
     n->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 3000;
+    n->on_other = cfg->on_other;
+    n->on_other_arg = cfg->on_other_arg;
     n->refresh_ms = cfg->refresh_interval_ms ? cfg->refresh_interval_ms : 15 * 60 * 1000;
     n->republish_ms = cfg->republish_interval_ms ? cfg->republish_interval_ms : 10 * 60 * 1000;
     int64_t now = p2p_now_ms();

@@ -52,6 +52,11 @@ struct dht_config {
     uint32_t refresh_interval_ms; /* 0: 15 min; buckets without lookups are refreshed */
     uint32_t republish_interval_ms; /* 0: 10 min; own records are stored again */
     size_t max_records;           /* 0: 65536 */
+    /* Requests of other types on the node's host (the coordinator's
+       backbone answers throughput probes, p2p/p2p_probe.h); NULL: refused
+       (CM_EUNSUPPORTED). Runs on the node's loop. */
+    p2p_request_cb on_other;
+    void *on_other_arg;
     /* dht_node_start only: the process context (caps, auth) it creates. */
     struct p2p_ctx_config ctx;
     /* dht_node_start only: "host:port" peers to bootstrap from. */

@@ -29,6 +29,8 @@ struct dht_node {
     struct dht__lookup *lookups;
     size_t lookup_handles; /* lookups whose timer handle is not closed yet */
     uint32_t rpc_timeout_ms, refresh_ms, republish_ms;
+    p2p_request_cb on_other; /* cfg: message types that are not the DHT's */
+    void *on_other_arg;
     uv_timer_t timer;
     int64_t last_refresh_ms, last_republish_ms, last_purge_ms;
     int closing;

@@ -197,6 +197,44 @@ test('overview-live', async (page) => {
   assert.equal(await page.textContent('#stat-step'), `${seed.steps + 1} / ${seed.total_steps}`);
 });
 
+// Peers whose rounds average nothing report it with their capabilities
+// (stats.averaging): a banner says so within one refresh, their reason shown
+// as text, and goes once they average again.
+test('overview-not-averaging', async (page) => {
+  // the device's own figures, as test_dashboard.c reported them (the
+  // schedule, checked later, stays the same)
+  const d = seed.peers.findIndex((p) => p.username === seed.users.volunteer.username);
+  const dev = seed.peers[d];
+  const tok = await token('volunteer');
+  const caps = (extra) => call('POST', `/api/v1/runs/${RUN}/capabilities`, {
+    token: tok,
+    body: { peer_public_key: dev.peer_public_key, samples_per_s: dev.sps, upload_mbps: d === 3 ? 1000 : 50,
+      download_mbps: d === 3 ? 1000 : 100, accepts_inbound: d !== 1, ...extra },
+  });
+  await page.goto(`${seed.url}/#/run/${RUN}`);
+  await page.waitForFunction(() => /^updated /.test(document.querySelector('#updated')?.textContent || ''));
+  assert.equal(await page.isVisible('#not-averaging'), false, 'no banner while peers average');
+  const reason = `part 0 at 10.77.0.11:4000: connection refused ${seed.xss}`;
+  let r = await caps({ failing_rounds: 4, failing_reason: reason });
+  assert.equal(r.status, 200, r.text);
+  await page.waitForSelector('#not-averaging', { state: 'visible', timeout: 20000 });
+  const text = await page.textContent('#not-averaging');
+  assert.match(text, /not averaging/, text);
+  assert.match(text, /up to 4 in a row/, text);
+  assert.equal(await page.textContent('#not-averaging-reason'), reason, 'the reason, as text');
+  assert.equal(await page.evaluate(() => window.__xss), undefined);
+  await shot(page, 'overview-not-averaging-banner');
+  // bad values are refused and change nothing
+  for (const bad of [{ failing_rounds: -1 }, { failing_rounds: 'many' }, { failing_reason: 'x'.repeat(400) }]) {
+    r = await caps(bad);
+    assert.equal(r.status, 400, `${JSON.stringify(bad).slice(0, 40)}: ${r.text}`);
+  }
+  // averaging again: the next report has no failing rounds
+  r = await caps({});
+  assert.equal(r.status, 200, r.text);
+  await page.waitForSelector('#not-averaging', { state: 'hidden', timeout: 20000 });
+});
+
 test('overview-empty-run', async (page) => {
   await page.goto(`${seed.url}/#/run/${seed.empty_run}`);
   await page.waitForFunction(() => /^updated /.test(document.querySelector('#updated')?.textContent || ''));

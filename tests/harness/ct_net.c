@@ -98,8 +98,10 @@ static int link_to(const char *brns, const char *outer, const char *ns, const ch
 
 int ct_net_public(struct ct_net *n, const char *name)
 {
-    if (n->nhosts >= CT_NET_MAX_HOSTS)
+    if (n->nhosts >= CT_NET_MAX_HOSTS) {
+        fprintf(stderr, "ct_net: more than %d hosts\n", CT_NET_MAX_HOSTS);
         return -1;
+    }
     int i = n->nhosts;
     struct ct_net_host *h = &n->h[i];
     snprintf(h->name, sizeof h->name, "%s", name);
@@ -143,8 +145,10 @@ int ct_net_router(struct ct_net *n, int symmetric)
 
 int ct_net_private(struct ct_net *n, const char *name, int router)
 {
-    if (n->nhosts >= CT_NET_MAX_HOSTS || router < 0 || router >= n->nrouters)
+    if (n->nhosts >= CT_NET_MAX_HOSTS || router < 0 || router >= n->nrouters) {
+        fprintf(stderr, "ct_net: more than %d hosts, or no router %d\n", CT_NET_MAX_HOSTS, router);
         return -1;
+    }
     int i = n->nhosts;
     struct ct_net_host *h = &n->h[i];
     snprintf(h->name, sizeof h->name, "%s", name);

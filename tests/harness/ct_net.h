@@ -28,7 +28,7 @@
 
 #include <sys/types.h>
 
-#define CT_NET_MAX_HOSTS 16
+#define CT_NET_MAX_HOSTS 32
 #define CT_NET_MAX_ROUTERS 4
 
 struct ct_net_host {

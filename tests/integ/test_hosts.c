@@ -17,8 +17,15 @@
  *    join as client-mode peers; the public ones aggregate. Same checks:
  *    all six in every round, all parts averaged, identical parameters, the
  *    loss falls.
+ *  - lost: three agents that announce the coordinator's host
+ *    (--advertise-ip), where nothing listens for them, so every round fails.
+ *    No round that averaged nothing (or only part) is a step or credited; a
+ *    step taken alone is the most a peer does (when it no longer sees the
+ *    others, stuck fetching a state nobody has); the console and the step
+ *    log say why per part, and the coordinator's stats (the dashboard's
+ *    banner) say the run is not averaging within a minute.
  *
- * Both collaborations run at once (separate runs, same coordinator). Needs
+ * The three collaborations run at once (separate runs, same coordinator). Needs
  * root, ip and iptables (skips otherwise) and Fashion-MNIST. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,7 +48,7 @@
 #include "ct_net.h"
 
 #if defined(__SANITIZE_ADDRESS__)
-#define STEPS 16
+#define STEPS 24
 #else
 #define STEPS 30
 #endif
@@ -49,6 +56,8 @@
 #define NPUB 4
 #define NNAT_PUB 2
 #define NNAT_PRIV 4
+#define NLOST 3
+#define NLINKS 3
 #define MAXA 8
 
 struct collab {
@@ -67,7 +76,9 @@ static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
 static int g_coord_host;
-static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"};
+static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"},
+                     g_lost = {.run = "hosts-lost"}, g_links = {.run = "hosts-links"};
+static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directions */
 static int g_vol; /* volunteers made so far */
 static int g_teardown_failed;
 
@@ -147,14 +158,15 @@ static int prepare(struct collab *c)
     return 0;
 }
 
-static int start(struct collab *c)
+/* Starts the agents; extra (may be NULL) are flags for all of them. */
+static int start(struct collab *c, const char *extra0, const char *extra1)
 {
     c->t0 = mono_s();
     for (int i = 0; i < c->n; i++) {
         snprintf(c->log[i], sizeof c->log[i], "%.250s/join.log", c->dir[i]);
         snprintf(c->steps[i], sizeof c->steps[i], "%.250s/join.steps", c->dir[i]);
         const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dir[i],
-                              "--device", "cpu", "--no-eval", "--step-log", c->steps[i], NULL};
+                              "--device", "cpu", "--no-eval", "--step-log", c->steps[i], extra0, extra1, NULL};
         if ((c->pid[i] = ct_net_spawn(&g_net, c->host[i], argv, c->log[i])) <= 0)
             return -1;
     }
@@ -178,6 +190,20 @@ static int setup(void **state)
         char name[16];
         snprintf(name, sizeof name, "pub%d", i);
         if ((g_pub.host[i] = ct_net_public(&g_net, name)) < 0)
+            return -1;
+    }
+    g_lost.n = NLOST;
+    for (int i = 0; i < NLOST; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "lost%d", i);
+        if ((g_lost.host[i] = ct_net_public(&g_net, name)) < 0)
+            return -1;
+    }
+    g_links.n = NLINKS;
+    for (int i = 0; i < NLINKS; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "link%.0f", LINK_CAPS[i]);
+        if ((g_links.host[i] = ct_net_public(&g_net, name)) < 0 || ct_net_cap(&g_net, g_links.host[i], LINK_CAPS[i]))
             return -1;
     }
     int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
@@ -207,7 +233,28 @@ static int setup(void **state)
         ct_coord_start(&g_c, g_pg.url, NULL, args) != 0)
         return -1;
     g_org = ct_login(&g_c, "org", "organizer-password");
-    if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || start(&g_pub) != 0 || start(&g_nat) != 0)
+    /* the lost ones announce the coordinator's host, where nobody listens
+       for them: every round they try fails */
+    if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || prepare(&g_lost) != 0 || prepare(&g_links) != 0 ||
+        start(&g_links, NULL, NULL) != 0)
+        return -1;
+    /* The backbone measures one link at a time (agents that join together
+       queue, and give up after 10 s to try again later): the capped hosts
+       measure theirs first, then the others join. */
+    for (double t0 = mono_s(); mono_s() - t0 < 40;) {
+        int measured = 0;
+        for (int i = 0; i < g_links.n; i++) {
+            char *log = ct_read_file(g_links.log[i], NULL);
+            measured += log && (strstr(log, "\nlink: ") || !strncmp(log, "link: ", 6) ||
+                                strstr(log, "the link could not be measured"));
+            free(log);
+        }
+        if (measured == g_links.n)
+            break;
+        usleep(200000);
+    }
+    if (start(&g_lost, "--advertise-ip", g_net.h[g_coord_host].ip) != 0 || start(&g_pub, NULL, NULL) != 0 ||
+        start(&g_nat, NULL, NULL) != 0)
         return -1;
     return 0;
 }
@@ -227,6 +274,8 @@ static int teardown(void **state)
     (void)state;
     stop_all(&g_pub);
     stop_all(&g_nat);
+    stop_all(&g_lost);
+    stop_all(&g_links);
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_net_destroy(&g_net);
@@ -235,6 +284,10 @@ static int teardown(void **state)
             ct_rmrf(g_pub.dir[i]);
         if (g_nat.dir[i][0])
             ct_rmrf(g_nat.dir[i]);
+        if (g_lost.dir[i][0])
+            ct_rmrf(g_lost.dir[i]);
+        if (g_links.dir[i][0])
+            ct_rmrf(g_links.dir[i]);
     }
     free(g_org);
     g_teardown_failed = rc != 0;
@@ -254,8 +307,30 @@ static void watch(struct collab *c)
     }
 }
 
-/* Waits for every agent of c to exit, watching both collaborations'
- * reachability lines meanwhile (they run at once). */
+/* When the coordinator's stats of the lost run first said it is not
+ * averaging (seconds after its agents started; 0: not yet). */
+static double g_lost_flagged;
+static char g_lost_reason[400];
+
+static void watch_lost_stats(void)
+{
+    if (g_lost_flagged || !g_lost.t0)
+        return;
+    struct ct_resp r;
+    if (ct_http(&g_c, "GET", "/api/v1/runs/hosts-lost/stats", NULL, NULL, &r) == 0 && r.status == 200) {
+        json_t *a = json_object_get(r.json, "averaging");
+        if (json_is_true(json_object_get(a, "not_averaging"))) {
+            g_lost_flagged = mono_s() - g_lost.t0;
+            const char *why = json_string_value(json_object_get(a, "reason"));
+            snprintf(g_lost_reason, sizeof g_lost_reason, "%s", why ? why : "");
+        }
+    }
+    ct_resp_free(&r);
+}
+
+/* Waits for every agent of c to exit, watching the collaborations'
+ * reachability lines and the lost run's stats meanwhile (they run at
+ * once). */
 static void wait_all(struct collab *c, int timeout_s)
 {
     double end = mono_s() + timeout_s;
@@ -265,6 +340,9 @@ static void wait_all(struct collab *c, int timeout_s)
     while (left > 0 && mono_s() < end) {
         watch(&g_pub);
         watch(&g_nat);
+        watch(&g_lost);
+        watch(&g_links);
+        watch_lost_stats();
         for (int i = 0; i < c->n; i++) {
             if (c->status[i] < 0 && c->pid[i] > 0) {
                 int st = 0;
@@ -359,16 +437,22 @@ static void check(struct collab *c, int n_direct)
         fold_steplog(c->steps[i], &f, h->name);
     }
     assert_int_equal(f.mismatches, 0);
-    /* every step, all members in the round, every part averaged by all */
-    int full = 0, all_in = 0;
+    /* every step had every part averaged by all; once all agents were in
+       (they join over the first seconds: each measures its link at the
+       backbone first, one after another), every round held all of them */
+    int full = 0, all_in = 0, first_all = 0;
     for (int s = 1; s <= STEPS; s++) {
-        all_in += f.members[s] == c->n;
+        if (!first_all && f.members[s] == c->n)
+            first_all = s;
+        all_in += first_all && f.members[s] == c->n;
         full += f.full[s] > 0;
     }
-    printf("%s: %d of %d steps held all %d agents, %d had every part averaged; %d step-log lines\n", c->run,
-           all_in, STEPS, c->n, full, f.lines);
+    printf("%s: all %d agents in every round from step %d on (%d of %d steps), %d steps had every part "
+           "averaged; %d step-log lines\n",
+           c->run, c->n, first_all, all_in, STEPS, full, f.lines);
     assert_true(f.hash[STEPS][0] != 0);
-    assert_true(all_in >= STEPS - 2); /* a joiner may miss the first round or two */
+    assert_true(first_all >= 1 && first_all <= STEPS / 2);
+    assert_int_equal(all_in, STEPS - first_all + 1);
     assert_int_equal(full, STEPS);
     double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[STEPS] > 0 ? f.loss[STEPS] / f.w[STEPS] : NAN;
     printf("%s: loss %.3f at step 1, %.3f at step %d\n", c->run, first, last, STEPS);
@@ -387,11 +471,139 @@ static void test_behind_nat(void **state)
     check(&g_nat, NNAT_PUB);
 }
 
+/* Three agents that announce the coordinator's host (--advertise-ip),
+ * where nothing listens for them: every round fails. No step may count. */
+static void test_no_step_without_averaging(void **state)
+{
+    (void)state;
+    while (mono_s() - g_lost.t0 < 60 && !g_lost_flagged) {
+        watch_lost_stats();
+        usleep(500000);
+    }
+    printf("the coordinator's stats said the run is not averaging %.1f s after its agents started (%s)\n",
+           g_lost_flagged, g_lost_reason);
+    for (int i = 0; i < g_lost.n; i++)
+        kill(g_lost.pid[i], SIGINT);
+    wait_all(&g_lost, 30);
+    int failed_lines = 0, warned = 0, solo = 0;
+    for (int i = 0; i < g_lost.n; i++) {
+        const char *name = g_net.h[g_lost.host[i]].name;
+        char *log = ct_read_file(g_lost.log[i], NULL);
+        assert_non_null(log);
+        int declined = strstr(log, "not a step") || strstr(log, "not stepping");
+        if (g_lost.status[i] != 0 || !declined)
+            fprintf(stderr, "%s (exit %d):\n%s\n", name, g_lost.status[i], log);
+        assert_int_equal(g_lost.status[i], 0); /* Ctrl-C while training: a clean exit */
+        /* the console says so */
+        assert_true(declined);
+        warned += strstr(log, "the collaboration is not averaging") != NULL;
+        free(log);
+        /* the step log: each failed round there with why; a step, if any,
+           only one that a peer took alone (when the others, stuck fetching
+           a state nobody has, were not about), never one that averaged
+           nothing or only part */
+        FILE *f = fopen(g_lost.steps[i], "r");
+        assert_non_null(f);
+        char line[2048];
+        while (fgets(line, sizeof line, f)) {
+            json_t *j = json_loads(line, 0, NULL);
+            assert_non_null(j);
+            if (json_is_false(json_object_get(j, "averaged"))) {
+                failed_lines++;
+                assert_non_null(json_string_value(json_object_get(j, "why")));
+            } else if (!json_is_true(json_object_get(j, "synced"))) {
+                fprintf(stderr, "%s stepped: %s", name, line);
+                assert_int_equal(json_integer_value(json_object_get(j, "members")), 1);
+                assert_int_equal(json_integer_value(json_object_get(j, "agreed")),
+                                 json_integer_value(json_object_get(j, "parts")));
+                solo++;
+            }
+            json_decref(j);
+        }
+        fclose(f);
+    }
+    printf("%d failed rounds in the lost agents' step logs, %d steps taken alone, %d agents warned that the "
+           "collaboration is not averaging\n", failed_lines, solo, warned);
+    assert_true(failed_lines >= 2);
+    assert_true(warned >= 1);
+    /* nothing credited for a round that averaged nothing or only part, and
+       no round with others at all */
+    long bad = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM contrib_reports WHERE run_id = "
+                                  "(SELECT id FROM runs WHERE name = 'hosts-lost') "
+                                  "AND (parts_averaged < parts OR n_members > 1)",
+                                  &bad),
+                     0);
+    assert_int_equal(bad, 0);
+    /* the organizer saw it within a minute, with a reason naming an address */
+    assert_true(g_lost_flagged > 0 && g_lost_flagged < 60);
+    assert_non_null(strstr(g_lost_reason, "10.77.0."));
+}
+
+/* Three hosts capped at 10, 50 and 200 Mbit/s: each measures its link
+ * against the coordinator's backbone node, reports it within 15 % of its
+ * cap, and the schedule gives the 200 Mbit/s host the largest share. */
+static void test_measured_links(void **state)
+{
+    (void)state;
+    wait_all(&g_links, 300);
+    char key[NLINKS][16];
+    for (int i = 0; i < NLINKS; i++) {
+        const char *name = g_net.h[g_links.host[i]].name;
+        char *log = ct_read_file(g_links.log[i], NULL);
+        assert_non_null(log);
+        const char *l = !strncmp(log, "link: upload ", 13) ? log : strstr(log, "\nlink: upload ");
+        const char *pk = strstr(log, "(peer ");
+        double up = 0, down = 0;
+        if (l && *l == '\n')
+            l++;
+        if (g_links.status[i] != 0 || !l || !pk || sscanf(l, "link: upload %lf Mbit/s, download %lf Mbit/s", &up, &down) != 2)
+            fprintf(stderr, "%s (exit %d):\n%s\n", name, g_links.status[i], log);
+        assert_int_equal(g_links.status[i], 0);
+        assert_non_null(l);
+        assert_non_null(pk);
+        snprintf(key[i], sizeof key[i], "%.12s", pk + 6);
+        printf("%s: capped at %.0f Mbit/s, measured upload %.1f (%+.1f %%), download %.1f (%+.1f %%)\n", name,
+               LINK_CAPS[i], up, 100 * (up / LINK_CAPS[i] - 1), down, 100 * (down / LINK_CAPS[i] - 1));
+        assert_true(fabs(up / LINK_CAPS[i] - 1) <= 0.15);
+        assert_true(fabs(down / LINK_CAPS[i] - 1) <= 0.15);
+        free(log);
+        /* what the coordinator holds is the measurement */
+        char q[512];
+        long rep = -1;
+        snprintf(q, sizeof q,
+                 "SELECT round((report->>'upload_mbps')::numeric * 10) FROM capabilities c JOIN runs r ON "
+                 "r.id = c.run_id WHERE r.name = 'hosts-links' AND "
+                 "translate(encode(c.peer_public_key, 'base64'), '+/', '-_') LIKE '%s%%'",
+                 key[i]);
+        assert_int_equal(ct_pg_scalar(&g_pg, q, &rep), 0);
+        if (labs(rep - lround(up * 10)) > 1)
+            fprintf(stderr, "%s: the coordinator holds upload %.1f Mbit/s\n", name, rep / 10.0);
+        assert_true(labs(rep - lround(up * 10)) <= 1);
+    }
+    /* the newest schedule: the fastest link aggregates the most */
+    long share[NLINKS];
+    for (int i = 0; i < NLINKS; i++) {
+        char q[600];
+        snprintf(q, sizeof q,
+                 "SELECT (p->>'share')::bigint FROM schedules s JOIN runs r ON r.id = s.run_id, "
+                 "jsonb_array_elements(s.result->'peers') p WHERE r.name = 'hosts-links' AND "
+                 "p->>'peer_public_key' LIKE '%s%%' ORDER BY s.version DESC LIMIT 1",
+                 key[i]);
+        assert_int_equal(ct_pg_scalar(&g_pg, q, &share[i]), 0);
+        printf("%s: share %ld\n", g_net.h[g_links.host[i]].name, share[i]);
+    }
+    assert_true(share[2] > share[1] && share[2] > share[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_public_hosts),
         cmocka_unit_test(test_behind_nat),
+        cmocka_unit_test(test_no_step_without_averaging),
+        cmocka_unit_test(test_measured_links),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed || g_teardown_failed ? 1 : 0;

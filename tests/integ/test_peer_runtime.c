@@ -220,7 +220,7 @@ static void check_resources(struct peer_rt *rt, enum peer_stage st, const char *
         CHECK(rt->rep != NULL);
     else
         CHECK(rt->rep == NULL);
-    CHECK(rt->probe_started == (st >= PEER_STAGE_PROBES && rt->cfg.probes && !rt->cfg.client_mode));
+    CHECK(rt->probe_started == (st >= PEER_STAGE_PROBES && rt->cfg.probes));
 }
 
 static void check_stopped(struct peer_rt *rt)

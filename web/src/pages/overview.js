@@ -1,7 +1,8 @@
 // Run overview (public): the global learning curve, active peers over time,
 // throughput and the ETA to the run's last step, refreshed every few seconds
 // without reloading. Data: GET /api/v1/runs/{run}, /curve, /stats
-// (docs/accounting.md, "Learning curve and health").
+// (docs/accounting.md, "Learning curve and health"). A banner says when
+// peers report that their rounds average nothing (stats.averaging).
 import { h, fmtNum, fmtDuration, fmtTime, fill } from '../dom.js';
 import { api, seg } from '../api.js';
 import { lineChart } from '../chart.js';
@@ -18,6 +19,10 @@ export function render(main, [run]) {
   main.appendChild(runTabs(run, ''));
   const info = h('section.run-info', { id: 'run-info' });
   main.appendChild(info);
+  // Peers whose rounds keep averaging nothing say so in their capability
+  // reports (stats.averaging): the run is not learning, and this says why.
+  const warn = h('section.warning', { id: 'not-averaging', hidden: true });
+  main.appendChild(warn);
   const stats = h('section.stats');
   const [cStep, vStep] = card('stat-step', 'step');
   const [cPeers, vPeers] = card('stat-peers', 'active peers');
@@ -64,6 +69,14 @@ export function render(main, [run]) {
     vRound.textContent = s.avg_round_ms === null ? '—' : `${fmtNum(s.avg_round_ms, 0)} ms`;
     vFail.textContent = `${fmtNum(s.round_failures.window)} / ${fmtNum(s.round_failures.total)}`;
     vVer.textContent = `${fmtNum(s.totals.verified_samples)} of ${fmtNum(s.totals.claimed_samples)}`;
+    const a = s.averaging || {};
+    warn.hidden = !a.not_averaging;
+    if (a.not_averaging) {
+      fill(warn, h('strong', 'The collaboration is not averaging. '),
+        `${fmtNum(a.failing_peers)} of ${fmtNum(a.live_peers)} live peers report rounds that averaged nothing `
+        + `(up to ${fmtNum(a.failing_rounds)} in a row)`,
+        a.reason ? [': ', h('code', { id: 'not-averaging-reason' }, a.reason)] : '', '.');
+    }
   }, REFRESH_MS, status);
   return () => { stop(); loss.destroy(); peers.destroy(); tput.destroy(); };
 }
