@@ -77,3 +77,12 @@ fuzz: deps
 	$(Q)$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang SANITIZER=address,undefined \
 	    EXTRA_CFLAGS=-fsanitize=fuzzer-no-link fuzz-build
 	$(Q)./scripts/run-fuzz.sh $(FUZZ_SECONDS) $(patsubst %.c,build-fuzz/%,$(FUZZ_SRCS))
+
+# Volunteers on separate hosts (network namespaces; root): reachability
+# time and the NAT run's seconds per step against the all-public run's.
+BENCH_HOSTS := $(BUILD)/tests/bench/bench_hosts
+$(BENCH_HOSTS): $(BUILD)/obj/tests/bench/bench_hosts.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
+BENCHES += $(BENCH_HOSTS)

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <libpq-fe.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
@@ -596,22 +597,27 @@ char *ct_read_file(const char *path, size_t *len)
     return b.p ? b.p : strdup("");
 }
 
+int ct_volunteer_account(const struct ct_coord *c, const char *org, const char *run, const char *name, char *dir)
+{
+    char b[200], path[256];
+    struct ct_resp r;
+    snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}", name);
+    ct_http(c, "POST", "/api/v1/users", org, b, &r);
+    ct_resp_free(&r);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/%s", run, name);
+    ct_http(c, "PUT", path, org, NULL, &r);
+    long st = r.status;
+    ct_resp_free(&r);
+    return st < 200 || st > 299 || ct_tempdir("agent", dir, 256) != 0 ? -1 : 0;
+}
+
 int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, int n,
                   char (*dirs)[256])
 {
     for (int i = 0; i < n; i++) {
-        char b[200], path[256], name[16];
-        struct ct_resp r;
+        char name[16];
         snprintf(name, sizeof name, "vol%d", i);
-        snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}",
-                 name);
-        ct_http(c, "POST", "/api/v1/users", org, b, &r);
-        ct_resp_free(&r);
-        snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/%s", run, name);
-        ct_http(c, "PUT", path, org, NULL, &r);
-        long st = r.status;
-        ct_resp_free(&r);
-        if (st < 200 || st > 299 || ct_tempdir("agent", dirs[i], 256) != 0)
+        if (ct_volunteer_account(c, org, run, name, dirs[i]) != 0)
             return -1;
         const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", c->url, "--ca-cert",
                               c->ca, "--username", name, "--password-stdin", "--config-dir", dirs[i], NULL};
@@ -624,6 +630,38 @@ int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, in
             return -1;
     }
     return 0;
+}
+
+json_t *ct_fmnist_recipe(long steps)
+{
+    char ex[PATH_MAX], path[PATH_MAX + 64];
+    if (!realpath("examples", ex))
+        return NULL;
+    snprintf(path, sizeof path, "%s/fmnist-collab.json", ex);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg)
+        return NULL;
+    json_t *data = json_object_get(cfg, "data");
+    char tr[PATH_MAX + 64], ev[PATH_MAX + 64];
+    snprintf(tr, sizeof tr, "%s/fmnist-train.manifest.json", ex);
+    snprintf(ev, sizeof ev, "%s/fmnist-test.manifest.json", ex);
+    json_object_set_new(data, "train", json_string(tr));
+    json_object_set_new(data, "eval", json_string(ev));
+    if (steps > 0)
+        json_object_set_new(cfg, "steps", json_integer(steps));
+    return cfg;
+}
+
+char *ct_run_body(const char *name, json_t *recipe)
+{
+    if (!recipe)
+        return NULL;
+    json_t *body = json_pack("{s:s, s:I, s:s, s:O}", "name", name, "target_batch_size",
+                             json_integer_value(json_object_get(recipe, "batch_size")), "model_summary",
+                             "MLP 784-256-128-10", "config", recipe);
+    char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    return s;
 }
 
 double ct_median(double *v, size_t n)

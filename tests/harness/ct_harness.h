@@ -93,12 +93,24 @@ char *ct_read_file(const char *path, size_t *len);
 /* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
 int ct_tempdir(const char *tag, char *out, size_t cap);
 
+/* A volunteer account `name` (password "volunteer-pw") made by the
+ * organizer `org`, allowlisted on run, and a fresh state directory for it
+ * in dir (256 bytes). 0 on success. */
+int ct_volunteer_account(const struct ct_coord *c, const char *org, const char *run, const char *name, char *dir);
+
 /* Volunteers for agent tests: creates accounts vol0..vol<n-1> (password
  * "volunteer-pw") as the organizer `org`, allowlists them on `run`, makes a
  * state directory for each (dirs[i], 256 bytes) and logs the agent in there
  * (`crowdtrain-agent login`). 0 on success. */
 int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, int n,
                   char (*dirs)[256]);
+
+/* The example Fashion-MNIST recipe (examples/fmnist-collab.json) with its
+ * manifests made absolute and, when steps > 0, its "steps" set; NULL when
+ * it cannot be read (run from the repository root). */
+json_t *ct_fmnist_recipe(long steps);
+/* The body of POST /api/v1/runs for a run `name` with that recipe (heap). */
+char *ct_run_body(const char *name, json_t *recipe);
 
 /* Median of v[0..n) (sorts v); 0 when n == 0. */
 double ct_median(double *v, size_t n);

@@ -215,6 +215,27 @@ int ct_net_run(const struct ct_net *n, int host, const char *const *argv, const 
     return ct_run_ns(n->h[host].ns, argv, stdin_text, out, timeout_s);
 }
 
+int ct_net_volunteers(const struct ct_net *n, const struct ct_coord *c, const char *org, const char *run,
+                      const char *url, int first, int count, const int *hosts, char (*dirs)[256])
+{
+    for (int i = 0; i < count; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "vol%d", first + i);
+        if (ct_volunteer_account(c, org, run, name, dirs[i]) != 0)
+            return -1;
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", url, "--ca-cert", c->ca,
+                              "--username", name, "--password-stdin", "--config-dir", dirs[i], NULL};
+        char *out = NULL;
+        int rc = ct_net_run(n, hosts[i], argv, "volunteer-pw\n", &out, 60);
+        if (rc != 0)
+            fprintf(stderr, "login of %s on %s: %s\n", name, n->h[hosts[i]].name, out ? out : "");
+        free(out);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
 void ct_net_destroy(struct ct_net *n)
 {
     char cmd[128];

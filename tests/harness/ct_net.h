@@ -65,6 +65,15 @@ int ct_net_enter(const struct ct_net *n, int host);
 pid_t ct_net_spawn(const struct ct_net *n, int host, const char *const *argv, const char *logpath);
 int ct_net_run(const struct ct_net *n, int host, const char *const *argv, const char *stdin_text, char **out,
                int timeout_s);
+/* Volunteers for agent tests on separate hosts (ct_volunteers' twin):
+ * accounts vol<first>..vol<first+n-1> (password "volunteer-pw"), allowlisted
+ * on run by the organizer `org`, each with a state directory (dirs[i], 256
+ * bytes) and logged in from its host hosts[i] at the coordinator's public
+ * URL `url`, as a volunteer does it (README, "A volunteer joins"). 0 on
+ * success. */
+struct ct_coord;
+int ct_net_volunteers(const struct ct_net *n, const struct ct_coord *c, const char *org, const char *run,
+                      const char *url, int first, int count, const int *hosts, char (*dirs)[256]);
 /* Deletes every namespace it made (their links go with them). */
 void ct_net_destroy(struct ct_net *n);
 

@@ -89,62 +89,13 @@ static double mono_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* The example recipe with absolute manifests and `steps`. */
-static char *run_body(const char *name, long steps)
-{
-    char ex[PATH_MAX], path[PATH_MAX + 64];
-    if (!realpath("examples", ex))
-        return NULL;
-    snprintf(path, sizeof path, "%s/fmnist-collab.json", ex);
-    json_t *cfg = json_load_file(path, 0, NULL);
-    if (!cfg)
-        return NULL;
-    json_t *data = json_object_get(cfg, "data");
-    char tr[PATH_MAX + 64], ev[PATH_MAX + 64];
-    snprintf(tr, sizeof tr, "%s/fmnist-train.manifest.json", ex);
-    snprintf(ev, sizeof ev, "%s/fmnist-test.manifest.json", ex);
-    json_object_set_new(data, "train", json_string(tr));
-    json_object_set_new(data, "eval", json_string(ev));
-    json_object_set_new(cfg, "steps", json_integer(steps));
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size",
-                             json_integer_value(json_object_get(cfg, "batch_size")), "model_summary",
-                             "MLP 784-256-128-10", "config", cfg);
-    char *s = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
-    return s;
-}
-
-/* A volunteer account, allowlisted on run, logged in from `host` at the
- * coordinator's public address (as a volunteer does: README, "A volunteer
- * joins"). */
-static int volunteer(const char *run, int host, char *dir)
-{
-    char name[16], b[200], path[256], url[64];
-    struct ct_resp r;
-    snprintf(name, sizeof name, "vol%d", g_vol++);
-    snprintf(b, sizeof b, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"volunteer-pw\"}", name);
-    ct_http(&g_c, "POST", "/api/v1/users", g_org, b, &r);
-    ct_resp_free(&r);
-    snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/%s", run, name);
-    ct_http(&g_c, "PUT", path, g_org, NULL, &r);
-    long st = r.status;
-    ct_resp_free(&r);
-    if (st < 200 || st > 299 || ct_tempdir("host-agent", dir, 256) != 0)
-        return -1;
-    snprintf(url, sizeof url, "https://%s:" PORT, g_net.h[g_coord_host].ip);
-    const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", url, "--ca-cert", g_c.ca,
-                          "--username", name, "--password-stdin", "--config-dir", dir, NULL};
-    char *out = NULL;
-    int rc = ct_net_run(&g_net, host, argv, "volunteer-pw\n", &out, 60);
-    if (rc != 0)
-        fprintf(stderr, "login of %s on %s: %s\n", name, g_net.h[host].name, out ? out : "");
-    free(out);
-    return rc == 0 ? 0 : -1;
-}
-
 static int prepare(struct collab *c)
 {
-    char *body = run_body(c->run, STEPS);
+    json_t *recipe = ct_fmnist_recipe(STEPS);
+    char *body = ct_run_body(c->run, recipe);
+    json_decref(recipe);
+    if (!body)
+        return -1;
     struct ct_resp r;
     ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
     free(body);
@@ -152,9 +103,11 @@ static int prepare(struct collab *c)
     ct_resp_free(&r);
     if (st != 201)
         return -1;
-    for (int i = 0; i < c->n; i++)
-        if (volunteer(c->run, c->host[i], c->dir[i]) != 0)
-            return -1;
+    char url[64];
+    snprintf(url, sizeof url, "https://%s:" PORT, g_net.h[g_coord_host].ip);
+    if (ct_net_volunteers(&g_net, &g_c, g_org, c->run, url, g_vol, c->n, c->host, c->dir) != 0)
+        return -1;
+    g_vol += c->n;
     return 0;
 }
 

@@ -1,7 +1,11 @@
 /* ct-timeout: 1500 */
 /* Collaborative training end to end (issue 5; seed 000 §3): PostgreSQL, the
- * coordinator and real `crowdtrain-agent join` processes on loopback train
- * the Fashion-MNIST MLP of examples/fmnist-collab.json together.
+ * coordinator and real `crowdtrain-agent join` processes train the
+ * Fashion-MNIST MLP of examples/fmnist-collab.json together, each agent on
+ * a host of its own (issue 17: network namespaces on one switch,
+ * tests/harness/ct_net.h; the coordinator's host at 10.77.0.10, volunteers
+ * logged in from their hosts at its public URL, `join` with no address
+ * flags), or on loopback where namespaces cannot be made (not root).
  *
  *  - chaos: four agents (one joins late, at step >= 20) reach >= 88.5 %
  *    test accuracy while agents are killed (SIGKILL) and restarted, or leave
@@ -35,6 +39,7 @@
 #include <unistd.h>
 
 #include "ct_harness.h"
+#include "ct_net.h"
 
 #define NAGENTS 4
 
@@ -51,6 +56,9 @@
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
+static struct ct_net g_net;
+static int g_hosts;            /* agents on hosts of their own (else loopback) */
+static int g_host[NAGENTS];    /* agent i's host in g_net */
 static char *g_org;
 static char g_dirs[NAGENTS][256];
 static int g_teardown_failed;
@@ -58,39 +66,43 @@ static int g_teardown_failed;
 static long g_target; /* target batch of the next run created; 0: the recipe's */
 static double g_lr;   /* its learning rate; 0: the recipe's */
 
-/* The example recipe with its manifests made absolute. */
+/* The example recipe as a run's body, with this file's overrides. */
 static char *run_body(const char *name, long steps)
 {
-    char ex[PATH_MAX], path[PATH_MAX + 64];
-    if (!realpath("examples", ex))
-        return NULL;
-    snprintf(path, sizeof path, "%s/fmnist-collab.json", ex);
-    json_t *cfg = json_load_file(path, 0, NULL);
+    json_t *cfg = ct_fmnist_recipe(steps);
     if (!cfg)
         return NULL;
-    json_t *data = json_object_get(cfg, "data");
-    char tr[PATH_MAX + 64], ev[PATH_MAX + 64];
-    snprintf(tr, sizeof tr, "%s/fmnist-train.manifest.json", ex);
-    snprintf(ev, sizeof ev, "%s/fmnist-test.manifest.json", ex);
-    json_object_set_new(data, "train", json_string(tr));
-    json_object_set_new(data, "eval", json_string(ev));
-    if (steps)
-        json_object_set_new(cfg, "steps", json_integer(steps));
     if (g_target)
         json_object_set_new(cfg, "batch_size", json_integer(g_target));
     if (g_lr > 0)
         json_object_set_new(json_object_get(cfg, "optimizer"), "lr", json_real(g_lr));
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size",
-                             json_integer_value(json_object_get(cfg, "batch_size")),
-                             "model_summary", "MLP 784-256-128-10", "config", cfg);
-    char *s = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
+    char *s = ct_run_body(name, cfg);
+    json_decref(cfg);
     return s;
 }
 
 static int setup(void **state)
 {
     (void)state;
+    /* separate hosts where we may make them: the coordinator's first (this
+       process moves there, with PostgreSQL), then one per agent */
+    int nrc = ct_net_init(&g_net);
+    if (nrc == 0) {
+        int coord = ct_net_public(&g_net, "coord");
+        if (coord != 0 || ct_net_enter(&g_net, coord) != 0)
+            return -1;
+        for (int i = 0; i < NAGENTS; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "agent%d", i);
+            if ((g_host[i] = ct_net_public(&g_net, name)) < 0)
+                return -1;
+        }
+        g_hosts = 1;
+    } else if (nrc != CT_SKIP) {
+        return -1;
+    } else {
+        printf("(on loopback)\n");
+    }
     int rc = ct_pg_start(&g_pg);
     if (rc == CT_SKIP)
         exit(CT_SKIP);
@@ -100,7 +112,8 @@ static int setup(void **state)
     }
     /* Passes live 90 s, so the agents must renew theirs (at a third left)
        several times during the run, or their peers would refuse them. */
-    const char *args[] = {"--pass-ttl", "90", NULL};
+    const char *args[] = {"--pass-ttl", "90", g_hosts ? "--listen" : NULL, "0.0.0.0:8443", "--public-url",
+                          "https://10.77.0.10:8443", "--dht-listen-ip", "0.0.0.0", NULL};
     if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
         ct_coord_start(&g_c, g_pg.url, NULL, args) != 0)
         return -1;
@@ -112,7 +125,9 @@ static int setup(void **state)
     if (r.status != 201)
         return -1;
     ct_resp_free(&r);
-    if (ct_volunteers(&g_c, g_org, "fmnist-collab", NAGENTS, g_dirs) != 0)
+    if (g_hosts ? ct_net_volunteers(&g_net, &g_c, g_org, "fmnist-collab", "https://10.77.0.10:8443", 0, NAGENTS,
+                                    g_host, g_dirs) != 0
+                : ct_volunteers(&g_c, g_org, "fmnist-collab", NAGENTS, g_dirs) != 0)
         return -1;
     return 0;
 }
@@ -122,6 +137,8 @@ static int teardown(void **state)
     (void)state;
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
+    if (g_hosts)
+        ct_net_destroy(&g_net);
     for (int i = 0; i < NAGENTS; i++)
         if (!getenv("CT_KEEP_LOGS"))
             ct_rmrf(g_dirs[i]);
@@ -263,16 +280,21 @@ static int create_run(const char *name, long steps)
 static pid_t spawn_agent(int i, const char *run, const char *log, const char *steplog,
                          const char *const *extra)
 {
+    /* on hosts of their own: what a volunteer types, no address flags */
     const char *argv[40] = {ct_bin("crowdtrain-agent"), "join", "--run", run, "--config-dir", g_dirs[i],
-                            "--listen-ip", "127.0.0.1", "--device", "cpu",
-                            /* loopback: announcements propagate in milliseconds */
+                            "--device", "cpu",
+                            /* one switch or loopback: announcements propagate in milliseconds */
                             "--round-window-ms", "150", "--outcome-window-ms", "1000",
                             "--stall-ms", "4000", "--step-log", steplog};
-    size_t n = 18;
+    size_t n = 16;
+    if (!g_hosts) {
+        argv[n++] = "--listen-ip";
+        argv[n++] = "127.0.0.1";
+    }
     for (size_t k = 0; extra && extra[k] && n < 38; k++)
         argv[n++] = extra[k];
     argv[n] = NULL;
-    return ct_spawn(argv, log);
+    return g_hosts ? ct_net_spawn(&g_net, g_host[i], argv, log) : ct_spawn(argv, log);
 }
 
 /* ---- chaos + late joiner + accuracy --------------------------------------- */

@@ -95,20 +95,9 @@ static struct collab g_po, g_gr, g_sf;
  * group_size: config.collaboration.group_size, 0: unset. */
 static char *run_body_named(const char *name, const char *roles, int group_size)
 {
-    char ex[PATH_MAX], path[PATH_MAX + 64];
-    if (!realpath("examples", ex))
-        return NULL;
-    snprintf(path, sizeof path, "%s/fmnist-collab.json", ex);
-    json_t *cfg = json_load_file(path, 0, NULL);
+    json_t *cfg = ct_fmnist_recipe(STEPS);
     if (!cfg)
         return NULL;
-    json_t *data = json_object_get(cfg, "data");
-    char tr[PATH_MAX + 64], ev[PATH_MAX + 64];
-    snprintf(tr, sizeof tr, "%s/fmnist-train.manifest.json", ex);
-    snprintf(ev, sizeof ev, "%s/fmnist-test.manifest.json", ex);
-    json_object_set_new(data, "train", json_string(tr));
-    json_object_set_new(data, "eval", json_string(ev));
-    json_object_set_new(cfg, "steps", json_integer(STEPS));
     /* what the coordinator needs to schedule: the gradient's size (the bits follow the
        collaboration's compression, "none": 32) */
     json_object_set_new(json_object_get(cfg, "collaboration"), "model_parameters",
@@ -119,11 +108,8 @@ static char *run_body_named(const char *name, const char *roles, int group_size)
     if (group_size)
         json_object_set_new(json_object_get(cfg, "collaboration"), "group_size",
                             json_integer(group_size));
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size",
-                             json_integer_value(json_object_get(cfg, "batch_size")),
-                             "model_summary", "MLP 784-256-128-10", "config", cfg);
-    char *s = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
+    char *s = ct_run_body(name, cfg);
+    json_decref(cfg);
     return s;
 }
 
