@@ -24,6 +24,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #define REACH_MAX_PORTS 4
 #define REACH_TIMEOUT_MS 3000
@@ -68,10 +69,15 @@ void api_reachability_post(struct coord_req *req, struct coord_resp *resp)
                 return;
             }
     }
+    /* an IPv4 client of a dual-stack listener shows as ::ffff:a.b.c.d:
+       announce and dial the IPv4 address itself */
+    const char *ip = req->client_ip;
+    if (!strncasecmp(ip, "::ffff:", 7) && strchr(ip + 7, '.'))
+        ip += 7;
     struct sockaddr_storage addrs[REACH_MAX_PORTS];
     for (size_t i = 0; i < np; i++) {
         char a[96];
-        snprintf(a, sizeof a, strchr(req->client_ip, ':') ? "[%s]:%u" : "%s:%u", req->client_ip, port[i]);
+        snprintf(a, sizeof a, strchr(ip, ':') ? "[%s]:%u" : "%s:%u", ip, port[i]);
         if (p2p_addr_parse(a, &addrs[i]) != CM_OK) {
             coord_resp_error(resp, 500, "internal", "the connection's address is unknown");
             return;
@@ -120,9 +126,9 @@ void api_reachability_post(struct coord_req *req, struct coord_resp *resp)
             off += (size_t)snprintf(summary + off, sizeof summary - off, "%s%u %s", i ? ", " : "", port[i],
                                     st[i] == CM_OK ? "ok" : cm_strerror(st[i]));
     }
-    CM_LOGI("reach", "run %s: peer %.12s... at %s is %s (%s)", req->params[0], pks, req->client_ip,
+    CM_LOGI("reach", "run %s: peer %.12s... at %s is %s (%s)", req->params[0], pks, ip,
             all ? "reachable" : "not reachable", summary);
     coord_resp_json(resp, 200,
-                    json_pack("{s:s, s:b, s:o, s:i}", "observed_ip", req->client_ip, "reachable", all, "ports",
+                    json_pack("{s:s, s:b, s:o, s:i}", "observed_ip", ip, "reachable", all, "ports",
                               arr, "timeout_ms", REACH_TIMEOUT_MS));
 }
