@@ -44,6 +44,8 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_list(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
+/* The run's live peers, from their capability reports (organizers, auditors). */
+void api_peers_list(struct coord_req *req, struct coord_resp *resp);
 /* Whether the caller holds a valid pass of run params[0] for peer key pk
  * (and is allowlisted, the run open); 1 with the ids, else 0 with the
  * error response set. Needs req->db. */

@@ -31,6 +31,7 @@
 #include "cm_log.h"
 #include "sched/sched.h"
 
+#include <arpa/inet.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -157,6 +158,8 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         {"pairs", CM_J_ARRAY, 0, 1, 0},
         {"failing_rounds", CM_J_INT, 0, 0, 1000000000},
         {"failing_reason", CM_J_STRING, 0, 0, 320},
+        {"reachability", CM_J_STRING, 0, 1, 16},
+        {"address", CM_J_STRING, 0, 1, 64},
     };
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
@@ -215,6 +218,26 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
                                "download_mbps", down, "accepts_inbound",
                                json_is_true(json_object_get(req->json, "accepts_inbound")),
                                "pairs", pairs);
+    /* how peers reach it (docs/p2p.md, "Reachability"), for the organizer's
+       peers page */
+    const char *reach = json_string_value(json_object_get(req->json, "reachability"));
+    const char *addr = json_string_value(json_object_get(req->json, "address"));
+    static const char *const REACH[] = {"direct", "client", "unknown"};
+    int reach_ok = !reach;
+    for (size_t k = 0; reach && k < sizeof REACH / sizeof *REACH; k++)
+        reach_ok |= !strcmp(reach, REACH[k]);
+    unsigned char ab[16];
+    if (!reach_ok || (addr && inet_pton(AF_INET, addr, ab) != 1 && inet_pton(AF_INET6, addr, ab) != 1)) {
+        json_decref(report);
+        coord_resp_error(resp, 400, "invalid_request",
+                         reach_ok ? "field 'address': an IPv4 or IPv6 address"
+                                  : "field 'reachability': direct, client or unknown");
+        return;
+    }
+    if (report && reach)
+        json_object_set_new(report, "reachability", json_string(reach));
+    if (report && addr)
+        json_object_set_new(report, "address", json_string(addr));
     /* a peer whose rounds keep averaging nothing says so (the run's stats) */
     json_int_t failing = json_integer_value(json_object_get(req->json, "failing_rounds"));
     if (report && failing > 0) {
@@ -1040,6 +1063,51 @@ void api_schedules_list(struct coord_req *req, struct coord_resp *resp)
                          PQgetvalue(r, i, 9)));
     PQclear(r);
     coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "schedules", a));
+}
+
+COORD_DB_STMT(S_LIVE_PEERS, 1,
+              "SELECT translate(rtrim(encode(c.peer_public_key, 'base64'), '='), '+/', '-_'), u.username, "
+              "c.report::text, extract(epoch from c.first_reported_at)::bigint, "
+              "extract(epoch from c.reported_at)::bigint FROM capabilities c JOIN runs r ON r.id = c.run_id "
+              "JOIN users u ON u.id = c.user_id WHERE r.name = $1 AND c.expires_at > now() "
+              "ORDER BY u.username, c.peer_public_key");
+
+void api_peers_list(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
+        return;
+    const char *p[] = {req->params[0]};
+    PGresult *r = coord_db_exec(req->db, &S_RUN_KNOWN, p, NULL);
+    int known = r && PQntuples(r) == 1;
+    if (r)
+        PQclear(r);
+    if (!r || (known && !(r = coord_db_exec(req->db, &S_LIVE_PEERS, p, NULL)))) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (!known) {
+        coord_resp_error(resp, 404, "not_found", "no such run");
+        return;
+    }
+    json_t *a = json_array();
+    for (int i = 0; i < PQntuples(r); i++) {
+        json_t *rep = json_loads(PQgetvalue(r, i, 2), 0, NULL);
+        json_t *o = json_pack("{s:s, s:s, s:I, s:I}", "peer_public_key", PQgetvalue(r, i, 0), "username",
+                              PQgetvalue(r, i, 1), "first_reported_at",
+                              (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "reported_at",
+                              (json_int_t)strtoll(PQgetvalue(r, i, 4), NULL, 10));
+        static const char *const KEEP[] = {"samples_per_s", "upload_mbps", "download_mbps", "accepts_inbound",
+                                           "reachability", "address", "failing_rounds", "failing_reason"};
+        for (size_t k = 0; rep && o && k < sizeof KEEP / sizeof *KEEP; k++) {
+            json_t *v = json_object_get(rep, KEEP[k]);
+            if (v)
+                json_object_set(o, KEEP[k], v);
+        }
+        json_decref(rep);
+        json_array_append_new(a, o);
+    }
+    PQclear(r);
+    coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "peers", a));
 }
 
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp)

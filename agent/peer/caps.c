@@ -7,6 +7,7 @@
 #include "agent/peer/runtime.h"
 #include "agent/peer/runtime_int.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +37,11 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
                                      "download_mbps", c->down_mbps, "accepts_inbound",
                                      c->inbound != 0, "pairs", pairs)
                          : NULL;
+    if (body && c->reach[0])
+        json_object_set_new(body, "reachability", json_string(c->reach));
+    unsigned char ab[16];
+    if (body && c->addr[0] && (inet_pton(AF_INET, c->addr, ab) == 1 || inet_pton(AF_INET6, c->addr, ab) == 1))
+        json_object_set_new(body, "address", json_string(c->addr));
     if (body && c->failing > 0) {
         json_object_set_new(body, "failing_rounds", json_integer(c->failing));
         json_object_set_new(body, "failing_reason", json_string(c->failing_why));
@@ -102,6 +108,13 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     c.up_mbps = lu > 0 ? (cu > 0 ? fmin(lu, cu) : lu) : cu > 0 ? cu : 1000;
     c.down_mbps = ld > 0 ? (cd > 0 ? fmin(ld, cd) : ld) : cd > 0 ? cd : 1000;
     c.inbound = !rt->cfg.client_mode;
+    snprintf(c.reach, sizeof c.reach, "%s",
+             rt->reach == PEER_REACH_DIRECT || rt->reach == PEER_REACH_FLAG_ADDR ? "direct"
+             : rt->reach == PEER_REACH_CLIENT || rt->reach == PEER_REACH_FLAG_CLIENT ? "client"
+                                                                                      : "unknown");
+    snprintf(c.addr, sizeof c.addr, "%s",
+             rt->observed_ip[0] ? rt->observed_ip
+             : rt->reach == PEER_REACH_FLAG_ADDR && rt->cfg.advertise_ip ? rt->cfg.advertise_ip : "");
     c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
     pthread_mutex_lock(&rt->probe_mu);
     snprintf(c.failing_why, sizeof c.failing_why, "%s", rt->failing_why);

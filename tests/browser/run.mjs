@@ -225,12 +225,14 @@ test('overview-not-averaging', async (page) => {
   assert.equal(await page.evaluate(() => window.__xss), undefined);
   await shot(page, 'overview-not-averaging-banner');
   // bad values are refused and change nothing
-  for (const bad of [{ failing_rounds: -1 }, { failing_rounds: 'many' }, { failing_reason: 'x'.repeat(400) }]) {
+  for (const bad of [{ failing_rounds: -1 }, { failing_rounds: 'many' }, { failing_reason: 'x'.repeat(400) },
+    { reachability: 'relayed' }, { reachability: '' }, { address: 'not-an-ip' }, { address: '10.0.0.1:80' }]) {
     r = await caps(bad);
     assert.equal(r.status, 400, `${JSON.stringify(bad).slice(0, 40)}: ${r.text}`);
   }
-  // averaging again: the next report has no failing rounds
-  r = await caps({});
+  // averaging again: the next report has no failing rounds (and says how
+  // peers reach the device: the organizer's live-peers table shows it)
+  r = await caps({ reachability: 'direct', address: '10.77.0.11' });
   assert.equal(r.status, 200, r.text);
   await page.waitForSelector('#not-averaging', { state: 'hidden', timeout: 20000 });
 });
@@ -372,6 +374,15 @@ test('organizer-actions', async (page) => {
   assert.ok(peers.every((r) => r[1] !== '?'), 'every scheduled peer has an owner');
   assert.ok(peers.some((r) => /aggregates/.test(r[2])), `someone aggregates: ${JSON.stringify(peers)}`);
   assert.equal(peers.find((r) => r[1] === 'dave')[2], 'aggregates only', 'the no-compute peer only aggregates');
+  // live peers: each device's reachability; bob's said "direct at 10.77.0.11"
+  const live = await rowsOf(page, '#live-peers-table');
+  assert.equal(live.length, seed.peers.length, JSON.stringify(live));
+  const bobKey = seed.peers.find((p) => p.username === seed.users.volunteer.username).peer_public_key;
+  const bobRow = live.find((r) => bobKey.startsWith(r[0].slice(0, 8)) && bobKey.endsWith(r[0].slice(-4)));
+  assert.ok(bobRow, `bob's device listed: ${JSON.stringify(live)}`);
+  assert.equal(bobRow[2], 'direct');
+  assert.equal(bobRow[3], '10.77.0.11');
+  assert.ok(live.some((r) => r[2] === 'client mode'), `the device that accepts no connections: ${JSON.stringify(live)}`);
   await shot(page, 'organizer-run-admin-after-actions');
   // The audit log page shows all of it, the reason as text.
   await page.goto(`${seed.url}/#/audit-log`);

@@ -422,6 +422,33 @@ static void test_behind_nat(void **state)
 {
     (void)state;
     check(&g_nat, NNAT_PUB);
+    /* the organizer's live-peers list says how each is reached, and where */
+    struct ct_resp r;
+    assert_int_equal(ct_http(&g_c, "GET", "/api/v1/runs/hosts-nat/peers", g_org, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    json_t *peers = json_object_get(r.json, "peers");
+    assert_int_equal(json_array_size(peers), g_nat.n);
+    int direct = 0, client = 0;
+    for (size_t i = 0; i < json_array_size(peers); i++) {
+        json_t *p = json_array_get(peers, i);
+        const char *reach = json_string_value(json_object_get(p, "reachability"));
+        const char *addr = json_string_value(json_object_get(p, "address"));
+        printf("live peer %s: %s at %s\n", json_string_value(json_object_get(p, "username")), reach ? reach : "?",
+               addr ? addr : "?");
+        assert_non_null(reach);
+        assert_non_null(addr);
+        if (!strcmp(reach, "direct")) {
+            direct++;
+            assert_true(!strcmp(addr, g_net.h[g_nat.host[0]].ip) || !strcmp(addr, g_net.h[g_nat.host[1]].ip));
+        } else {
+            client++;
+            assert_string_equal(reach, "client");
+            assert_true(!strcmp(addr, g_net.r[0].wan_ip) || !strcmp(addr, g_net.r[1].wan_ip));
+        }
+    }
+    assert_int_equal(direct, NNAT_PUB);
+    assert_int_equal(client, NNAT_PRIV);
+    ct_resp_free(&r);
 }
 
 /* Three agents that announce the coordinator's host (--advertise-ip),

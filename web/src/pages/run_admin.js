@@ -105,6 +105,18 @@ export function render(main, [run]) {
     } catch (e) {
       parts.push(e.code === 'no_peers' || e.code === 'run_not_schedulable' ? message('info', e.message) : errorBox(e));
     }
+    // live peers from their capability reports: how the others reach each
+    // one (the coordinator's dial-back, docs/p2p.md "Reachability"), its
+    // measured link, and whether its rounds average anything
+    try {
+      const lp = await api.get(`${R}/peers`);
+      parts.push(h('h3', 'Live peers'), table(['peer key', 'username', 'reachability', 'address', 'upload / download', 'samples/s', 'averaging'],
+        lp.peers.map((p) => [h('code', { title: p.peer_public_key }, shortKey(p.peer_public_key)), p.username,
+          h('span.reach', p.reachability ? (p.reachability === 'client' ? 'client (not reachable)' : p.reachability) : (p.accepts_inbound ? 'accepts inbound' : 'client mode')),
+          p.address || '—', `${fmtNum(p.upload_mbps, 1)} / ${fmtNum(p.download_mbps, 1)} Mbit/s`, fmtNum(p.samples_per_s, 1),
+          p.failing_rounds ? h('span.failing', { title: p.failing_reason || '' }, `${fmtNum(p.failing_rounds)} rounds averaged nothing`) : 'ok']),
+        'no live peers', { id: 'live-peers-table' }));
+    } catch (e) { parts.push(errorBox(e)); }
     try {
       const hist = await api.get(`${R}/schedules`);
       parts.push(h('h3', 'Schedule history'), table(['version', 'created', 'peers', 'group size', 'steps/s', 'solve'],
