@@ -392,8 +392,13 @@ static int start_net(struct peer_rt *rt)
     }
     rt->reach_ms = (peer_mono_s() - t0) * 1e3;
     /* the link's rates, while nothing of ours uses it yet; a failure is a
-       warning (the probe thread tries again) */
-    if (peer_rt_measure_link(rt, LINK_START_DEADLINE_MS) == CM_ECANCELED) {
+       warning (the probe thread tries again). A volunteer who declared a cap
+       told us about the link: the caps serve and nothing is measured (a
+       2 Mbit/s uploader measuring first joined its collaboration over a
+       second after the others, and in 1 of 6 runs its pull-only rounds
+       never caught up); nor does one on the coordinator's machine
+       (loopback: it would read the machine's memory bandwidth) */
+    if (peer_rt_link_measurable(rt) && peer_rt_measure_link(rt, LINK_START_DEADLINE_MS) == CM_ECANCELED) {
         peer_net_stop(rt->net);
         rt->net = NULL;
         return CM_ECANCELED;
