@@ -31,6 +31,11 @@ static int odd_round(const struct collab_outcome *o, size_t n, const uint8_t rid
     size_t mine = 0, best = 0;
     const uint8_t *best_rid = NULL;
     for (size_t i = 0; i < n; i++) {
+        /* another round that averaged nothing was applied by nobody (not a
+           step: its members try the step again), so it is no sign that the
+           others went on without us */
+        if (o[i].mask == 0 && memcmp(o[i].rid, rid, 16) != 0)
+            continue;
         int dup = 0;
         for (size_t k = 0; k < i && !dup; k++)
             dup = !memcmp(o[k].pub, o[i].pub, CM_ED25519_PUB_LEN);
