@@ -33,6 +33,14 @@ void api_passes_create(struct coord_req *req, struct coord_resp *resp);
 void api_passes_list(struct coord_req *req, struct coord_resp *resp);
 void api_passes_revoke(struct coord_req *req, struct coord_resp *resp);
 void api_revocations(struct coord_req *req, struct coord_resp *resp);
+/* 1 when run params[0] exists, else 0 with 404 (or 500) set. Needs req->db. */
+int api_run_known(struct coord_req *req, struct coord_resp *resp);
+/* Whether the caller holds a valid pass of run params[0] for peer key pk
+ * (and is allowlisted, the run open); 1 with the ids, else 0 with the
+ * error response set (404, 403 not_allowlisted or no_pass, 409). Needs
+ * req->db. */
+int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
+                  char pass_id[24], char run_id[24]);
 
 /* api_checkpoints.c */
 extern const struct coord_stream_ops api_checkpoint_upload;
@@ -40,17 +48,20 @@ void api_checkpoints_list(struct coord_req *req, struct coord_resp *resp);
 void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp);
 
 /* api_sched.c */
-void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_list(struct coord_req *req, struct coord_resp *resp);
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
-/* The run's live peers, from their capability reports (organizers, auditors). */
+/* Queues run for the background solver in delay_ms (a burst of reports is
+ * solved once); 0, or nonzero when the queue is full. */
+int api_sched_enqueue(struct coord_server *srv, const char *run, double delay_ms);
+
+/* api_caps.c: capability reports and the live peers (organizers, auditors) */
+#define API_CAP_TTL_S 120   /* a capability report is live this long */
+#define API_SETTLE_MS 5000  /* a report queues a background solve this much later */
+void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_peers_list(struct coord_req *req, struct coord_resp *resp);
-/* Whether the caller holds a valid pass of run params[0] for peer key pk
- * (and is allowlisted, the run open); 1 with the ids, else 0 with the
- * error response set. Needs req->db. */
-int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
-                  char pass_id[24], char run_id[24]);
+/* base64url (no padding) of a 32-byte key; 1 when s is one. */
+int api_key_param(const char *s, uint8_t key[CM_ED25519_PUB_LEN]);
 
 /* api_reach.c: dial-back reachability checks (docs/p2p.md, "Reachability") */
 void api_reachability_post(struct coord_req *req, struct coord_resp *resp);

@@ -80,6 +80,32 @@ COORD_DB_STMT(S_PASS_WHY, 2,
               "SELECT r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
               "AND a.username = $2) FROM runs r WHERE r.name = $1");
 
+/* Why the caller may not act for run params[0] (after a query that
+ * required an allowlisted caller, an open run and, with need_pass, a pass):
+ * sets 404 (no run), 403 (not allowlisted; no pass), 409 (not open). */
+static void refusal(struct coord_req *req, struct coord_resp *resp, int need_pass)
+{
+    const char *wp[] = {req->params[0], req->user.username};
+    PGresult *r = coord_db_exec(req->db, &S_PASS_WHY, wp, NULL);
+    if (!r)
+        coord_resp_error(resp, 500, "internal", "database error");
+    else if (PQntuples(r) != 1)
+        coord_resp_error(resp, 404, "not_found", "no such run");
+    else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
+        coord_resp_error(resp, 403, "not_allowlisted", "'%s' is not on the allowlist of run '%s'; ask its organizers",
+                         req->user.username, req->params[0]);
+    else if (strcmp(PQgetvalue(r, 0, 0), "open") != 0 || !need_pass)
+        coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open", req->params[0],
+                         PQgetvalue(r, 0, 0));
+    else
+        coord_resp_error(resp, 403, "no_pass",
+                         "'%s' holds no valid (unrevoked, unexpired) pass for this peer key in run '%s'; get one "
+                         "with POST /api/v1/runs/%s/passes",
+                         req->user.username, req->params[0], req->params[0]);
+    if (r)
+        PQclear(r);
+}
+
 void api_passes_create(struct coord_req *req, struct coord_resp *resp)
 {
     static const struct cm_json_field F[] = {
@@ -115,20 +141,7 @@ void api_passes_create(struct coord_req *req, struct coord_resp *resp)
     }
     if (PQntuples(r) != 1) {
         PQclear(r);
-        const char *wp[] = {req->params[0], req->user.username};
-        r = coord_db_exec(req->db, &S_PASS_WHY, wp, NULL);
-        if (!r)
-            coord_resp_error(resp, 500, "internal", "database error");
-        else if (PQntuples(r) != 1)
-            coord_resp_error(resp, 404, "not_found", "no such run");
-        else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
-            coord_resp_error(resp, 403, "not_allowlisted",
-                             "'%s' is not on the allowlist of run '%s'; ask its organizers",
-                             req->user.username, req->params[0]);
-        else
-            coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open",
-                             req->params[0], PQgetvalue(r, 0, 0));
-        PQclear(r);
+        refusal(req, resp, 0);
         return;
     }
     struct cm_pass_claims c = {0};
@@ -166,7 +179,7 @@ COORD_DB_STMT(S_PASSES, 2,
               "ORDER BY p.id DESC LIMIT 10000");
 COORD_DB_STMT(S_RUN_EXISTS, 1, "SELECT 1 FROM runs WHERE name = $1");
 
-static int run_known(struct coord_req *req, struct coord_resp *resp)
+int api_run_known(struct coord_req *req, struct coord_resp *resp)
 {
     const char *p[] = {req->params[0]};
     PGresult *r = coord_db_exec(req->db, &S_RUN_EXISTS, p, NULL);
@@ -181,6 +194,37 @@ static int run_known(struct coord_req *req, struct coord_resp *resp)
     return ok;
 }
 
+COORD_DB_STMT(S_PEER_PASS, 4,
+              "SELECT p.id, r.id FROM passes p JOIN runs r ON r.id = p.run_id "
+              "JOIN run_allowlist a ON a.run_id = r.id AND a.username = $4 "
+              "WHERE r.name = $1 AND p.user_id = $2 AND p.peer_public_key = $3 "
+              "AND p.revoked_at IS NULL AND p.expires_at > now() AND r.status = 'open' "
+              "ORDER BY p.id DESC LIMIT 1");
+
+int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
+                  char pass_id[24], char run_id[24])
+{
+    char uid[24];
+    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
+    const char *p[] = {req->params[0], uid, (const char *)pk, req->user.username};
+    const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0};
+    const int fmts[] = {0, 0, 1, 0};
+    PGresult *r = coord_db_exec_bin(req->db, &S_PEER_PASS, p, lens, fmts, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return 0;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        refusal(req, resp, 1);
+        return 0;
+    }
+    snprintf(pass_id, 24, "%s", PQgetvalue(r, 0, 0));
+    snprintf(run_id, 24, "%s", PQgetvalue(r, 0, 1));
+    PQclear(r);
+    return 1;
+}
+
 void api_passes_list(struct coord_req *req, struct coord_resp *resp)
 {
     const char *state = coord_req_query(req, "state");
@@ -188,7 +232,7 @@ void api_passes_list(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 400, "invalid_request", "'state' is 'active' or 'all'");
         return;
     }
-    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp) || !run_known(req, resp))
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp) || !api_run_known(req, resp))
         return;
     const char *p[] = {req->params[0], state ? state : "all"};
     PGresult *r = coord_db_exec(req->db, &S_PASSES, p, NULL);
@@ -289,7 +333,7 @@ COORD_DB_STMT(S_REVOCATIONS, 1,
 
 void api_revocations(struct coord_req *req, struct coord_resp *resp)
 {
-    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp) || !run_known(req, resp))
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp) || !api_run_known(req, resp))
         return;
     const char *p[] = {req->params[0]};
     PGresult *r = coord_db_exec(req->db, &S_REVOCATIONS, p, NULL);

@@ -1,11 +1,7 @@
 /* Adaptive-averaging schedules served by the coordinator (seed
- * 000_02cc6b5d62a616fc.txt §3.2, Appendix B and C; docs/schedules.md).
+ * 000_02cc6b5d62a616fc.txt §3.2, Appendix B and C; docs/schedules.md),
+ * solved from the live capability reports (api_caps.c).
  *
- *  POST /api/v1/runs/{run}/capabilities  an agent reports what its peer can
- *      do: samples/s, upload/download Mbit/s, measured throughput to some
- *      peers, whether it accepts inbound connections. The caller must be
- *      allowlisted and hold an unrevoked, unexpired pass for the peer key
- *      in that run. A report lives CAP_TTL_S seconds; agents re-report.
  *  GET  /api/v1/runs/{run}/schedule      the newest valid signed schedule.
  *      When the live reports differ from those the newest schedule was
  *      solved from (peers joined, left or changed) and that solve is older
@@ -40,10 +36,8 @@
 #include <string.h>
 #include <time.h>
 
-#define CAP_TTL_S 120         /* a capability report is live this long */
 #define HYSTERESIS_S 30       /* at most one solve per run per this many seconds... */
 #define MEMBERS_HYSTERESIS_S 5 /* ...or this many when peers joined or left */
-#define SETTLE_MS 5000        /* a report queues a background solve this much later */
 #define VALID_S 600           /* validity window of a schedule */
 #define REFRESH_S 300         /* re-solve when less validity than this is left */
 #define FAIL_WINDOW_S 3600    /* history used to estimate the failure rate */
@@ -54,252 +48,6 @@
  * 0.2-0.5 s at 256 peers, 2-3 s at 512 on a shared 2-core machine). Beyond
  * this many live peers the endpoint refuses clearly. */
 #define COORD_SCHED_MAX_PEERS 256
-
-static int solve_enqueue(struct coord_server *srv, const char *run, double delay_ms);
-
-static int num_field(json_t *o, const char *k, double lo, double hi, int lo_open, double *out,
-                     struct coord_resp *resp, const char *where)
-{
-    json_t *v = json_object_get(o, k);
-    double x = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) {
-        coord_resp_error(resp, 400, "invalid_request", "%s'%s': a number in %s%g, %g]", where, k,
-                         lo_open ? "(" : "[", lo, hi);
-        return 0;
-    }
-    *out = x;
-    return 1;
-}
-
-static int key_param(const char *s, uint8_t key[CM_ED25519_PUB_LEN])
-{
-    size_t n = 0;
-    return s && cm_b64url_decode(s, strlen(s), key, CM_ED25519_PUB_LEN, &n) == CM_OK &&
-           n == CM_ED25519_PUB_LEN;
-}
-
-COORD_DB_STMT(S_CAP_PASS, 4,
-              "SELECT p.id, r.id FROM passes p JOIN runs r ON r.id = p.run_id "
-              "JOIN run_allowlist a ON a.run_id = r.id AND a.username = $4 "
-              "WHERE r.name = $1 AND p.user_id = $2 AND p.peer_public_key = $3 "
-              "AND p.revoked_at IS NULL AND p.expires_at > now() AND r.status = 'open' "
-              "ORDER BY p.id DESC LIMIT 1");
-COORD_DB_STMT(S_CAP_WHY, 2,
-              "SELECT r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
-              "AND a.username = $2) FROM runs r WHERE r.name = $1");
-COORD_DB_STMT(S_CAP_OLD, 2,
-              "SELECT 1 FROM capabilities WHERE run_id = $1 AND peer_public_key = $2 "
-              "AND expires_at <= now() FOR UPDATE");
-COORD_DB_STMT(S_CAP_DEPART, 2,
-              "INSERT INTO capability_departures (run_id, peer_public_key, joined_at, left_at) "
-              "SELECT run_id, peer_public_key, first_reported_at, expires_at FROM capabilities "
-              "WHERE run_id = $1 AND peer_public_key = $2 ON CONFLICT DO NOTHING");
-COORD_DB_STMT(S_CAP_UPSERT, 6,
-              "INSERT INTO capabilities (run_id, peer_public_key, user_id, pass_id, report, "
-              "first_reported_at, reported_at, expires_at) "
-              "VALUES ($1, $2, $3, $4, $5::jsonb, now(), now(), now() + make_interval(secs => $6)) "
-              "ON CONFLICT (run_id, peer_public_key) DO UPDATE SET user_id = EXCLUDED.user_id, "
-              "pass_id = EXCLUDED.pass_id, report = EXCLUDED.report, reported_at = now(), "
-              "expires_at = EXCLUDED.expires_at, first_reported_at = CASE WHEN "
-              "capabilities.expires_at <= now() THEN now() ELSE capabilities.first_reported_at END "
-              "RETURNING extract(epoch from expires_at)::bigint");
-
-int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t pk[CM_ED25519_PUB_LEN],
-                  char pass_id[24], char run_id[24])
-{
-    char uid[24];
-    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
-    const char *p[] = {req->params[0], uid, (const char *)pk, req->user.username};
-    const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0};
-    const int fmts[] = {0, 0, 1, 0};
-    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_PASS, p, lens, fmts, NULL);
-    if (!r) {
-        coord_resp_error(resp, 500, "internal", "database error");
-        return 0;
-    }
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        const char *wp[] = {req->params[0], req->user.username};
-        r = coord_db_exec(req->db, &S_CAP_WHY, wp, NULL);
-        if (!r)
-            coord_resp_error(resp, 500, "internal", "database error");
-        else if (PQntuples(r) != 1)
-            coord_resp_error(resp, 404, "not_found", "no such run");
-        else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
-            coord_resp_error(resp, 403, "not_allowlisted",
-                             "'%s' is not on the allowlist of run '%s'", req->user.username,
-                             req->params[0]);
-        else if (strcmp(PQgetvalue(r, 0, 0), "open") != 0)
-            coord_resp_error(resp, 409, "run_not_open", "run '%s' is %s, not open",
-                             req->params[0], PQgetvalue(r, 0, 0));
-        else
-            coord_resp_error(resp, 403, "no_pass",
-                             "'%s' holds no valid (unrevoked, unexpired) pass for this peer key "
-                             "in run '%s'; get one with POST /api/v1/runs/%s/passes",
-                             req->user.username, req->params[0], req->params[0]);
-        if (r)
-            PQclear(r);
-        return 0;
-    }
-    snprintf(pass_id, 24, "%s", PQgetvalue(r, 0, 0));
-    snprintf(run_id, 24, "%s", PQgetvalue(r, 0, 1));
-    PQclear(r);
-    return 1;
-}
-
-void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
-{
-    static const struct cm_json_field F[] = {
-        {"peer_public_key", CM_J_STRING, 1, 43, 43},
-        {"samples_per_s", CM_J_NUMBER, 1, 1, 0},
-        {"upload_mbps", CM_J_NUMBER, 1, 1, 0},
-        {"download_mbps", CM_J_NUMBER, 1, 1, 0},
-        {"accepts_inbound", CM_J_BOOL, 1, 1, 0},
-        {"pairs", CM_J_ARRAY, 0, 1, 0},
-        {"failing_rounds", CM_J_INT, 0, 0, 1000000000},
-        {"failing_reason", CM_J_STRING, 0, 0, 320},
-        {"reachability", CM_J_STRING, 0, 1, 16},
-        {"address", CM_J_STRING, 0, 1, 64},
-    };
-    static const struct cm_json_field PAIR[] = {
-        {"peer_public_key", CM_J_STRING, 1, 43, 43},
-        {"mbps", CM_J_NUMBER, 1, 1, 0},
-    };
-    if (!api_name_param(req, resp, 0, "run") ||
-        !coord_req_check(req, resp, F, sizeof F / sizeof F[0]))
-        return;
-    uint8_t pk[CM_ED25519_PUB_LEN];
-    if (!key_param(json_string_value(json_object_get(req->json, "peer_public_key")), pk)) {
-        coord_resp_error(resp, 400, "invalid_request",
-                         "field 'peer_public_key': base64url (no padding) of a 32-byte Ed25519 "
-                         "public key");
-        return;
-    }
-    double s, up, down;
-    if (!num_field(req->json, "samples_per_s", 0, SCHED_MAX_SAMPLES_PER_S, 0, &s, resp, "field ") ||
-        !num_field(req->json, "upload_mbps", 0, SCHED_MAX_MBPS, 1, &up, resp, "field ") ||
-        !num_field(req->json, "download_mbps", 0, SCHED_MAX_MBPS, 1, &down, resp, "field "))
-        return;
-    json_t *pairs_in = json_object_get(req->json, "pairs");
-    json_t *pairs = json_array();
-    size_t i;
-    json_t *e;
-    if (json_array_size(pairs_in) > SCHED_MAX_LINKS) {
-        json_decref(pairs);
-        coord_resp_error(resp, 400, "invalid_request", "field 'pairs': at most %d entries",
-                         SCHED_MAX_LINKS);
-        return;
-    }
-    json_array_foreach(pairs_in, i, e) {
-        char err[160], where[48];
-        uint8_t other[CM_ED25519_PUB_LEN];
-        double mbps;
-        snprintf(where, sizeof where, "pairs[%zu].", i);
-        if (!json_is_object(e) || cm_json_check(e, PAIR, 2, err, sizeof err) != CM_OK) {
-            coord_resp_error(resp, 400, "invalid_request", "%s %s", where,
-                             json_is_object(e) ? err : "expected an object");
-            json_decref(pairs);
-            return;
-        }
-        const char *ok = json_string_value(json_object_get(e, "peer_public_key"));
-        if (!key_param(ok, other) || !memcmp(other, pk, sizeof pk)) {
-            coord_resp_error(resp, 400, "invalid_request",
-                             "%speer_public_key: another peer's base64url public key", where);
-            json_decref(pairs);
-            return;
-        }
-        if (!num_field(e, "mbps", 0, SCHED_MAX_MBPS, 1, &mbps, resp, where)) {
-            json_decref(pairs);
-            return;
-        }
-        json_array_append_new(pairs, json_pack("{s:s, s:f}", "peer", ok, "mbps", mbps));
-    }
-    json_t *report = json_pack("{s:f, s:f, s:f, s:b, s:o}", "samples_per_s", s, "upload_mbps", up,
-                               "download_mbps", down, "accepts_inbound",
-                               json_is_true(json_object_get(req->json, "accepts_inbound")),
-                               "pairs", pairs);
-    /* how peers reach it (docs/p2p.md, "Reachability"), for the organizer's
-       peers page */
-    const char *reach = json_string_value(json_object_get(req->json, "reachability"));
-    const char *addr = json_string_value(json_object_get(req->json, "address"));
-    static const char *const REACH[] = {"direct", "client", "unknown"};
-    int reach_ok = !reach;
-    for (size_t k = 0; reach && k < sizeof REACH / sizeof *REACH; k++)
-        reach_ok |= !strcmp(reach, REACH[k]);
-    unsigned char ab[16];
-    if (!reach_ok || (addr && inet_pton(AF_INET, addr, ab) != 1 && inet_pton(AF_INET6, addr, ab) != 1)) {
-        json_decref(report);
-        coord_resp_error(resp, 400, "invalid_request",
-                         reach_ok ? "field 'address': an IPv4 or IPv6 address"
-                                  : "field 'reachability': direct, client or unknown");
-        return;
-    }
-    if (report && reach)
-        json_object_set_new(report, "reachability", json_string(reach));
-    if (report && addr)
-        json_object_set_new(report, "address", json_string(addr));
-    /* a peer whose rounds keep averaging nothing says so (the run's stats) */
-    json_int_t failing = json_integer_value(json_object_get(req->json, "failing_rounds"));
-    if (report && failing > 0) {
-        const char *why = json_string_value(json_object_get(req->json, "failing_reason"));
-        json_object_set_new(report, "failing_rounds", json_integer(failing));
-        json_object_set_new(report, "failing_reason", json_string(why ? why : ""));
-    }
-    char *report_txt = report ? json_dumps(report, JSON_COMPACT | JSON_SORT_KEYS |
-                                                       JSON_REAL_PRECISION(17))
-                              : NULL;
-    json_decref(report);
-    if (!report_txt) {
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        return;
-    }
-    if (!coord_req_db(req, resp)) {
-        free(report_txt);
-        return;
-    }
-    char uid[24], pass_id[24], run_id[24], ttl[16];
-    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
-    if (!api_peer_pass(req, resp, pk, pass_id, run_id)) {
-        free(report_txt);
-        return;
-    }
-    snprintf(ttl, sizeof ttl, "%d", CAP_TTL_S);
-    if (coord_db_cmd(req->db, "BEGIN") != CM_OK) {
-        free(report_txt);
-        coord_resp_error(resp, 500, "internal", "database error");
-        return;
-    }
-    /* A peer whose report had expired left and came back: record the departure. */
-    const char *op[] = {run_id, (const char *)pk};
-    const int olens[] = {0, CM_ED25519_PUB_LEN}, ofmts[] = {0, 1};
-    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
-    int ok = r != NULL;
-    if (r && PQntuples(r) == 1) {
-        PQclear(r);
-        r = coord_db_exec_bin(req->db, &S_CAP_DEPART, op, olens, ofmts, NULL);
-        ok = r != NULL;
-    }
-    if (r)
-        PQclear(r);
-    const char *up_p[] = {run_id, (const char *)pk, uid, pass_id, report_txt, ttl};
-    const int ulens[] = {0, CM_ED25519_PUB_LEN, 0, 0, 0, 0}, ufmts[] = {0, 1, 0, 0, 0, 0};
-    r = ok ? coord_db_exec_bin(req->db, &S_CAP_UPSERT, up_p, ulens, ufmts, NULL) : NULL;
-    free(report_txt);
-    if (!r || PQntuples(r) != 1 || coord_db_cmd(req->db, "COMMIT") != CM_OK) {
-        if (r)
-            PQclear(r);
-        coord_resp_error(resp, 500, "internal", "could not store the report");
-        return;
-    }
-    long long exp = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
-    /* Joins and changed figures are solved in the background, a burst of them once. */
-    solve_enqueue(req->srv, req->params[0], SETTLE_MS);
-    coord_resp_json(resp, 200,
-                    json_pack("{s:s, s:s, s:I, s:i}", "run", req->params[0], "peer_public_key",
-                              json_string_value(json_object_get(req->json, "peer_public_key")),
-                              "expires_at", (json_int_t)exp, "report_ttl_s", CAP_TTL_S));
-}
 
 /* ---- GET /schedule ---- */
 
@@ -468,7 +216,7 @@ static long long hysteresis_s(const struct newest *nw, const struct inputs *in)
         uint8_t k[CM_ED25519_PUB_LEN];
         if (changed)
             break;
-        changed = !key_param(json_string_value(json_object_get(e, "key")), k) ||
+        changed = !api_key_param(json_string_value(json_object_get(e, "key")), k) ||
                   find_key(in->peers, in->n, k) < 0;
     }
     json_decref(root);
@@ -530,7 +278,7 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
         json_array_foreach(json_object_get(reports[i], "pairs"), j, e) {
             uint8_t other[32];
             const char *ok64 = json_string_value(json_object_get(e, "peer"));
-            int at = key_param(ok64, other) ? find_key(in->peers, n, other) : -1;
+            int at = api_key_param(ok64, other) ? find_key(in->peers, n, other) : -1;
             if (at < 0 || (size_t)at == i || in->peers[i].nlinks >= SCHED_MAX_LINKS)
                 continue;
             struct sched_link *l = &in->links[i * SCHED_MAX_LINKS + in->peers[i].nlinks++];
@@ -748,7 +496,7 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
  * several coordinators one solves and the others find its result). Only
  * when a run has no valid schedule at all (its first, or after every one
  * expired) does the GET solve itself, since it has nothing else to serve.
- * Capability reports queue their run too, SETTLE_MS later, so a burst of
+ * Capability reports queue their run too, API_SETTLE_MS later, so a burst of
  * joins is solved once; a change that arrives inside the hysteresis window
  * is queued for the moment the window ends. */
 #define SOLVE_QUEUE_MAX 256
@@ -846,7 +594,7 @@ static void solver_start(void)
 
 /* Queues a solve of `run` in delay_ms (an earlier request for the run wins).
  * 0 when there is no solver thread (the caller solves itself). */
-static int solve_enqueue(struct coord_server *srv, const char *run, double delay_ms)
+int api_sched_enqueue(struct coord_server *srv, const char *run, double delay_ms)
 {
     pthread_mutex_lock(&g_sq_mu);
     if (!g_sq_srv)
@@ -949,7 +697,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     if (newest_good(&nw, &in, now) || (!in.n && valid)) {
         /* Inputs changed inside the hysteresis window: solve when it ends. */
         if (in.n && strcmp(nw.sha, in.sha) != 0)
-            solve_enqueue(req->srv, req->params[0],
+            api_sched_enqueue(req->srv, req->params[0],
                           1e3 * (double)(nw.created + hysteresis_s(&nw, &in) - now) + 100);
         if (!background)
             respond(req, resp, &nw, 0);
@@ -959,11 +707,11 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         if (!background)
             coord_resp_error(resp, 409, "no_peers",
                              "no peer of run '%s' has reported its capabilities in the last %d s",
-                             req->params[0], CAP_TTL_S);
+                             req->params[0], API_CAP_TTL_S);
         goto out;
     }
     /* Stale but still valid: serve it, solve in the background. */
-    if (!background && valid && solve_enqueue(req->srv, req->params[0], 0)) {
+    if (!background && valid && api_sched_enqueue(req->srv, req->params[0], 0)) {
         respond(req, resp, &nw, 0);
         goto out;
     }
@@ -1025,25 +773,15 @@ COORD_DB_STMT(S_HIST_ONE, 2,
               "s.solve_ms, s.inputs::text, s.result::text, s.payload, encode(s.signature, 'hex') "
               "FROM schedules s JOIN runs r ON r.id = s.run_id "
               "WHERE r.name = $1 AND s.version = $2");
-COORD_DB_STMT(S_RUN_KNOWN, 1, "SELECT 1 FROM runs WHERE name = $1");
 
 void api_schedules_list(struct coord_req *req, struct coord_resp *resp)
 {
     if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
         return;
+    if (!api_run_known(req, resp))
+        return;
     const char *p[] = {req->params[0]};
-    PGresult *r = coord_db_exec(req->db, &S_RUN_KNOWN, p, NULL);
-    int known = r && PQntuples(r) == 1;
-    if (r)
-        PQclear(r);
-    if (!r) {
-        coord_resp_error(resp, 500, "internal", "database error");
-        return;
-    }
-    if (!known) {
-        coord_resp_error(resp, 404, "not_found", "no such run");
-        return;
-    }
+    PGresult *r;
     if (!(r = coord_db_exec(req->db, &S_HIST_LIST, p, NULL))) {
         coord_resp_error(resp, 500, "internal", "database error");
         return;
@@ -1063,51 +801,6 @@ void api_schedules_list(struct coord_req *req, struct coord_resp *resp)
                          PQgetvalue(r, i, 9)));
     PQclear(r);
     coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "schedules", a));
-}
-
-COORD_DB_STMT(S_LIVE_PEERS, 1,
-              "SELECT translate(rtrim(encode(c.peer_public_key, 'base64'), '='), '+/', '-_'), u.username, "
-              "c.report::text, extract(epoch from c.first_reported_at)::bigint, "
-              "extract(epoch from c.reported_at)::bigint FROM capabilities c JOIN runs r ON r.id = c.run_id "
-              "JOIN users u ON u.id = c.user_id WHERE r.name = $1 AND c.expires_at > now() "
-              "ORDER BY u.username, c.peer_public_key");
-
-void api_peers_list(struct coord_req *req, struct coord_resp *resp)
-{
-    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
-        return;
-    const char *p[] = {req->params[0]};
-    PGresult *r = coord_db_exec(req->db, &S_RUN_KNOWN, p, NULL);
-    int known = r && PQntuples(r) == 1;
-    if (r)
-        PQclear(r);
-    if (!r || (known && !(r = coord_db_exec(req->db, &S_LIVE_PEERS, p, NULL)))) {
-        coord_resp_error(resp, 500, "internal", "database error");
-        return;
-    }
-    if (!known) {
-        coord_resp_error(resp, 404, "not_found", "no such run");
-        return;
-    }
-    json_t *a = json_array();
-    for (int i = 0; i < PQntuples(r); i++) {
-        json_t *rep = json_loads(PQgetvalue(r, i, 2), 0, NULL);
-        json_t *o = json_pack("{s:s, s:s, s:I, s:I}", "peer_public_key", PQgetvalue(r, i, 0), "username",
-                              PQgetvalue(r, i, 1), "first_reported_at",
-                              (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "reported_at",
-                              (json_int_t)strtoll(PQgetvalue(r, i, 4), NULL, 10));
-        static const char *const KEEP[] = {"samples_per_s", "upload_mbps", "download_mbps", "accepts_inbound",
-                                           "reachability", "address", "failing_rounds", "failing_reason"};
-        for (size_t k = 0; rep && o && k < sizeof KEEP / sizeof *KEEP; k++) {
-            json_t *v = json_object_get(rep, KEEP[k]);
-            if (v)
-                json_object_set(o, KEEP[k], v);
-        }
-        json_decref(rep);
-        json_array_append_new(a, o);
-    }
-    PQclear(r);
-    coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "peers", a));
 }
 
 void api_schedules_get(struct coord_req *req, struct coord_resp *resp)
