@@ -99,11 +99,14 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     double t = peer_mono_s();
     struct peer_caps c = {0};
     c.sps = aux ? 0 : sps;
+    c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
     /* measured (the link probe), capped by what the volunteer allows; the
-       cap, or 1 Gbit/s, until measured */
+       cap, or 1 Gbit/s, until measured; one lock for what the probe thread
+       and the role's failing rounds hand over */
     pthread_mutex_lock(&rt->probe_mu);
     double lu = rt->link_up, ld = rt->link_down;
-    pthread_mutex_unlock(&rt->probe_mu);
+    if (c.failing)
+        snprintf(c.failing_why, sizeof c.failing_why, "%s", rt->failing_why);
     double cu = rt->cfg.max_upload_mbps, cd = rt->cfg.max_download_mbps;
     c.up_mbps = lu > 0 ? (cu > 0 ? fmin(lu, cu) : lu) : cu > 0 ? cu : 1000;
     c.down_mbps = ld > 0 ? (cd > 0 ? fmin(ld, cd) : ld) : cd > 0 ? cd : 1000;
@@ -115,12 +118,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     snprintf(c.addr, sizeof c.addr, "%s",
              rt->observed_ip[0] ? rt->observed_ip
              : rt->reach == PEER_REACH_FLAG_ADDR && rt->cfg.advertise_ip ? rt->cfg.advertise_ip : "");
-    c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&rt->probe_mu);
-    snprintf(c.failing_why, sizeof c.failing_why, "%s", rt->failing_why);
-    pthread_mutex_unlock(&rt->probe_mu);
     /* the pairs the probe thread measured last */
-    pthread_mutex_lock(&rt->probe_mu);
     int fresh_pairs = rt->probe_new;
     rt->probe_new = 0;
     c.n_pairs = rt->probe_caps.n_pairs;

@@ -15,8 +15,7 @@
 
 static struct ct_net *g_made; /* destroyed at exit */
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
+int ct_sh(const char *fmt, ...)
 {
     char cmd[1024];
     va_list ap;
@@ -58,7 +57,7 @@ static void at_exit(void)
 
 static int new_ns(const char *ns)
 {
-    return sh("ip netns add %s", ns) || sh("ip -n %s link set lo up", ns);
+    return ct_sh("ip netns add %s", ns) || ct_sh("ip -n %s link set lo up", ns);
 }
 
 int ct_net_init(struct ct_net *n)
@@ -75,8 +74,8 @@ int ct_net_init(struct ct_net *n)
     remove_stale();
     snprintf(n->prefix, sizeof n->prefix, "ct%d", (int)getpid());
     snprintf(n->sw, sizeof n->sw, "%s-sw", n->prefix);
-    if (new_ns(n->sw) || sh("ip -n %s link add br0 type bridge", n->sw) ||
-        sh("ip -n %s link set br0 up", n->sw)) {
+    if (new_ns(n->sw) || ct_sh("ip -n %s link add br0 type bridge", n->sw) ||
+        ct_sh("ip -n %s link set br0 up", n->sw)) {
         ct_net_destroy(n);
         return -1;
     }
@@ -91,15 +90,18 @@ int ct_net_init(struct ct_net *n)
  * peer `outer` attached to bridge br0 of brns. */
 static int link_to(const char *brns, const char *outer, const char *ns, const char *inner, const char *cidr)
 {
-    return sh("ip -n %s link add %s type veth peer name %s netns %s", brns, outer, inner, ns) ||
-           sh("ip -n %s link set %s master br0 up", brns, outer) ||
-           sh("ip -n %s addr add %s dev %s", ns, cidr, inner) || sh("ip -n %s link set %s up", ns, inner);
+    return ct_sh("ip -n %s link add %s type veth peer name %s netns %s", brns, outer, inner, ns) ||
+           ct_sh("ip -n %s link set %s master br0 up", brns, outer) ||
+           ct_sh("ip -n %s addr add %s dev %s", ns, cidr, inner) || ct_sh("ip -n %s link set %s up", ns, inner);
 }
 
-int ct_net_public(struct ct_net *n, const char *name)
+/* A host on the switch (router < 0: 10.77.0.(10+i)) or on a router's LAN
+ * (192.168.(router+1).(10+k), default route through the router); its
+ * eth0's peer is "h<i>" on the switch or "l<i>" on the router's bridge. */
+static int add_host(struct ct_net *n, const char *name, int router)
 {
-    if (n->nhosts >= CT_NET_MAX_HOSTS) {
-        fprintf(stderr, "ct_net: more than %d hosts\n", CT_NET_MAX_HOSTS);
+    if (n->nhosts >= CT_NET_MAX_HOSTS || router >= n->nrouters) {
+        fprintf(stderr, "ct_net: more than %d hosts, or no router %d\n", CT_NET_MAX_HOSTS, router);
         return -1;
     }
     int i = n->nhosts;
@@ -108,15 +110,26 @@ int ct_net_public(struct ct_net *n, const char *name)
     char pre[16];
     memcpy(pre, n->prefix, sizeof pre);
     snprintf(h->ns, sizeof h->ns, "%s-h%d", pre, i);
-    snprintf(h->ip, sizeof h->ip, "10.77.0.%d", 10 + i);
-    h->router = -1;
+    if (router < 0)
+        snprintf(h->ip, sizeof h->ip, "10.77.0.%d", 10 + i);
+    else
+        snprintf(h->ip, sizeof h->ip, "192.168.%d.%d", router + 1, 10 + n->r[router].nlan);
+    h->router = router;
     char outer[16], cidr[32];
-    snprintf(outer, sizeof outer, "h%d", i);
+    snprintf(outer, sizeof outer, router < 0 ? "h%d" : "l%d", i);
     snprintf(cidr, sizeof cidr, "%s/24", h->ip);
-    if (new_ns(h->ns) || link_to(n->sw, outer, h->ns, "eth0", cidr))
+    if (new_ns(h->ns) || link_to(router < 0 ? n->sw : n->r[router].ns, outer, h->ns, "eth0", cidr) ||
+        (router >= 0 && ct_sh("ip -n %s route add default via 192.168.%d.1", h->ns, router + 1)))
         return -1;
+    if (router >= 0)
+        n->r[router].nlan++;
     n->nhosts++;
     return i;
+}
+
+int ct_net_public(struct ct_net *n, const char *name)
+{
+    return add_host(n, name, -1);
 }
 
 int ct_net_router(struct ct_net *n, int symmetric)
@@ -133,10 +146,10 @@ int ct_net_router(struct ct_net *n, int symmetric)
     snprintf(outer, sizeof outer, "r%d", r);
     snprintf(cidr, sizeof cidr, "%s/24", n->r[r].wan_ip);
     const char *ns = n->r[r].ns;
-    if (new_ns(ns) || link_to(n->sw, outer, ns, "wan", cidr) || sh("ip -n %s link add br0 type bridge", ns) ||
-        sh("ip -n %s addr add 192.168.%d.1/24 dev br0", ns, r + 1) || sh("ip -n %s link set br0 up", ns) ||
-        sh("ip netns exec %s sysctl -q -w net.ipv4.ip_forward=1", ns) ||
-        sh("ip netns exec %s iptables -t nat -A POSTROUTING -o wan -j MASQUERADE%s", ns,
+    if (new_ns(ns) || link_to(n->sw, outer, ns, "wan", cidr) || ct_sh("ip -n %s link add br0 type bridge", ns) ||
+        ct_sh("ip -n %s addr add 192.168.%d.1/24 dev br0", ns, r + 1) || ct_sh("ip -n %s link set br0 up", ns) ||
+        ct_sh("ip netns exec %s sysctl -q -w net.ipv4.ip_forward=1", ns) ||
+        ct_sh("ip netns exec %s iptables -t nat -A POSTROUTING -o wan -j MASQUERADE%s", ns,
            symmetric ? " --random-fully" : ""))
         return -1;
     n->nrouters++;
@@ -145,27 +158,7 @@ int ct_net_router(struct ct_net *n, int symmetric)
 
 int ct_net_private(struct ct_net *n, const char *name, int router)
 {
-    if (n->nhosts >= CT_NET_MAX_HOSTS || router < 0 || router >= n->nrouters) {
-        fprintf(stderr, "ct_net: more than %d hosts, or no router %d\n", CT_NET_MAX_HOSTS, router);
-        return -1;
-    }
-    int i = n->nhosts;
-    struct ct_net_host *h = &n->h[i];
-    snprintf(h->name, sizeof h->name, "%s", name);
-    char pre[16];
-    memcpy(pre, n->prefix, sizeof pre);
-    snprintf(h->ns, sizeof h->ns, "%s-h%d", pre, i);
-    snprintf(h->ip, sizeof h->ip, "192.168.%d.%d", router + 1, 10 + n->r[router].nlan);
-    h->router = router;
-    char outer[16], cidr[32];
-    snprintf(outer, sizeof outer, "l%d", i);
-    snprintf(cidr, sizeof cidr, "%s/24", h->ip);
-    if (new_ns(h->ns) || link_to(n->r[router].ns, outer, h->ns, "eth0", cidr) ||
-        sh("ip -n %s route add default via 192.168.%d.1", h->ns, router + 1))
-        return -1;
-    n->r[router].nlan++;
-    n->nhosts++;
-    return i;
+    return router < 0 ? -1 : add_host(n, name, router);
 }
 
 int ct_net_cap(struct ct_net *n, int host, double mbit)
@@ -180,9 +173,9 @@ int ct_net_cap(struct ct_net *n, int host, double mbit)
     long burst = (long)(mbit * 1e6 / 8 / 500);
     if (burst < 16 * 1024)
         burst = 16 * 1024;
-    return sh("ip netns exec %s tc qdisc add dev eth0 root tbf rate %.0fkbit burst %ld latency 100ms", h->ns,
+    return ct_sh("ip netns exec %s tc qdisc add dev eth0 root tbf rate %.0fkbit burst %ld latency 100ms", h->ns,
               mbit * 1000, burst) ||
-           sh("ip netns exec %s tc qdisc add dev %s root tbf rate %.0fkbit burst %ld latency 100ms", outer_ns,
+           ct_sh("ip netns exec %s tc qdisc add dev %s root tbf rate %.0fkbit burst %ld latency 100ms", outer_ns,
               outer, mbit * 1000, burst);
 }
 

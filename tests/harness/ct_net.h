@@ -50,6 +50,10 @@ struct ct_net {
     } r[CT_NET_MAX_ROUTERS];
 };
 
+/* Runs a shell command (printf-style), printing it when it fails; its
+ * system() status. */
+int ct_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* 0, CT_SKIP (with the reason printed), or -1. */
 int ct_net_init(struct ct_net *n);
 /* Each returns the new host's (router's) index, or -1. */

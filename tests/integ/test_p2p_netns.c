@@ -19,6 +19,7 @@
 
 #include "cm_err.h"
 #include "cm_log.h"
+#include "tests/harness/ct_net.h"
 #include "tests/harness/p2p_swarm.h"
 
 #define NODES 25
@@ -26,21 +27,10 @@
 
 static char ns_a[32], ns_b[32];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    return system(cmd);
-}
-
 static void cleanup_ns(void)
 {
-    sh("ip netns del %s 2>/dev/null", ns_a);
-    sh("ip netns del %s 2>/dev/null", ns_b);
+    ct_sh("ip netns del %s 2>/dev/null", ns_a);
+    ct_sh("ip netns del %s 2>/dev/null", ns_b);
 }
 
 static void skip(const char *why)
@@ -190,19 +180,19 @@ int main(void)
     char va[16], vb[16];
     snprintf(va, sizeof va, "cta%d", (int)getpid() % 100000);
     snprintf(vb, sizeof vb, "ctb%d", (int)getpid() % 100000);
-    if (sh("ip netns add %s", ns_a) || sh("ip netns add %s", ns_b))
+    if (ct_sh("ip netns add %s", ns_a) || ct_sh("ip netns add %s", ns_b))
         skip("cannot create network namespaces here");
-    if (sh("ip link add %s type veth peer name %s", va, vb) ||
-        sh("ip link set %s netns %s", va, ns_a) || sh("ip link set %s netns %s", vb, ns_b) ||
-        sh("ip -n %s addr add 10.231.0.1/24 dev %s", ns_a, va) ||
-        sh("ip -n %s addr add 10.231.0.2/24 dev %s", ns_b, vb) ||
-        sh("ip -n %s link set %s up", ns_a, va) || sh("ip -n %s link set %s up", ns_b, vb) ||
-        sh("ip -n %s link set lo up", ns_a) || sh("ip -n %s link set lo up", ns_b)) {
+    if (ct_sh("ip link add %s type veth peer name %s", va, vb) ||
+        ct_sh("ip link set %s netns %s", va, ns_a) || ct_sh("ip link set %s netns %s", vb, ns_b) ||
+        ct_sh("ip -n %s addr add 10.231.0.1/24 dev %s", ns_a, va) ||
+        ct_sh("ip -n %s addr add 10.231.0.2/24 dev %s", ns_b, vb) ||
+        ct_sh("ip -n %s link set %s up", ns_a, va) || ct_sh("ip -n %s link set %s up", ns_b, vb) ||
+        ct_sh("ip -n %s link set lo up", ns_a) || ct_sh("ip -n %s link set lo up", ns_b)) {
         printf("FAIL: could not set up the veth pair\n");
         return 1;
     }
     /* A 50 Mbit/s link between the namespaces (tbf works in namespaces). */
-    int shaped = sh("ip netns exec %s tc qdisc add dev %s root tbf rate 50mbit burst 32kbit "
+    int shaped = ct_sh("ip netns exec %s tc qdisc add dev %s root tbf rate 50mbit burst 32kbit "
                     "latency 50ms",
                     ns_a, va) == 0;
     printf("namespaces %s and %s up, veth %s-%s%s\n", ns_a, ns_b, va, vb,
