@@ -26,6 +26,7 @@ void peer_rt_init(struct peer_rt *rt, const struct peer_rt_config *cfg, const st
 {
     memset(rt, 0, sizeof *rt);
     rt->cfg = *cfg;
+    rt->flag_client_mode = cfg->client_mode;
     if (role)
         rt->role = *role;
     pthread_mutex_init(&rt->probe_mu, NULL);
@@ -378,6 +379,7 @@ static int start_net(struct peer_rt *rt)
     const char *listen = rt->cfg.listen_ip ? rt->cfg.listen_ip : "0.0.0.0";
     double t0 = peer_mono_s();
     rt->probe_stop = 0; /* a stop of the probes before a restart left it set */
+    rt->cfg.client_mode = rt->flag_client_mode; /* an earlier start may have found us unreachable */
     rt->reach = rt->cfg.client_mode ? PEER_REACH_FLAG_CLIENT : PEER_REACH_UNKNOWN;
     rt->observed_ip[0] = 0;
     int rc = net_up(rt, listen);
@@ -393,11 +395,10 @@ static int start_net(struct peer_rt *rt)
     rt->reach_ms = (peer_mono_s() - t0) * 1e3;
     /* the link's rates, while nothing of ours uses it yet; a failure is a
        warning (the probe thread tries again). A volunteer who declared a cap
-       told us about the link: the caps serve and nothing is measured (a
-       2 Mbit/s uploader measuring first joined its collaboration over a
-       second after the others, and in 1 of 6 runs its pull-only rounds
-       never caught up); nor does one on the coordinator's machine
-       (loopback: it would read the machine's memory bandwidth) */
+       told us about the link: the caps serve and nothing is measured (at
+       join a 2 Mbit/s uploader took 1.7 s to measure, joining after the
+       others; mid-run a 4 Mbit/s download read 1.8); nor is an agent on the
+       coordinator's machine (loopback: the machine's memory bandwidth) */
     if (peer_rt_link_measurable(rt) && peer_rt_measure_link(rt, LINK_START_DEADLINE_MS) == CM_ECANCELED) {
         peer_net_stop(rt->net);
         rt->net = NULL;

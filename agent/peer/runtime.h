@@ -140,6 +140,7 @@ struct peer_rt {
     /* net */
     struct peer_net *net;
     char my_addr[PEER_ADDR_MAX], st_addr[PEER_ADDR_MAX]; /* "" in client mode */
+    int flag_client_mode;    /* cfg.client_mode as the role gave it (--client-mode) */
     enum peer_reach reach;   /* how peers reach us (reach.h) */
     char observed_ip[64];    /* our address as the coordinator sees it ("" unknown) */
     double reach_ms;         /* from the net stage's start until reachability was known */
