@@ -708,10 +708,11 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
     free(r);
     if (rc != CM_OK)
         return rc;
-    /* Then chunks of PROBE_MSG bytes, two in flight (the round trip is
-       hidden behind the next chunk): what a capped link holds queued stays
-       within two chunks, so the collaboration's own messages are not held
-       up for seconds behind a probe on a slow link.
+    /* Then messages of `msg` bytes, `cur` in flight (the round trip is
+       hidden behind the next one): two for pair probes, and for link probes
+       from two up to about 50 ms of the rate so far, so what a capped link
+       holds queued stays small and the collaboration's own messages are not
+       held up for seconds behind a probe on a slow link.
 
        Only quiet time counts. While *busy (this peer averages or moves
        state), the link carries the collaboration's traffic and a probe
