@@ -16,6 +16,10 @@ struct coord_config {
     char *idp_ca_cert;
     long threads;
     long max_connections;
+    long max_connections_per_ip;
+    long header_timeout;
+    long idle_timeout;
+    char *tls_priorities;
     long db_pool;
     long db_timeout_ms;
     long session_ttl;

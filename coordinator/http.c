@@ -13,8 +13,10 @@
  * few threads and suspended connections left out of the poll set, each poll
  * covers a few hundred sockets at most. */
 #include "coordinator/auth.h"
+#include "coordinator/http_guard.h"
 #include "coordinator/metrics.h"
 #include "coordinator/server.h"
+#include "coordinator/tls.h"
 #include "cm_err.h"
 #include "cm_log.h"
 
@@ -63,6 +65,7 @@ struct req_state {
     int stream_err;
     int stream_done;
     uint64_t streamed;
+    int close; /* answer with Connection: close (the request's framing is not trusted) */
 };
 
 static double elapsed_since(const struct timespec *t0)
@@ -324,13 +327,16 @@ static enum MHD_Result send_resp(struct MHD_Connection *conn, struct coord_serve
             cache_set |= !strcasecmp(resp->hdr_name[i], MHD_HTTP_HEADER_CACHE_CONTROL);
         }
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    /* Every answer is HTTPS: browsers that saw this once refuse plain HTTP
+       to this host for a year (and ignore it over an unverified certificate). */
+    MHD_add_response_header(r, "Strict-Transport-Security", "max-age=31536000");
     if (!cache_set)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (resp->retry_after[0])
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, resp->retry_after);
     if (resp->location[0])
         MHD_add_response_header(r, MHD_HTTP_HEADER_LOCATION, resp->location);
-    if (atomic_load(&srv->draining))
+    if (atomic_load(&srv->draining) || st->close)
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     st->status = resp->status;
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)resp->status, r);
@@ -514,6 +520,48 @@ static enum MHD_Result stream_continue(struct coord_server *srv, struct MHD_Conn
     return r;
 }
 
+/* The guard's context for a connection (set when it was opened). */
+static struct coord_guard_conn *guard_conn(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+struct framing {
+    int content_length, transfer_encoding;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    (void)kind;
+    (void)value;
+    struct framing *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH))
+        f->content_length++;
+    else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+        f->transfer_encoding++;
+    return MHD_YES;
+}
+
+/* Request smuggling: when a request says twice how long its body is, or both
+ * with Content-Length and Transfer-Encoding, a proxy in front of us and we
+ * may split the stream into requests differently (RFC 9112 §6.3). Such a
+ * request is refused and its connection closed. NULL: the framing is clear. */
+static const char *framing_error(struct MHD_Connection *conn)
+{
+    struct framing f = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, count_framing, &f);
+    if (f.content_length > 1)
+        return "the request has more than one Content-Length header";
+    if (f.content_length && f.transfer_encoding)
+        return "the request has both Content-Length and Transfer-Encoding";
+    if (f.transfer_encoding > 1)
+        return "the request has more than one Transfer-Encoding header";
+    return NULL;
+}
+
 /* Largest announced oversized body read (and dropped) so that the client
  * gets its 413; above it the answer goes out at once. */
 #define DISCARD_MAX (8u << 20)
@@ -532,6 +580,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         clock_gettime(CLOCK_MONOTONIC, &st->start);
         atomic_fetch_add(&srv->inflight, 1);
         *con_cls = st;
+        int bad_url = coord_guard_headers_done(srv->guard, guard_conn(conn));
+        const char *framing = framing_error(conn);
+        if (bad_url || framing) {
+            st->route = srv->nroutes;
+            st->close = framing != NULL;
+            struct coord_resp resp = {0};
+            if (framing)
+                coord_resp_error(&resp, 400, "bad_framing", "%s", framing);
+            else
+                coord_resp_error(&resp, 400, "bad_path",
+                                 "the request's path or query holds an escaped control "
+                                 "character (%%00-%%1F, %%7F)");
+            enum MHD_Result r = send_resp(conn, srv, st, &resp);
+            json_decref(resp.json);
+            return r;
+        }
         route_request(srv, method, url, st);
         /* Refuse an announced oversized body before reading any of it. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -620,11 +684,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return r;
 }
 
+/* What the metrics count for a request that got no answer: the client's
+ * doing (it left, 499, or was too slow, 408) is not a server error. */
+static int unanswered_status(enum MHD_RequestTerminationCode toe)
+{
+    switch (toe) {
+    case MHD_REQUEST_TERMINATED_CLIENT_ABORT:
+    case MHD_REQUEST_TERMINATED_READ_ERROR: return 499;
+    case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED: return 408;
+    case MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN: return 503;
+    default: return 500;
+    }
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)conn;
-    (void)toe;
     struct coord_server *srv = cls;
     struct req_state *st = *con_cls;
     if (!st)
@@ -636,13 +711,41 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (st->deferred) /* closed before the answer was sent (stop, or an error) */
         deferred_put(st->deferred);
     json_decref(st->req.json);
-    coord_metrics_observe(srv->metrics, st->route, st->status ? st->status : 500,
+    coord_guard_request_done(srv->guard, guard_conn(conn), st->req.authenticated);
+    coord_metrics_observe(srv->metrics, st->route, st->status ? st->status : unanswered_status(toe),
                           elapsed_since(&st->start));
     free(st->body);
     free(st->param_buf);
     free(st);
     *con_cls = NULL;
     atomic_fetch_sub(&srv->inflight, 1);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct coord_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? coord_guard_opened(srv->guard, ci->connect_fd) : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        coord_guard_closed(srv->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* libmicrohttpd's decoder of the URL and query arguments, plus a note when
+ * one decodes to a control character: "%00" would otherwise cut a path
+ * segment short unseen ("/runs/r1%00xyz" naming run r1). */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *uri)
+{
+    (void)cls;
+    int control;
+    size_t n = coord_url_unescape(uri, &control);
+    if (control)
+        coord_guard_mark_bad_url(guard_conn(conn));
+    return n;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -693,24 +796,39 @@ int coord_http_start(struct coord_server *srv)
     /* Suspend/resume: a handler waiting for the report writer's group
      * commit parks its connection instead of holding a thread (server.h,
      * coord_req_defer). */
+    const struct coord_config *cfg = srv->cfg;
+    struct coord_guard_limits lim = {(double)cfg->header_timeout, (double)cfg->idle_timeout,
+                                     cfg->max_connections};
+    int rc = coord_guard_new(&lim, srv->metrics, &srv->guard);
+    if (rc != CM_OK)
+        return rc;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                      MHD_ALLOW_SUSPEND_RESUME | MHD_USE_TLS | MHD_USE_ERROR_LOG;
     /* Per-connection memory: libmicrohttpd zeroes the whole pool after every
      * request on a keep-alive connection, so its size is paid per request
      * (256 KiB cost ~8% of the coordinator's CPU serving reports). Bodies
-     * are copied out of it; 64 KiB leaves room for headers and reads. */
+     * are copied out of it; 64 KiB leaves room for headers and reads.
+     * The connection timeout is libmicrohttpd's inactivity limit (a stalled
+     * body); the absolute deadlines for headers are the guard's. */
+    const char *prio = cfg->tls_priorities ? cfg->tls_priorities : COORD_TLS_PRIORITIES_DEFAULT;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)srv->cfg->threads, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)srv->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_HTTPS_MEM_KEY,
-        srv->tls_key_pem, MHD_OPTION_HTTPS_MEM_CERT, srv->tls_cert_pem,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)4096, MHD_OPTION_END);
+        (unsigned)cfg->threads, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->idle_timeout, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_HTTPS_PRIORITIES, prio,
+        MHD_OPTION_HTTPS_MEM_KEY, srv->tls_key_pem, MHD_OPTION_HTTPS_MEM_CERT,
+        srv->tls_cert_pem, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)4096, MHD_OPTION_END);
     if (!d) {
-        CM_LOGE("http", "could not listen on %s (address in use, or TLS certificate unusable)",
-                srv->cfg->listen);
+        CM_LOGE("http",
+                "could not listen on %s (address in use, TLS certificate unusable, or a "
+                "--tls-priorities string GnuTLS does not accept: '%s')",
+                cfg->listen, prio);
+        coord_guard_free(srv->guard);
+        srv->guard = NULL;
         return CM_EIO;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -745,4 +863,6 @@ void coord_http_stop(struct coord_server *srv, int grace_ms)
     }
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    coord_guard_free(srv->guard);
+    srv->guard = NULL;
 }

@@ -59,6 +59,18 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"max-connections", CM_OPT_INT, O(max_connections), "4096", "N",
      "open client connections at most (each agent keeps one); the open-file limit is raised "
      "to fit", 0},
+    {"max-connections-per-ip", CM_OPT_INT, O(max_connections_per_ip), "64", "N",
+     "open connections from one client address at most (0: no limit); more are refused at "
+     "once, so one address cannot fill the server", 0},
+    {"header-timeout", CM_OPT_INT, O(header_timeout), "10", "SECONDS",
+     "a new connection must finish its TLS handshake and send a request's headers within "
+     "this, however slowly it trickles them", 0},
+    {"idle-timeout", CM_OPT_INT, O(idle_timeout), "60", "SECONDS",
+     "a kept-alive connection must send its next request's headers within this (and no "
+     "request may stall longer while sending its body)", 0},
+    {"tls-priorities", CM_OPT_STR, O(tls_priorities), COORD_TLS_PRIORITIES_DEFAULT, "STRING",
+     "GnuTLS priority string: protocol versions, key exchanges and ciphers offered (default: "
+     "TLS 1.2 and 1.3 only, forward-secret AEAD suites)", 0},
     {"db-pool", CM_OPT_INT, O(db_pool), "16", "N", "database connections", 0},
     {"db-timeout-ms", CM_OPT_INT, O(db_timeout_ms), "5000", "MS",
      "longest wait for a database connection and for one statement", 0},
@@ -112,6 +124,9 @@ static int validate(const struct coord_config *c)
         long v, lo, hi;
     } ranges[] = {{"threads", c->threads, 1, 256},
                   {"max-connections", c->max_connections, 16, 1000000},
+                  {"max-connections-per-ip", c->max_connections_per_ip, 0, 1000000},
+                  {"header-timeout", c->header_timeout, 1, 3600},
+                  {"idle-timeout", c->idle_timeout, 1, 86400},
                   {"db-pool", c->db_pool, 1, 1000},
                   {"db-timeout-ms", c->db_timeout_ms, 100, 600000},
                   {"session-ttl", c->session_ttl, 60, 90L * 24 * 3600},

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const int STATUSES[] = {200, 201, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 503};
+/* 408: the client was too slow; 499 (nginx's "client closed request"): it
+ * left before the answer. Both are the client's doing, not the server's. */
+static const int STATUSES[] = {200, 201, 204, 400, 401, 403, 404, 405, 408, 409,
+                               413, 415, 422, 429, 499, 500, 503};
 #define NSTATUS (sizeof STATUSES / sizeof STATUSES[0] + 1) /* last: other */
 static const double BUCKETS[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
 #define NBUCKET (sizeof BUCKETS / sizeof BUCKETS[0])
@@ -34,6 +37,9 @@ static const char *EVENT_NAMES[COORD_EV__COUNT] = {
     "crowdtrain_reports_total{result=\"recorded\"}", "crowdtrain_reports_total{result=\"duplicate\"}",
     "crowdtrain_reports_total{result=\"conflict\"}", "crowdtrain_reports_total{result=\"rejected\"}",
     "crowdtrain_report_exclusions_total",
+    "crowdtrain_connections_closed_total{reason=\"header_timeout\"}",
+    "crowdtrain_connections_closed_total{reason=\"idle_timeout\"}",
+    "crowdtrain_connections_closed_total{reason=\"evicted\"}",
 };
 
 int coord_metrics_new(size_t nroutes, struct coord_metrics **out)
@@ -196,6 +202,10 @@ int coord_metrics_render(struct coord_server *srv, char **out, size_t *len)
         if (e == COORD_EV_REPORT_EXCLUSION)
             sb_printf(&b, "# HELP crowdtrain_report_exclusions_total Group members reported as excluded for bad data.\n"
                           "# TYPE crowdtrain_report_exclusions_total counter\n");
+        if (e == COORD_EV_CONN_HEADER_TIMEOUT)
+            sb_printf(&b, "# HELP crowdtrain_connections_closed_total Connections the server closed: no request "
+                          "headers in time, idle past the keep-alive limit, or evicted near the connection cap.\n"
+                          "# TYPE crowdtrain_connections_closed_total counter\n");
         sb_printf(&b, "%s %lu\n", EVENT_NAMES[e], atomic_load(&m->events[e]));
     }
     if (b.oom) {

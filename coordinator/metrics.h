@@ -26,6 +26,9 @@ enum coord_event {
     COORD_EV_REPORT_CONFLICT,
     COORD_EV_REPORT_REJECTED,
     COORD_EV_REPORT_EXCLUSION, /* members excluded for bad data, as reported */
+    COORD_EV_CONN_HEADER_TIMEOUT, /* connections closed by the guard (http_guard.h) */
+    COORD_EV_CONN_IDLE_TIMEOUT,
+    COORD_EV_CONN_EVICTED,
     COORD_EV__COUNT
 };
 void coord_metrics_event(struct coord_metrics *m, enum coord_event ev);

@@ -28,4 +28,11 @@ $(COORD_BIN): $(BUILD)/obj/coordinator/main.o $(COORD_LIB) $(COMMON_LIB)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
+# The connection flood that bench_coordinator.sh runs beside honest traffic.
+BENCH_FLOOD := $(BUILD)/tests/bench/bench_flood
+$(BENCH_FLOOD): $(BUILD)/obj/tests/bench/bench_flood.o
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(LDLIBS)
+tests/bench/bench_coordinator.sh: $(BENCH_FLOOD)
 BENCHES += tests/bench/bench_coordinator.sh

@@ -148,6 +148,7 @@ struct coord_server {
     atomic_int suspended; /* connections parked by coord_req_defer */
     struct coord_metrics *metrics;
     struct coord_cache *runs_cache;
+    struct coord_guard *guard; /* connection deadlines and eviction (http_guard.h) */
 };
 
 int coord_http_start(struct coord_server *srv);

@@ -25,8 +25,10 @@ ulimit -n 8192 2>/dev/null || true
 db=$(PG_EXTRA_OPTS="-c max_connections=200" ./scripts/pg-temp.sh start "$work/pg")
 echo "bench-organizer-pw" | $BIN/crowdtrain-coordinator create-user --database-url "$db" \
   --username org --role organizer --password-stdin >/dev/null 2>&1
+# every simulated agent connects from 127.0.0.1: no per-address cap
 $BIN/crowdtrain-coordinator serve --database-url "$db" --listen 127.0.0.1:0 --data-dir "$work/coord" \
-  --threads "$THREADS" --db-pool 16 --log-level ${BENCH_REPORTS_LOG:-warn} >"$work/coord.log" 2>&1 &
+  --threads "$THREADS" --db-pool 16 --max-connections-per-ip 0 \
+  --log-level ${BENCH_REPORTS_LOG:-warn} >"$work/coord.log" 2>&1 &
 pid=$!
 i=0
 while [ ! -s "$work/coord/coordinator.url" ]; do i=$((i + 1)); [ $i -gt 200 ] && { cat "$work/coord.log"; exit 1; }; sleep 0.1; done
