@@ -19,7 +19,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <curl/curl.h>
+#include <curl/curl.h> /* curl_global_init */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,54 +35,11 @@ static char *g_org;
 #define PW "volunteer-password"
 #define LIMIT 10 /* --login-max-failures (the default) */
 
-static size_t on_write(char *d, size_t sz, size_t n, void *ud)
-{
-    struct ct_resp *r = ud;
-    size_t len = sz * n;
-    char *np = realloc(r->body, r->len + len + 1);
-    if (!np)
-        return 0;
-    r->body = np;
-    memcpy(r->body + r->len, d, len);
-    r->len += len;
-    r->body[r->len] = '\0';
-    return len;
-}
-
-/* ct_http from the local address `src` (127.0.0.N). */
+/* ct_http from the local address src (127.0.0.N); the status. */
 static long http_from(const char *src, const char *method, const char *path, const char *bearer,
                       const char *body, struct ct_resp *out)
 {
-    memset(out, 0, sizeof *out);
-    CURL *h = curl_easy_init();
-    if (!h)
-        return -1;
-    char url[512], auth[512];
-    snprintf(url, sizeof url, "%s%s", g_c.url, path);
-    struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
-    if (bearer) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
-        hl = curl_slist_append(hl, auth);
-    }
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_CAINFO, g_c.ca);
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_INTERFACE, src);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    if (body)
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    CURLcode rc = curl_easy_perform(h);
-    if (rc != CURLE_OK)
-        out->curl_error = (int)rc;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
-    if (out->body)
-        out->json = json_loadb(out->body, out->len, 0, NULL);
-    curl_slist_free_all(hl);
-    curl_easy_cleanup(h);
+    ct_http_from(&g_c, src, method, path, bearer, body, out);
     return out->status;
 }
 
