@@ -47,6 +47,9 @@ BEGIN
     -- Always the key first, then the address: no two attempts wait on each other in a cycle.
     PERFORM pg_advisory_xact_lock(hashtext('crowdtrain.login.key'), hashtext(p_key));
     PERFORM pg_advisory_xact_lock(hashtext('crowdtrain.login.ip'), hashtext(p_ip));
+    -- Rows past the window count for nothing: drop this key's and this address's.
+    DELETE FROM login_failures WHERE username = p_key AND at <= since;
+    DELETE FROM login_failures WHERE client_ip = p_ip AND at <= since;
     SELECT count(*) INTO n FROM login_failures
      WHERE username = p_key AND client_ip = p_ip AND at > since;
     IF n >= p_max_pair THEN
