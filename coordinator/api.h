@@ -16,9 +16,13 @@ void api_keys(struct coord_req *req, struct coord_resp *resp);
 void api_session_create(struct coord_req *req, struct coord_resp *resp);
 void api_session_delete(struct coord_req *req, struct coord_resp *resp);
 void api_me(struct coord_req *req, struct coord_resp *resp);
+void api_me_password(struct coord_req *req, struct coord_resp *resp);
+void api_me_sessions_end(struct coord_req *req, struct coord_resp *resp);
 /* api_users.c */
 void api_users_create(struct coord_req *req, struct coord_resp *resp);
 void api_users_list(struct coord_req *req, struct coord_resp *resp);
+void api_users_update(struct coord_req *req, struct coord_resp *resp);
+void api_users_sessions_end(struct coord_req *req, struct coord_resp *resp);
 void api_audit_list(struct coord_req *req, struct coord_resp *resp);
 /* api_runs.c */
 void api_runs_list(struct coord_req *req, struct coord_resp *resp);

@@ -75,10 +75,14 @@ COORD_DB_STMT(S_PASS_NEW, 7,
               "INSERT INTO passes (run_id, user_id, peer_public_key, kid, issued_at, expires_at) "
               "SELECT r.id, $2, $3, $4, to_timestamp($5), to_timestamp($6) FROM runs r "
               "JOIN run_allowlist a ON a.run_id = r.id AND a.username = $7 "
+              /* a disabled account gets no pass, even through a session cached elsewhere */
+              "JOIN users u ON u.id = $2 AND NOT u.disabled "
               "WHERE r.name = $1 AND r.status = 'open' RETURNING id");
 COORD_DB_STMT(S_PASS_WHY, 2,
               "SELECT r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
-              "AND a.username = $2) FROM runs r WHERE r.name = $1");
+              "AND a.username = $2), "
+              "EXISTS (SELECT 1 FROM users u WHERE u.username = $2 AND u.disabled) "
+              "FROM runs r WHERE r.name = $1");
 
 /* Why the caller may not act for run params[0] (after a query that
  * required an allowlisted caller, an open run and, with need_pass, a pass):
@@ -91,6 +95,9 @@ static void refusal(struct coord_req *req, struct coord_resp *resp, int need_pas
         coord_resp_error(resp, 500, "internal", "database error");
     else if (PQntuples(r) != 1)
         coord_resp_error(resp, 404, "not_found", "no such run");
+    else if (strcmp(PQgetvalue(r, 0, 2), "t") == 0) /* disabled after this session was cached */
+        coord_resp_error(resp, 403, "account_disabled", "the account '%s' is disabled",
+                         req->user.username);
     else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0)
         coord_resp_error(resp, 403, "not_allowlisted", "'%s' is not on the allowlist of run '%s'; ask its organizers",
                          req->user.username, req->params[0]);

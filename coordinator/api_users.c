@@ -1,8 +1,9 @@
-/* Accounts (organizers create them; organizers and auditors list them) and
- * the audit log. */
+/* Accounts (organizers create, disable and enable them and end their
+ * sessions; organizers and auditors list them) and the audit log. */
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
 #include "cm_err.h"
+#include "cm_log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,8 @@ void api_users_create(struct coord_req *req, struct coord_resp *resp)
     int64_t id = 0;
     int rc = coord_user_create(req->db, username, role, password, &id);
     if (rc == CM_EEXISTS) {
-        coord_resp_error(resp, 409, "exists", "the username '%s' is taken", username);
+        coord_resp_error(resp, 409, "exists",
+                         "the username '%s' is taken (usernames are unique ignoring case)", username);
         return; /* released connection rolls back */
     }
     json_t *d = json_pack("{s:s}", "role", role_s);
@@ -81,6 +83,94 @@ void api_users_list(struct coord_req *req, struct coord_resp *resp)
                          !strcmp(PQgetvalue(r, i, 5), "t") ? "identity-provider" : "password"));
     PQclear(r);
     coord_resp_json(resp, 200, json_pack("{s:o}", "users", a));
+}
+
+/* The account named by params[0]: 1, or 0 with 404 set. */
+static int user_param(struct coord_req *req, struct coord_resp *resp)
+{
+    if (req->nparams < 1 || !cm_name_valid(req->params[0])) {
+        coord_resp_error(resp, 404, "not_found", "no such user");
+        return 0;
+    }
+    return 1;
+}
+
+/* PATCH /api/v1/users/{username} {"disabled": bool}. Disabling ends the
+ * account's sessions and revokes its live passes in the same transaction,
+ * and this coordinator forgets its cached sessions after the commit. */
+void api_users_update(struct coord_req *req, struct coord_resp *resp)
+{
+    static const struct cm_json_field F[] = {{"disabled", CM_J_BOOL, 1, 1, 0}};
+    if (!user_param(req, resp) || !coord_req_check(req, resp, F, 1))
+        return;
+    int disabled = json_is_true(json_object_get(req->json, "disabled"));
+    if (disabled && !strcmp(req->params[0], req->user.username)) {
+        coord_resp_error(resp, 409, "self", "an organizer cannot disable their own account");
+        return;
+    }
+    if (!coord_req_db(req, resp) || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+        if (!resp->status)
+            coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    struct coord_user_change ch;
+    int rc = coord_user_set_disabled(req->db, req->params[0], disabled, req->user.id, &ch);
+    if (rc == CM_ENOTFOUND) {
+        coord_resp_error(resp, 404, "not_found", "no user '%s'", req->params[0]);
+        return;
+    }
+    json_t *d = json_pack("{s:I, s:I}", "sessions_ended", (json_int_t)ch.sessions_ended,
+                          "passes_revoked", (json_int_t)ch.passes_revoked);
+    int ok = rc == CM_OK &&
+             (!ch.changed ||
+              coord_audit(req, disabled ? "user.disable" : "user.enable", req->params[0], d) == CM_OK) &&
+             coord_db_cmd(req->db, "COMMIT") == CM_OK;
+    json_decref(d);
+    if (!ok) {
+        coord_resp_error(resp, 500, "internal", "could not change the account");
+        return;
+    }
+    if (disabled)
+        coord_session_forget_user(ch.user_id, NULL);
+    if (ch.changed)
+        CM_LOGI("auth", "%s %s '%s' (%ld sessions ended, %ld passes revoked)", req->user.username,
+                disabled ? "disabled" : "enabled", req->params[0], ch.sessions_ended,
+                ch.passes_revoked);
+    coord_resp_json(resp, 200,
+                    json_pack("{s:s, s:b, s:b, s:I, s:I}", "username", req->params[0], "disabled",
+                              disabled, "changed", ch.changed, "sessions_ended",
+                              (json_int_t)ch.sessions_ended, "passes_revoked",
+                              (json_int_t)ch.passes_revoked));
+}
+
+/* DELETE /api/v1/users/{username}/sessions: logs the account out everywhere. */
+void api_users_sessions_end(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!user_param(req, resp))
+        return;
+    if (!coord_req_db(req, resp) || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+        if (!resp->status)
+            coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    struct coord_user_change ch;
+    int rc = coord_user_sessions_end(req->db, req->params[0], &ch);
+    if (rc == CM_ENOTFOUND) {
+        coord_resp_error(resp, 404, "not_found", "no user '%s'", req->params[0]);
+        return;
+    }
+    json_t *d = json_pack("{s:I}", "sessions_ended", (json_int_t)ch.sessions_ended);
+    int ok = rc == CM_OK && coord_audit(req, "user.sessions_end", req->params[0], d) == CM_OK &&
+             coord_db_cmd(req->db, "COMMIT") == CM_OK;
+    json_decref(d);
+    if (!ok) {
+        coord_resp_error(resp, 500, "internal", "could not end the sessions");
+        return;
+    }
+    coord_session_forget_user(ch.user_id, NULL);
+    coord_resp_json(resp, 200,
+                    json_pack("{s:s, s:I}", "username", req->params[0], "sessions_ended",
+                              (json_int_t)ch.sessions_ended));
 }
 
 COORD_DB_STMT(S_AUDIT_LIST, 2,

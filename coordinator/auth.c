@@ -161,6 +161,30 @@ void coord_session_forget(const uint8_t h[CM_SHA256_LEN])
     pthread_mutex_unlock(&g_sessions_mu);
 }
 
+void coord_session_forget_user(int64_t user_id, const uint8_t keep[CM_SHA256_LEN])
+{
+    pthread_mutex_lock(&g_sessions_mu);
+    for (size_t i = 0; i < SESSION_CACHE_SLOTS; i++) {
+        struct session_slot *s = &g_sessions[i];
+        if (s->valid_until && s->user.id == user_id &&
+            !(keep && cm_ct_equal(s->hash, keep, CM_SHA256_LEN)))
+            s->valid_until = 0;
+    }
+    pthread_mutex_unlock(&g_sessions_mu);
+}
+
+/* Which requests may take their session from the cache: reads, and pass
+ * issuance, whose statement checks the account itself (api_passes.c). Every
+ * other write asks the database, so an account disabled or a session ended
+ * through any coordinator stops there at once, not within SESSION_CACHE_S. */
+static int cache_allowed(const struct coord_req *req)
+{
+    if (!strcmp(req->method, "GET") || !strcmp(req->method, "HEAD"))
+        return 1;
+    size_t n = strlen(req->path);
+    return !strcmp(req->method, "POST") && n > 7 && !strcmp(req->path + n - 7, "/passes");
+}
+
 COORD_DB_STMT(S_SESSION_GET, 1,
               "SELECT u.id, u.username, u.role, "
               "extract(epoch from s.expires_at - now())::bigint "
@@ -184,7 +208,7 @@ int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char
     }
     uint8_t h[CM_SHA256_LEN];
     cm_sha256(tok, tl, h);
-    if (session_cached(h, &req->user)) {
+    if (cache_allowed(req) && session_cached(h, &req->user)) {
         req->authenticated = 1;
         return 1;
     }
@@ -238,7 +262,7 @@ int coord_audit(struct coord_req *req, const char *action, const char *target, j
 
 COORD_DB_STMT(S_USER_NEW, 3,
               "INSERT INTO users (username, role, password_hash) VALUES ($1, $2, $3) "
-              "ON CONFLICT (username) DO NOTHING RETURNING id");
+              "ON CONFLICT DO NOTHING RETURNING id"); /* exact or any case (users_username_ci) */
 
 int coord_user_create(struct coord_db_conn *db, const char *username, unsigned role,
                       const char *password, int64_t *id_out)
@@ -258,4 +282,63 @@ int coord_user_create(struct coord_db_conn *db, const char *username, unsigned r
         *id_out = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     return n == 1 ? CM_OK : CM_EEXISTS;
+}
+
+COORD_DB_STMT(S_USER_DISABLE, 2,
+              "WITH u AS (UPDATE users SET disabled = true WHERE username = $1 RETURNING id), "
+              "s AS (DELETE FROM sessions WHERE user_id IN (SELECT id FROM u) RETURNING 1), "
+              "p AS (UPDATE passes SET revoked_at = now(), revoked_by = $2, "
+              "      revoke_reason = 'account disabled' WHERE user_id IN (SELECT id FROM u) "
+              "      AND revoked_at IS NULL AND expires_at > now() RETURNING 1) "
+              /* the sub-select sees the row before this statement */
+              "SELECT u.id, (SELECT NOT disabled FROM users WHERE id = u.id), "
+              "(SELECT count(*) FROM s), (SELECT count(*) FROM p) FROM u");
+COORD_DB_STMT(S_USER_ENABLE, 1,
+              "WITH u AS (UPDATE users SET disabled = false WHERE username = $1 RETURNING id) "
+              "SELECT u.id, (SELECT disabled FROM users WHERE id = u.id), 0, 0 FROM u");
+
+int coord_user_set_disabled(struct coord_db_conn *db, const char *username, int disabled,
+                            int64_t actor_id, struct coord_user_change *out)
+{
+    memset(out, 0, sizeof *out);
+    char actor[24];
+    snprintf(actor, sizeof actor, "%lld", (long long)actor_id);
+    const char *p[] = {username, actor_id ? actor : NULL};
+    PGresult *r = coord_db_exec(db, disabled ? &S_USER_DISABLE : &S_USER_ENABLE, p, NULL);
+    if (!r)
+        return CM_EDB;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        return CM_ENOTFOUND;
+    }
+    out->user_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    out->changed = !strcmp(PQgetvalue(r, 0, 1), "t");
+    out->sessions_ended = atol(PQgetvalue(r, 0, 2));
+    out->passes_revoked = atol(PQgetvalue(r, 0, 3));
+    PQclear(r);
+    return CM_OK;
+}
+
+COORD_DB_STMT(S_USER_SESSIONS_END, 1,
+              "WITH u AS (SELECT id FROM users WHERE username = $1), "
+              "s AS (DELETE FROM sessions WHERE user_id IN (SELECT id FROM u) RETURNING 1) "
+              "SELECT u.id, (SELECT count(*) FROM s) FROM u");
+
+int coord_user_sessions_end(struct coord_db_conn *db, const char *username,
+                            struct coord_user_change *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *p[] = {username};
+    PGresult *r = coord_db_exec(db, &S_USER_SESSIONS_END, p, NULL);
+    if (!r)
+        return CM_EDB;
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        return CM_ENOTFOUND;
+    }
+    out->user_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    out->sessions_ended = atol(PQgetvalue(r, 0, 1));
+    out->changed = out->sessions_ended > 0;
+    PQclear(r);
+    return CM_OK;
 }

@@ -29,6 +29,8 @@ int coord_auth_bearer(struct coord_req *req, struct coord_resp *resp, const char
 
 /* Evicts a session from this coordinator's short-lived session cache. */
 void coord_session_forget(const uint8_t hash[32]);
+/* Evicts every cached session of user_id but `keep` (NULL: all). */
+void coord_session_forget_user(int64_t user_id, const uint8_t keep[32]);
 
 /* Appends a row to the audit log (in the caller's transaction when open). */
 int coord_audit(struct coord_req *req, const char *action, const char *target, json_t *details);
@@ -36,5 +38,26 @@ int coord_audit(struct coord_req *req, const char *action, const char *target, j
 /* Creates a local account (create-user, POST /users). CM_EEXISTS when taken. */
 int coord_user_create(struct coord_db_conn *db, const char *username, unsigned role,
                       const char *password, int64_t *id_out);
+
+/* What an account change did (coord_user_set_disabled, coord_user_sessions_end). */
+struct coord_user_change {
+    int64_t user_id;
+    int changed;          /* the account was not in that state before / sessions were ended */
+    long sessions_ended;  /* sessions deleted */
+    long passes_revoked;  /* live passes revoked ("account disabled") */
+};
+
+/* Disables (or enables) the account `username` in one statement (in the
+ * caller's transaction when open). Disabling deletes all its sessions and
+ * revokes all its live passes, so they appear on every run's revocation
+ * list; enabling restores logins, not passes. actor_id 0: the command line.
+ * CM_ENOTFOUND when there is no such account. After the commit, the caller
+ * evicts the user's cached sessions (coord_session_forget_user). */
+int coord_user_set_disabled(struct coord_db_conn *db, const char *username, int disabled,
+                            int64_t actor_id, struct coord_user_change *out);
+/* Ends every session of `username` (the caller then evicts them from the
+ * cache). CM_ENOTFOUND when there is no such account. */
+int coord_user_sessions_end(struct coord_db_conn *db, const char *username,
+                            struct coord_user_change *out);
 
 #endif

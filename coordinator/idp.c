@@ -114,7 +114,7 @@ COORD_DB_STMT(S_IDENT, 2,
               "JOIN users u ON u.id = e.user_id WHERE e.provider = $1 AND e.subject = $2");
 COORD_DB_STMT(S_PROVISION, 3,
               "WITH u AS (INSERT INTO users (username, role) VALUES ($3, 'volunteer') "
-              "           ON CONFLICT (username) DO NOTHING RETURNING id) "
+              "           ON CONFLICT DO NOTHING RETURNING id) "
               "INSERT INTO external_identities (provider, subject, user_id) "
               "SELECT $1, $2, id FROM u RETURNING user_id");
 

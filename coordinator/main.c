@@ -2,6 +2,8 @@
  *   serve        run the HTTPS REST API (accounts, runs, allowlists, passes)
  *   migrate      apply database migrations and exit
  *   create-user  create an account (the first organizer, typically)
+ *   disable-user, enable-user  lock an account out (sessions ended, passes
+ *                revoked) or let it log in again
  * Options come from flags, CROWDTRAIN_* environment variables and an
  * optional config file, in that precedence (common/cm_opts.h). */
 #include "coordinator/api.h"
@@ -517,7 +519,7 @@ static int cmd_create_user(int argc, char **argv)
         int64_t id = 0;
         rc = coord_user_create(&c, cfg.username, role, pw, &id);
         if (rc == CM_EEXISTS) {
-            fprintf(stderr, "error: the username '%s' is taken\n", cfg.username);
+            fprintf(stderr, "error: the username '%s' is taken (unique ignoring case)\n", cfg.username);
             goto out;
         }
         if (rc != CM_OK) {
@@ -540,6 +542,91 @@ out:
     return status;
 }
 
+struct disable_cfg {
+    char *database_url, *username;
+};
+static const struct cm_opt DISABLE_OPTS[] = {
+    {"database-url", CM_OPT_STR, offsetof(struct disable_cfg, database_url), NULL, "URL",
+     "PostgreSQL connection URL", 0},
+    {"username", CM_OPT_STR, offsetof(struct disable_cfg, username), NULL, "NAME",
+     "the account", 1},
+};
+static const struct cm_cmd_spec DISABLE_USER = {
+    "crowdtrain-coordinator disable-user --database-url URL --username U",
+    "Disables an account directly in the database (also when no organizer can log\n"
+    "in; organizers use PATCH /api/v1/users/{username}): its sessions end and its\n"
+    "live passes are revoked at once, listed on every run's revocation list.\n"
+    "Read requests on a running coordinator may still take a cached session for\n"
+    "up to 5 seconds. Applies pending migrations first.",
+    DISABLE_OPTS, sizeof DISABLE_OPTS / sizeof DISABLE_OPTS[0], 1};
+static const struct cm_cmd_spec ENABLE_USER = {
+    "crowdtrain-coordinator enable-user --database-url URL --username U",
+    "Lets a disabled account log in again. Its revoked passes stay revoked; its\n"
+    "agents ask for new ones. Applies pending migrations first.",
+    DISABLE_OPTS, sizeof DISABLE_OPTS / sizeof DISABLE_OPTS[0], 1};
+
+static int cmd_disable_user(int argc, char **argv, int disable)
+{
+    const struct cm_cmd_spec *spec = disable ? &DISABLE_USER : &ENABLE_USER;
+    struct disable_cfg cfg = {0};
+    int rc = cm_opts_parse(spec, &cfg, argc, argv, NULL, NULL, stderr);
+    if (rc != CM_OK) {
+        cm_opts_free(spec, &cfg);
+        return rc == 1 ? 0 : 2;
+    }
+    int status = 2;
+    PGconn *pg = NULL;
+    if (!cfg.database_url || !cfg.username) {
+        fprintf(stderr, "error: --database-url and --username are required\n");
+        goto out;
+    }
+    status = 1;
+    if (coord_db_connect(cfg.database_url, 60000, &pg) != CM_OK || run_migrations(pg) != CM_OK)
+        goto out;
+    {
+        struct coord_db_conn c = {.pg = pg};
+        struct coord_user_change ch;
+        const char *action = disable ? "user.disable" : "user.enable";
+        if (coord_db_cmd(&c, "BEGIN") != CM_OK)
+            goto out;
+        rc = coord_user_set_disabled(&c, cfg.username, disable, 0, &ch);
+        if (rc == CM_ENOTFOUND) {
+            fprintf(stderr, "error: no user '%s'\n", cfg.username);
+            goto out;
+        }
+        char sess[24], passes[24];
+        snprintf(sess, sizeof sess, "%ld", ch.sessions_ended);
+        snprintf(passes, sizeof passes, "%ld", ch.passes_revoked);
+        PGresult *r = rc != CM_OK || !ch.changed ? NULL
+                      : PQexecParams(pg,
+                                     "INSERT INTO audit_log (actor, action, target, details) "
+                                     "VALUES ('cli', $1, $2, jsonb_build_object('sessions_ended', "
+                                     "$3::bigint, 'passes_revoked', $4::bigint))",
+                                     4, NULL, (const char *const[]){action, cfg.username, sess, passes},
+                                     NULL, NULL, 0);
+        int ok = rc == CM_OK && (!ch.changed || PQresultStatus(r) == PGRES_COMMAND_OK) &&
+                 coord_db_cmd(&c, "COMMIT") == CM_OK;
+        PQclear(r);
+        if (!ok) {
+            fprintf(stderr, "error: changing the account failed: %s\n", PQerrorMessage(pg));
+            goto out;
+        }
+        if (!ch.changed)
+            printf("'%s' was already %s\n", cfg.username, disable ? "disabled" : "enabled");
+        else if (disable)
+            printf("disabled '%s': %ld sessions ended, %ld passes revoked\n", cfg.username,
+                   ch.sessions_ended, ch.passes_revoked);
+        else
+            printf("enabled '%s'\n", cfg.username);
+        status = 0;
+    }
+out:
+    if (pg)
+        PQfinish(pg);
+    cm_opts_free(spec, &cfg);
+    return status;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: crowdtrain-coordinator <command> [options]\n\n"
@@ -547,7 +634,9 @@ static void usage(FILE *f)
                "commands:\n"
                "  serve        serve the HTTPS REST API\n"
                "  migrate      apply database migrations and exit\n"
-               "  create-user  create an account (e.g. the first organizer)\n\n"
+               "  create-user  create an account (e.g. the first organizer)\n"
+               "  disable-user end an account's sessions and passes and lock it out\n"
+               "  enable-user  let a disabled account log in again\n\n"
                "Run 'crowdtrain-coordinator <command> --help' for its options.\n");
 }
 
@@ -567,6 +656,10 @@ int main(int argc, char **argv)
         return cmd_migrate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "create-user"))
         return cmd_create_user(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "disable-user"))
+        return cmd_disable_user(argc - 1, argv + 1, 1);
+    if (!strcmp(argv[1], "enable-user"))
+        return cmd_disable_user(argc - 1, argv + 1, 0);
     fprintf(stderr, "crowdtrain-coordinator: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -270,8 +270,9 @@ static size_t on_write(char *d, size_t sz, size_t n, void *ud)
     return len;
 }
 
-int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
-                const char *const *headers, const void *body, size_t body_len, struct ct_resp *out)
+static int http_raw_from(const struct ct_coord *c, const char *src, const char *method,
+                         const char *path, const char *const *headers, const void *body,
+                         size_t body_len, struct ct_resp *out)
 {
     memset(out, 0, sizeof *out);
     CURL *h = curl_easy_init();
@@ -291,6 +292,8 @@ int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (src)
+        curl_easy_setopt(h, CURLOPT_INTERFACE, src);
     if (body) {
         curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
@@ -308,8 +311,14 @@ int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
     return rc == CURLE_OK ? 0 : -1;
 }
 
-int ct_http(const struct ct_coord *c, const char *method, const char *path, const char *bearer,
-            const char *body, struct ct_resp *out)
+int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
+                const char *const *headers, const void *body, size_t body_len, struct ct_resp *out)
+{
+    return http_raw_from(c, NULL, method, path, headers, body, body_len, out);
+}
+
+int ct_http_from(const struct ct_coord *c, const char *src, const char *method, const char *path,
+                 const char *bearer, const char *body, struct ct_resp *out)
 {
     char auth[512];
     const char *hdrs[3] = {"Content-Type: application/json", NULL, NULL};
@@ -317,7 +326,13 @@ int ct_http(const struct ct_coord *c, const char *method, const char *path, cons
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
         hdrs[1] = auth;
     }
-    return ct_http_raw(c, method, path, hdrs, body, body ? strlen(body) : 0, out);
+    return http_raw_from(c, src, method, path, hdrs, body, body ? strlen(body) : 0, out);
+}
+
+int ct_http(const struct ct_coord *c, const char *method, const char *path, const char *bearer,
+            const char *body, struct ct_resp *out)
+{
+    return ct_http_from(c, NULL, method, path, bearer, body, out);
 }
 
 void ct_resp_free(struct ct_resp *r)

@@ -68,6 +68,10 @@ int ct_http(const struct ct_coord *c, const char *method, const char *path, cons
 int ct_http_raw(const struct ct_coord *c, const char *method, const char *path,
                 const char *const *headers, const void *body, size_t body_len,
                 struct ct_resp *out);
+/* ct_http from the local address src (e.g. "127.0.0.2": all of 127.0.0.0/8
+ * is local on Linux), so the coordinator sees another client address. */
+int ct_http_from(const struct ct_coord *c, const char *src, const char *method, const char *path,
+                 const char *bearer, const char *body, struct ct_resp *out);
 void ct_resp_free(struct ct_resp *r);
 
 /* Logs in with a password; returns a heap token or NULL. */

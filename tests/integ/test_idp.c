@@ -110,6 +110,17 @@ static char *provider_login(const char *token, long *status)
     return out;
 }
 
+static long provider_login_from(const char *src, const char *token)
+{
+    char body[256];
+    snprintf(body, sizeof body, "{\"provider\":\"testid\",\"token\":\"%s\"}", token);
+    struct ct_resp r;
+    ct_http_from(&g_c, src, "POST", "/api/v1/session", NULL, body, &r);
+    long st = r.status;
+    ct_resp_free(&r);
+    return st;
+}
+
 static void test_provider_login_maps_to_account(void **state)
 {
     (void)state;
@@ -195,11 +206,25 @@ static void test_provider_rejections(void **state)
     ct_resp_free(&r);
 }
 
+/* Bad tokens are throttled per address: ten from one address used to stop
+ * every provider login from everywhere (they were counted under the
+ * provider's name), for the whole window. */
+static void test_bad_tokens_spare_other_addresses(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(provider_login_from("127.0.0.2", "stolen-token"), 401);
+    assert_int_equal(provider_login_from("127.0.0.2", "good-alice"), 429);
+    assert_int_equal(provider_login_from("127.0.0.3", "good-alice"), 201);
+    assert_int_equal(provider_login_from("127.0.0.3", "good-bob"), 201);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_provider_login_maps_to_account),
         cmocka_unit_test(test_provider_rejections),
+        cmocka_unit_test(test_bad_tokens_spare_other_addresses),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
