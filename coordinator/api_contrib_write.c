@@ -64,7 +64,7 @@ COORD_DB_STMT(S_INSERT, 1,
               "   AND p.revoked_at IS NULL AND p.expires_at > now() OFFSET 0) p), "
               "lim AS MATERIALIZED (SELECT r.id, r.name, greatest(0, "
               "  (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id), "
-              "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id)) + " AHEAD_SQL " AS top "
+              "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id AND c.trusted)) + " AHEAD_SQL " AS top "
               "  FROM runs r WHERE r.id IN (SELECT DISTINCT run_id FROM v)) "
               "INSERT INTO contrib_reports (run_id, step, peer_public_key, user_id, pass_id, round_id, "
               "group_id, samples, compute_s, loss, sps, round_ms, parts, parts_averaged, n_members, "
