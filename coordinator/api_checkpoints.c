@@ -75,7 +75,10 @@ static int hex64_valid(const char *s)
 
 /* Whether the caller may read or write this run's checkpoints: organizers
  * and auditors always (auditors read only, enforced by the caller), others
- * when allowlisted. Sets resp on refusal. Fills run_id. */
+ * when allowlisted. Sets resp on refusal. Fills run_id. Writing needs an
+ * open run, or (write == 2) a finished one: the final state is uploaded
+ * after the last round, whose reports may have finished the run already
+ * (the caller bounds the step by the run's last). */
 COORD_DB_STMT(S_CK_ACCESS, 2,
               "SELECT r.id, r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
               "AND a.username = $2) FROM runs r WHERE r.name = $1");
@@ -97,7 +100,8 @@ static int run_access(struct coord_req *req, struct coord_resp *resp, char run_i
     }
     int allow = !strcmp(PQgetvalue(r, 0, 2), "t");
     snprintf(run_id, 24, "%s", PQgetvalue(r, 0, 0));
-    int open = !strcmp(PQgetvalue(r, 0, 1), "open");
+    int open = !strcmp(PQgetvalue(r, 0, 1), "open") ||
+               (write == 2 && !strcmp(PQgetvalue(r, 0, 1), "finished"));
     PQclear(r);
     unsigned role = req->user.role;
     if (write && role == COORD_ROLE_AUDITOR) {
@@ -170,7 +174,8 @@ COORD_DB_STMT(S_CK_PLAN, 4,
               "  AND sha256 <> $3), "
               "(SELECT count(*) FROM checkpoint_trust WHERE run_id = $1 AND uploaded_by = $4 "
               "  AND NOT vouched), "
-              "(SELECT max(step) FROM checkpoint_trust WHERE run_id = $1 AND vouched)");
+              "(SELECT max(step) FROM checkpoint_trust WHERE run_id = $1 AND vouched), "
+              "(SELECT status = 'finished' FROM runs WHERE id = $1)");
 
 static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
 {
@@ -196,7 +201,7 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
         return NULL;
     }
     char run_id[24];
-    if (!run_access(req, resp, run_id, 1))
+    if (!run_access(req, resp, run_id, 2))
         return NULL;
     int trusted = (req->user.role & COORD_ROLE_ORGANIZER) != 0;
     char steps[24], uid[24];
@@ -215,11 +220,16 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
     int mine_other = !strcmp(PQgetvalue(r, 0, 4), "t");
     long long candidates = strtoll(PQgetvalue(r, 0, 5), NULL, 10);
     long long newest = PQgetisnull(r, 0, 6) ? -1 : strtoll(PQgetvalue(r, 0, 6), NULL, 10);
+    int finished = !strcmp(PQgetvalue(r, 0, 7), "t");
     PQclear(r);
     if (same) {
         coord_resp_json(resp, 200, json_pack("{s:s, s:I, s:s, s:b}", "run", req->params[0],
                                              "step", (json_int_t)step, "sha256", sha,
                                              "already_stored", 1));
+        return NULL;
+    }
+    if (finished && total < 0) { /* finished by an organizer: no final state to come */
+        coord_resp_error(resp, 409, "run_not_open", "run '%s' is not open", req->params[0]);
         return NULL;
     }
     long long limit = trusted ? STEP_LIMIT : progress + STEP_AHEAD;

@@ -756,11 +756,11 @@ static uint8_t *make_ckpt(uint64_t step, unsigned seed, size_t *len, char hex[65
     return b;
 }
 
-static long put_ckpt(const char *bearer, const char *step, const uint8_t *b, size_t len,
-                     const char *hex, json_t **out)
+static long put_ckpt_in(const char *run, const char *bearer, const char *step, const uint8_t *b,
+                        size_t len, const char *hex, json_t **out)
 {
     char path[128], auth[256], shah[128];
-    snprintf(path, sizeof path, "/api/v1/runs/r1/checkpoints/%s", step);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/%s", run, step);
     snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
     snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", hex);
     const char *h[] = {auth, shah, "Content-Type: application/octet-stream", NULL};
@@ -771,6 +771,12 @@ static long put_ckpt(const char *bearer, const char *step, const uint8_t *b, siz
         *out = json_incref(r.json);
     ct_resp_free(&r);
     return s;
+}
+
+static long put_ckpt(const char *bearer, const char *step, const uint8_t *b, size_t len,
+                     const char *hex, json_t **out)
+{
+    return put_ckpt_in("r1", bearer, step, b, len, hex, out);
 }
 
 /* The SHA-256 of what GET .../checkpoints/latest serves ("" when 404). */
@@ -947,6 +953,16 @@ static void test_run_status_follows_verified_progress(void **state)
     assert_string_equal(code, "run_not_open");
     assert_int_equal(scalar("SELECT count(*) FROM contrib_reports c JOIN runs r ON r.id = c.run_id "
                             "WHERE r.name = 'r3' AND c.step = 3"), 0);
+    /* the final state, uploaded after the last round, is still taken; nothing past it */
+    char hex[65];
+    uint8_t p[32];
+    size_t len;
+    uint8_t *b = make_ckpt(3, 5, &len, hex, p);
+    assert_int_equal(put_ckpt_in("r3", g_vol1, "3", b, len, hex, NULL), 201);
+    free(b);
+    b = make_ckpt(4, 5, &len, hex, p);
+    assert_int_equal(put_ckpt_in("r3", g_vol1, "4", b, len, hex, NULL), 422);
+    free(b);
 }
 
 /* One volunteer's unverified claim (issue 22: samples 1e9 at step 1000 of a
