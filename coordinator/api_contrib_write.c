@@ -95,8 +95,12 @@ COORD_DB_STMT(S_SEEN, 1,
 COORD_DB_STMT(S_FINISH, 1,
               "UPDATE runs r SET status = 'finished' WHERE r.id = ANY($1::bigint[]) "
               "AND r.status = 'open' AND jsonb_typeof(r.config->'steps') = 'number' "
-              "AND EXISTS (SELECT 1 FROM contrib_claims c WHERE c.run_id = r.id "
-              "  AND c.step >= (r.config->>'steps')::numeric - 1 AND c.verified_samples > 0)");
+              /* the index lookup first: the view's check only near the end */
+              "AND CASE WHEN (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id) "
+              "  >= (r.config->>'steps')::numeric - 1 "
+              "THEN EXISTS (SELECT 1 FROM contrib_claims c WHERE c.run_id = r.id "
+              "  AND c.step >= (r.config->>'steps')::numeric - 1 AND c.verified_samples > 0) "
+              "ELSE false END");
 
 COORD_DB_STMT(S_EXCL, 1,
               "INSERT INTO contrib_exclusions (run_id, step, subject, reporter, reason) "
