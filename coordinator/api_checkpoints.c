@@ -314,10 +314,11 @@ static int ck_chunk(void *ctx, const char *data, size_t len)
     int rc = cm_ckpt_stream_update(&u->ver, data, len);
     uint64_t declared = 0;
     if (rc != CM_OK) {
-        u->fault = rc == CM_ETOOBIG && !cm_ckpt_stream_header(&u->ver, NULL, NULL) &&
-                           u->bytes + len >= CM_CKPT_HEADER_BYTES
-                       ? FAULT_TOO_BIG /* the header declared more than the limit */
-                       : FAULT_FORMAT;
+        /* the header's total size (offset 16, docs/checkpoints.md) above
+           the limit is 413; every other refusal says the file is malformed */
+        for (int i = 0; i < 8 && u->ver.received >= CM_CKPT_HEADER_BYTES; i++)
+            declared |= (uint64_t)u->ver.head[16 + i] << (8 * i);
+        u->fault = rc == CM_ETOOBIG && declared > u->max_bytes ? FAULT_TOO_BIG : FAULT_FORMAT;
         u->fault_rc = rc;
         upload_drop_tmp(u);
         return rc;

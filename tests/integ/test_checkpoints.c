@@ -84,7 +84,8 @@ static long put_ckpt(const char *bearer, const char *step, const void *data, siz
     snprintf(path, sizeof path, "/api/v1/runs/ck/checkpoints/%s", step);
     snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
     snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", sha_hex);
-    const char *h[] = {auth, shah, "Content-Type: application/octet-stream", NULL};
+    /* the answer to a refusal on the headers comes before the body is sent */
+    const char *h[] = {auth, shah, "Content-Type: application/octet-stream", "Expect: 100-continue", NULL};
     ct_http_raw(&g_c, "PUT", path, h, data, len, r);
     return r->status;
 }
@@ -243,6 +244,20 @@ static void test_bad_uploads_leave_nothing(void **state)
     cm_sha256(b, len - 32, b + len - 32);
     sha_hex(b, len, hex);
     expect_refused("342", b, len, hex, 422, "invalid_checkpoint");
+    free(b);
+    /* sections that do not tile the file (one optimizer buffer too few
+       declared) under a valid trailer and hash */
+    b = make_ckpt(342, 4, 5000, &len, hex);
+    b[40] = 0;
+    cm_sha256(b, len - 32, b + len - 32);
+    sha_hex(b, len, hex);
+    expect_refused("342", b, len, hex, 422, "invalid_checkpoint");
+    /* a header that declares more than --checkpoint-max-mb: 413 on the header */
+    b[16] = 0;
+    b[17] = 0;
+    b[18] = 0x90; /* 9 MiB */
+    sha_hex(b, len, hex);
+    expect_refused("342", b, len, hex, 413, "body_too_large");
     free(b);
     /* the header says step 330, the URL 331 */
     b = make_ckpt(330, 4, 5000, &len, hex);

@@ -763,7 +763,8 @@ static long put_ckpt_in(const char *run, const char *bearer, const char *step, c
     snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/%s", run, step);
     snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
     snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", hex);
-    const char *h[] = {auth, shah, "Content-Type: application/octet-stream", NULL};
+    /* the answer to a refusal on the headers comes before the body is sent */
+    const char *h[] = {auth, shah, "Content-Type: application/octet-stream", "Expect: 100-continue", NULL};
     struct ct_resp r;
     ct_http_raw(&g_c, "PUT", path, h, b, len, &r);
     long s = r.status;
