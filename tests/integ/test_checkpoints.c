@@ -5,8 +5,9 @@
  * idempotent re-upload, conflicts, and access rules. Forged uploads (any
  * bytes with their own hash, truncated, wrong magic, another step, a
  * far-future step) change nothing. A client that disconnects mid-upload, a
- * losing concurrent upload and a crash leave nothing on disk. (Vouching by
- * the members' reports: tests/integ/test_contrib.c.) */
+ * losing concurrent upload and a crash leave nothing on disk. Real agents
+ * resume from the checkpoint their reports vouch for, not from a forged one
+ * at a higher step (the vouching rule in detail: tests/integ/test_contrib.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -520,6 +521,97 @@ static void test_restart_sweeps_leftovers(void **state)
     ct_resp_free(&r);
 }
 
+/* Real agents (issue 22): two volunteers train 10 steps of the
+ * Fashion-MNIST MLP and upload checkpoints at 5 and 10, which their signed
+ * reports vouch for; a third volunteer uploads a forged checkpoint of step
+ * 12 (a copy of the honest state with one parameter changed: a valid file
+ * of the right model); a joining agent still resumes from the honest state
+ * of step 10. */
+static void test_agents_resume_from_honest_state(void **state)
+{
+    (void)state;
+    const char *run = "ckag";
+    json_t *cfg = ct_fmnist_recipe(40);
+    char *body = ct_run_body(run, cfg);
+    json_decref(cfg);
+    assert_non_null(body);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
+    free(body);
+    assert_int_equal(r.status, 201);
+    ct_resp_free(&r);
+    ct_http(&g_c, "PUT", "/api/v1/runs/ckag/allowlist/vol", g_org, NULL, &r);
+    ct_resp_free(&r);
+    char dirs[3][256], logs[3][400];
+    assert_int_equal(ct_volunteers(&g_c, g_org, run, 3, dirs), 0);
+    pid_t pids[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(logs[i], sizeof logs[i], "%s/agent.log", dirs[i]);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", run, "--config-dir", dirs[i],
+                              "--listen-ip", "127.0.0.1", "--device", "cpu", "--round-window-ms", "400",
+                              "--outcome-window-ms", "1000", "--stall-ms", "8000", "--no-eval",
+                              "--steps", "10", "--checkpoint-every", "5", NULL};
+        if (i == 2)
+            break;
+        pids[i] = ct_spawn(argv, logs[i]);
+        assert_true(pids[i] > 0);
+    }
+    for (int i = 0; i < 2; i++)
+        if (ct_wait(pids[i], 120) != 0) {
+            char *log = ct_read_file(logs[i], NULL);
+            fail_msg("agent %d: %s", i, log ? log : "");
+        }
+    /* the honest state of step 10, vouched by both members' reports */
+    ct_http(&g_c, "GET", "/api/v1/runs/ckag/checkpoints", g_org, NULL, &r);
+    json_t *first = json_array_get(json_object_get(r.json, "checkpoints"), 0);
+    assert_int_equal(json_integer_value(json_object_get(first, "step")), 10);
+    assert_true(json_integer_value(json_object_get(first, "vouchers")) >= 2);
+    char honest[65];
+    snprintf(honest, sizeof honest, "%s", json_string_value(json_object_get(first, "sha256")));
+    ct_resp_free(&r);
+    /* the forgery: the honest file, one parameter changed, step 12 */
+    ct_http(&g_c, "GET", "/api/v1/runs/ckag/checkpoints/latest", g_vol, NULL, &r);
+    assert_int_equal(r.status, 200);
+    struct cm_ckpt c;
+    assert_int_equal(cm_ckpt_parse((const uint8_t *)r.body, r.len, &c), CM_OK);
+    ct_resp_free(&r);
+    c.params[0] += 1.0f;
+    c.step = 12;
+    char path[400], hex[65];
+    snprintf(path, sizeof path, "%s/forged.ckpt", g_c.dir);
+    uint8_t h[32];
+    assert_int_equal(cm_ckpt_write(path, &c, h), CM_OK);
+    cm_ckpt_cleanup(&c);
+    cm_hex_encode(h, 32, hex);
+    size_t len;
+    uint8_t *fb = (uint8_t *)ct_read_file(path, &len);
+    char auth[256], shah[128];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", g_vol);
+    snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", hex);
+    const char *hd[] = {auth, shah, "Expect: 100-continue", NULL};
+    ct_http_raw(&g_c, "PUT", "/api/v1/runs/ckag/checkpoints/12", hd, fb, len, &r);
+    assert_int_equal(r.status, 201); /* stored, as a candidate */
+    ct_resp_free(&r);
+    free(fb);
+    unlink(path);
+    /* a joining agent catches up from the honest state */
+    const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", run, "--config-dir", dirs[2],
+                          "--listen-ip", "127.0.0.1", "--device", "cpu", "--round-window-ms", "400",
+                          "--outcome-window-ms", "1000", "--stall-ms", "8000", "--no-eval",
+                          "--steps", "10", NULL};
+    pids[2] = ct_spawn(argv, logs[2]);
+    assert_true(pids[2] > 0);
+    int st = ct_wait(pids[2], 60);
+    char *log = ct_read_file(logs[2], NULL);
+    char want[128];
+    snprintf(want, sizeof want, "checkpoint at step 10 (sha256 %.16s", honest);
+    if (st != 0 || !log || !strstr(log, want))
+        fail_msg("joining agent (exit %d), expected \"%s\": %s", st, want, log ? log : "");
+    free(log);
+    for (int i = 0; i < 3; i++)
+        ct_rmrf(dirs[i]);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -529,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_mid_upload),
         cmocka_unit_test(test_concurrent_loser_removed),
         cmocka_unit_test(test_restart_sweeps_leftovers),
+        cmocka_unit_test(test_agents_resume_from_honest_state),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
