@@ -50,6 +50,9 @@ int api_peer_pass(struct coord_req *req, struct coord_resp *resp, const uint8_t 
 extern const struct coord_stream_ops api_checkpoint_upload;
 void api_checkpoints_list(struct coord_req *req, struct coord_resp *resp);
 void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp);
+/* At start-up: removes upload temporaries no live upload holds and files
+ * no checkpoint row names, in every run directory under dir. */
+int coord_checkpoints_sweep(PGconn *pg, const char *dir);
 
 /* api_sched.c */
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);

@@ -1,16 +1,29 @@
 /* Checkpoints of a run's full training state (seed 000 §3.3): every K steps
- * one peer uploads it (PUT, streamed to disk while hashing, never held in
+ * one peer uploads it (PUT, streamed to disk while verified, never held in
  * memory); newcomers and restarted peers download the newest.
  *
+ * Trust (docs/checkpoints.md, "Trust"; issue 22): an upload is checked
+ * before it is stored: its step against the run's verified progress (before
+ * the body is read), the format's header, sections and trailer as the bytes
+ * pass (cm_ckpt_stream), the header's step against the URL's. A stored
+ * upload is a candidate; it is *vouched* (served as `latest`, counted for
+ * retention) when most verified members of the step that produced it attest
+ * its parameter hash in their signed contribution reports, or when an
+ * organizer uploaded it. The view checkpoint_trust (sql/008) decides.
+ *
  * Durability and visibility: the body goes to a temporary file in the run's
- * directory; only when all of it arrived, its SHA-256 equals the one the
- * uploader announced (X-Checkpoint-SHA256), and it is fsync'ed and renamed
- * to its content address <sha256>.ckpt is a row inserted — so a partial or
- * corrupt upload is never visible, and a crash at any point leaves at most an
- * unreferenced file. The newest --checkpoint-keep rows are kept per run;
- * files no row references any more are deleted. */
+ * directory (locked while written, so a start-up sweep of another
+ * coordinator leaves it alone); only when all of it arrived and verified and
+ * its SHA-256 equals the one the uploader announced (X-Checkpoint-SHA256) is
+ * a row inserted and the file renamed to its content address <sha256>.ckpt,
+ * under the run directory's lock. A refused or losing upload's file is
+ * removed at once; a crash leaves at most a temporary or unreferenced file,
+ * which coord_checkpoints_sweep removes at start-up. The newest
+ * --checkpoint-keep vouched checkpoints are kept per run, with the
+ * candidates above them; files no row references any more are deleted. */
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
+#include "ckpt/ckpt.h"
 #include "cm_err.h"
 #include "cm_log.h"
 
@@ -20,10 +33,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MAX_STEP (1LL << 62)
+#define MAX_STEP (1LL << 62)   /* what the URL may say; the range check is below */
+#define STEP_LIMIT (1LL << 53) /* the highest step a report may carry */
+/* A volunteer's checkpoint may be this far beyond the run's verified
+ * progress (the highest step other members corroborated): its uploader
+ * sends it right after the round whose reports vouch for it, and those
+ * reports travel in the background. */
+#define STEP_AHEAD 100
+/* Unvouched checkpoints one volunteer may hold in a run at once. */
+#define CANDIDATES_PER_USER 2
+/* Temporary files of uploads in progress, in the run's directory. */
+#define UPLOAD_PREFIX ".upload-"
 
 static int parse_step(const char *s, long long *out)
 {
@@ -50,7 +75,10 @@ static int hex64_valid(const char *s)
 
 /* Whether the caller may read or write this run's checkpoints: organizers
  * and auditors always (auditors read only, enforced by the caller), others
- * when allowlisted. Sets resp on refusal. Fills run_id. */
+ * when allowlisted. Sets resp on refusal. Fills run_id. Writing needs an
+ * open run, or (write == 2) a finished one: the final state is uploaded
+ * after the last round, whose reports may have finished the run already
+ * (the caller bounds the step by the run's last). */
 COORD_DB_STMT(S_CK_ACCESS, 2,
               "SELECT r.id, r.status, EXISTS (SELECT 1 FROM run_allowlist a WHERE a.run_id = r.id "
               "AND a.username = $2) FROM runs r WHERE r.name = $1");
@@ -72,7 +100,8 @@ static int run_access(struct coord_req *req, struct coord_resp *resp, char run_i
     }
     int allow = !strcmp(PQgetvalue(r, 0, 2), "t");
     snprintf(run_id, 24, "%s", PQgetvalue(r, 0, 0));
-    int open = !strcmp(PQgetvalue(r, 0, 1), "open");
+    int open = !strcmp(PQgetvalue(r, 0, 1), "open") ||
+               (write == 2 && !strcmp(PQgetvalue(r, 0, 1), "finished"));
     PQclear(r);
     unsigned role = req->user.role;
     if (write && role == COORD_ROLE_AUDITOR) {
@@ -91,30 +120,62 @@ static int run_access(struct coord_req *req, struct coord_resp *resp, char run_i
     return 1;
 }
 
+/* Why an upload was refused while its body streamed. */
+enum upload_fault { FAULT_NONE, FAULT_FORMAT, FAULT_STEP, FAULT_TOO_BIG, FAULT_IO };
+
 struct upload {
     struct coord_server *srv;
     char run[CM_NAME_MAX + 1];
     char run_id[24];
     long long step;
+    int trusted; /* an organizer's upload: vouched by its uploader */
     char expect[65];
     char dir[4096];
     char tmp[4200];
     int fd;
-    struct cm_sha256_ctx sha;
-    uint64_t bytes, max_bytes;
+    struct cm_ckpt_stream ver;
+    enum upload_fault fault;
+    int fault_rc;
+    uint64_t bytes, max_bytes, header_step;
 };
 
-static void upload_free(struct upload *u)
+/* Closes and removes the temporary file at once (a refused upload keeps
+ * nothing on disk while the rest of its body is discarded). */
+static void upload_drop_tmp(struct upload *u)
 {
     if (u->fd >= 0)
         close(u->fd);
+    u->fd = -1;
     if (u->tmp[0])
         unlink(u->tmp);
-    cm_sha256_cleanup(&u->sha);
+    u->tmp[0] = '\0';
+}
+
+static void upload_free(struct upload *u)
+{
+    upload_drop_tmp(u);
+    cm_ckpt_stream_cleanup(&u->ver);
     free(u);
 }
 
-COORD_DB_STMT(S_CK_GET_STEP, 2, "SELECT sha256 FROM checkpoints WHERE run_id = $1 AND step = $2");
+/* What decides whether an upload at (run, step) with this hash by this
+ * user may start: the run's verified progress (highest corroborated step,
+ * or an organizer's checkpoint), its configured length, and what is stored
+ * at the step already. */
+COORD_DB_STMT(S_CK_PLAN, 4,
+              "SELECT greatest((SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = $1), "
+              "  (SELECT max(k.step) FROM checkpoints k WHERE k.run_id = $1 AND k.trusted)), "
+              "(SELECT CASE WHEN jsonb_typeof(r.config->'steps') = 'number' "
+              "  THEN (r.config->>'steps')::numeric END FROM runs r WHERE r.id = $1), "
+              "EXISTS (SELECT 1 FROM checkpoints WHERE run_id = $1 AND step = $2 AND sha256 = $3), "
+              "EXISTS (SELECT 1 FROM checkpoint_trust WHERE run_id = $1 AND step = $2 AND vouched "
+              "  AND sha256 <> $3), "
+              "EXISTS (SELECT 1 FROM checkpoints WHERE run_id = $1 AND step = $2 AND uploaded_by = $4 "
+              "  AND sha256 <> $3), "
+              "(SELECT count(*) FROM checkpoint_trust WHERE run_id = $1 AND uploaded_by = $4 "
+              "  AND NOT vouched), "
+              "(SELECT max(step) FROM checkpoint_trust WHERE run_id = $1 AND vouched), "
+              "(SELECT status = 'finished' FROM runs WHERE id = $1)");
 
 static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
 {
@@ -140,30 +201,68 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
         return NULL;
     }
     char run_id[24];
-    if (!run_access(req, resp, run_id, 1))
+    if (!run_access(req, resp, run_id, 2))
         return NULL;
-    char steps[24];
+    int trusted = (req->user.role & COORD_ROLE_ORGANIZER) != 0;
+    char steps[24], uid[24];
     snprintf(steps, sizeof steps, "%lld", step);
-    const char *p[] = {run_id, steps};
-    PGresult *r = coord_db_exec(req->db, &S_CK_GET_STEP, p, NULL);
-    if (!r) {
+    snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
+    const char *p[] = {run_id, steps, sha, uid};
+    PGresult *r = coord_db_exec(req->db, &S_CK_PLAN, p, NULL);
+    if (!r || PQntuples(r) != 1) {
+        PQclear(r);
         coord_resp_error(resp, 500, "internal", "database error");
         return NULL;
     }
-    if (PQntuples(r) == 1) {
-        int same = !strcmp(PQgetvalue(r, 0, 0), sha);
-        PQclear(r);
-        if (same)
-            coord_resp_json(resp, 200, json_pack("{s:s, s:I, s:s, s:b}", "run", req->params[0],
-                                                 "step", (json_int_t)step, "sha256", sha,
-                                                 "already_stored", 1));
-        else
-            coord_resp_error(resp, 409, "conflict",
-                             "step %lld of run '%s' already has a different checkpoint", step,
-                             req->params[0]);
+    long long progress = PQgetisnull(r, 0, 0) ? 0 : strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    long long total = PQgetisnull(r, 0, 1) ? -1 : (long long)strtod(PQgetvalue(r, 0, 1), NULL);
+    int same = !strcmp(PQgetvalue(r, 0, 2), "t"), vouched_other = !strcmp(PQgetvalue(r, 0, 3), "t");
+    int mine_other = !strcmp(PQgetvalue(r, 0, 4), "t");
+    long long candidates = strtoll(PQgetvalue(r, 0, 5), NULL, 10);
+    long long newest = PQgetisnull(r, 0, 6) ? -1 : strtoll(PQgetvalue(r, 0, 6), NULL, 10);
+    int finished = !strcmp(PQgetvalue(r, 0, 7), "t");
+    PQclear(r);
+    if (same) {
+        coord_resp_json(resp, 200, json_pack("{s:s, s:I, s:s, s:b}", "run", req->params[0],
+                                             "step", (json_int_t)step, "sha256", sha,
+                                             "already_stored", 1));
         return NULL;
     }
-    PQclear(r);
+    if (finished && total < 0) { /* finished by an organizer: no final state to come */
+        coord_resp_error(resp, 409, "run_not_open", "run '%s' is not open", req->params[0]);
+        return NULL;
+    }
+    long long limit = trusted ? STEP_LIMIT : progress + STEP_AHEAD;
+    if (total >= 0 && total < limit)
+        limit = total;
+    if (step > limit) {
+        coord_resp_error(resp, 422, "step_out_of_range",
+                         "step %lld is beyond what run '%s' can have reached: at most %lld (%s)", step,
+                         req->params[0], limit,
+                         total >= 0 && limit == total ? "its last step"
+                         : trusted ? "the largest step" : "its verified progress + 100");
+        return NULL;
+    }
+    if (vouched_other || mine_other) {
+        coord_resp_error(resp, 409, "conflict",
+                         vouched_other ? "step %lld of run '%s' already has a different, vouched checkpoint"
+                                       : "you already uploaded a different checkpoint for step %lld of run '%s'",
+                         step, req->params[0]);
+        return NULL;
+    }
+    if (!trusted && step <= newest) {
+        /* retention would drop it at once (S_CK_PRUNE) */
+        coord_resp_error(resp, 409, "stale",
+                         "run '%s' has a vouched checkpoint of step %lld already; a candidate must "
+                         "be newer", req->params[0], newest);
+        return NULL;
+    }
+    if (!trusted && candidates >= CANDIDATES_PER_USER) {
+        coord_resp_error(resp, 409, "too_many_candidates",
+                         "you hold %lld checkpoints of run '%s' that its members have not vouched "
+                         "for yet (at most %d)", candidates, req->params[0], CANDIDATES_PER_USER);
+        return NULL;
+    }
 
     struct upload *u = calloc(1, sizeof *u);
     if (!u) {
@@ -173,20 +272,27 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
     u->fd = -1;
     u->srv = req->srv;
     u->step = step;
+    u->trusted = trusted;
     u->max_bytes = max;
     snprintf(u->run, sizeof u->run, "%s", req->params[0]);
     snprintf(u->run_id, sizeof u->run_id, "%s", run_id);
     snprintf(u->expect, sizeof u->expect, "%s", sha);
     snprintf(u->dir, sizeof u->dir, "%s/%s", cfg->checkpoint_dir, u->run);
+    if (cm_ckpt_stream_init(&u->ver, max) != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        upload_free(u);
+        return NULL;
+    }
     if (mkdir(u->dir, 0700) != 0 && errno != EEXIST) {
         CM_LOGE("ckpt", "mkdir %s: %s", u->dir, strerror(errno));
         coord_resp_error(resp, 500, "internal", "cannot store checkpoints");
         upload_free(u);
         return NULL;
     }
-    snprintf(u->tmp, sizeof u->tmp, "%s/.upload-XXXXXX", u->dir);
-    u->fd = mkstemp(u->tmp);
-    if (u->fd < 0 || cm_sha256_init(&u->sha) != CM_OK) {
+    snprintf(u->tmp, sizeof u->tmp, "%s/" UPLOAD_PREFIX "XXXXXX", u->dir);
+    u->fd = mkostemp(u->tmp, O_CLOEXEC);
+    /* held while the upload lives: the start-up sweep skips a locked file */
+    if (u->fd < 0 || flock(u->fd, LOCK_EX | LOCK_NB) != 0) {
         CM_LOGE("ckpt", "creating %s: %s", u->tmp, strerror(errno));
         if (u->fd < 0)
             u->tmp[0] = '\0';
@@ -200,8 +306,29 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
 static int ck_chunk(void *ctx, const char *data, size_t len)
 {
     struct upload *u = ctx;
-    if (u->bytes + len > u->max_bytes)
+    if (u->bytes + len > u->max_bytes) {
+        u->fault = FAULT_TOO_BIG;
+        upload_drop_tmp(u);
         return CM_ETOOBIG;
+    }
+    int rc = cm_ckpt_stream_update(&u->ver, data, len);
+    uint64_t declared = 0;
+    if (rc != CM_OK) {
+        /* the header's total size (offset 16, docs/checkpoints.md) above
+           the limit is 413; every other refusal says the file is malformed */
+        for (int i = 0; i < 8 && u->ver.received >= CM_CKPT_HEADER_BYTES; i++)
+            declared |= (uint64_t)u->ver.head[16 + i] << (8 * i);
+        u->fault = rc == CM_ETOOBIG && declared > u->max_bytes ? FAULT_TOO_BIG : FAULT_FORMAT;
+        u->fault_rc = rc;
+        upload_drop_tmp(u);
+        return rc;
+    }
+    if (cm_ckpt_stream_header(&u->ver, &u->header_step, &declared) &&
+        u->header_step != (uint64_t)u->step) {
+        u->fault = FAULT_STEP;
+        upload_drop_tmp(u);
+        return CM_EPARSE;
+    }
     size_t off = 0;
     while (off < len) {
         ssize_t w = write(u->fd, data + off, len - off);
@@ -209,12 +336,14 @@ static int ck_chunk(void *ctx, const char *data, size_t len)
             continue;
         if (w <= 0) {
             CM_LOGE("ckpt", "writing %s: %s", u->tmp, strerror(errno));
+            u->fault = FAULT_IO;
+            upload_drop_tmp(u);
             return CM_EIO;
         }
         off += (size_t)w;
     }
     u->bytes += len;
-    return cm_sha256_update(&u->sha, data, len);
+    return CM_OK;
 }
 
 static void ck_abort(void *ctx)
@@ -222,13 +351,24 @@ static void ck_abort(void *ctx)
     upload_free(ctx);
 }
 
-COORD_DB_STMT(S_CK_INSERT, 5,
-              "INSERT INTO checkpoints (run_id, step, sha256, size_bytes, uploaded_by) "
-              "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id, step) DO NOTHING RETURNING id");
+COORD_DB_STMT(S_CK_INSERT, 7,
+              "INSERT INTO checkpoints (run_id, step, sha256, size_bytes, uploaded_by, params_sha256, "
+              "trusted) VALUES ($1, $2, $3, $4, $5, decode($6, 'hex'), $7) ON CONFLICT DO NOTHING "
+              "RETURNING id");
+COORD_DB_STMT(S_CK_GET_STEP, 3,
+              "SELECT 1 FROM checkpoints WHERE run_id = $1 AND step = $2 AND sha256 = $3");
+/* Retention: the newest `keep` vouched checkpoints, and the candidates
+ * above the newest vouched one (they may still be vouched); every other
+ * row goes. A candidate never pushes a vouched checkpoint out. */
 COORD_DB_STMT(S_CK_PRUNE, 2,
-              "DELETE FROM checkpoints WHERE run_id = $1 AND id NOT IN (SELECT id FROM checkpoints "
-              "WHERE run_id = $1 ORDER BY step DESC LIMIT $2) RETURNING sha256");
+              "WITH v AS MATERIALIZED (SELECT id, step, vouched FROM checkpoint_trust WHERE run_id = $1), "
+              "keep AS (SELECT id FROM v WHERE vouched ORDER BY step DESC LIMIT $2), "
+              "top AS (SELECT max(step) AS s FROM v WHERE vouched) "
+              "DELETE FROM checkpoints d USING v WHERE d.id = v.id "
+              "AND d.id NOT IN (SELECT id FROM keep) AND (v.vouched OR v.step <= (SELECT s FROM top)) "
+              "RETURNING d.sha256");
 COORD_DB_STMT(S_CK_REFS, 2, "SELECT count(*) FROM checkpoints WHERE run_id = $1 AND sha256 = $2");
+COORD_DB_STMT(S_CK_VOUCHED, 1, "SELECT vouched FROM checkpoint_trust WHERE id = $1");
 
 static int fsync_dir(const char *dir)
 {
@@ -240,12 +380,59 @@ static int fsync_dir(const char *dir)
     return rc;
 }
 
+/* The run directory's lock: held from the row's insert to the last unlink,
+ * so a file is never removed while a row that names it is being written
+ * (two uploads of the same content, a prune, the start-up sweep). flock
+ * works across coordinators sharing --checkpoint-dir on one machine. */
+static int dir_lock(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static void dir_unlock(int fd)
+{
+    if (fd >= 0)
+        close(fd); /* releases the flock */
+}
+
+/* Deletes <dir>/<sha>.ckpt unless a row of the run still names it. */
+static void unlink_unreferenced(struct coord_db_conn *db, const char *run_id, const char *dir,
+                                const char *sha)
+{
+    const char *q[] = {run_id, sha};
+    PGresult *r = coord_db_exec(db, &S_CK_REFS, q, NULL);
+    if (r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "0")) {
+        char path[4300];
+        snprintf(path, sizeof path, "%s/%s.ckpt", dir, sha);
+        unlink(path);
+    }
+    PQclear(r);
+}
+
 static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, int chunk_err)
 {
     struct upload *u = ctx;
-    uint8_t h[CM_SHA256_LEN];
-    char got[65], final[4300];
-    if (chunk_err == CM_ETOOBIG) {
+    struct cm_ckpt_stream_info info;
+    char got[65], params[65], final[4300];
+    int lock = -1, rc;
+    if (u->fault == FAULT_STEP) {
+        coord_resp_error(resp, 422, "step_mismatch",
+                         "the file's header says step %llu, the URL step %lld; nothing was stored",
+                         (unsigned long long)u->header_step, u->step);
+        goto out;
+    }
+    if (u->fault == FAULT_FORMAT) {
+        coord_resp_error(resp, 422, "invalid_checkpoint",
+                         "not a valid checkpoint file (docs/checkpoints.md): %s; nothing was stored",
+                         cm_strerror(u->fault_rc));
+        goto out;
+    }
+    if (chunk_err == CM_ETOOBIG || u->fault == FAULT_TOO_BIG) {
         coord_resp_error(resp, 413, "body_too_large", "checkpoints are limited to %ld MiB",
                          req->srv->cfg->checkpoint_max_mb);
         goto out;
@@ -258,11 +445,14 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
         coord_resp_error(resp, 400, "invalid_request", "the checkpoint is empty");
         goto out;
     }
-    if (cm_sha256_final(&u->sha, h) != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "hashing failed");
+    if ((rc = cm_ckpt_stream_final(&u->ver, &info)) != CM_OK) {
+        coord_resp_error(resp, 422, "invalid_checkpoint",
+                         "not a valid checkpoint file (docs/checkpoints.md): %s; nothing was stored",
+                         rc == CM_EPARSE ? "shorter than its header declares" : cm_strerror(rc));
         goto out;
     }
-    cm_hex_encode(h, sizeof h, got);
+    cm_hex_encode(info.file_sha256, sizeof info.file_sha256, got);
+    cm_hex_encode(info.params_sha256, sizeof info.params_sha256, params);
     if (strcmp(got, u->expect) != 0) {
         coord_resp_error(resp, 422, "checksum_mismatch",
                          "the upload's SHA-256 is %s, not the announced %s; nothing was stored", got,
@@ -270,53 +460,57 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
         goto out;
     }
     snprintf(final, sizeof final, "%s/%s.ckpt", u->dir, got);
-    if (fsync(u->fd) != 0 || close(u->fd) != 0) {
-        u->fd = -1;
+    if (fsync(u->fd) != 0) {
         coord_resp_error(resp, 500, "internal", "could not make the checkpoint durable");
         goto out;
     }
-    u->fd = -1;
-    if (rename(u->tmp, final) != 0 || fsync_dir(u->dir) != 0) {
-        coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
-        goto out;
-    }
-    u->tmp[0] = '\0'; /* now the content-addressed file; keep it */
     if (!coord_req_db(req, resp))
         goto out;
-    char steps[24], size[24], uid[24], keep[24];
+    char steps[24], size[24], uid[24], keep[24], id[24];
     snprintf(steps, sizeof steps, "%lld", u->step);
     snprintf(size, sizeof size, "%" PRIu64, u->bytes);
     snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
     snprintf(keep, sizeof keep, "%ld", req->srv->cfg->checkpoint_keep);
-    const char *p[] = {u->run_id, steps, got, size, uid};
-    if (coord_db_cmd(req->db, "BEGIN") != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "database error");
+    const char *p[] = {u->run_id, steps, got, size, uid, params, u->trusted ? "t" : "f"};
+    if ((lock = dir_lock(u->dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
     PGresult *r = coord_db_exec(req->db, &S_CK_INSERT, p, NULL);
     if (!r) {
+        coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
     int inserted = PQntuples(r) == 1;
+    if (inserted)
+        snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
     if (!inserted) {
-        /* Another upload of the same step won the race; ours is the same
-         * content or a conflict. */
+        /* A concurrent upload won: the same content (a retry), or another
+           of this uploader's for the step. Ours is removed at once. */
         coord_db_cmd(req->db, "ROLLBACK");
-        const char *q[] = {u->run_id, steps};
+        const char *q[] = {u->run_id, steps, got};
         r = coord_db_exec(req->db, &S_CK_GET_STEP, q, NULL);
-        int same = r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), got);
+        int same = r && PQntuples(r) == 1;
         PQclear(r);
         if (same)
             coord_resp_json(resp, 200, json_pack("{s:s, s:I, s:s, s:b}", "run", u->run, "step",
                                                  (json_int_t)u->step, "sha256", got,
                                                  "already_stored", 1));
         else
-            coord_resp_error(resp, 409, "conflict", "step %lld already has a different checkpoint",
+            coord_resp_error(resp, 409, "conflict", "step %lld already has a different checkpoint of yours",
                              u->step);
         goto out;
     }
+    close(u->fd);
+    u->fd = -1;
+    if (rename(u->tmp, final) != 0 || fsync_dir(u->dir) != 0) {
+        coord_db_cmd(req->db, "ROLLBACK");
+        coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
+        goto out;
+    }
+    u->tmp[0] = '\0'; /* now the content-addressed file */
     const char *pp[] = {u->run_id, keep};
     r = coord_db_exec(req->db, &S_CK_PRUNE, pp, NULL);
     json_t *pruned = json_array();
@@ -324,30 +518,31 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
         json_array_append_new(pruned, json_string(PQgetvalue(r, i, 0)));
     PQclear(r);
     if (!r || coord_db_cmd(req->db, "COMMIT") != CM_OK) {
+        coord_db_cmd(req->db, "ROLLBACK");
         json_decref(pruned);
+        unlink_unreferenced(req->db, u->run_id, u->dir, got);
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
     /* Delete files no remaining row refers to (a hash may serve two steps). */
     size_t i;
     json_t *e;
-    json_array_foreach(pruned, i, e) {
-        const char *old = json_string_value(e);
-        const char *q[] = {u->run_id, old};
-        r = coord_db_exec(req->db, &S_CK_REFS, q, NULL);
-        if (r && !strcmp(PQgetvalue(r, 0, 0), "0")) {
-            char path[4300];
-            snprintf(path, sizeof path, "%s/%s.ckpt", u->dir, old);
-            unlink(path);
-        }
-        PQclear(r);
-    }
-    CM_LOGI("ckpt", "%s stored step %lld of run %s (%" PRIu64 " bytes, sha256 %.16s...)",
-            req->user.username, u->step, u->run, u->bytes, got);
-    coord_resp_json(resp, 201, json_pack("{s:s, s:I, s:s, s:I, s:o}", "run", u->run, "step",
-                                         (json_int_t)u->step, "sha256", got, "size_bytes",
-                                         (json_int_t)u->bytes, "pruned", pruned));
+    json_array_foreach(pruned, i, e)
+        unlink_unreferenced(req->db, u->run_id, u->dir, json_string_value(e));
+    /* The reports that vouch for it may have arrived before it did. */
+    const char *vp[] = {id};
+    r = coord_db_exec(req->db, &S_CK_VOUCHED, vp, NULL);
+    int vouched = r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+    PQclear(r);
+    CM_LOGI("ckpt", "%s stored step %lld of run %s (%" PRIu64 " bytes, sha256 %.16s..., %s)",
+            req->user.username, u->step, u->run, u->bytes, got,
+            vouched ? "vouched" : "a candidate until its members vouch for it");
+    coord_resp_json(resp, 201, json_pack("{s:s, s:I, s:s, s:s, s:I, s:b, s:o}", "run", u->run,
+                                         "step", (json_int_t)u->step, "sha256", got,
+                                         "params_sha256", params, "size_bytes",
+                                         (json_int_t)u->bytes, "vouched", vouched, "pruned", pruned));
 out:
+    dir_unlock(lock);
     upload_free(u);
 }
 
@@ -355,9 +550,12 @@ const struct coord_stream_ops api_checkpoint_upload = {ck_begin, ck_chunk, ck_en
 
 COORD_DB_STMT(S_CK_LIST, 1,
               "SELECT c.step, c.sha256, c.size_bytes, extract(epoch from c.uploaded_at)::bigint, "
-              "coalesce(u.username, '') FROM checkpoints c LEFT JOIN users u ON u.id = c.uploaded_by "
-              "WHERE c.run_id = $1 ORDER BY c.step DESC");
+              "coalesce(u.username, ''), c.vouched, c.vouchers, c.attesting, c.trusted "
+              "FROM checkpoint_trust c LEFT JOIN users u ON u.id = c.uploaded_by "
+              "WHERE c.run_id = $1 ORDER BY c.step DESC, c.id");
 
+/* Vouched checkpoints under "checkpoints" (newest first: what an agent
+ * compares its step with), candidates under "candidates". */
 void api_checkpoints_list(struct coord_req *req, struct coord_resp *resp)
 {
     char run_id[24];
@@ -369,24 +567,32 @@ void api_checkpoints_list(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
-    json_t *a = json_array();
-    for (int i = 0; i < PQntuples(r); i++)
-        json_array_append_new(a, json_pack("{s:I, s:s, s:I, s:I, s:s}", "step",
-                                           (json_int_t)strtoll(PQgetvalue(r, i, 0), NULL, 10),
-                                           "sha256", PQgetvalue(r, i, 1), "size_bytes",
-                                           (json_int_t)strtoll(PQgetvalue(r, i, 2), NULL, 10),
-                                           "uploaded_at",
-                                           (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10),
-                                           "uploaded_by", PQgetvalue(r, i, 4)));
+    json_t *a = json_array(), *cand = json_array();
+    for (int i = 0; i < PQntuples(r); i++) {
+        int vouched = !strcmp(PQgetvalue(r, i, 5), "t");
+        json_array_append_new(
+            vouched ? a : cand,
+            json_pack("{s:I, s:s, s:I, s:I, s:s, s:b, s:I, s:I, s:b}", "step",
+                      (json_int_t)strtoll(PQgetvalue(r, i, 0), NULL, 10), "sha256",
+                      PQgetvalue(r, i, 1), "size_bytes",
+                      (json_int_t)strtoll(PQgetvalue(r, i, 2), NULL, 10), "uploaded_at",
+                      (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "uploaded_by",
+                      PQgetvalue(r, i, 4), "vouched", vouched, "vouchers",
+                      (json_int_t)strtoll(PQgetvalue(r, i, 6), NULL, 10), "attesting",
+                      (json_int_t)strtoll(PQgetvalue(r, i, 7), NULL, 10), "organizer",
+                      !strcmp(PQgetvalue(r, i, 8), "t")));
+    }
     PQclear(r);
-    coord_resp_json(resp, 200, json_pack("{s:s, s:o}", "run", req->params[0], "checkpoints", a));
+    coord_resp_json(resp, 200, json_pack("{s:s, s:o, s:o}", "run", req->params[0], "checkpoints", a,
+                                         "candidates", cand));
 }
 
 COORD_DB_STMT(S_CK_LATEST, 1,
-              "SELECT step, sha256, size_bytes FROM checkpoints WHERE run_id = $1 "
+              "SELECT step, sha256, size_bytes FROM checkpoint_trust WHERE run_id = $1 AND vouched "
               "ORDER BY step DESC LIMIT 1");
 COORD_DB_STMT(S_CK_STEP, 2,
-              "SELECT step, sha256, size_bytes FROM checkpoints WHERE run_id = $1 AND step = $2");
+              "SELECT step, sha256, size_bytes FROM checkpoint_trust WHERE run_id = $1 AND step = $2 "
+              "AND vouched ORDER BY id LIMIT 1");
 
 void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp)
 {
@@ -411,8 +617,8 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp)
     }
     if (PQntuples(r) != 1) {
         PQclear(r);
-        coord_resp_error(resp, 404, "not_found", latest ? "run '%s' has no checkpoint yet"
-                                                        : "run '%s' has no checkpoint at that step",
+        coord_resp_error(resp, 404, "not_found", latest ? "run '%s' has no vouched checkpoint yet"
+                                                        : "run '%s' has no vouched checkpoint at that step",
                          req->params[0]);
         return;
     }
@@ -441,4 +647,71 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp)
     snprintf(resp->hdr_value[0], sizeof resp->hdr_value[0], "%s", sha);
     snprintf(resp->hdr_name[1], sizeof resp->hdr_name[1], "X-Checkpoint-Step");
     snprintf(resp->hdr_value[1], sizeof resp->hdr_value[1], "%lld", got_step);
+}
+
+/* --- start-up sweep ---------------------------------------------------------------- */
+
+/* Removes what uploads left behind in one run's directory: temporary files
+ * nobody holds locked (their upload died with its process) and .ckpt files
+ * no row of the run names (a crash between the rename and the commit, or a
+ * run deleted since). Returns the number of files removed. */
+static int sweep_run(PGconn *pg, const char *dir, const char *run)
+{
+    char rdir[4200];
+    snprintf(rdir, sizeof rdir, "%s/%s", dir, run);
+    int lock = dir_lock(rdir);
+    DIR *d = lock >= 0 ? opendir(rdir) : NULL;
+    if (!d) {
+        dir_unlock(lock);
+        return 0;
+    }
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[4500];
+        snprintf(path, sizeof path, "%s/%s", rdir, e->d_name);
+        size_t n = strlen(e->d_name);
+        if (!strncmp(e->d_name, UPLOAD_PREFIX, strlen(UPLOAD_PREFIX))) {
+            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && unlink(path) == 0)
+                removed++;
+            if (fd >= 0)
+                close(fd);
+        } else if (n == 64 + 5 && !strcmp(e->d_name + 64, ".ckpt")) {
+            char sha[65];
+            memcpy(sha, e->d_name, 64);
+            sha[64] = '\0';
+            if (!hex64_valid(sha))
+                continue;
+            const char *p[] = {run, sha};
+            PGresult *r = PQexecParams(pg,
+                                       "SELECT count(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                                       "WHERE r.name = $1 AND c.sha256 = $2",
+                                       2, NULL, p, NULL, NULL, 0);
+            if (PQresultStatus(r) == PGRES_TUPLES_OK && !strcmp(PQgetvalue(r, 0, 0), "0") &&
+                unlink(path) == 0)
+                removed++;
+            PQclear(r);
+        }
+    }
+    closedir(d);
+    dir_unlock(lock);
+    return removed;
+}
+
+int coord_checkpoints_sweep(PGconn *pg, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return errno == ENOENT ? CM_OK : CM_EIO;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (cm_name_valid(e->d_name))
+            removed += sweep_run(pg, dir, e->d_name);
+    closedir(d);
+    if (removed)
+        CM_LOGI("ckpt", "removed %d checkpoint file%s left by interrupted or refused uploads", removed,
+                removed == 1 ? "" : "s");
+    return CM_OK;
 }

@@ -208,6 +208,10 @@ static void report_finish(void *ctx, struct coord_req *req, struct coord_resp *r
                  (long long)rep->step, COORD_REPORT_STEP_AHEAD);
         reject(req, resp, 422, "step_out_of_range", err);
         break;
+    case COORD_REPORT_RUN_CLOSED:
+        reject(req, resp, 409, "run_not_open",
+               "the run is paused, or finished and this step is not one of its own");
+        break;
     case COORD_REPORT_FAILED:
     default:
         coord_resp_error(resp, 503, "unavailable", "the report could not be stored now; retry later");

@@ -44,6 +44,11 @@ struct coord_report {
     uint8_t round[32];
     double samples, compute_s, loss, sps, round_ms;
     int has_loss;
+    /* SHA-256 of the reporter's float32 parameters after the round (the
+     * state of step + 1): what vouches for a checkpoint (docs/checkpoints.md,
+     * "Trust"). Optional: agents before it omit it. */
+    uint8_t params[32];
+    int has_params;
     int parts, parts_averaged;
     int64_t t;
     size_t n_members;
@@ -88,6 +93,7 @@ enum coord_report_result {
     COORD_REPORT_CONFLICT,    /* a different payload for (run, step, peer) exists */
     COORD_REPORT_REVOKED,     /* the pass is revoked, expired or unknown */
     COORD_REPORT_STEP_RANGE,  /* beyond the run's highest corroborated step + ahead */
+    COORD_REPORT_RUN_CLOSED,  /* the run is paused, or finished and the step is new */
     COORD_REPORT_NO_RUN,      /* the run (of the pass) does not exist */
     COORD_REPORT_FAILED,      /* database error or deadline: retry */
 };

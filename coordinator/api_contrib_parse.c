@@ -58,6 +58,16 @@ static int group_valid(const char *s)
     return 1;
 }
 
+/* The parameter hash is compared as bytes, but written as the agents write
+ * it (lowercase), so one hash has one spelling in the signed payload. */
+static int hex_lower(const char *s)
+{
+    for (; *s; s++)
+        if (*s >= 'A' && *s <= 'F')
+            return 0;
+    return 1;
+}
+
 static int reason_valid(const char *s)
 {
     size_t n = strlen(s);
@@ -140,6 +150,7 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
         {"round_ms", CM_J_NUMBER, 1, 1, 0},
         {"parts", CM_J_INT, 1, 0, 4096},
         {"parts_averaged", CM_J_INT, 1, 0, 4096},
+        {"params", CM_J_STRING, 0, 64, 64},
         {"members", CM_J_OBJECT, 1, 1, 0},
         {"excluded", CM_J_ARRAY, 1, 1, 0},
         {"t", CM_J_INT, 1, 0, (int64_t)1 << 40},
@@ -182,6 +193,13 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
         rc = fail(err, cap, "payload: 'round' is 64 hex digits");
         goto out;
     }
+    const json_t *params = json_object_get(j, "params");
+    if (params && (cm_hex_decode(json_string_value(params), 64, out->params, sizeof out->params, &n) !=
+                       CM_OK || n != 32 || !hex_lower(json_string_value(params)))) {
+        rc = fail(err, cap, "payload: 'params' is 64 lowercase hex digits");
+        goto out;
+    }
+    out->has_params = params != NULL;
     snprintf(out->run, sizeof out->run, "%s", run);
     snprintf(out->group, sizeof out->group, "%s", group);
     out->step = json_integer_value(json_object_get(j, "step"));
@@ -317,11 +335,11 @@ static int num(struct cur *c, double *d, long long *i, int *is_int)
 
 enum {
     K_FORMAT, K_RUN, K_PEER, K_STEP, K_GROUP, K_ROUND, K_SAMPLES, K_COMPUTE, K_LOSS, K_SPS,
-    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_COUNT
+    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_PARAMS, K_COUNT
 };
 static const char *const KEYS[K_COUNT] = {
     "format", "run", "peer", "step", "group", "round", "samples", "compute_s",
-    "loss", "sps", "round_ms", "parts", "parts_averaged", "members", "excluded", "t"};
+    "loss", "sps", "round_ms", "parts", "parts_averaged", "members", "excluded", "t", "params"};
 
 static int in(double x, double lo, double hi)
 {
@@ -462,6 +480,14 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
                 return 0;
             break;
         }
+        case K_PARAMS: {
+            size_t n = 0;
+            if (!str(&c, sv, sizeof sv, &sn) || sn != 64 || !hex_lower(sv) ||
+                cm_hex_decode(sv, 64, r->params, sizeof r->params, &n) != CM_OK || n != 32)
+                return 0;
+            r->has_params = 1;
+            break;
+        }
         case K_MEMBERS:
             if (!fast_members(&c, r))
                 return 0;
@@ -488,7 +514,7 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
             return 0;
     }
     ws(&c);
-    if (c.p != c.e || (seen | (1u << K_LOSS)) != (1u << K_COUNT) - 1)
+    if (c.p != c.e || (seen | (1u << K_LOSS) | (1u << K_PARAMS)) != (1u << K_COUNT) - 1)
         return 0;
     if (int_v[K_STEP] < 0 || int_v[K_STEP] > (1LL << 53) || int_v[K_PARTS] < 0 ||
         int_v[K_PARTS] > 4096 || int_v[K_PA] < 0 || int_v[K_PA] > 4096 ||

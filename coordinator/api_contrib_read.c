@@ -511,17 +511,20 @@ void api_me_contrib(struct coord_req *req, struct coord_resp *resp)
 
 /* --- learning curve ------------------------------------------------------------------ */
 
+/* Public figures count verified claims only (docs/accounting.md,
+ * "Learning curve and health"): one volunteer's unverified report moves
+ * neither the curve nor the run's step. */
 COORD_DB_STMT(S_CURVE_RANGE, 3,
-              "SELECT min(c.step), max(c.step) FROM contrib_reports c JOIN runs r ON r.id = c.run_id "
-              "WHERE r.name = $1 AND ($2::bigint IS NULL OR c.step >= $2::bigint) "
+              "SELECT min(c.step), max(c.step) FROM contrib_claims c "
+              "WHERE c.run = $1 AND c.verified_samples > 0 AND ($2::bigint IS NULL OR c.step >= $2::bigint) "
               "AND ($3::bigint IS NULL OR c.step <= $3::bigint)");
 
 COORD_DB_STMT(S_CURVE, 4,
               "WITH s AS (SELECT c.step, "
-              "  sum(c.loss * c.samples) FILTER (WHERE c.samples > 0 AND c.loss IS NOT NULL) AS ls, "
-              "  sum(c.samples) FILTER (WHERE c.samples > 0 AND c.loss IS NOT NULL) AS ws, "
-              "  sum(c.samples) AS samples, count(*) AS peers, min(c.received_at) AS t "
-              "  FROM contrib_reports c WHERE c.run_id = (SELECT id FROM runs WHERE name = $1) "
+              "  sum(c.loss * c.verified_samples) FILTER (WHERE c.loss IS NOT NULL) AS ls, "
+              "  sum(c.verified_samples) FILTER (WHERE c.loss IS NOT NULL) AS ws, "
+              "  sum(c.verified_samples) AS samples, count(*) AS peers, min(c.received_at) AS t "
+              "  FROM contrib_claims c WHERE c.run = $1 AND c.verified_samples > 0 "
               "  AND c.step BETWEEN $2::bigint AND $3::bigint GROUP BY c.step) "
               "SELECT max(step), sum(ls) / nullif(sum(ws), 0), sum(samples) / count(*), "
               "sum(peers)::float8 / count(*), extract(epoch from min(t))::bigint, count(*) "
@@ -577,11 +580,12 @@ void api_run_curve(struct coord_req *req, struct coord_resp *resp)
 COORD_DB_STMT(S_STATS_TOTALS, 2,
               "SELECT count(*), count(DISTINCT peer_public_key), count(DISTINCT user_id), "
               "coalesce(sum(claimed_samples), 0), coalesce(sum(verified_samples), 0), "
-              "coalesce(sum(compute_s), 0), max(step), "
-              "count(*) FILTER (WHERE parts_averaged < parts), "
-              "coalesce(sum(claimed_samples) FILTER (WHERE received_at >= now() - make_interval(secs => $2::int)), 0), "
-              "avg(round_ms) FILTER (WHERE received_at >= now() - make_interval(secs => $2::int)), "
-              "count(*) FILTER (WHERE parts_averaged < parts AND received_at >= now() - make_interval(secs => $2::int)) "
+              "coalesce(sum(compute_s), 0), max(step) FILTER (WHERE verified_samples > 0), "
+              "count(*) FILTER (WHERE parts_averaged < parts AND verified_samples > 0), "
+              "coalesce(sum(verified_samples) FILTER (WHERE received_at >= now() - make_interval(secs => $2::int)), 0), "
+              "avg(round_ms) FILTER (WHERE verified_samples > 0 AND received_at >= now() - make_interval(secs => $2::int)), "
+              "count(*) FILTER (WHERE parts_averaged < parts AND verified_samples > 0 "
+              "  AND received_at >= now() - make_interval(secs => $2::int)) "
               "FROM contrib_claims WHERE run = $1");
 
 /* Live peers (capability reports), those whose rounds keep averaging
@@ -595,17 +599,17 @@ COORD_DB_STMT(S_STATS_AVERAGING, 1,
               "FROM runs r LEFT JOIN capabilities c ON c.run_id = r.id AND c.expires_at > now() "
               "WHERE r.name = $1 GROUP BY r.id");
 
-/* Steps first reported in the window: how many, and the time they span. */
+/* Steps first verified-reported in the window: how many, and the time they span. */
 COORD_DB_STMT(S_STATS_RATE, 2,
               "SELECT count(*), extract(epoch from max(t) - min(t)) FROM ("
-              "SELECT step, min(received_at) AS t FROM contrib_reports "
-              "WHERE run_id = (SELECT id FROM runs WHERE name = $1) "
+              "SELECT step, min(received_at) AS t FROM contrib_claims "
+              "WHERE run = $1 AND verified_samples > 0 "
               "AND received_at >= now() - make_interval(secs => $2::int) GROUP BY step) s");
 
 COORD_DB_STMT(S_STATS_ACTIVE, 2,
               "SELECT extract(epoch from date_trunc('minute', received_at))::bigint, "
-              "count(DISTINCT peer_public_key), count(*), sum(samples) FROM contrib_reports "
-              "WHERE run_id = (SELECT id FROM runs WHERE name = $1) "
+              "count(DISTINCT peer_public_key), count(*), sum(verified_samples) FROM contrib_claims "
+              "WHERE run = $1 AND verified_samples > 0 "
               "AND received_at >= now() - make_interval(hours => $2::int) GROUP BY 1 ORDER BY 1");
 
 void api_run_stats(struct coord_req *req, struct coord_resp *resp)

@@ -49,7 +49,7 @@ static int g_started;
 #define ROWS_COLS                                                                                \
     "i int, pass bigint, run text, step bigint, pk text, round text, grp text, samples float8, " \
     "compute_s float8, loss float8, sps float8, round_ms float8, parts int, pa int, nm int, "    \
-    "nx int, payload text, sig text, sha text"
+    "nx int, payload text, sig text, sha text, params text"
 
 /* Each row finds its pass by primary key (LATERAL ... OFFSET 0 keeps it a
  * per-row index lookup: planned as a join, the pass table was scanned by
@@ -62,18 +62,20 @@ COORD_DB_STMT(S_INSERT, 1,
               "  (SELECT p.run_id, p.peer_public_key AS ppk, p.user_id FROM passes p "
               "   WHERE p.id = u.pass AND p.peer_public_key = decode(u.pk, 'hex') "
               "   AND p.revoked_at IS NULL AND p.expires_at > now() OFFSET 0) p), "
-              "lim AS MATERIALIZED (SELECT r.id, r.name, greatest(0, "
+              "lim AS MATERIALIZED (SELECT r.id, r.name, r.status, "
+              "  (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id) AS seen_top, greatest(0, "
               "  (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id), "
-              "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id)) + " AHEAD_SQL " AS top "
+              "  (SELECT max(c.step) FROM checkpoints c WHERE c.run_id = r.id AND c.trusted)) + " AHEAD_SQL " AS top "
               "  FROM runs r WHERE r.id IN (SELECT DISTINCT run_id FROM v)) "
               "INSERT INTO contrib_reports (run_id, step, peer_public_key, user_id, pass_id, round_id, "
               "group_id, samples, compute_s, loss, sps, round_ms, parts, parts_averaged, n_members, "
-              "n_excluded, payload, signature, payload_sha256) "
+              "n_excluded, payload, signature, payload_sha256, params_sha256) "
               "SELECT v.run_id, v.step, v.ppk, v.user_id, v.pass, decode(v.round, 'hex'), "
               "v.grp, v.samples, v.compute_s, v.loss, v.sps, v.round_ms, v.parts, v.pa, v.nm, v.nx, "
-              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex') "
+              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex'), decode(v.params, 'hex') "
               "FROM v JOIN lim ON lim.id = v.run_id AND lim.name = v.run "
-              "WHERE v.step <= lim.top ORDER BY v.run_id, v.step, v.ppk "
+              "WHERE v.step <= lim.top AND (lim.status = 'open' OR "
+              "  (lim.status = 'finished' AND v.step <= lim.seen_top)) ORDER BY v.run_id, v.step, v.ppk "
               "ON CONFLICT (run_id, step, peer_public_key) DO NOTHING "
               "RETURNING pass_id, step, run_id");
 
@@ -87,6 +89,19 @@ COORD_DB_STMT(S_SEEN, 1,
               "seen_max = greatest(contrib_seen.seen_max, EXCLUDED.seen_max), "
               "observers = contrib_seen.observers + EXCLUDED.observers");
 
+/* A run's status follows its verified progress: once a claim at its last
+ * step (config "steps" - 1: the round that makes the state of the last
+ * step) is verified, the run is finished. $1: the batch's run ids. */
+COORD_DB_STMT(S_FINISH, 1,
+              "UPDATE runs r SET status = 'finished' WHERE r.id = ANY($1::bigint[]) "
+              "AND r.status = 'open' AND jsonb_typeof(r.config->'steps') = 'number' "
+              /* the index lookup first: the view's check only near the end */
+              "AND CASE WHEN (SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id) "
+              "  >= (r.config->>'steps')::numeric - 1 "
+              "THEN EXISTS (SELECT 1 FROM contrib_claims c WHERE c.run_id = r.id "
+              "  AND c.step >= (r.config->>'steps')::numeric - 1 AND c.verified_samples > 0) "
+              "ELSE false END");
+
 COORD_DB_STMT(S_EXCL, 1,
               "INSERT INTO contrib_exclusions (run_id, step, subject, reporter, reason) "
               "SELECT x.run_id, x.step, decode(x.subject, 'hex'), decode(x.reporter, 'hex'), x.reason "
@@ -97,11 +112,13 @@ COORD_DB_STMT(S_EXCL, 1,
 COORD_DB_STMT(S_CLASSIFY, 1,
               "SELECT u.i, p.id IS NOT NULL, coalesce(p.revoked_at IS NULL AND p.expires_at > now(), "
               "false), r.id IS NOT NULL, c.id IS NOT NULL, "
-              "coalesce(c.payload_sha256 = decode(u.sha, 'hex'), false) "
+              "coalesce(c.payload_sha256 = decode(u.sha, 'hex'), false), "
+              "coalesce(r.status = 'paused' OR (r.status = 'finished' AND u.step > "
+              "  coalesce((SELECT max(s.step) FROM contrib_seen s WHERE s.run_id = r.id), -1)), false) "
               "FROM jsonb_to_recordset($1::jsonb) AS u(" ROWS_COLS ") "
               "LEFT JOIN LATERAL (SELECT p.* FROM passes p WHERE p.id = u.pass "
               "  AND p.peer_public_key = decode(u.pk, 'hex') OFFSET 0) p ON true "
-              "LEFT JOIN LATERAL (SELECT r.id FROM runs r WHERE r.id = p.run_id AND r.name = u.run "
+              "LEFT JOIN LATERAL (SELECT r.id, r.status FROM runs r WHERE r.id = p.run_id AND r.name = u.run "
               "  OFFSET 0) r ON true "
               "LEFT JOIN LATERAL (SELECT c.id, c.payload_sha256 FROM contrib_reports c "
               "  WHERE c.run_id = r.id AND c.step = u.step AND c.peer_public_key = p.peer_public_key "
@@ -257,6 +274,10 @@ static void row_text(struct sb *b, size_t i, const struct coord_report_job *j)
     sb_hex(b, j->sig, sizeof j->sig);
     sb_lit(b, ",\"sha\":");
     sb_hex(b, digest, sizeof digest);
+    if (r->has_params) {
+        sb_lit(b, ",\"params\":");
+        sb_hex(b, r->params, sizeof r->params);
+    }
     sb_lit(b, "}");
 }
 
@@ -405,6 +426,37 @@ static int fold_observations(struct coord_db_conn *c, struct coord_report_job **
     return rc;
 }
 
+/* Marks the batch's runs finished whose last step is verified (S_FINISH). */
+static int finish_runs(struct coord_db_conn *c, const int64_t *run_ids, size_t n, struct sb *doc)
+{
+    /* a batch holds reports of a few runs: a short list of distinct ids */
+    int64_t seen[64];
+    size_t ns = 0;
+    doc->len = 0;
+    sb_lit(doc, "{");
+    for (size_t i = 0; i < n; i++) {
+        int dup = !run_ids[i];
+        for (size_t j = 0; j < ns && !dup; j++)
+            dup = seen[j] == run_ids[i];
+        if (dup)
+            continue;
+        if (ns < sizeof seen / sizeof seen[0])
+            seen[ns] = run_ids[i];
+        sb_lit(doc, ns++ ? "," : "");
+        sb_int(doc, run_ids[i]);
+    }
+    sb_lit(doc, "}");
+    if (!ns)
+        return CM_OK;
+    if (doc->oom)
+        return CM_ENOMEM;
+    PGresult *r = exec_doc(c, &S_FINISH, doc);
+    if (!r)
+        return CM_EDB;
+    PQclear(r);
+    return CM_OK;
+}
+
 /* Stores jobs[0..n) in one transaction and sets each result. CM_OK or an
  * error (then nothing of the batch is stored and results are FAILED). */
 static int store_batch(struct coord_db_conn *c, struct coord_report_job **jobs, size_t n,
@@ -443,7 +495,7 @@ static int store_batch(struct coord_db_conn *c, struct coord_report_job **jobs, 
     }
     PQclear(r);
     r = NULL;
-    if (fold_observations(c, jobs, n, run_ids, doc) != CM_OK)
+    if (fold_observations(c, jobs, n, run_ids, doc) != CM_OK || finish_runs(c, run_ids, n, doc) != CM_OK)
         goto out;
     size_t nrest = 0, nconf = 0;
     for (size_t i = 0; i < n; i++) {
@@ -457,7 +509,7 @@ static int store_batch(struct coord_db_conn *c, struct coord_report_job **jobs, 
             size_t i = (size_t)strtoull(PQgetvalue(r, t, 0), NULL, 10);
             int pass_known = PQgetvalue(r, t, 1)[0] == 't', pass_ok = PQgetvalue(r, t, 2)[0] == 't';
             int run_ok = PQgetvalue(r, t, 3)[0] == 't', exists = PQgetvalue(r, t, 4)[0] == 't';
-            int same = PQgetvalue(r, t, 5)[0] == 't';
+            int same = PQgetvalue(r, t, 5)[0] == 't', closed = PQgetvalue(r, t, 6)[0] == 't';
             if (i >= n || kind[i] != 1)
                 continue;
             if (exists && same) {
@@ -470,6 +522,8 @@ static int store_batch(struct coord_db_conn *c, struct coord_report_job **jobs, 
                 jobs[i]->result = COORD_REPORT_REVOKED;
             } else if (!run_ok) {
                 jobs[i]->result = COORD_REPORT_NO_RUN;
+            } else if (closed) {
+                jobs[i]->result = COORD_REPORT_RUN_CLOSED;
             } else {
                 jobs[i]->result = COORD_REPORT_STEP_RANGE;
             }

@@ -374,6 +374,8 @@ static int cmd_serve(int argc, char **argv)
     if (connect_retry(cfg.database_url, (int)cfg.db_timeout_ms * 6, &pg) != CM_OK ||
         run_migrations(pg) != CM_OK || register_key(pg, &srv.signing_key, srv.kid) != CM_OK)
         goto out;
+    /* what interrupted uploads and crashes left on disk (docs/checkpoints.md) */
+    coord_checkpoints_sweep(pg, cfg.checkpoint_dir);
     PQfinish(pg);
     pg = NULL;
 

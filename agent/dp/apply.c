@@ -115,7 +115,7 @@ static int upload_checkpoint(struct dp_state *s, int64_t step)
 static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, double samples,
                          double compute_s, double loss, double sps, const struct peer_round_summary *sum,
                          size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
-                         const struct ar_member *am, size_t nmem)
+                         const struct ar_member *am, size_t nmem, const char *params_hex)
 {
     if (!s->rt.rep || s->o.aggregate_only || !(samples > 0)) /* nothing contributed */
         return;
@@ -132,6 +132,10 @@ static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, d
     r->round_ms = sum->ms_total;
     r->parts = (int)n_parts;
     r->parts_averaged = __builtin_popcountll(agreed);
+    /* the parameters after this round: they vouch for the checkpoint of step + 1 */
+    size_t hn = 0;
+    r->has_params = params_hex && cm_hex_decode(params_hex, 64, r->params, sizeof r->params, &hn) == CM_OK &&
+                    hn == sizeof r->params;
     for (size_t i = 0; i < nmem && r->n_members < PEER_REPORT_MEMBERS_MAX; i++)
         if (mem[i].sends) {
             memcpy(r->members[r->n_members].pub, mem[i].pub, 32);
@@ -281,10 +285,10 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         if (j->mem[i].sends)
             memcpy(s->prev[s->n_prev++], j->mem[i].pub, CM_ED25519_PUB_LEN);
     double loss = j->loss_n ? j->loss_sum / j->loss_n : NAN;
-    report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, j->sps, &j->sum, j->n_parts,
-                 j->agreed, j->mem, j->am, j->nmem);
     *step = j->step + 1;
     dp_update_hash(s, *step);
+    report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, j->sps, &j->sum, j->n_parts,
+                 j->agreed, j->mem, j->am, j->nmem, s->hash_step == *step ? s->hash : NULL);
     /* A step with others ends an episode of failed rounds. A step alone
        does not: after rounds with the others failed, nobody averages with
        anybody (the others may be stuck fetching a state nobody has). */

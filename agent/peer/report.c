@@ -112,8 +112,14 @@ int peer_report_encode(const struct peer_report *r, const char *run, const uint8
      * rather than losing the report. */
     if (r->samples > 0 && in(r->loss, 0, 1e6))
         put(&w, "\"loss\":%.17g,", r->loss);
-    put(&w, "\"sps\":%.17g,\"round_ms\":%.17g,\"parts\":%d,\"parts_averaged\":%d,\"members\":{",
+    put(&w, "\"sps\":%.17g,\"round_ms\":%.17g,\"parts\":%d,\"parts_averaged\":%d,",
         r->sps, r->round_ms, r->parts, r->parts_averaged);
+    if (r->has_params) {
+        char ph[65];
+        cm_hex_encode(r->params, 32, ph);
+        put(&w, "\"params\":\"%s\",", ph);
+    }
+    put(&w, "\"members\":{");
     for (size_t i = 0; i < r->n_members; i++) {
         cm_b64url_encode(r->members[i].pub, 32, k);
         put(&w, "%s\"%s\":%.17g", i ? "," : "", k, r->members[i].samples);

@@ -33,6 +33,12 @@ struct peer_report {
     uint8_t round_id[32];
     double samples, compute_s, loss, sps, round_ms; /* loss: mean over samples (ignored when samples == 0 or not finite) */
     int parts, parts_averaged;
+    /* SHA-256 of this peer's float32 parameters after applying the round
+     * (the state of step + 1), as agent_param_hash computes it; written as
+     * "params" when has_params. It vouches for the checkpoint of step + 1
+     * (docs/checkpoints.md, "Trust"). */
+    uint8_t params[32];
+    int has_params;
     size_t n_members;
     struct peer_report_member members[64];
     size_t n_excluded;

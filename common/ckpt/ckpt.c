@@ -513,44 +513,176 @@ const struct cm_ckpt_buf *cm_ckpt_find(const struct cm_ckpt *c, const char *name
 
 /* ---- Streaming verifier ------------------------------------------------- */
 
+static void *hash_new(void)
+{
+    struct cm_sha256_ctx *h = calloc(1, sizeof *h);
+    if (h && cm_sha256_init(h) != CM_OK) {
+        free(h);
+        h = NULL;
+    }
+    return h;
+}
+
+static void hash_free(void **h)
+{
+    if (*h) {
+        cm_sha256_cleanup(*h);
+        free(*h);
+        *h = NULL;
+    }
+}
+
 int cm_ckpt_stream_init(struct cm_ckpt_stream *s, uint64_t max_total)
 {
     memset(s, 0, sizeof *s);
     s->max_total = max_total;
-    struct cm_sha256_ctx *b = calloc(1, sizeof *b), *f = calloc(1, sizeof *f);
-    if (!b || !f) {
-        free(b);
-        free(f);
-        return CM_ENOMEM;
-    }
-    if (cm_sha256_init(b) != CM_OK) {
-        free(b);
-        free(f);
+    s->sec = CM_CKPT_SEC_HEADER;
+    s->body_hash = hash_new();
+    s->file_hash = hash_new();
+    s->params_hash = hash_new();
+    if (!s->body_hash || !s->file_hash || !s->params_hash) {
+        cm_ckpt_stream_cleanup(s);
         return CM_ECRYPTO;
     }
-    if (cm_sha256_init(f) != CM_OK) {
-        cm_sha256_cleanup(b);
-        free(b);
-        free(f);
-        return CM_ECRYPTO;
-    }
-    s->body_hash = b;
-    s->file_hash = f;
     return CM_OK;
 }
 
 void cm_ckpt_stream_cleanup(struct cm_ckpt_stream *s)
 {
-    if (s->body_hash) {
-        cm_sha256_cleanup(s->body_hash);
-        free(s->body_hash);
-        s->body_hash = NULL;
+    hash_free(&s->body_hash);
+    hash_free(&s->file_hash);
+    hash_free(&s->params_hash);
+}
+
+/* The current section is complete: enter the next one (skipping empty
+ * ones). room = bytes left before the trailer. A section that would run
+ * into the trailer is refused here, before its bytes arrive; the checks
+ * are those of parse_source, in the same order. */
+static int stream_advance(struct cm_ckpt_stream *s, uint64_t room)
+{
+    const uint8_t *h = s->head;
+    for (;;) {
+        enum cm_ckpt_section next;
+        uint64_t len = 0;
+        switch (s->sec) {
+        case CM_CKPT_SEC_HEADER:
+            next = CM_CKPT_SEC_CONFIG;
+            len = get_u32(h + H_CONFIG);
+            break;
+        case CM_CKPT_SEC_CONFIG:
+            next = CM_CKPT_SEC_RNG;
+            len = get_u32(h + H_RNG);
+            break;
+        case CM_CKPT_SEC_RNG:
+            next = CM_CKPT_SEC_PARAMS;
+            len = 4 * get_u64(h + H_NPARAMS);
+            break;
+        case CM_CKPT_SEC_PARAMS:
+            next = get_u32(h + H_NOPT) ? CM_CKPT_SEC_NAMELEN : CM_CKPT_SEC_DONE;
+            len = next == CM_CKPT_SEC_DONE ? 0 : 4;
+            break;
+        case CM_CKPT_SEC_NAMELEN:
+            s->name_len = get_u32(s->field);
+            if (s->name_len == 0 || s->name_len > CM_CKPT_MAX_NAME) {
+                CM_LOGE("ckpt", "checkpoint stream: optimizer buffer %u: name length %u not in 1..%d",
+                        s->opt_i, s->name_len, CM_CKPT_MAX_NAME);
+                return CM_EPARSE;
+            }
+            next = CM_CKPT_SEC_NAME;
+            len = s->name_len;
+            memset(s->names[s->opt_i], 0, sizeof s->names[0]);
+            break;
+        case CM_CKPT_SEC_NAME:
+            if (strlen(s->names[s->opt_i]) != s->name_len) {
+                CM_LOGE("ckpt", "checkpoint stream: optimizer buffer %u: NUL in name", s->opt_i);
+                return CM_EPARSE;
+            }
+            for (uint32_t j = 0; j < s->opt_i; j++)
+                if (!strcmp(s->names[j], s->names[s->opt_i])) {
+                    CM_LOGE("ckpt", "checkpoint stream: optimizer buffer name \"%s\" appears twice",
+                            s->names[j]);
+                    return CM_EPARSE;
+                }
+            next = CM_CKPT_SEC_COUNT;
+            len = 8;
+            break;
+        case CM_CKPT_SEC_COUNT:
+            len = get_u64(s->field);
+            if (len > CM_CKPT_MAX_FLOATS) {
+                CM_LOGE("ckpt", "checkpoint stream: optimizer buffer \"%s\" too large",
+                        s->names[s->opt_i]);
+                return CM_ETOOBIG;
+            }
+            len *= 4;
+            next = CM_CKPT_SEC_DATA;
+            break;
+        case CM_CKPT_SEC_DATA:
+            s->opt_i++;
+            next = s->opt_i < get_u32(h + H_NOPT) ? CM_CKPT_SEC_NAMELEN : CM_CKPT_SEC_DONE;
+            len = next == CM_CKPT_SEC_DONE ? 0 : 4;
+            break;
+        case CM_CKPT_SEC_DONE:
+        default:
+            return CM_OK;
+        }
+        if (len > room) {
+            CM_LOGE("ckpt", "checkpoint stream: a section of %" PRIu64 " bytes runs past the "
+                            "declared size (%" PRIu64 " bytes left)", len, room);
+            return CM_EPARSE;
+        }
+        s->sec = next;
+        s->sec_left = len;
+        if (len > 0 || next == CM_CKPT_SEC_DONE)
+            return CM_OK;
     }
-    if (s->file_hash) {
-        cm_sha256_cleanup(s->file_hash);
-        free(s->file_hash);
-        s->file_hash = NULL;
+}
+
+/* Body bytes [pos, pos + n) through the section walk. */
+static int stream_walk(struct cm_ckpt_stream *s, const uint8_t *p, size_t n, uint64_t pos)
+{
+    uint64_t body_end = s->total - CM_CKPT_TRAILER_BYTES;
+    while (n > 0) {
+        if (s->sec == CM_CKPT_SEC_DONE) {
+            CM_LOGE("ckpt", "checkpoint stream: %" PRIu64 " unexpected bytes before the trailer",
+                    body_end - pos);
+            return CM_EPARSE;
+        }
+        size_t k = n < s->sec_left ? n : (size_t)s->sec_left;
+        /* where in the field the bytes go: fields are 4, 8 or name_len bytes */
+        uint64_t width = s->sec == CM_CKPT_SEC_NAMELEN ? 4 : s->sec == CM_CKPT_SEC_COUNT ? 8 : s->name_len;
+        uint64_t at = width - s->sec_left;
+        switch (s->sec) {
+        case CM_CKPT_SEC_CONFIG:
+            if (memchr(p, '\0', k)) {
+                CM_LOGE("ckpt", "checkpoint stream: config contains a NUL byte");
+                return CM_EPARSE;
+            }
+            break;
+        case CM_CKPT_SEC_PARAMS:
+            if (cm_sha256_update(s->params_hash, p, k) != CM_OK)
+                return CM_ECRYPTO;
+            break;
+        case CM_CKPT_SEC_NAMELEN:
+        case CM_CKPT_SEC_COUNT:
+            memcpy(s->field + at, p, k);
+            break;
+        case CM_CKPT_SEC_NAME:
+            memcpy(s->names[s->opt_i] + at, p, k);
+            break;
+        default:
+            break;
+        }
+        s->sec_left -= k;
+        p += k;
+        n -= k;
+        pos += k;
+        if (s->sec_left == 0) {
+            int rc = stream_advance(s, body_end - pos);
+            if (rc != CM_OK)
+                return rc;
+        }
     }
+    return CM_OK;
 }
 
 int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len)
@@ -582,6 +714,9 @@ int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len
                 if (rc != CM_OK)
                     return s->failed = 1, rc;
                 s->total = total;
+                rc = stream_advance(s, total - CM_CKPT_HEADER_BYTES - CM_CKPT_TRAILER_BYTES);
+                if (rc != CM_OK)
+                    return s->failed = 1, rc;
             }
             continue;
         }
@@ -596,6 +731,9 @@ int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len
                 k = (size_t)(body_end - s->received);
             if (cm_sha256_update(s->body_hash, p, k) != CM_OK)
                 return s->failed = 1, CM_ECRYPTO;
+            int rc = stream_walk(s, p, k, s->received);
+            if (rc != CM_OK)
+                return s->failed = 1, rc;
         } else {
             memcpy(s->tail + (s->received - body_end), p, k);
         }
@@ -608,7 +746,18 @@ int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len
     return CM_OK;
 }
 
-int cm_ckpt_stream_final(struct cm_ckpt_stream *s, uint8_t file_sha256[32], uint64_t *step)
+int cm_ckpt_stream_header(const struct cm_ckpt_stream *s, uint64_t *step, uint64_t *total)
+{
+    if (s->failed || s->total == 0)
+        return 0;
+    if (step)
+        *step = get_u64(s->head + H_STEP);
+    if (total)
+        *total = s->total;
+    return 1;
+}
+
+int cm_ckpt_stream_final(struct cm_ckpt_stream *s, struct cm_ckpt_stream_info *info)
 {
     int rc = CM_OK;
     if (s->failed || !s->body_hash) {
@@ -617,23 +766,28 @@ int cm_ckpt_stream_final(struct cm_ckpt_stream *s, uint8_t file_sha256[32], uint
         CM_LOGE("ckpt", "checkpoint stream: got %" PRIu64 " of %" PRIu64 " bytes", s->received,
                 s->total);
         rc = CM_EPARSE;
+    } else if (s->sec != CM_CKPT_SEC_DONE) { /* stream_advance makes this unreachable */
+        CM_LOGE("ckpt", "checkpoint stream: the sections end after the declared size");
+        rc = CM_EPARSE;
     } else {
-        uint8_t body[32], file[32];
+        uint8_t body[32], file[32], params[32];
         int r1 = cm_sha256_final(s->body_hash, body);
         int r2 = cm_sha256_final(s->file_hash, file);
+        int r3 = cm_sha256_final(s->params_hash, params);
         free(s->body_hash);
         free(s->file_hash);
-        s->body_hash = s->file_hash = NULL;
-        if (r1 != CM_OK || r2 != CM_OK) {
+        free(s->params_hash);
+        s->body_hash = s->file_hash = s->params_hash = NULL;
+        if (r1 != CM_OK || r2 != CM_OK || r3 != CM_OK) {
             rc = CM_ECRYPTO;
         } else if (!cm_ct_equal(body, s->tail, 32)) {
             CM_LOGE("ckpt", "checkpoint stream: SHA-256 mismatch");
             rc = CM_ECHECKSUM;
-        } else {
-            if (file_sha256)
-                memcpy(file_sha256, file, 32);
-            if (step)
-                *step = get_u64(s->head + H_STEP);
+        } else if (info) {
+            memcpy(info->file_sha256, file, 32);
+            memcpy(info->params_sha256, params, 32);
+            info->step = get_u64(s->head + H_STEP);
+            info->n_params = get_u64(s->head + H_NPARAMS);
         }
     }
     cm_ckpt_stream_cleanup(s);

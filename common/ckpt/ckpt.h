@@ -82,8 +82,18 @@ const struct cm_ckpt_buf *cm_ckpt_find(const struct cm_ckpt *c, const char *name
 /* ---- Streaming verification (HTTP upload/download of a checkpoint) ----
  * Feed the bytes in any chunking; the header is checked as soon as its 64
  * bytes are in, every byte past the declared total size is an error, and
- * final() checks the trailer hash. It also yields the SHA-256 of the whole
- * file, for content addressing. Nothing is buffered beyond 64 + 32 bytes. */
+ * the sections are walked as they pass (config without NUL, optimizer
+ * buffer names 1..64 bytes, unique, counts within the limits, all of it
+ * tiling the file exactly up to the trailer): the verifier accepts exactly
+ * what cm_ckpt_parse accepts (tests/fuzz/fuzz_ckpt.c), without buffering
+ * more than the header, the trailer and the buffer names. final() checks
+ * the trailer hash and yields the SHA-256 of the whole file (the content
+ * address) and of the parameter section (the hash agents attest in their
+ * contribution reports: docs/checkpoints.md, "Trust"). */
+enum cm_ckpt_section {
+    CM_CKPT_SEC_HEADER, CM_CKPT_SEC_CONFIG, CM_CKPT_SEC_RNG, CM_CKPT_SEC_PARAMS,
+    CM_CKPT_SEC_NAMELEN, CM_CKPT_SEC_NAME, CM_CKPT_SEC_COUNT, CM_CKPT_SEC_DATA, CM_CKPT_SEC_DONE
+};
 struct cm_ckpt_stream {
     uint64_t received;
     uint64_t total;            /* from the header, 0 until known */
@@ -92,17 +102,34 @@ struct cm_ckpt_stream {
     uint8_t tail[CM_CKPT_TRAILER_BYTES]; /* the trailer as it arrives */
     void *body_hash;           /* SHA-256 over [0, total - 32) */
     void *file_hash;           /* SHA-256 over [0, total) */
+    void *params_hash;         /* SHA-256 over the parameter section */
     int failed;
+    /* the section walk */
+    enum cm_ckpt_section sec;
+    uint64_t sec_left;         /* bytes of the current section still to come */
+    uint8_t field[8];          /* a name length or count as it arrives */
+    uint32_t opt_i, name_len;
+    char names[CM_CKPT_MAX_BUFS][CM_CKPT_MAX_NAME + 1];
+};
+/* What a verified stream was. */
+struct cm_ckpt_stream_info {
+    uint8_t file_sha256[32];   /* the whole file, trailer included */
+    uint8_t params_sha256[32]; /* the 4 x n_params bytes of parameters */
+    uint64_t step;
+    uint64_t n_params;
 };
 /* max_total bounds the declared size (CM_ETOOBIG above it). */
 int cm_ckpt_stream_init(struct cm_ckpt_stream *s, uint64_t max_total);
 /* CM_EPARSE / CM_EVERSION / CM_ETOOBIG as soon as the bytes prove it. */
 int cm_ckpt_stream_update(struct cm_ckpt_stream *s, const void *data, size_t len);
+/* 1 once the header is in and valid, with its step and declared size
+ * (either may be NULL); 0 before. Lets a handler refuse a wrong step before
+ * the body arrives. */
+int cm_ckpt_stream_header(const struct cm_ckpt_stream *s, uint64_t *step, uint64_t *total);
 /* CM_EPARSE if fewer bytes than declared arrived, CM_ECHECKSUM if the
- * trailer does not match. On success file_sha256 (may be NULL) gets the hash
- * of the whole file and *step the header's step (may be NULL). Releases the
- * hash contexts in every case. */
-int cm_ckpt_stream_final(struct cm_ckpt_stream *s, uint8_t file_sha256[32], uint64_t *step);
+ * trailer does not match. On success *info (may be NULL) is filled.
+ * Releases the hash contexts in every case. */
+int cm_ckpt_stream_final(struct cm_ckpt_stream *s, struct cm_ckpt_stream_info *info);
 void cm_ckpt_stream_cleanup(struct cm_ckpt_stream *s);
 
 /* SHA-256 of a whole file, streamed (no full read into memory). */

@@ -2,7 +2,7 @@
  * (coordinator/api_contrib_parse.c: coord_report_parse), the bytes an agent
  * signs and the coordinator parses after checking the signature. Every
  * rejection must explain itself; every accepted report must be within the
- * documented bounds. */
+ * documented bounds, and carries a parameter hash only when it said one. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,7 +21,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (r.n_members > COORD_REPORT_MEMBERS_MAX || r.n_excluded > COORD_REPORT_MEMBERS_MAX ||
         !(r.samples >= 0 && r.samples <= COORD_REPORT_SAMPLES_MAX) || r.step < 0 ||
-        r.parts_averaged > r.parts || !isfinite(r.compute_s) || strlen(r.group) == 0)
+        r.parts_averaged > r.parts || !isfinite(r.compute_s) || strlen(r.group) == 0 ||
+        (r.has_params != 0 && r.has_params != 1))
+        __builtin_trap();
+    static const uint8_t zero[32];
+    if (!r.has_params && memcmp(r.params, zero, sizeof zero) != 0)
         __builtin_trap();
     for (size_t i = 0; i < r.n_members; i++)
         if (!(r.members[i].samples >= 0 && r.members[i].samples <= COORD_REPORT_SAMPLES_MAX))

@@ -15,7 +15,13 @@
  *    conflict, neither counted twice;
  *  - CSV equals the JSON; volunteers see only their own; auditors read but
  *    cannot write; the curve and stats add up; the agent's background
- *    reporter delivers. */
+ *    reporter delivers;
+ *  - checkpoints (issue 22): a checkpoint is served as latest only when most
+ *    verified members of its step attest its parameter hash; forged and
+ *    far-future uploads never are, and do not move the report window;
+ *  - a run's status follows its verified progress: after its last step it
+ *    is finished, and a finished or paused run takes no new reports; the
+ *    public curve and stats show verified figures only. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,17 +30,19 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "agent/peer/report.h"
+#include "ckpt/ckpt.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
 #include "ct_harness.h"
 
 #define PW "a-long-password"
-#define NPEERS 8
-enum { V1A, V1B, V1C, V2A, V2B, MAL, REVOKED, OTHER_RUN };
+#define NPEERS 10
+enum { V1A, V1B, V1C, V2A, V2B, MAL, REVOKED, OTHER_RUN, F1, F2 };
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
@@ -105,19 +113,23 @@ static int setup(void **state)
         return -1;
     if (req("POST", "/api/v1/runs", g_org,
             "{\"name\":\"r1\",\"target_batch_size\":256,\"config\":{\"steps\":100}}") != 201 ||
-        req("POST", "/api/v1/runs", g_org, "{\"name\":\"r2\",\"target_batch_size\":256}") != 201)
+        req("POST", "/api/v1/runs", g_org, "{\"name\":\"r2\",\"target_batch_size\":256}") != 201 ||
+        req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"r3\",\"target_batch_size\":256,\"config\":{\"steps\":3}}") != 201)
         return -1;
     const char *allow[] = {"/api/v1/runs/r1/allowlist/vol1", "/api/v1/runs/r1/allowlist/vol2",
-                           "/api/v1/runs/r1/allowlist/mallory", "/api/v1/runs/r2/allowlist/vol1"};
-    for (int i = 0; i < 4; i++)
+                           "/api/v1/runs/r1/allowlist/mallory", "/api/v1/runs/r2/allowlist/vol1",
+                           "/api/v1/runs/r3/allowlist/vol1"};
+    for (int i = 0; i < 5; i++)
         if (req("PUT", allow[i], g_org, NULL) != 201)
             return -1;
     for (int i = 0; i < NPEERS; i++)
         if (cm_ed25519_generate(&g_key[i]) != CM_OK)
             return -1;
-    const char *owner[NPEERS] = {g_vol1, g_vol1, g_vol1, g_vol2, g_vol2, g_mal, g_vol2, g_vol1};
+    const char *owner[NPEERS] = {g_vol1, g_vol1, g_vol1, g_vol2, g_vol2, g_mal, g_vol2, g_vol1,
+                                 g_vol1, g_vol1};
     for (int i = 0; i < NPEERS; i++)
-        if (get_pass(i, i == OTHER_RUN ? "r2" : "r1", owner[i]) != 0)
+        if (get_pass(i, i == OTHER_RUN ? "r2" : i >= F1 ? "r3" : "r1", owner[i]) != 0)
             return -1;
     char path[128];
     snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[REVOKED]);
@@ -661,7 +673,9 @@ static void test_curve_and_stats(void **state)
     (void)state;
     json_t *c = get_json("/api/v1/runs/r1/curve", NULL);
     json_t *pts = json_object_get(c, "points");
-    assert_true(json_array_size(pts) >= 4);
+    /* steps 1-3 are verified; step 4 was claimed by V1C alone (nobody
+       corroborated it): not a public figure */
+    assert_int_equal(json_array_size(pts), 3);
     json_t *p1 = json_array_get(pts, 0);
     assert_int_equal(json_integer_value(json_object_get(p1, "step")), 1);
     /* Step 1: losses 2 - 0.1 + 0.01 * peer, weighted by samples 64, 32, 128. */
@@ -679,7 +693,7 @@ static void test_curve_and_stats(void **state)
     assert_int_equal(req("GET", "/api/v1/runs/nope/curve", NULL, NULL), 404);
 
     json_t *s = get_json("/api/v1/runs/r1/stats", NULL);
-    assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 4);
+    assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 3);
     assert_int_equal(json_integer_value(json_object_get(s, "total_steps")), 100);
     json_t *t = json_object_get(s, "totals");
     assert_int_equal(json_integer_value(json_object_get(t, "reports")),
@@ -714,6 +728,272 @@ static void test_agent_reporter(void **state)
     assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step BETWEEN 5 AND 7"), 3);
 }
 
+/* --- checkpoints vouched by the members' reports (issue 22) ------------------ */
+
+/* A real checkpoint file of `step` whose n parameters derive from seed;
+ * heap, *len bytes; its SHA-256 (hex) and its parameters' SHA-256. */
+static uint8_t *make_ckpt(uint64_t step, unsigned seed, size_t *len, char hex[65], uint8_t params[32])
+{
+    enum { N = 1000 };
+    static float p[N], m[N];
+    for (size_t i = 0; i < N; i++) {
+        p[i] = (float)((i * 13 + seed * 101) % 977) / 977.0f;
+        m[i] = (float)i * 1e-4f;
+    }
+    struct cm_ckpt_buf opt[1] = {{.name = "adam.m", .data = m, .count = N}};
+    static char config[] = "{}";
+    struct cm_ckpt c = {.step = step, .params = p, .n_params = N, .opt = opt, .n_opt = 1,
+                        .config = config, .config_len = 2};
+    char path[400];
+    snprintf(path, sizeof path, "%s/made.ckpt", g_c.dir);
+    uint8_t h[32];
+    assert_int_equal(cm_ckpt_write(path, &c, h), CM_OK);
+    uint8_t *b = (uint8_t *)ct_read_file(path, len);
+    assert_non_null(b);
+    unlink(path);
+    cm_hex_encode(h, 32, hex);
+    cm_sha256(p, sizeof p, params);
+    return b;
+}
+
+static long put_ckpt_in(const char *run, const char *bearer, const char *step, const uint8_t *b,
+                        size_t len, const char *hex, json_t **out)
+{
+    char path[128], auth[256], shah[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/checkpoints/%s", run, step);
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", bearer);
+    snprintf(shah, sizeof shah, "X-Checkpoint-SHA256: %s", hex);
+    /* the answer to a refusal on the headers comes before the body is sent */
+    const char *h[] = {auth, shah, "Content-Type: application/octet-stream", "Expect: 100-continue", NULL};
+    struct ct_resp r;
+    ct_http_raw(&g_c, "PUT", path, h, b, len, &r);
+    long s = r.status;
+    if (out)
+        *out = json_incref(r.json);
+    ct_resp_free(&r);
+    return s;
+}
+
+static long put_ckpt(const char *bearer, const char *step, const uint8_t *b, size_t len,
+                     const char *hex, json_t **out)
+{
+    return put_ckpt_in("r1", bearer, step, b, len, hex, out);
+}
+
+/* The SHA-256 of what GET .../checkpoints/latest serves ("" when 404). */
+static void latest_sha(char hex[65])
+{
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/r1/checkpoints/latest", g_vol2, NULL, &r);
+    hex[0] = '\0';
+    if (r.status == 200) {
+        uint8_t h[32];
+        cm_sha256(r.body, r.len, h);
+        cm_hex_encode(h, 32, hex);
+    } else {
+        assert_int_equal(r.status, 404);
+    }
+    ct_resp_free(&r);
+}
+
+/* Members m[0..n) report one round at `step`, each attesting params[k]. */
+static void round_attesting(int64_t step, int rnd, const int *m, size_t n, const uint8_t (*params)[32])
+{
+    double s[8];
+    for (size_t k = 0; k < n; k++)
+        s[k] = 16;
+    struct peer_report r;
+    for (size_t k = 0; k < n; k++) {
+        build(&r, m[k], step, rnd, 16, m, s, n);
+        memcpy(r.params, params[k], 32);
+        r.has_params = 1;
+        expect_post(&r, m[k], 201, NULL);
+    }
+}
+
+static void test_checkpoint_vouched_by_members(void **state)
+{
+    (void)state;
+    char hon[65], forged[65], got[65], hex[65];
+    uint8_t hon_p[32], forged_p[32], p[32];
+    size_t len, flen;
+    json_t *j = NULL;
+    uint8_t *hb = make_ckpt(21, 1, &len, hon, hon_p);
+    uint8_t *fb = make_ckpt(21, 666, &flen, forged, forged_p);
+    /* the round of step 20 makes the state of step 21: three honest members
+       attest its hash, mallory (in the round too) another */
+    const int m[] = {V1A, V1B, V2A, MAL};
+    uint8_t att[4][32];
+    memcpy(att[0], hon_p, 32);
+    memcpy(att[1], hon_p, 32);
+    memcpy(att[2], hon_p, 32);
+    memcpy(att[3], forged_p, 32);
+    round_attesting(20, 20, m, 4, (const uint8_t(*)[32])att);
+    /* mallory's upload first: stored as a candidate, not served */
+    assert_int_equal(put_ckpt(g_mal, "21", fb, flen, forged, &j), 201);
+    assert_false(json_is_true(json_object_get(j, "vouched")));
+    json_decref(j);
+    latest_sha(got);
+    assert_string_equal(got, "");
+    /* the honest one is not locked out by it, and is vouched at once */
+    assert_int_equal(put_ckpt(g_vol1, "21", hb, len, hon, &j), 201);
+    assert_true(json_is_true(json_object_get(j, "vouched")));
+    json_decref(j);
+    latest_sha(got);
+    assert_string_equal(got, hon);
+    free(fb);
+    /* a valid file at the next step nobody's reports vouch for: a candidate */
+    fb = make_ckpt(22, 667, &flen, forged, p);
+    assert_int_equal(put_ckpt(g_mal, "22", fb, flen, forged, &j), 201);
+    assert_false(json_is_true(json_object_get(j, "vouched")));
+    json_decref(j);
+    latest_sha(got);
+    assert_string_equal(got, hon);
+    free(fb);
+    /* at most two unvouched candidates per volunteer (the one at step 21
+       went when the honest one there was vouched) */
+    fb = make_ckpt(23, 668, &flen, forged, p);
+    assert_int_equal(put_ckpt(g_mal, "23", fb, flen, forged, NULL), 201);
+    free(fb);
+    fb = make_ckpt(24, 670, &flen, forged, p);
+    assert_int_equal(put_ckpt(g_mal, "24", fb, flen, forged, &j), 409);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "too_many_candidates");
+    json_decref(j);
+    free(fb);
+    /* far-future steps are refused, and do not move the report window */
+    fb = make_ckpt(4611686018427387904ull, 669, &flen, forged, p);
+    assert_int_equal(put_ckpt(g_mal, "4611686018427387904", fb, flen, forged, NULL), 422);
+    free(fb);
+    fb = make_ckpt(9007199254740992ull, 669, &flen, forged, p);
+    assert_int_equal(put_ckpt(g_org, "9007199254740992", fb, flen, forged, NULL), 422); /* past "steps" */
+    free(fb);
+    const int mm[] = {MAL, V1C};
+    const double ss[] = {8, 8};
+    struct peer_report r;
+    build(&r, MAL, (int64_t)1 << 53, 77, 8, mm, ss, 2);
+    expect_post(&r, MAL, 422, "step_out_of_range");
+    /* the listing: vouched ones, then candidates */
+    json_t *l = get_json("/api/v1/runs/r1/checkpoints", g_aud);
+    json_t *ck = json_object_get(l, "checkpoints");
+    assert_int_equal(json_array_size(ck), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ck, 0), "sha256")), hon);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(ck, 0), "vouchers")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(ck, 0), "attesting")), 4);
+    assert_int_equal(json_array_size(json_object_get(l, "candidates")), 2);
+    json_decref(l);
+    /* uploaded before its round's reports: a candidate, latest once they vouch */
+    free(hb);
+    hb = make_ckpt(31, 2, &len, hex, p);
+    assert_int_equal(put_ckpt(g_vol2, "31", hb, len, hex, &j), 201);
+    assert_false(json_is_true(json_object_get(j, "vouched")));
+    json_decref(j);
+    latest_sha(got);
+    assert_string_equal(got, hon);
+    const int m3[] = {V1A, V2A};
+    uint8_t att3[2][32];
+    memcpy(att3[0], p, 32);
+    memcpy(att3[1], p, 32);
+    round_attesting(30, 30, m3, 2, (const uint8_t(*)[32])att3);
+    latest_sha(got);
+    assert_string_equal(got, hex);
+    free(hb);
+}
+
+/* One report of run r3 by key `me` at `step` in a round with `other`. */
+static long post_r3(int me, int other, int64_t step, char code[40])
+{
+    const int m[] = {me, other};
+    const double s[] = {10, 10};
+    struct peer_report r;
+    build(&r, me, step, 300 + (int)step, 10, m, s, 2);
+    return post_raw("r3", me, me, encode(&r, "r3", me), code);
+}
+
+static const char *run_status(const char *run)
+{
+    static char st[32];
+    char path[64];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", run);
+    json_t *j = get_json(path, g_org);
+    const char *s = json_string_value(json_object_get(j, "status"));
+    if (!s)
+        s = json_string_value(json_object_get(json_object_get(j, "run"), "status"));
+    snprintf(st, sizeof st, "%s", s ? s : "");
+    json_decref(j);
+    return st;
+}
+
+static void test_run_status_follows_verified_progress(void **state)
+{
+    (void)state;
+    char code[40];
+    /* paused: no reports */
+    assert_int_equal(req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"paused\"}"), 200);
+    assert_int_equal(post_r3(F1, F2, 0, code), 409);
+    assert_string_equal(code, "run_not_open");
+    assert_int_equal(req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"open\"}"), 200);
+    for (int64_t step = 0; step < 2; step++) {
+        assert_int_equal(post_r3(F1, F2, step, code), 201);
+        assert_int_equal(post_r3(F2, F1, step, code), 201);
+    }
+    assert_string_equal(run_status("r3"), "open");
+    /* a claim alone at the last step (config "steps" 3: step 2 makes the
+       state of step 3) is not progress; corroborated, it is */
+    assert_int_equal(post_r3(F1, F2, 2, code), 201);
+    assert_string_equal(run_status("r3"), "open");
+    assert_int_equal(post_r3(F2, F1, 2, code), 201);
+    assert_string_equal(run_status("r3"), "finished");
+    json_t *s = get_json("/api/v1/runs/r3/stats", NULL);
+    assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 2);
+    json_decref(s);
+    /* finished: a step of its own may still come in (a straggler of the last
+       round, retried), a new one may not */
+    assert_int_equal(post_r3(F2, F1, 2, code), 200);
+    assert_int_equal(post_r3(F1, F2, 3, code), 409);
+    assert_string_equal(code, "run_not_open");
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports c JOIN runs r ON r.id = c.run_id "
+                            "WHERE r.name = 'r3' AND c.step = 3"), 0);
+    /* the final state, uploaded after the last round, is still taken; nothing past it */
+    char hex[65];
+    uint8_t p[32];
+    size_t len;
+    uint8_t *b = make_ckpt(3, 5, &len, hex, p);
+    assert_int_equal(put_ckpt_in("r3", g_vol1, "3", b, len, hex, NULL), 201);
+    free(b);
+    b = make_ckpt(4, 5, &len, hex, p);
+    assert_int_equal(put_ckpt_in("r3", g_vol1, "4", b, len, hex, NULL), 422);
+    free(b);
+}
+
+/* One volunteer's unverified claim (issue 22: samples 1e9 at step 1000 of a
+ * run of 100) shows in no public figure. */
+static void test_public_figures_verified_only(void **state)
+{
+    (void)state;
+    json_t *s0 = get_json("/api/v1/runs/r1/stats", NULL);
+    json_t *c0 = get_json("/api/v1/runs/r1/curve", NULL);
+    const int m[] = {MAL, V1C};
+    const double seen[] = {1e9, 1e9};
+    struct peer_report r;
+    build(&r, MAL, 99, 999, 1e9, m, seen, 2);
+    r.compute_s = 60;
+    expect_post(&r, MAL, 201, NULL);
+    json_t *s1 = get_json("/api/v1/runs/r1/stats", NULL);
+    json_t *c1 = get_json("/api/v1/runs/r1/curve", NULL);
+    assert_int_equal(json_integer_value(json_object_get(s1, "current_step")),
+                     json_integer_value(json_object_get(s0, "current_step")));
+    assert_true(json_integer_value(json_object_get(s1, "current_step")) < 99);
+    assert_true(num(s1, "samples_per_s") == num(s0, "samples_per_s"));
+    assert_true(num(json_object_get(s1, "totals"), "verified_samples") ==
+                num(json_object_get(s0, "totals"), "verified_samples"));
+    assert_true(json_equal(json_object_get(c1, "points"), json_object_get(c0, "points")));
+    json_decref(s0);
+    json_decref(s1);
+    json_decref(c0);
+    json_decref(c1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -726,6 +1006,9 @@ int main(void)
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_curve_and_stats),
         cmocka_unit_test(test_agent_reporter),
+        cmocka_unit_test(test_checkpoint_vouched_by_members),
+        cmocka_unit_test(test_run_status_follows_verified_progress),
+        cmocka_unit_test(test_public_figures_verified_only),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -69,6 +69,7 @@ static void test_encode_fields(void **state)
     assert_true(json_number_value(json_object_get(j, "loss")) == 0.4125);
     assert_true(json_number_value(json_object_get(j, "round_ms")) == 120.25);
     assert_int_equal(json_integer_value(json_object_get(j, "parts_averaged")), 3);
+    assert_null(json_object_get(j, "params")); /* only when known */
     json_t *m = json_object_get(j, "members");
     assert_int_equal(json_object_size(m), 2);
     r.members[1].pub[0] = 2;
@@ -86,6 +87,16 @@ static void test_encode_fields(void **state)
                      CM_OK);
     assert_int_equal(len, len2);
     assert_memory_equal(buf, again, len);
+    /* the parameter hash after the round, as 64 lowercase hex digits */
+    for (int i = 0; i < 32; i++)
+        r.params[i] = (uint8_t)(0xa0 + i);
+    r.has_params = 1;
+    assert_int_equal(peer_report_encode(&r, "fmnist", pub, 1763800000, buf, sizeof buf, &len), CM_OK);
+    j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &e);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "params")),
+                        "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf");
+    json_decref(j);
 }
 
 static void test_encode_refuses_out_of_bounds(void **state)

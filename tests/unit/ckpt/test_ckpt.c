@@ -325,30 +325,33 @@ static void test_stream_verifier(void **state)
             size_t k = len - off < chunks[ci] ? len - off : chunks[ci];
             assert_int_equal(cm_ckpt_stream_update(&s, b + off, k), CM_OK);
         }
-        uint8_t got[32];
-        uint64_t step = 0;
-        assert_int_equal(cm_ckpt_stream_final(&s, got, &step), CM_OK);
-        assert_memory_equal(got, want, 32);
-        assert_int_equal(step, f.c.step);
+        struct cm_ckpt_stream_info info;
+        assert_int_equal(cm_ckpt_stream_final(&s, &info), CM_OK);
+        assert_memory_equal(info.file_sha256, want, 32);
+        assert_int_equal(info.step, f.c.step);
+        assert_int_equal(info.n_params, f.c.n_params);
+        uint8_t ph[32];
+        cm_sha256(f.c.params, 4 * f.c.n_params, ph);
+        assert_memory_equal(info.params_sha256, ph, 32);
     }
     struct cm_ckpt_stream s;
     /* Truncated upload. */
     assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
     assert_int_equal(cm_ckpt_stream_update(&s, b, len - 1), CM_OK);
-    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_EPARSE);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL), CM_EPARSE);
     /* Extra byte. */
     uint8_t *longer = malloc(len + 1);
     memcpy(longer, b, len);
     longer[len] = 0;
     assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
     assert_int_equal(cm_ckpt_stream_update(&s, longer, len + 1), CM_ETOOBIG);
-    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_ESTATE);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL), CM_ESTATE);
     free(longer);
     /* Corrupted body byte. */
     b[100] ^= 1;
     assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
     assert_int_equal(cm_ckpt_stream_update(&s, b, len), CM_OK);
-    assert_int_equal(cm_ckpt_stream_final(&s, NULL, NULL), CM_ECHECKSUM);
+    assert_int_equal(cm_ckpt_stream_final(&s, NULL), CM_ECHECKSUM);
     b[100] ^= 1;
     /* Declared size above the limit is refused once the header is in. */
     assert_int_equal(cm_ckpt_stream_init(&s, len - 1), CM_OK);
@@ -359,6 +362,34 @@ static void test_stream_verifier(void **state)
     assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
     assert_int_equal(cm_ckpt_stream_update(&s, b, 64), CM_EPARSE);
     cm_ckpt_stream_cleanup(&s);
+    b[0] = 'C';
+    /* Structure broken under a valid trailer (what an uploader who writes
+       his own hash can send): the sections are walked, not only hashed. */
+    struct {
+        size_t at;
+        uint8_t v;
+        int rc;
+    } broken[] = {
+        {40, 1, CM_EPARSE},                        /* n_opt 1: a buffer's bytes left over */
+        {64 + 3, 0, CM_EPARSE},                    /* a NUL in the config */
+        {len - 32 - 37 * 4 - 8 - 6, 0, CM_EPARSE}, /* a NUL in the second buffer's name */
+        {len - 32 - 37 * 4 - 8 - 1, 'm', CM_EPARSE}, /* the second name equals the first */
+    };
+    for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
+        uint8_t *c = malloc(len);
+        memcpy(c, b, len);
+        c[broken[i].at] = broken[i].v;
+        cm_sha256(c, len - 32, c + len - 32);
+        struct cm_ckpt r;
+        assert_int_not_equal(cm_ckpt_parse(c, len, &r), CM_OK);
+        assert_int_equal(cm_ckpt_stream_init(&s, 1 << 20), CM_OK);
+        int rc = cm_ckpt_stream_update(&s, c, len);
+        if (rc == CM_OK)
+            rc = cm_ckpt_stream_final(&s, NULL);
+        cm_ckpt_stream_cleanup(&s);
+        assert_int_equal(rc, broken[i].rc);
+        free(c);
+    }
     free(b);
 }
 

@@ -57,6 +57,14 @@ static void test_agent_forms(void **state)
     assert_false(g_fast.has_loss);
     same_as_json(HEAD "\"step\":-0," REST "\"loss\":1E-3,\"members\":{\"" K2 "\":1.5e2},"
                       "\"excluded\":[],\"t\":1}");
+    assert_false(g_fast.has_params);
+    /* the parameter hash after the round (docs/checkpoints.md, "Trust") */
+    same_as_json(HEAD "\"step\":3," REST "\"params\":\"" ROUND "\",\"members\":{},\"excluded\":[],"
+                      "\"t\":1}");
+    assert_true(g_fast.has_params);
+    assert_int_equal(g_fast.params[0], 0x00);
+    assert_int_equal(g_fast.params[1], 0x11);
+    assert_int_equal(g_fast.params[31], 0xff);
 }
 
 static void test_left_to_json(void **state)
@@ -76,6 +84,11 @@ static void test_left_to_json(void **state)
         HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1,\"t\":1}",
         HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[]}",
         HEAD "\"step\":01," REST "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"params\":\"00\",\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"params\":\"00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff\","
+             "\"members\":{},\"excluded\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"params\":\"" ROUND "\",\"params\":\"" ROUND "\",\"members\":{},"
+             "\"excluded\":[],\"t\":1}",
         HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}x",
         /* valid JSON, but not the agents' form: escapes, non-ASCII */
         "{\"format\":\"crowdtrain-report\\u002f1\",\"run\":\"r1\",\"peer\":\"" K1 "\","
@@ -90,10 +103,13 @@ static void test_left_to_json(void **state)
             fail_msg("taken directly: %s", other[i]);
     /* the escaped form is still a valid report, through the generic parser */
     char err[256];
-    assert_int_equal(coord_report_parse(other[13], strlen(other[13]), &g_json, err, sizeof err),
+    assert_int_equal(coord_report_parse(other[16], strlen(other[16]), &g_json, err, sizeof err),
                      CM_OK);
     assert_int_equal(coord_report_parse(other[0], strlen(other[0]), &g_json, err, sizeof err),
                      CM_EPARSE);
+    for (size_t i = 12; i <= 14; i++) /* the malformed parameter hashes */
+        assert_int_equal(coord_report_parse(other[i], strlen(other[i]), &g_json, err, sizeof err),
+                         CM_EPARSE);
     assert_true(err[0] != '\0');
 }
 
