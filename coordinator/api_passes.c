@@ -199,6 +199,14 @@ void api_passes_create(struct coord_req *req, struct coord_resp *resp)
     const int lens[] = {0, 0, CM_ED25519_PUB_LEN, 0, 0, 0, 0, CM_PASSREQ_NONCE_LEN};
     const int fmts[] = {0, 0, 1, 0, 0, 0, 0, 1};
     PGresult *r = coord_db_exec_bin(req->db, &S_PASS_NEW, p, lens, fmts, NULL);
+    /* The run is usable but the key has no row we could see: another
+     * request claimed it while ours ran (our snapshot predates its commit).
+     * Once more, with a snapshot that sees the claim. */
+    if (r && PQntuples(r) == 1 && PQgetisnull(r, 0, 0) && !strcmp(PQgetvalue(r, 0, 1), "t") &&
+        PQgetisnull(r, 0, 2) && PQgetisnull(r, 0, 3)) {
+        PQclear(r);
+        r = coord_db_exec_bin(req->db, &S_PASS_NEW, p, lens, fmts, NULL);
+    }
     if (!r) {
         coord_resp_error(resp, 500, "internal", "database error");
         return;
