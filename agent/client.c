@@ -3,6 +3,7 @@
 #include "agent/client.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
+#include "cm_passreq.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -112,6 +113,49 @@ int agent_request(const struct agent_client *c, const char *method, const char *
     curl_slist_free_all(hl);
     curl_easy_cleanup(h);
     return ret;
+}
+
+static int post_signed_pass(const struct agent_client *c, const char *path, const char *run,
+                            const char *username, const struct cm_ed25519 *key, int64_t ts,
+                            struct agent_reply *out)
+{
+    struct cm_passreq pr;
+    int rc = cm_passreq_sign(key, run, username, ts, &pr);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: could not sign the pass request: %s\n", cm_strerror(rc));
+        return rc;
+    }
+    json_t *body = cm_passreq_to_json(&pr);
+    if (!body)
+        return CM_ENOMEM;
+    rc = agent_request(c, "POST", path, body, out);
+    json_decref(body);
+    return rc;
+}
+
+int agent_request_pass(const struct agent_client *c, const char *run, const char *username,
+                       const struct cm_ed25519 *key, int64_t now_s, struct agent_reply *out)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
+    int rc = post_signed_pass(c, path, run, username, key, now_s, out);
+    const char *code = rc == CM_OK && out->status == 400
+                           ? json_string_value(json_object_get(json_object_get(out->json, "error"), "code"))
+                           : NULL;
+    if (!code || strcmp(code, "stale_request") != 0)
+        return rc;
+    struct agent_reply t = {0};
+    int trc = agent_request(c, "GET", "/api/v1/time", NULL, &t);
+    json_t *ms = trc == CM_OK && t.status == 200 ? json_object_get(t.json, "time_ms") : NULL;
+    if (json_is_integer(ms)) {
+        fprintf(stderr, "warning: this machine's clock is %lld s off the coordinator's; signing the pass "
+                        "request with the coordinator's time\n",
+                (long long)(now_s - json_integer_value(ms) / 1000));
+        agent_reply_free(out);
+        rc = post_signed_pass(c, path, run, username, key, (int64_t)(json_integer_value(ms) / 1000), out);
+    }
+    agent_reply_free(&t);
+    return rc; /* without the coordinator's time: the stale_request answer */
 }
 
 void agent_reply_free(struct agent_reply *r)

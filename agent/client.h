@@ -7,6 +7,9 @@
 
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
+
+#include "cm_crypto.h"
 
 struct agent_client {
     char *url;     /* https://host:port, no trailing slash */
@@ -30,6 +33,15 @@ int agent_request(const struct agent_client *c, const char *method, const char *
 void agent_reply_free(struct agent_reply *r);
 /* Prints "error: <what>: <server message>" for a non-2xx reply. */
 void agent_reply_report(const char *what, const struct agent_reply *r);
+
+/* Asks for an access pass for `run` (POST /api/v1/runs/{run}/passes) with a
+ * request signed by the peer key `key` as user `username` at Unix time
+ * now_s (docs/protocol.md, "Pass requests"). When the coordinator finds the
+ * time outside its window (400 stale_request: this machine's clock is off),
+ * signs again once with the coordinator's clock (GET /api/v1/time). Returns
+ * as agent_request; the answer (any status) is in out. */
+int agent_request_pass(const struct agent_client *c, const char *run, const char *username,
+                       const struct cm_ed25519 *key, int64_t now_s, struct agent_reply *out);
 
 /* The state directory: --config-dir, else $CROWDTRAIN_CONFIG_DIR, else
  * $XDG_CONFIG_HOME/crowdtrain, else ~/.config/crowdtrain. Created 0700. */

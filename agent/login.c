@@ -146,8 +146,9 @@ static void print_pass(const struct cm_pass_claims *c, json_t *pass, const char 
     printf("\n  saved to     %s\n", path);
 }
 
-/* Obtains a pass for `run` and stores/prints it. */
-static int obtain_pass(const struct agent_client *c, const char *dir, const char *run)
+/* Obtains a pass for `run` and stores/prints it; the request is signed by
+ * the peer key, as `username` (the session's user). */
+static int obtain_pass(const struct agent_client *c, const char *dir, const char *run, const char *username)
 {
     struct cm_ed25519 key;
     int created = 0;
@@ -157,13 +158,11 @@ static int obtain_pass(const struct agent_client *c, const char *dir, const char
     cm_b64url_encode(key.pub, CM_ED25519_PUB_LEN, pk);
     if (created)
         printf("Created this peer's key pair: %s/peer-ed25519.pem (public key %s)\n", dir, pk);
-    cm_ed25519_cleanup(&key);
-    char path[512];
-    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
-    json_t *body = json_pack("{s:s}", "peer_public_key", pk);
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    memcpy(pub, key.pub, sizeof pub);
     struct agent_reply r;
-    int rc = agent_request(c, "POST", path, body, &r);
-    json_decref(body);
+    int rc = agent_request_pass(c, run, username, &key, (int64_t)time(NULL), &r);
+    cm_ed25519_cleanup(&key);
     if (rc != CM_OK)
         return 1;
     if (r.status != 201) {
@@ -177,7 +176,7 @@ static int obtain_pass(const struct agent_client *c, const char *dir, const char
     const char *tok = json_string_value(json_object_get(r.json, "access_token"));
     struct cm_pass_claims claims;
     rc = tok ? verify_pass(c, tok, &claims) : CM_EPARSE;
-    if (rc != CM_OK || strcmp(claims.run, run) != 0 || memcmp(claims.peer_public_key, key.pub, 32) != 0) {
+    if (rc != CM_OK || strcmp(claims.run, run) != 0 || memcmp(claims.peer_public_key, pub, sizeof pub) != 0) {
         fprintf(stderr, "error: the coordinator's pass does not verify (%s); not saving it\n",
                 cm_strerror(rc != CM_OK ? rc : CM_EINVAL));
         agent_reply_free(&r);
@@ -283,7 +282,7 @@ int agent_cmd_login(int argc, char **argv)
     status = 0;
     if (cfg.run) {
         c.token = (char *)token;
-        status = obtain_pass(&c, dir, cfg.run);
+        status = obtain_pass(&c, dir, cfg.run, user);
     }
 out:
     agent_reply_free(&r);
@@ -338,12 +337,13 @@ int agent_cmd_pass(int argc, char **argv)
         (char *)json_string_value(json_object_get(session, "ca_cert")),
         (char *)json_string_value(json_object_get(session, "token")),
     };
-    if (!c.url || !c.token) {
+    const char *user = json_string_value(json_object_get(session, "username"));
+    if (!c.url || !c.token || !user) {
         fprintf(stderr, "error: %s/session.json is incomplete; log in again\n", dir);
         goto out;
     }
     if (!cfg.show) {
-        status = obtain_pass(&c, dir, cfg.run);
+        status = obtain_pass(&c, dir, cfg.run, user);
         goto out;
     }
     char name[128], full[4300];

@@ -53,6 +53,13 @@ int cm_ed25519_sign(const struct cm_ed25519 *k, const void *msg, size_t len,
 int cm_ed25519_verify(const uint8_t pub[CM_ED25519_PUB_LEN], const void *msg, size_t len,
                       const uint8_t sig[CM_ED25519_SIG_LEN]);
 
+/* CM_OK when pub is a usable peer identity; CM_EINVAL when it encodes a
+ * point of small order (the eight points of order 1, 2, 4 or 8, which
+ * include the all-zero key: signatures under them can be forged without
+ * any private key) or is not canonical (y >= 2^255 - 19, a second spelling
+ * of some point). */
+int cm_ed25519_pub_check(const uint8_t pub[CM_ED25519_PUB_LEN]);
+
 /* base64url without padding (RFC 4648 §5). encoded length = ceil(4n/3). */
 size_t cm_b64url_encoded_len(size_t n);
 /* Writes a NUL-terminated string; `out` holds at least encoded_len + 1. */

@@ -37,6 +37,15 @@ void api_passes_create(struct coord_req *req, struct coord_resp *resp);
 void api_passes_list(struct coord_req *req, struct coord_resp *resp);
 void api_passes_revoke(struct coord_req *req, struct coord_resp *resp);
 void api_revocations(struct coord_req *req, struct coord_resp *resp);
+/* api_peer_keys.c: GET, and organizers' revoke and release, of one peer key */
+void api_peer_key_get(struct coord_req *req, struct coord_resp *resp);
+void api_peer_key_revoke(struct coord_req *req, struct coord_resp *resp);
+void api_peer_key_release(struct coord_req *req, struct coord_resp *resp);
+/* Inside the caller's transaction: blocks peer key pk (a row with no owner
+ * when nobody holds it) and revokes its live passes in every run. *newly:
+ * the key was not revoked before; *passes: how many passes this revoked. */
+int api_peer_key_block(struct coord_req *req, const uint8_t pk[CM_ED25519_PUB_LEN], const char *reason,
+                       int *newly, int *passes);
 /* 1 when run params[0] exists, else 0 with 404 (or 500) set. Needs req->db. */
 int api_run_known(struct coord_req *req, struct coord_resp *resp);
 /* Whether the caller holds a valid pass of run params[0] for peer key pk

@@ -34,5 +34,11 @@ $(BENCH_FLOOD): $(BUILD)/obj/tests/bench/bench_flood.o
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(LDLIBS)
-tests/bench/bench_coordinator.sh: $(BENCH_FLOOD)
+# wrk replays pass requests signed beforehand by bench_passreq (each is accepted once).
+BENCH_PASSREQ := $(BUILD)/tests/bench/bench_passreq
+$(BENCH_PASSREQ): $(BUILD)/obj/tests/bench/bench_passreq.o $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(COMMON_LIB) $(LDLIBS)
+tests/bench/bench_coordinator.sh: $(BENCH_FLOOD) $(BENCH_PASSREQ) $(COORD_BIN)
 BENCHES += tests/bench/bench_coordinator.sh

@@ -143,13 +143,13 @@ static void stop_session(struct peer_rt *rt)
 /* ---- pass ---- */
 static int fetch_pass_once(struct peer_rt *rt)
 {
-    char pk[64], path[256];
-    cm_b64url_encode(rt->key.pub, CM_ED25519_PUB_LEN, pk);
-    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", rt->cfg.run);
-    json_t *body = json_pack("{s:s}", "peer_public_key", pk);
+    const char *user = json_string_value(json_object_get(rt->session, "username"));
+    if (!user) {
+        fprintf(stderr, "error: the saved session names no user; log in again\n");
+        return CM_EINVAL;
+    }
     struct agent_reply r;
-    int rc = agent_request(&rt->coord, "POST", path, body, &r);
-    json_decref(body);
+    int rc = agent_request_pass(&rt->coord, rt->cfg.run, user, &rt->key, peer_rt_now_ms(rt) / 1000, &r);
     if (rc != CM_OK)
         return rc;
     if (r.status != 201) {

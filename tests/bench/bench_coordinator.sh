@@ -1,7 +1,9 @@
 #!/bin/sh
 # Coordinator throughput on loopback with wrk: access-pass issuance (POST
-# /api/v1/runs/{run}/passes: session lookup, allowlist join, a durable
-# INSERT, an Ed25519 signature) and the public run list (GET /api/v1/runs),
+# /api/v1/runs/{run}/passes: session lookup, the request's Ed25519
+# signature check (proof of key possession), allowlist join, key ownership
+# and a durable INSERT in one statement, an Ed25519 signature) and the
+# public run list (GET /api/v1/runs),
 # against GET /metrics (no database) as the in-run reference for what the
 # HTTPS layer alone sustains. PostgreSQL runs with its default durability
 # (fsync on, synchronous_commit on).
@@ -43,11 +45,29 @@ for r in 1 2 3 4 5 6 7 8; do
 done
 c -X PUT "$url/api/v1/runs/run-1/allowlist/vol"
 vol=$(login vol bench-volunteer-pw)
+# A signed pass request is accepted once, so wrk sends distinct ones signed
+# just before (one key, fresh nonces; more than the run can use; the
+# coordinator takes them for 300 s): thread k of the 2 sends lines k+1, k+3,
+# ... A line sent twice would show as non-2xx (409 replayed_request).
 cat >"$work/pass.lua" <<LUA
 wrk.method = "POST"
-wrk.body = '{"peer_public_key":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $vol"
+local counter = 0
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+end
+local bodies, i = {}, 0
+function init(args)
+  for line in io.lines("$work/passreq.txt") do bodies[#bodies + 1] = line end
+  i = id + 1 - 2
+end
+function request()
+  i = i + 2
+  if i > #bodies then i = id + 1 end
+  return wrk.format(nil, nil, nil, bodies[i])
+end
 LUA
 
 # run_wrk NAME PATH [SCRIPT] -> prints "NAME req/s p99"
@@ -62,6 +82,7 @@ run_wrk() {
 }
 echo "coordinator on loopback: $THREADS HTTP threads, $CONNS connections, ${DUR}s each, $(nproc) cores"
 run_wrk reference_metrics /metrics
+build/tests/bench/bench_passreq run-1 vol $((DUR * 8000)) >"$work/passreq.txt"
 run_wrk passes /api/v1/runs/run-1/passes "$work/pass.lua"
 run_wrk runs_list /api/v1/runs
 issued=$(curl -sS --cacert "$ca" "$url/metrics" | awk '/^crowdtrain_passes_issued_total/ {print $2}')

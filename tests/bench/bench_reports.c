@@ -53,6 +53,7 @@
 #include "agent/peer/report.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
+#include "cm_passreq.h"
 
 static const char *g_url, *g_ca;
 
@@ -654,12 +655,17 @@ int main(int argc, char **argv)
         return 1;
     double ts = now_s();
     for (int a = 0; a < g_n; a++) {
-        char pk[64], body[128];
         json_t *j = NULL;
+        struct cm_passreq pr;
         cm_ed25519_generate(&ag[a].key);
-        cm_b64url_encode(ag[a].key.pub, 32, pk);
-        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
-        if (api("POST", "/api/v1/runs/bench/passes", vol, body, &j) != 201) {
+        json_t *pj = cm_passreq_sign(&ag[a].key, "bench", "vol", (int64_t)time(NULL), &pr) == CM_OK
+                         ? cm_passreq_to_json(&pr)
+                         : NULL;
+        char *body = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+        json_decref(pj);
+        long st = body ? api("POST", "/api/v1/runs/bench/passes", vol, body, &j) : 0;
+        free(body);
+        if (st != 201) {
             fprintf(stderr, "bench_reports: pass %d refused\n", a);
             return 1;
         }

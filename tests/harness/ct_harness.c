@@ -1,5 +1,7 @@
 /* Integration-test harness (see ct_harness.h). */
 #include "ct_harness.h"
+#include "cm_err.h"
+#include "cm_passreq.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -610,6 +612,33 @@ char *ct_read_file(const char *path, size_t *len)
     if (len)
         *len = b.len;
     return b.p ? b.p : strdup("");
+}
+
+int ct_pass_body(const char *run, const char *user, const struct cm_ed25519 *key, char *out, size_t cap)
+{
+    struct cm_passreq pr;
+    if (cm_passreq_sign(key, run, user, (int64_t)time(NULL), &pr) != CM_OK)
+        return -1;
+    json_t *j = cm_passreq_to_json(&pr);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    int ok = s && strlen(s) < cap;
+    if (ok)
+        memcpy(out, s, strlen(s) + 1);
+    free(s);
+    return ok ? 0 : -1;
+}
+
+long ct_pass_request(const struct ct_coord *c, const char *bearer, const char *run, const char *user,
+                     const struct cm_ed25519 *key, struct ct_resp *out)
+{
+    char body[512], path[160];
+    memset(out, 0, sizeof *out);
+    if (ct_pass_body(run, user, key, body, sizeof body) != 0)
+        return 0;
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
+    ct_http(c, "POST", path, bearer, body, out);
+    return out->status;
 }
 
 int ct_volunteer_account(const struct ct_coord *c, const char *org, const char *run, const char *name, char *dir)

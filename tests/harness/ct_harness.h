@@ -14,7 +14,10 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+#include "cm_crypto.h"
 
 #define CT_SKIP 77
 
@@ -96,6 +99,16 @@ int ct_wait(pid_t pid, int timeout_s);
 char *ct_read_file(const char *path, size_t *len);
 /* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
 int ct_tempdir(const char *tag, char *out, size_t cap);
+
+/* The body of a pass request for `run` signed by `key` as `user`, timed
+ * now with a fresh nonce (docs/protocol.md, "Pass requests"), into out
+ * (cap >= 256). Each call makes a new request: one body is accepted once.
+ * 0 on success. */
+int ct_pass_body(const char *run, const char *user, const struct cm_ed25519 *key, char *out, size_t cap);
+/* POST /api/v1/runs/{run}/passes with ct_pass_body; returns the status
+ * (0 when no request was made), the answer in out (free it). */
+long ct_pass_request(const struct ct_coord *c, const char *bearer, const char *run, const char *user,
+                     const struct cm_ed25519 *key, struct ct_resp *out);
 
 /* A volunteer account `name` (password "volunteer-pw") made by the
  * organizer `org`, allowlisted on run, and a fresh state directory for it

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_crypto.h"
+#include "cm_err.h"
 #include "ct_harness.h"
 
 static struct ct_pg g_pg;
@@ -300,8 +302,9 @@ static void test_disabled_account_stops_at_once(void **state)
     /* Another process disabled it, so this coordinator may still hold s3 in
      * its session cache (at most 5 s): then the pass statement itself
      * refuses. Either way no pass. */
-    ct_http(&g_c, "POST", "/api/v1/runs/acct/passes", s3,
-            "{\"peer_public_key\":\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"}", &r);
+    struct cm_ed25519 key;
+    assert_int_equal(cm_ed25519_generate(&key), CM_OK);
+    ct_pass_request(&g_c, s3, "acct", "leaver", &key, &r);
     if (r.status != 401) {
         assert_int_equal(r.status, 403);
         assert_string_equal(err_code(&r), "account_disabled");

@@ -77,13 +77,9 @@ struct peer {
 static void get_pass(struct peer *p)
 {
     assert_int_equal(cm_ed25519_generate(&p->key), CM_OK);
-    char pk[64], body[128];
-    cm_b64url_encode(p->key.pub, 32, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
     for (int attempt = 0; attempt < 150; attempt++) {
         struct ct_resp r;
-        ct_http(&g_c, "POST", "/api/v1/runs/swarm/passes", g_vol, body, &r);
-        assert_int_equal(r.status, 201);
+        assert_int_equal(ct_pass_request(&g_c, g_vol, "swarm", "vol", &p->key, &r), 201);
         json_t *boot = json_object_get(r.json, "bootstrap");
         if (json_array_size(boot) > 0) {
             p->token = strdup(json_string_value(json_object_get(r.json, "access_token")));
@@ -250,11 +246,7 @@ static void test_closed_run_loses_backbone(void **state)
     /* and passes can no longer be had for it */
     struct cm_ed25519 k;
     assert_int_equal(cm_ed25519_generate(&k), CM_OK);
-    char pk[64], body[128];
-    cm_b64url_encode(k.pub, 32, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
-    ct_http(&g_c, "POST", "/api/v1/runs/swarm/passes", g_vol, body, &r);
-    assert_int_equal(r.status, 409);
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "swarm", "vol", &k, &r), 409);
     ct_resp_free(&r);
     cm_ed25519_cleanup(&k);
 }

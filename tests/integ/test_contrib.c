@@ -81,15 +81,10 @@ static char *make_user(const char *name, const char *role)
     return ct_login(&g_c, name, PW);
 }
 
-static int get_pass(int i, const char *run, const char *bearer)
+static int get_pass(int i, const char *run, const char *bearer, const char *user)
 {
-    char pk[64], body[200], path[128];
-    cm_b64url_encode(g_key[i].pub, 32, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
-    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
     struct ct_resp r;
-    ct_http(&g_c, "POST", path, bearer, body, &r);
-    int ok = r.status == 201;
+    int ok = ct_pass_request(&g_c, bearer, run, user, &g_key[i], &r) == 201;
     if (ok) {
         g_tok[i] = strdup(json_string_value(json_object_get(r.json, "access_token")));
         snprintf(g_pass_id[i], sizeof g_pass_id[i], "%s",
@@ -128,8 +123,10 @@ static int setup(void **state)
             return -1;
     const char *owner[NPEERS] = {g_vol1, g_vol1, g_vol1, g_vol2, g_vol2, g_mal, g_vol2, g_vol1,
                                  g_vol1, g_vol1};
+    const char *owner_name[NPEERS] = {"vol1", "vol1", "vol1", "vol2",  "vol2",
+                                      "mallory", "vol2", "vol1", "vol1", "vol1"};
     for (int i = 0; i < NPEERS; i++)
-        if (get_pass(i, i == OTHER_RUN ? "r2" : i >= F1 ? "r3" : "r1", owner[i]) != 0)
+        if (get_pass(i, i == OTHER_RUN ? "r2" : i >= F1 ? "r3" : "r1", owner[i], owner_name[i]) != 0)
             return -1;
     char path[128];
     snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[REVOKED]);

@@ -28,6 +28,7 @@
 
 #include "cm_crypto.h"
 #include "cm_err.h"
+#include "cm_passreq.h"
 #include "cm_token.h"
 #include "ct_harness.h"
 
@@ -139,15 +140,12 @@ static size_t published_keys(const struct ct_coord *c, uint8_t keys[][32], size_
     return n;
 }
 
-static char *get_pass(const struct ct_coord *c, const char *bearer, const struct cm_ed25519 *peer,
-                      long *status)
+/* A pass of run fmnist for `peer`, asked as `user` (whose session bearer is). */
+static char *get_pass_as(const struct ct_coord *c, const char *bearer, const char *user,
+                         const struct cm_ed25519 *peer, long *status)
 {
-    char pk[64], body[128];
-    pubkey_b64(peer, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
     struct ct_resp r;
-    ct_http(c, "POST", "/api/v1/runs/fmnist/passes", bearer, body, &r);
-    *status = r.status;
+    *status = ct_pass_request(c, bearer, "fmnist", user, peer, &r);
     const char *t = json_string_value(jget(&r, "access_token"));
     char *out = t ? strdup(t) : NULL;
     ct_resp_free(&r);
@@ -162,26 +160,25 @@ static void test_pass_issued_only_to_allowlisted(void **state)
     long st = 0;
 
     /* not logged in */
-    char *t = get_pass(&g_c, NULL, &peer, &st);
+    char *t = get_pass_as(&g_c, NULL, "vol", &peer, &st);
     assert_null(t);
     assert_int_equal(st, 401);
     /* logged in but not allowlisted */
     char *outsider = ct_login(&g_c, "outsider", VOL_PW);
     assert_non_null(outsider);
-    t = get_pass(&g_c, outsider, &peer, &st);
+    t = get_pass_as(&g_c, outsider, "outsider", &peer, &st);
     assert_null(t);
     assert_int_equal(st, 403);
     /* unknown run */
     struct ct_resp r;
-    char pk[64], body[128];
-    pubkey_b64(&peer, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
+    char body[512];
+    assert_int_equal(ct_pass_body("nope", "vol", &peer, body, sizeof body), 0);
     ct_http(&g_c, "POST", "/api/v1/runs/nope/passes", g_vol, body, &r);
     assert_error(&r, 404, "not_found");
     ct_resp_free(&r);
 
     /* allowlisted volunteer: the token verifies against the published key */
-    t = get_pass(&g_c, g_vol, &peer, &st);
+    t = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_int_equal(st, 201);
     assert_non_null(t);
     uint8_t keys[8][32];
@@ -199,13 +196,13 @@ static void test_pass_issued_only_to_allowlisted(void **state)
     free(t);
 
     /* an organizer who is not allowlisted gets no pass either */
-    t = get_pass(&g_c, g_org, &peer, &st);
+    t = get_pass_as(&g_c, g_org, "org", &peer, &st);
     assert_null(t);
     assert_int_equal(st, 403);
 
     /* paused run: no pass, and the run says why */
     assert_int_equal(req("PATCH", "/api/v1/runs/fmnist", g_org, "{\"status\":\"paused\"}"), 200);
-    t = get_pass(&g_c, g_vol, &peer, &st);
+    t = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_null(t);
     assert_int_equal(st, 409);
     assert_int_equal(req("PATCH", "/api/v1/runs/fmnist", g_org, "{\"status\":\"open\"}"), 200);
@@ -225,7 +222,7 @@ static void test_revocation_listed(void **state)
     struct cm_ed25519 peer;
     assert_int_equal(cm_ed25519_generate(&peer), CM_OK);
     long st;
-    char *t = get_pass(&g_c, g_vol, &peer, &st);
+    char *t = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_non_null(t);
     struct cm_pass_claims c;
     uint8_t sig[64];
@@ -236,12 +233,13 @@ static void test_revocation_listed(void **state)
     /* volunteers and auditors cannot revoke */
     assert_int_equal(req("POST", path, g_vol, NULL), 403);
     assert_int_equal(req("POST", path, g_aud, NULL), 403);
+    /* scope "pass": this pass only (the key may be given a new one) */
     struct ct_resp r;
-    ct_http(&g_c, "POST", path, g_org, "{\"reason\":\"test\"}", &r);
+    ct_http(&g_c, "POST", path, g_org, "{\"reason\":\"test\",\"scope\":\"pass\"}", &r);
     assert_int_equal(r.status, 200);
     assert_false(json_is_true(jget(&r, "already_revoked")));
     ct_resp_free(&r);
-    ct_http(&g_c, "POST", path, g_org, NULL, &r);
+    ct_http(&g_c, "POST", path, g_org, "{\"scope\":\"pass\"}", &r);
     assert_int_equal(r.status, 200);
     assert_true(json_is_true(jget(&r, "already_revoked")));
     ct_resp_free(&r);
@@ -265,18 +263,277 @@ static void test_revocation_listed(void **state)
     ct_resp_free(&r);
 
     /* removing a user from the allowlist revokes their live passes */
-    char *t2 = get_pass(&g_c, g_vol, &peer, &st);
+    char *t2 = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_non_null(t2);
     ct_http(&g_c, "DELETE", "/api/v1/runs/fmnist/allowlist/vol", g_org, NULL, &r);
     assert_int_equal(r.status, 200);
     assert_true(json_integer_value(jget(&r, "passes_revoked")) >= 1);
     ct_resp_free(&r);
-    free(get_pass(&g_c, g_vol, &peer, &st));
+    free(get_pass_as(&g_c, g_vol, "vol", &peer, &st));
     assert_int_equal(st, 403);
     assert_int_equal(req("PUT", "/api/v1/runs/fmnist/allowlist/vol", g_org, NULL), 201);
     free(t);
     free(t2);
     cm_ed25519_cleanup(&peer);
+}
+
+/* ---- proof of possession (issue 22, finding 4) ---- */
+
+/* POSTs a pass request built from pr (signed or not by the caller). */
+static long post_passreq(const char *bearer, const char *run, const struct cm_passreq *pr, struct ct_resp *r)
+{
+    json_t *j = cm_passreq_to_json(pr);
+    char *body = json_dumps(j, JSON_COMPACT);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
+    ct_http(&g_c, "POST", path, bearer, body, r);
+    free(body);
+    json_decref(j);
+    return r->status;
+}
+
+/* A second allowlisted volunteer of fmnist; its session token (heap). */
+static char *second_volunteer(const char *name)
+{
+    char body[256], path[128];
+    snprintf(body, sizeof body, "{\"username\":\"%s\",\"role\":\"volunteer\",\"password\":\"%s\"}", name,
+             VOL_PW);
+    snprintf(path, sizeof path, "/api/v1/runs/fmnist/allowlist/%s", name);
+    assert_int_equal(req("POST", "/api/v1/users", g_org, body), 201);
+    assert_int_equal(req("PUT", path, g_org, NULL), 201);
+    char *t = ct_login(&g_c, name, VOL_PW);
+    assert_non_null(t);
+    return t;
+}
+
+static void test_pass_needs_proof_of_possession(void **state)
+{
+    (void)state;
+    struct cm_ed25519 victim, thief;
+    assert_int_equal(cm_ed25519_generate(&victim), CM_OK);
+    assert_int_equal(cm_ed25519_generate(&thief), CM_OK);
+    struct ct_resp r;
+    /* the request of before (the key alone) proves nothing: refused */
+    char pk[64], body[128];
+    pubkey_b64(&victim, pk);
+    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
+    ct_http(&g_c, "POST", "/api/v1/runs/fmnist/passes", g_vol, body, &r);
+    assert_error(&r, 400, "invalid_request");
+    ct_resp_free(&r);
+    /* the victim's key, signed by a key the requester does hold */
+    struct cm_passreq pr;
+    assert_int_equal(cm_passreq_sign(&thief, "fmnist", "vol", (int64_t)time(NULL), &pr), CM_OK);
+    memcpy(pr.peer_public_key, victim.pub, 32);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 403, "bad_signature");
+    ct_resp_free(&r);
+    /* a signature by the right key for another user, or another run */
+    assert_int_equal(cm_passreq_sign(&victim, "fmnist", "outsider", (int64_t)time(NULL), &pr), CM_OK);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 403, "bad_signature");
+    ct_resp_free(&r);
+    assert_int_equal(cm_passreq_sign(&victim, "other", "vol", (int64_t)time(NULL), &pr), CM_OK);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 403, "bad_signature");
+    ct_resp_free(&r);
+    /* a request signed an hour ago (or ahead) is stale */
+    assert_int_equal(cm_passreq_sign(&victim, "fmnist", "vol", (int64_t)time(NULL) - 3600, &pr), CM_OK);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 400, "stale_request");
+    ct_resp_free(&r);
+    assert_int_equal(cm_passreq_sign(&victim, "fmnist", "vol", (int64_t)time(NULL) + 3600, &pr), CM_OK);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 400, "stale_request");
+    ct_resp_free(&r);
+    /* a good request mints once; the same bytes again are a replay */
+    assert_int_equal(cm_passreq_sign(&victim, "fmnist", "vol", (int64_t)time(NULL), &pr), CM_OK);
+    assert_int_equal(post_passreq(g_vol, "fmnist", &pr, &r), 201);
+    ct_resp_free(&r);
+    post_passreq(g_vol, "fmnist", &pr, &r);
+    assert_error(&r, 409, "replayed_request");
+    ct_resp_free(&r);
+    /* none of the refusals minted a pass: one row for this key */
+    char q[256], hex[65];
+    cm_hex_encode(victim.pub, 32, hex);
+    snprintf(q, sizeof q, "SELECT count(*) FROM passes WHERE peer_public_key = '\\x%s'", hex);
+    long n = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg, q, &n), 0);
+    assert_int_equal(n, 1);
+    cm_ed25519_cleanup(&victim);
+    cm_ed25519_cleanup(&thief);
+}
+
+static void test_pass_refuses_weak_keys(void **state)
+{
+    (void)state;
+    static const char *weak[] = {
+        "0000000000000000000000000000000000000000000000000000000000000000", /* all zero, order 4 */
+        "0100000000000000000000000000000000000000000000000000000000000000", /* identity */
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f", /* order 2 */
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05", /* order 8 */
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa", /* order 8 */
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f", /* y = p */
+    };
+    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++) {
+        struct cm_passreq pr;
+        memset(&pr, 0, sizeof pr);
+        size_t n = 0;
+        assert_int_equal(cm_hex_decode(weak[i], 64, pr.peer_public_key, 32, &n), CM_OK);
+        /* the unsigned form of the request (accepted before issue 22) */
+        struct ct_resp r;
+        char pk[64], body[128];
+        cm_b64url_encode(pr.peer_public_key, 32, pk);
+        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
+        ct_http(&g_c, "POST", "/api/v1/runs/fmnist/passes", g_vol, body, &r);
+        assert_int_equal(r.status, 400);
+        ct_resp_free(&r);
+        /* signed: R = identity, S = 0 satisfies the verification equation of
+         * the identity key for any message; refused for the key itself */
+        pr.timestamp = (int64_t)time(NULL);
+        assert_int_equal(cm_random_bytes(pr.nonce, sizeof pr.nonce), CM_OK);
+        pr.signature[0] = 1;
+        post_passreq(g_vol, "fmnist", &pr, &r);
+        assert_error(&r, 400, "weak_key");
+        ct_resp_free(&r);
+    }
+    long n = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM passes WHERE peer_public_key IN "
+                                  "('\\x0000000000000000000000000000000000000000000000000000000000000000', "
+                                  "'\\x0100000000000000000000000000000000000000000000000000000000000000')",
+                                  &n),
+                     0);
+    assert_int_equal(n, 0);
+}
+
+/* A key belongs to one user; revoking by key stops minting; release frees it. */
+static void test_key_has_one_owner_and_revocation_blocks_it(void **state)
+{
+    (void)state;
+    char *vol2 = second_volunteer("vol2");
+    struct cm_ed25519 k;
+    assert_int_equal(cm_ed25519_generate(&k), CM_OK);
+    char pk[64], path[192];
+    pubkey_b64(&k, pk);
+    struct ct_resp r;
+    /* vol proves to hold k first: it is vol's */
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "fmnist", "vol", &k, &r), 201);
+    char first[32];
+    snprintf(first, sizeof first, "%s", json_string_value(jget(&r, "pass_id")));
+    ct_resp_free(&r);
+    /* vol2 with a valid signature by k (as if the key had leaked) is refused */
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k, &r), 409);
+    assert_error(&r, 409, "key_owned");
+    ct_resp_free(&r);
+    /* the owner renews */
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "fmnist", "vol", &k, &r), 201);
+    ct_resp_free(&r);
+    snprintf(path, sizeof path, "/api/v1/peer-keys/%s", pk);
+    ct_http(&g_c, "GET", path, g_aud, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(json_string_value(jget(&r, "username")), "vol");
+    assert_int_equal(json_integer_value(jget(&r, "live_passes")), 2);
+    ct_resp_free(&r);
+    assert_int_equal(req("GET", path, g_vol, NULL), 403);
+
+    /* revoking one pass (default scope: its key) revokes the key's other
+     * live pass and blocks minting for the key at once */
+    snprintf(path, sizeof path, "/api/v1/runs/fmnist/passes/%s/revoke", first);
+    ct_http(&g_c, "POST", path, g_org, "{\"reason\":\"stolen device\"}", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(json_string_value(jget(&r, "scope")), "key");
+    assert_int_equal(json_integer_value(jget(&r, "passes_revoked")), 1);
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "fmnist", "vol", &k, &r), 403);
+    assert_error(&r, 403, "key_revoked");
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k, &r), 403);
+    ct_resp_free(&r);
+    /* both passes are on the public revocation list that peers gossip */
+    ct_http(&g_c, "GET", "/api/v1/runs/fmnist/revocations", NULL, NULL, &r);
+    long listed = 0;
+    long n = -1;
+    char q[256], hex[65];
+    cm_hex_encode(k.pub, 32, hex);
+    size_t i;
+    json_t *e;
+    json_array_foreach(jget(&r, "revoked"), i, e) {
+        snprintf(q, sizeof q, "SELECT count(*) FROM passes WHERE id = %s AND peer_public_key = '\\x%s'",
+                 json_string_value(json_object_get(e, "pass_id")), hex);
+        assert_int_equal(ct_pg_scalar(&g_pg, q, &n), 0);
+        listed += n;
+    }
+    ct_resp_free(&r);
+    assert_int_equal(listed, 2);
+
+    /* release: the key is free again, for whoever proves to hold it */
+    snprintf(path, sizeof path, "/api/v1/peer-keys/%s/release", pk);
+    assert_int_equal(req("POST", path, g_vol, NULL), 403);
+    assert_int_equal(req("POST", path, g_org, NULL), 200);
+    assert_int_equal(req("POST", path, g_org, NULL), 404);
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k, &r), 201);
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "fmnist", "vol", &k, &r), 409);
+    ct_resp_free(&r);
+    /* vol proved once to hold k, so its renewals are not verified again; but
+     * once the key is free, claiming it takes a valid signature, also from
+     * vol: a request signed by another key but naming k is refused */
+    assert_int_equal(req("POST", path, g_org, NULL), 200);
+    struct cm_ed25519 other;
+    assert_int_equal(cm_ed25519_generate(&other), CM_OK);
+    char forged[512], opk[64];
+    assert_int_equal(ct_pass_body("fmnist", "vol", &other, forged, sizeof forged), 0);
+    pubkey_b64(&other, opk);
+    char *at = strstr(forged, opk);
+    assert_non_null(at);
+    memcpy(at, pk, strlen(pk));
+    ct_http(&g_c, "POST", "/api/v1/runs/fmnist/passes", g_vol, forged, &r);
+    assert_error(&r, 403, "bad_signature");
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k, &r), 201);
+    ct_resp_free(&r);
+
+    /* a key can be revoked before anyone holds it */
+    struct cm_ed25519 k2;
+    assert_int_equal(cm_ed25519_generate(&k2), CM_OK);
+    char pk2[64];
+    pubkey_b64(&k2, pk2);
+    snprintf(path, sizeof path, "/api/v1/peer-keys/%s/revoke", pk2);
+    assert_int_equal(req("POST", path, g_vol, "{}"), 403);
+    ct_http(&g_c, "POST", path, g_org, "{\"reason\":\"known bad\"}", &r);
+    assert_int_equal(r.status, 200);
+    assert_false(json_is_true(jget(&r, "already_revoked")));
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, g_vol, "fmnist", "vol", &k2, &r), 403);
+    assert_error(&r, 403, "key_revoked");
+    ct_resp_free(&r);
+    snprintf(path, sizeof path, "/api/v1/peer-keys/%s", pk2);
+    ct_http(&g_c, "GET", path, g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_true(json_is_null(jget(&r, "username")));
+    assert_string_equal(json_string_value(jget(&r, "revoke_reason")), "known bad");
+    ct_resp_free(&r);
+    assert_int_equal(req("GET", "/api/v1/peer-keys/not-a-key", g_org, NULL), 404);
+
+    /* scope "user": the pass's user leaves the run's allowlist */
+    struct cm_ed25519 k3;
+    assert_int_equal(cm_ed25519_generate(&k3), CM_OK);
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k3, &r), 201);
+    snprintf(path, sizeof path, "/api/v1/runs/fmnist/passes/%s/revoke",
+             json_string_value(jget(&r, "pass_id")));
+    ct_resp_free(&r);
+    ct_http(&g_c, "POST", path, g_org, "{\"scope\":\"user\"}", &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(json_integer_value(jget(&r, "passes_revoked")), 1); /* k's pass of vol2 */
+    ct_resp_free(&r);
+    assert_int_equal(ct_pass_request(&g_c, vol2, "fmnist", "vol2", &k3, &r), 403);
+    assert_error(&r, 403, "not_allowlisted");
+    ct_resp_free(&r);
+    assert_int_equal(req("POST", path, g_org, "{\"scope\":\"everything\"}"), 400);
+    cm_ed25519_cleanup(&k);
+    cm_ed25519_cleanup(&k2);
+    cm_ed25519_cleanup(&k3);
+    free(vol2);
 }
 
 /* Counts rows the bad requests must not change. */
@@ -443,7 +700,7 @@ static void test_kill9_restart_loses_nothing(void **state)
     assert_int_equal(cm_ed25519_generate(&peer), CM_OK);
     long st;
     assert_int_equal(req("POST", "/api/v1/runs", g_org, "{\"name\":\"durable\",\"target_batch_size\":64}"), 201);
-    char *t = get_pass(&g_c, g_vol, &peer, &st);
+    char *t = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_non_null(t);
     uint8_t keys_before[8][32];
     size_t nb = published_keys(&g_c, keys_before, 8);
@@ -461,7 +718,7 @@ static void test_kill9_restart_loses_nothing(void **state)
     struct cm_pass_claims c;
     assert_int_equal(cm_token_verify(t, strlen(t), (const uint8_t(*)[32])keys_after, na, time(NULL), 60, &c), CM_OK);
     free(t);
-    t = get_pass(&g_c, g_vol, &peer, &st);
+    t = get_pass_as(&g_c, g_vol, "vol", &peer, &st);
     assert_int_equal(st, 201);
     free(t);
     cm_ed25519_cleanup(&peer);
@@ -492,11 +749,7 @@ static void test_two_coordinators_one_database(void **state)
     assert_memory_equal(ka, kb, 64);
     struct cm_ed25519 peer;
     assert_int_equal(cm_ed25519_generate(&peer), CM_OK);
-    char pk[64], body[128];
-    pubkey_b64(&peer, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
-    ct_http(&b, "POST", "/api/v1/runs/shared/passes", g_vol, body, &r);
-    assert_int_equal(r.status, 201);
+    assert_int_equal(ct_pass_request(&b, g_vol, "shared", "vol", &peer, &r), 201);
     const char *t = json_string_value(jget(&r, "access_token"));
     struct cm_pass_claims c;
     assert_int_equal(cm_token_verify(t, strlen(t), (const uint8_t(*)[32])ka, na, time(NULL), 60, &c), CM_OK);
@@ -799,6 +1052,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pass_issued_only_to_allowlisted),
         cmocka_unit_test(test_revocation_listed),
+        cmocka_unit_test(test_pass_needs_proof_of_possession),
+        cmocka_unit_test(test_pass_refuses_weak_keys),
+        cmocka_unit_test(test_key_has_one_owner_and_revocation_blocks_it),
         cmocka_unit_test(test_bad_input_changes_nothing),
         cmocka_unit_test(test_login_throttled),
         cmocka_unit_test(test_logout),

@@ -286,8 +286,8 @@ static int setup(void **state)
         if (cm_ed25519_generate(&g_dev[d]) != CM_OK)
             return -1;
         cm_b64url_encode(g_dev[d].pub, CM_ED25519_PUB_LEN, g_pk[d]);
-        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", g_pk[d]);
-        if (req("POST", "/api/v1/runs/" RUN "/passes", g_tok[OWNER[d]], body, &j) != 201) {
+        if (ct_pass_body(RUN, USERS[OWNER[d]], &g_dev[d], body, sizeof body) != 0 ||
+            req("POST", "/api/v1/runs/" RUN "/passes", g_tok[OWNER[d]], body, &j) != 201) {
             json_decref(j);
             return -1;
         }

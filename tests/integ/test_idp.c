@@ -155,17 +155,12 @@ static void test_provider_login_maps_to_account(void **state)
     ct_resp_free(&r);
     struct cm_ed25519 peer;
     assert_int_equal(cm_ed25519_generate(&peer), CM_OK);
-    char pk[64], body[128];
-    cm_b64url_encode(peer.pub, 32, pk);
-    snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
-    ct_http(&g_c, "POST", "/api/v1/runs/r1/passes", t, body, &r);
-    assert_int_equal(r.status, 403);
+    assert_int_equal(ct_pass_request(&g_c, t, "r1", "alice", &peer, &r), 403);
     ct_resp_free(&r);
     ct_http(&g_c, "PUT", "/api/v1/runs/r1/allowlist/alice", org, NULL, &r);
     assert_int_equal(r.status, 201);
     ct_resp_free(&r);
-    ct_http(&g_c, "POST", "/api/v1/runs/r1/passes", t, body, &r);
-    assert_int_equal(r.status, 201);
+    assert_int_equal(ct_pass_request(&g_c, t, "r1", "alice", &peer, &r), 201);
     assert_string_equal(json_string_value(json_object_get(r.json, "username")), "alice");
     ct_resp_free(&r);
     /* the provisioning was audited */

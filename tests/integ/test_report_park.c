@@ -60,14 +60,10 @@ static int setup(void **state)
         !(vol = ct_login(&g_c, "vol", PW)))
         return -1;
     for (int i = 0; i < NAGENTS; i++) {
-        char pk[64], body[128];
         if (cm_ed25519_generate(&g_key[i]) != CM_OK)
             return -1;
-        cm_b64url_encode(g_key[i].pub, 32, pk);
-        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", pk);
         struct ct_resp r;
-        ct_http(&g_c, "POST", "/api/v1/runs/r/passes", vol, body, &r);
-        if (r.status == 201)
+        if (ct_pass_request(&g_c, vol, "r", "vol", &g_key[i], &r) == 201)
             g_tok[i] = strdup(json_string_value(json_object_get(r.json, "access_token")));
         ct_resp_free(&r);
         if (!g_tok[i])

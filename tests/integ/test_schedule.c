@@ -107,8 +107,8 @@ static int setup(void **state)
     /* Passes for all but the last key (the last one tests "no pass"). */
     for (int i = 0; i < NPEERS - 1; i++) {
         char body[1024];
-        snprintf(body, sizeof body, "{\"peer_public_key\":\"%s\"}", g_pk[i]);
-        if (req("POST", "/api/v1/runs/resnet/passes", g_vol, body) != 201)
+        if (ct_pass_body("resnet", "vol", &g_peer[i], body, sizeof body) != 0 ||
+            req("POST", "/api/v1/runs/resnet/passes", g_vol, body) != 201)
             return -1;
     }
     return 0;

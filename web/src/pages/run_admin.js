@@ -78,7 +78,7 @@ export function render(main, [run]) {
               try {
                 const body = reason.value.trim() ? { reason: reason.value.trim() } : {};
                 await api.post(`${R}/passes/${seg(x.pass_id)}/revoke`, body);
-                say('ok', `pass ${x.pass_id} of ${x.username} revoked`);
+                say('ok', `pass ${x.pass_id} of ${x.username} revoked, with its device key (no new pass for it until released)`);
                 await loadPasses();
               } catch (e) { say('error', e.message); }
             },
