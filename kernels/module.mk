@@ -104,7 +104,10 @@ BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/b
 
 # ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
 # Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.
+# test_gpu_check must then accept the real GPU for a small model and refuse
+# it for an impossible one; test_cuda_archs reads the agent's fatbin (and
+# asks cuobjdump where it is installed).
+GPU_TESTS := $(addprefix $(BUILD)/tests/unit/kernels/,test_backends test_gpu_check test_cuda_archs)
 test-gpu:
-	$(Q)$(MAKE) --no-print-directory CUDA=1 $(BUILD)/tests/unit/kernels/test_backends
-	$(Q)CT_TEST_DEVICE=cuda CT_TEST_REQUIRE_GPU=1 ./scripts/run-tests.sh --suite gpu \
-	    $(BUILD)/tests/unit/kernels/test_backends
+	$(Q)$(MAKE) --no-print-directory CUDA=1 $(GPU_TESTS) $(BUILD)/bin/crowdtrain-agent
+	$(Q)CT_TEST_DEVICE=cuda CT_TEST_REQUIRE_GPU=1 ./scripts/run-tests.sh --suite gpu $(GPU_TESTS)

@@ -312,20 +312,33 @@ static void test_mem_need_matches_allocations(void **state)
     check_estimate("albert shared, lamb", KERN_OPT_LAMB, m, &n);
     kern_model_free(m);
 
-    /* GPT-2 small at micro-batch 8 x 1024 (examples/gpt2-small.json's
-     * shape), for the docs: the estimate only, nothing allocated */
+    /* the example recipes (examples/gpt2-small.json, micro-batch 16 x 1024
+     * tokens, AdamW; examples/albert-large.json, micro-batch 8 x 512, LAMB),
+     * for the docs: the estimate only, nothing allocated */
     struct kern_tfm_config g2 = {.kind = KERN_MODEL_GPT, .vocab = 50257, .max_T = 1024,
                                  .n_layer = 12, .n_head = 12, .d_model = 768, .d_embed = 768,
                                  .d_ff = 3072};
-    kern_tfm_mem_need(&g2, 8, &n);
+    struct kern_tfm_config al = {.kind = KERN_MODEL_ALBERT, .vocab = 30001, .max_T = 512,
+                                 .n_layer = 24, .n_head = 16, .d_model = 1024, .d_embed = 128,
+                                 .d_ff = 4096, .share_layers = 1};
+    struct kern_mem_need n2;
+    kern_tfm_mem_need(&al, 8, &n2);
     struct kern_optim_config oc;
     kern_optim_config_default(&oc);
+    oc.kind = KERN_OPT_LAMB;
+    kern_optim_mem_need(&oc, n2.params / sizeof(float), &n2);
+    kern_tfm_mem_need(&g2, 16, &n);
+    oc.kind = KERN_OPT_ADAMW;
     kern_optim_mem_need(&oc, n.params / sizeof(float), &n);
-    print_message("  gpt-2 small, micro-batch 8: %.2f GiB (params %.2f grads %.2f optim %.2f "
-                  "act %.2f scratch %.2f reserve %.2f)\n",
-                  kern_mem_need_total(&n) / (double)GIB, n.params / (double)GIB,
-                  n.grads / (double)GIB, n.optim / (double)GIB, n.act / (double)GIB,
-                  n.scratch / (double)GIB, n.reserve / (double)GIB);
+    const struct kern_mem_need *ns[] = {&n, &n2};
+    const char *names[] = {"gpt-2 small, micro-batch 16", "albert-large, micro-batch 8"};
+    for (int i = 0; i < 2; i++)
+        print_message("  %s: %.2f GiB (params %.2f grads %.2f optim %.2f act %.2f scratch %.2f "
+                      "reserve %.2f)\n",
+                      names[i], kern_mem_need_total(ns[i]) / (double)GIB,
+                      ns[i]->params / (double)GIB, ns[i]->grads / (double)GIB,
+                      ns[i]->optim / (double)GIB, ns[i]->act / (double)GIB,
+                      ns[i]->scratch / (double)GIB, ns[i]->reserve / (double)GIB);
     assert_int_equal(n.params, (size_t)124439808 * 4);
 }
 
