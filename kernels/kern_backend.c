@@ -105,8 +105,11 @@ int kern_backend_pick_for(const char *name, const struct kern_mem_need *need,
     if (!is_auto)
         return rc;
     *out = kern_backend_cpu();
-    /* a CPU-only build choosing the CPU is no news; anything else is */
-    if (rc == CM_EUNSUPPORTED)
+    /* A machine without a GPU (or a CPU-only build) choosing the CPU is no
+     * news; a GPU that is there but cannot be used is. */
+    int no_gpu = rc == CM_EUNSUPPORTED || f.driver <= 0 ||
+                 (f.ndev <= 0 && f.driver / 1000 >= f.runtime / 1000);
+    if (no_gpu)
         CM_LOGI("device", "%s — using the CPU", msg);
     else
         CM_LOGW("device", "%s — using the CPU", msg);
