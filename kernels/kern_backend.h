@@ -20,6 +20,8 @@
 
 #include <stddef.h>
 
+#include "kern_gpu.h"
+
 enum kern_device { KERN_DEV_CPU = 0, KERN_DEV_CUDA = 1 };
 
 /* The summation order of sumsq (see there): blocks of 4096 elements, 256
@@ -153,10 +155,31 @@ int kern_backend_cuda(const struct kern_backend **out);
 /* 1 when this build includes the CUDA backend. */
 int kern_have_cuda_build(void);
 
-/* Picks a backend by name: "cpu", "cuda", or "auto" (CUDA when a GPU is
- * present, else CPU). CM_EINVAL for an unknown name; an explicit "cuda"
- * without a GPU fails instead of silently falling back. */
+/* Picks a backend by name for a run that needs *need on the device (NULL:
+ * not known, memory not checked): "cpu"; "cuda"; or "auto", CUDA when the
+ * GPU passes kern_gpu_check (kern_gpu.h: this build's architectures against
+ * the device's capability, the driver against the runtime, the free memory
+ * against need), else the CPU. For "auto" a refusal is logged as one line,
+ * "device: <why> — using the CPU", and CM_OK returned with the CPU; for
+ * "cuda" it is the error (CM_EUNSUPPORTED, CM_EDEVICE or CM_ENOMEM), nothing
+ * is logged and the same one-line reason is left in why. On success why
+ * describes the device used (the line is also logged at info level).
+ * CM_EINVAL for an unknown name or a malformed CROWDTRAIN_FAKE_GPU (the
+ * tests' override of the device facts, kern_gpu_facts_parse). */
+int kern_backend_pick_for(const char *name, const struct kern_mem_need *need,
+                          const struct kern_backend **out, char *why, size_t whylen);
+
+/* kern_backend_pick_for(name, NULL, ...), logging an explicit "cuda"'s
+ * failure as an error. */
 int kern_backend_pick(const char *name, const struct kern_backend **out);
+
+/* The facts and build description kern_backend_pick_for decides on:
+ * CROWDTRAIN_FAKE_GPU when set, else the CUDA runtime's answers (zeroed,
+ * build->have = 0, in a build without CUDA). *real = 1 when a CUDA context
+ * may have been created to answer. CM_EINVAL (why in err) for a malformed
+ * override. */
+int kern_gpu_facts_gather(struct kern_gpu_facts *f, struct kern_cuda_build *build, int *real,
+                          char *err, size_t errlen);
 
 /* Threads the CPU backend uses (kernels/cpu/kern_pool.h); 0 = all cores. */
 void kern_cpu_set_threads(int n);

@@ -53,6 +53,30 @@ int kern_mlp_config_check(const struct kern_mlp_config *c, const char **why)
     return CM_OK;
 }
 
+void kern_mlp_mem_need(const struct kern_mlp_config *c, int max_batch, struct kern_mem_need *n)
+{
+    /* as kern_mlp_new: x, z[l] for every layer, a[l] for the hidden ones,
+     * dz and da of the widest layer, losses, probs, targets */
+    size_t B = (size_t)max_batch, np = kern_mlp_param_count(c), act = 0, maxw = (size_t)c->in_dim;
+    int prev = c->in_dim;
+    act += B * (size_t)c->in_dim;
+    for (int i = 0; i <= c->nhidden; i++) {
+        int w = i < c->nhidden ? c->hidden[i] : c->nclass;
+        act += B * (size_t)w;              /* z */
+        if (i > 0)
+            act += B * (size_t)prev;       /* a */
+        if ((size_t)w > maxw)
+            maxw = (size_t)w;
+        prev = w;
+    }
+    act += 2 * B * maxw + B + B * (size_t)c->nclass;
+    memset(n, 0, sizeof *n);
+    n->params = n->grads = np * sizeof(float);
+    n->act = act * sizeof(float) + B * sizeof(int);
+    n->scratch = (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) + sizeof(int);
+    n->reserve = KERN_GPU_RESERVE;
+}
+
 size_t kern_mlp_param_count(const struct kern_mlp_config *c)
 {
     size_t n = 0;

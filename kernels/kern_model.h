@@ -119,6 +119,16 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
 size_t kern_mlp_param_count(const struct kern_mlp_config *c);
 size_t kern_tfm_param_count(const struct kern_tfm_config *c);
 
+/* Device memory a model of this config needs for up to max_batch rows, in
+ * bytes, without allocating (kern_gpu.h, struct kern_mem_need): params and
+ * grads (one fp32 slab each), act = every buffer kern_*_new allocates for
+ * the batch (the same formulas as there; test_gpu_check counts the real
+ * allocations against them), scratch = the CUDA backend's own buffers for
+ * this model (attention's permuted copies, sumsq's partials), reserve =
+ * KERN_GPU_RESERVE. optim is left 0: kern_optim_mem_need adds it. */
+void kern_mlp_mem_need(const struct kern_mlp_config *c, int max_batch, struct kern_mem_need *n);
+void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct kern_mem_need *n);
+
 /* grads = 0 */
 void kern_model_zero_grad(struct kern_model *m);
 

@@ -150,3 +150,9 @@ int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm
         *lr_out = lr;
     return CM_OK;
 }
+
+void kern_optim_mem_need(const struct kern_optim_config *c, size_t nparams,
+                         struct kern_mem_need *n)
+{
+    n->optim = (c->kind == KERN_OPT_LAMB ? 3 : 2) * nparams * sizeof(float);
+}

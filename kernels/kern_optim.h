@@ -47,6 +47,10 @@ float kern_sched_lr(const struct kern_optim_config *c, long step);
 int kern_optim_new(const struct kern_backend *be, const struct kern_optim_config *c, size_t n,
                    struct kern_optim **out);
 void kern_optim_free(struct kern_optim *o);
+/* Sets n->optim to the bytes kern_optim_new allocates for nparams
+ * parameters: m and v (AdamW), plus the direction u (LAMB), fp32. */
+void kern_optim_mem_need(const struct kern_optim_config *c, size_t nparams,
+                         struct kern_mem_need *n);
 
 /* One update of m's parameters from m's gradients: clip, then AdamW or LAMB
  * at kern_sched_lr(step); step++. Gradients that are not all finite give

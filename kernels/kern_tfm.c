@@ -110,6 +110,28 @@ size_t kern_tfm_param_count(const struct kern_tfm_config *c)
     return n;
 }
 
+void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct kern_mem_need *n)
+{
+    /* as kern_tfm_new, buffer by buffer */
+    size_t N = (size_t)max_batch * c->max_T, C = c->d_model, E = c->d_embed, F = c->d_ff;
+    size_t V = c->vocab, att = (size_t)max_batch * c->n_head * c->max_T * c->max_T;
+    size_t np = kern_tfm_param_count(c);
+    size_t layer = 5 * N * C + 4 * N + 3 * N * C + 2 * att + 2 * N * F; /* struct act */
+    size_t act = (size_t)c->n_layer * layer + N * E;                    /* + enc */
+    if (c->kind == KERN_MODEL_ALBERT)
+        act += N * C + 6 * N * E + 2 * N;               /* x0, h, hg, hn, dh, dhg, denc, hn stats */
+    act += N * C + 2 * N + 2 * N * V + N;               /* lnf, its stats, logits, probs, losses */
+    act += 4 * N * C + 3 * N * C + 2 * att + 2 * N * F + N * V; /* tmp .. dlogits */
+    memset(n, 0, sizeof *n);
+    n->params = n->grads = np * sizeof(float);
+    n->act = act * sizeof(float) + 2 * N * sizeof(int);  /* + tok, tgt */
+    /* kern_cuda.cu: attention's permuted copies (7 (B,T,C) buffers in
+     * backward), sumsq's partials and all_finite's flag */
+    n->scratch = 7 * N * C * sizeof(float) + (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) +
+                 sizeof(int);
+    n->reserve = KERN_GPU_RESERVE;
+}
+
 static void tfm_destroy(struct kern_model *m)
 {
     struct tfm *t = m->impl;

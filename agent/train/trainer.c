@@ -90,9 +90,18 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
     t->config_len = config_len;
     t->mask_rng = cfg->seed ^ 0x6d61736bULL;
     kern_cpu_set_threads(cfg->threads);
-    int rc = kern_backend_pick(cfg->device, &t->be);
+    /* What the GPU must hold (kern_gpu.h): the model's slabs and activations
+     * for one micro-batch, the optimizer's state, the backend's scratch. */
+    struct kern_mem_need need;
+    if (cfg->kind == KERN_MODEL_MLP)
+        kern_mlp_mem_need(&cfg->mlp, cfg->micro_batch, &need);
+    else
+        kern_tfm_mem_need(&cfg->tfm, cfg->micro_batch, &need);
+    kern_optim_mem_need(&cfg->opt, need.params / sizeof(float), &need);
+    char why[512];
+    int rc = kern_backend_pick_for(cfg->device, &need, &t->be, why, sizeof why);
     if (rc)
-        return fail(err, errlen, rc, "device %s: %s", cfg->device, cm_strerror(rc));
+        return fail(err, errlen, rc, "--device %s: %s", cfg->device, why);
     if (t->be->dev != KERN_DEV_CPU && (rc = t->be->set_precision(cfg->precision)))
         return fail(err, errlen, rc, "precision %s: %s", cfg->precision, cm_strerror(rc));
     int mb = cfg->micro_batch;

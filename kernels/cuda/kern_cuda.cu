@@ -8,7 +8,15 @@
  * Precision: tensors are fp32 in memory (so parameters, gradients and
  * optimizer state are the fp32 master copies). Matrix products use cuBLAS's
  * compute types: CUBLAS_COMPUTE_32F_FAST_16BF (default, bf16 tensor cores),
- * _FAST_16F, _FAST_TF32 or plain 32F, chosen by set_precision.
+ * _FAST_16F, _FAST_TF32 or plain 32F, chosen by set_precision; below sm_80
+ * (no bf16 or tf32 tensor cores) "bf16" and "tf32" run as plain 32F
+ * (kern_gpu_precision).
+ *
+ * Architectures: built for every one in kernels/module.mk's CUDA_ARCHS plus
+ * PTX; the kernels use nothing newer than sm_60 (fp32 and fp64 atomicAdd,
+ * the _rn intrinsics), so no path needs a __CUDA_ARCH__ guard. What the
+ * build holds and what the device is are reported to kern_gpu_check
+ * (kern__cuda_build, kern__cuda_facts) before the backend is initialized.
  *
  * Errors: ops are asynchronous and return nothing; a failed launch or cuBLAS
  * call is logged once and latched, and the next sync/download/upload returns
@@ -23,9 +31,15 @@ extern "C" {
 #include "cm_err.h"
 #include "cm_log.h"
 #include "kern_backend.h"
+#include "kern_gpu.h"
 }
 
+#if !defined(CT_CUDA_SASS) || !defined(CT_CUDA_PTX)
+#error "kernels/module.mk passes the architecture lists as CT_CUDA_SASS and CT_CUDA_PTX"
+#endif
+
 static cublasHandle_t g_blas;
+static int g_cc; /* device 0's capability, 10 * major + minor */
 static cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F_FAST_16BF;
 static int g_failed;
 static double *g_red;   /* device scratch for reductions */
@@ -111,8 +125,12 @@ static int cu_sync(void)
     return status();
 }
 
-static int cu_set_precision(const char *mode)
+static int cu_set_precision(const char *asked)
 {
+    const char *mode = kern_gpu_precision(g_cc, asked);
+    if (mode != asked)
+        CM_LOGI("cuda", "sm_%d has no %s tensor cores: matrix products run in %s", g_cc, asked,
+                mode);
     if (!strcmp(mode, "fp32"))
         g_compute = CUBLAS_COMPUTE_32F;
     else if (!strcmp(mode, "tf32"))
@@ -950,33 +968,103 @@ static const struct kern_backend CUDA_BACKEND = {
     cu_adam_dir,
 };
 
+static int g_state; /* of kern__cuda_backend: 0 untried, 1 ready, <0 failed with that code */
+
 /* Initializes device 0, cuBLAS and the reduction scratch once. */
 extern "C" int kern__cuda_backend(const struct kern_backend **out)
 {
-    static int state; /* 0 untried, 1 ready, <0 failed with that code */
-    if (state == 0) {
+    if (g_state == 0) {
         int n = 0;
         cudaError_t e = cudaGetDeviceCount(&n);
         if (e != cudaSuccess || n == 0) {
             CM_LOGI("cuda", "no usable GPU: %s",
                     e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
-            state = CM_EDEVICE;
+            g_state = CM_EDEVICE;
         } else if (cudaSetDevice(0) != cudaSuccess ||
                    cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS ||
                    cudaMalloc(&g_red, sizeof(double)) != cudaSuccess ||
                    cudaMalloc(&g_flag, sizeof(int)) != cudaSuccess) {
             CM_LOGE("cuda", "initialization failed: %s", cudaGetErrorString(cudaGetLastError()));
-            state = CM_EDEVICE;
+            g_state = CM_EDEVICE;
         } else {
             cudaDeviceProp prop;
-            if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-                CM_LOGI("cuda", "device 0: %s (sm_%d%d, %.1f GiB)", prop.name, prop.major,
+            if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+                g_cc = prop.major * 10 + prop.minor;
+                CM_LOGD("cuda", "device 0: %s (sm_%d%d, %.1f GiB)", prop.name, prop.major,
                         prop.minor, prop.totalGlobalMem / 1073741824.0);
-            state = 1;
+            }
+            g_state = 1;
         }
     }
-    if (state < 0)
-        return state;
+    if (g_state < 0)
+        return g_state;
     *out = &CUDA_BACKEND;
     return CM_OK;
+}
+
+/* What this object was built for (kernels/module.mk). */
+extern "C" int kern__cuda_build(struct kern_cuda_build *b)
+{
+    return kern_cuda_build_parse(CT_CUDA_SASS, CT_CUDA_PTX, CUDART_VERSION, b);
+}
+
+/* Facts about device 0 for kern_gpu_check. Creates the primary context (so
+ * the free memory is what is left beside it), checks that a kernel of this
+ * build loads, and clears the error that leaves on a device it does not. */
+extern "C" void kern__cuda_facts(struct kern_gpu_facts *f)
+{
+    memset(f, 0, sizeof *f);
+    f->image = -1;
+    cudaError_t e = cudaDriverGetVersion(&f->driver);
+    if (e != cudaSuccess || f->driver <= 0) {
+        f->driver = 0;
+        snprintf(f->error, sizeof f->error, "%s",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "libcuda.so.1 not found");
+    }
+    cudaRuntimeGetVersion(&f->runtime);
+    if (!f->driver)
+        return;
+    e = cudaGetDeviceCount(&f->ndev);
+    if (e != cudaSuccess || f->ndev <= 0) {
+        f->ndev = 0;
+        snprintf(f->error, sizeof f->error, "%s",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA devices");
+        cudaGetLastError();
+        return;
+    }
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, 0);
+    if (e != cudaSuccess) {
+        f->ndev = 0;
+        snprintf(f->error, sizeof f->error, "device 0: %s", cudaGetErrorString(e));
+        cudaGetLastError();
+        return;
+    }
+    snprintf(f->name, sizeof f->name, "%.*s", (int)sizeof f->name - 1, prop.name);
+    f->cc_major = prop.major;
+    f->cc_minor = prop.minor;
+    f->mem_total = prop.totalGlobalMem;
+    f->mem_free = prop.totalGlobalMem;
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
+        f->mem_free = fr;
+        f->mem_total = tot;
+    }
+    cudaFuncAttributes a;
+    e = cudaFuncGetAttributes(&a, k_fill);
+    if (e == cudaSuccess)
+        f->image = 1;
+    else if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+        f->image = 0;
+    cudaGetLastError();
+}
+
+/* Gives back the context kern__cuda_facts made, when the GPU is not used;
+ * never under a backend that is in use. */
+extern "C" void kern__cuda_forget(void)
+{
+    if (g_state == 1)
+        return;
+    cudaDeviceReset();
+    cudaGetLastError();
 }
