@@ -21,9 +21,10 @@ void dp_status_exit(const struct dp_state *s, int exit_status, int signaled)
 {
     if (!s->rt.dir[0] || !s->o.run)
         return;
-    /* step -1: the last one written */
+    /* the parameters' step; -1 (the last one written) before the trainer exists */
+    long step = s->trainer_ready && s->tr.opt ? (long)s->tr.opt->step : -1;
     struct agent_status st = {s->o.run, signaled ? "stopped" : exit_status == 0 ? "finished" : "failed",
-                              -1, s->steps, NAN, s->target, NAN, 0, NAN, NAN, 0,
+                              step, s->steps, NAN, s->target, NAN, 0, NAN, NAN, 0,
                               exit_status == 0 || signaled ? "" : "join ended with an error (see its log: "
                                                                    "journalctl -u crowdtrain-agent)",
                               exit_status};
