@@ -75,9 +75,11 @@ fi
 
 if [ "$setup" = 1 ]; then
   [ -z "$D" ] && [ "$(id -u)" -eq 0 ] || { echo "install.sh: --setup-system needs root and no destdir" >&2; exit 1; }
+  # useradd: every distribution has it (the Debian packages use adduser)
+  nologin=$(command -v nologin || echo /usr/sbin/nologin)
   getent passwd crowdtrain >/dev/null ||
-    adduser --system --group --home /var/lib/crowdtrain --no-create-home \
-      --gecos "Crowdtrain services" crowdtrain >/dev/null
+    useradd --system --user-group --home-dir /var/lib/crowdtrain --no-create-home \
+      --shell "$nologin" --comment "Crowdtrain services" crowdtrain
   install -d -m 0755 /var/lib/crowdtrain
   want coordinator && install -d -m 0700 -o crowdtrain -g crowdtrain /var/lib/crowdtrain/coordinator
   want agent && install -d -m 0755 -o crowdtrain -g crowdtrain /var/lib/crowdtrain/agent
