@@ -55,7 +55,10 @@ conf() { # name: an example configuration, never over one that exists
 
 if want coordinator; then
   need "$build/bin/crowdtrain-coordinator"
-  need "$build/web/dist/index.html"
+  [ -e "$build/web/dist/index.html" ] || {
+    echo "install.sh: $build/web/dist/index.html is missing: the dashboard is built by make when node and npm are installed (scripts/install-deps.sh)" >&2
+    exit 1
+  }
   install -d -m 0755 "$D$prefix/bin" "$D$prefix/share/crowdtrain/web"
   install -m 0755 "$build/bin/crowdtrain-coordinator" "$D$prefix/bin/"
   # a new build's hashed file names replace the old ones
