@@ -9,6 +9,12 @@
 #   make bench           benchmarks, each printing a ratio against a reference
 #   make fuzz            build the libFuzzer targets (clang) and run each briefly
 #   make test-gpu        CUDA tests (needs a GPU)
+#   make install         binaries, dashboard, systemd units, example configs
+#                        (PREFIX=/usr/local, DESTDIR=, SYSCONFDIR=/etc, UNITDIR=)
+#   make deb             Debian packages crowdtrain-agent, crowdtrain-coordinator
+#                        into build/deb/ (CPU build in build-deb/)
+#   make test-packages   the packages installed in a fresh Debian 12 root
+#                        (mmdebstrap): units verified, services run, a run trained
 #
 # Switches: SANITIZER=address,undefined   DEBUG=1   CUDA=auto|0|1   V=1
 
@@ -56,11 +62,12 @@ FUZZERS :=
 LDLIBS_EXTRA :=
 CLEAN_EXTRA :=
 
-.PHONY: all deps test unit integ unit-san integ-san demo bench fuzz test-gpu clean help
+.PHONY: all deps test unit integ unit-san integ-san demo bench fuzz test-gpu clean help \
+        install deb test-packages
 all: bins tests
 
 help:
-	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,20p' Makefile | sed 's/^# \{0,1\}//'
 
 # Object rule shared by every module.
 $(BUILD)/obj/%.o: %.c
@@ -113,7 +120,26 @@ bench: deps
 	$(Q)$(MAKE) --no-print-directory all $(BENCHES)
 	$(Q)./scripts/bench.sh $(BENCHES)
 
+# Installing (scripts/install.sh says where each file goes). As root without
+# DESTDIR it also creates the system user crowdtrain and /var/lib/crowdtrain.
+PREFIX ?= /usr/local
+DESTDIR ?=
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+install: bins
+	$(Q)./scripts/install.sh --build $(BUILD) --prefix $(PREFIX) --sysconfdir $(SYSCONFDIR) \
+	    --unitdir $(UNITDIR) $(if $(DESTDIR),--destdir $(DESTDIR),$$([ "$$(id -u)" -eq 0 ] && echo --setup-system))
+
+# The packages are built without CUDA: no Debian 12 package provides the CUDA
+# runtime a CUDA build links (scripts/make-deb.sh).
+deb:
+	$(Q)$(MAKE) --no-print-directory BUILD=build-deb CUDA=0 bins
+	$(Q)./scripts/make-deb.sh build-deb build/deb
+
+test-packages: deb
+	$(Q)./scripts/test-packages.sh build/deb
+
 clean:
-	rm -rf build build-san build-fuzz $(CLEAN_EXTRA)
+	rm -rf build build-san build-fuzz build-deb $(CLEAN_EXTRA)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -9,5 +9,6 @@ int agent_cmd_pass(int argc, char **argv);
 int agent_cmd_join(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
 int agent_cmd_dht(int argc, char **argv);
+int agent_cmd_status(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static const struct agent_cmd CMDS[] = {
     {"login", agent_cmd_login, "log in to a coordinator (and get a pass with --run)"},
     {"pass", agent_cmd_pass, "get, renew or show this peer's access pass for a run"},
     {"join", agent_cmd_join, "train with the collaboration of a run (Ctrl-C leaves)"},
+    {"status", agent_cmd_status, "what a training agent (or the service) is doing"},
     {"train", agent_cmd_train, "train a model in this process (--local --config FILE)"},
     {"dht", agent_cmd_dht, "get or put one key of a run's DHT (debugging)"},
     {NULL, NULL, NULL},

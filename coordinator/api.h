@@ -88,8 +88,9 @@ void api_web_file(struct coord_req *req, struct coord_resp *resp);
 void api_me_passes(struct coord_req *req, struct coord_resp *resp);
 void api_me_sessions(struct coord_req *req, struct coord_resp *resp);
 void api_leaderboard(struct coord_req *req, struct coord_resp *resp);
-/* The built dashboard next to the binary (../web/dist) or in
- * /usr/share/crowdtrain/web; heap string, or NULL when neither exists. */
+/* The built dashboard next to the binary (../web/dist in a build tree,
+ * ../share/crowdtrain/web when installed) or in /usr/share/crowdtrain/web;
+ * heap string, or NULL when none holds an index.html. */
 char *coord_web_default_dir(void);
 
 /* api_contrib.c, api_contrib_read.c: contribution accounting (docs/accounting.md) */

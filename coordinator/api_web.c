@@ -150,12 +150,21 @@ char *coord_web_default_dir(void)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';
-        char cand[PATH_MAX + 32];
-        /* build/bin/crowdtrain-coordinator -> build/web/dist */
-        snprintf(cand, sizeof cand, "%s/../web/dist", dirname(exe));
-        char *real = realpath(cand, NULL);
-        if (real)
-            return real;
+        /* build/bin/crowdtrain-coordinator -> build/web/dist (a build tree);
+           PREFIX/bin/crowdtrain-coordinator -> PREFIX/share/crowdtrain/web
+           (`make install`, any PREFIX, and the Debian package) */
+        static const char *const rel[] = {"../web/dist", "../share/crowdtrain/web"};
+        const char *bindir = dirname(exe);
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            char cand[PATH_MAX + 32];
+            snprintf(cand, sizeof cand, "%s/%s/index.html", bindir, rel[i]);
+            if (access(cand, R_OK) != 0)
+                continue;
+            cand[strlen(cand) - strlen("/index.html")] = '\0';
+            char *real = realpath(cand, NULL);
+            if (real)
+                return real;
+        }
     }
     if (access("/usr/share/crowdtrain/web/index.html", R_OK) == 0)
         return strdup("/usr/share/crowdtrain/web");

@@ -104,7 +104,7 @@ static const struct cm_opt SERVE_OPTS[] = {
      "its whole link for about 2 s at join and every 30 minutes)", 0},
     {"web-dir", CM_OPT_STR, O(web_dir), NULL, "DIR",
      "the built dashboard served at / (default: ../web/dist next to the binary, else "
-     "/usr/share/crowdtrain/web)", 0},
+     "../share/crowdtrain/web next to it, else /usr/share/crowdtrain/web)", 0},
 };
 
 static const struct cm_cmd_spec SERVE = {

@@ -225,5 +225,10 @@ int dp_train_loop(struct dp_state *s);
 void dp_linger(struct dp_state *s, int64_t step);
 void dp_print_line(const struct dp_state *s, long step, double samples, double sps, int pull_only,
                    size_t peers, double loss, double eta);
+/* status_note.c: the status file of `crowdtrain-agent status` (agent/status.h),
+   from the progress line and at exit */
+void dp_status_note(const struct dp_state *s, long step, double samples, double sps, int pull_only,
+                    size_t peers, double loss, double eta);
+void dp_status_exit(const struct dp_state *s, int exit_status, int signaled);
 
 #endif

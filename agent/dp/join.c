@@ -452,6 +452,7 @@ int agent_cmd_join(int argc, char **argv)
     finish(s);
     status = 0;
 out:
+    dp_status_exit(s, status, g_interrupts != 0);
     /* the probe thread reads the role's records, the reporter says what it
        sent: they stop first; then the role's schedules, then the rest */
     peer_rt_stop_to(&s->rt, PEER_STAGE_NET);

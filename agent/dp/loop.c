@@ -300,6 +300,7 @@ void dp_print_line(const struct dp_state *s, long step, double samples, double s
                    size_t peers, double loss, double eta)
 {
     double target = s->target;
+    dp_status_note(s, step, samples, sps, pull_only, peers, loss, eta);
     static long last_step = -1;
     static double last_t;
     if (!s->progress_live) {
