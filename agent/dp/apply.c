@@ -217,6 +217,15 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         sleep(1);
         return CM_OK;
     }
+    if (j->alone && j->discovering) {
+        if (!s->discovery_said)
+            printf("\nstep %lld: no other peer seen yet; waiting up to %.0f s for the collaboration "
+                   "before stepping alone\n",
+                   (long long)j->step, DP_DISCOVERY_S);
+        s->discovery_said = 1;
+        usleep(200000);
+        return CM_OK;
+    }
     if (j->alone) {
         fprintf(stderr, "\nwarning: step %lld: our round had %zu sender%s while %zu other peer%s "
                         "accumulated for the step (%zu about); not stepping without them\n",

@@ -60,6 +60,8 @@ struct dp_state {
     int64_t hash_step;
     FILE *steplog;
     double finished_at;         /* when a peer was first seen at the run's last step (mono) */
+    double joined_at;           /* mono: when we joined (DP_DISCOVERY_S) */
+    int discovery_said;         /* the "nobody seen yet" line was printed */
     int corrupt;                /* CROWDTRAIN_TEST_CORRUPT_GRADIENTS: 1 nan, 2 huge (tests only) */
     struct dp_sched *js;        /* schedules (issue 7), NULL when unavailable */
     double sched_at;            /* mono of the last schedule refresh */
@@ -94,6 +96,7 @@ struct dp_job {
     int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
     int missed;         /* the others agreed on parts we lack: fetch their state */
     int alone;          /* declined: a minority of the peers (see round.c) */
+    int discovering;    /* declined: alone, and we joined less than DP_DISCOVERY_S ago */
     int unshared;       /* no other sender's gradient reached us: not stepping */
     int unaveraged;     /* no part averaged by every member: not a step (issue 17) */
     char why[320];      /* for unaveraged: each part's aggregator and why it failed */
@@ -126,6 +129,14 @@ struct dp_job {
 /* Fresh progress of a peer accumulating / present at any step. */
 #define DP_ACTIVE_MS 5000
 #define DP_PRESENT_MS 10000
+
+/* A peer that sees no other peer does not step alone in its first
+ * DP_DISCOVERY_S after joining: peers that started with it (or that it
+ * joins after a restart) may not have reached its DHT view yet, and a
+ * round of its own would fork the collaboration at that step (healed
+ * later by fetching the majority's state, but two states of one step, and
+ * its gradient lost). A collaboration of one waits that long once. */
+#define DP_DISCOVERY_S 5.0
 
 /* A pull-only peer computes after no computing peer was active for
  * DP_PULL_ONLY_IDLE_S, whatever the schedule says, for DP_PULL_ONLY_OFF_S. */

@@ -350,6 +350,7 @@ static int start_stages(struct dp_state *s)
            s->o.run, peer_rt_username(&s->rt), pk, s->o.aggregate_only ? "aggregate-only" : s->tr.be->name,
            s->o.client_mode ? ", client mode" : "", s->target, s->steps, s->tr.model->nparams);
     s->rt.cfg.probes = s->js != NULL; /* they measure for the schedules */
+    s->joined_at = peer_mono_s();
     return peer_rt_start(&s->rt, PEER_STAGE_PROBES) != CM_OK;
 }
 

@@ -290,6 +290,11 @@ static int round_members(struct dp_job *j)
         j->alone = 1;
         return 1;
     }
+    if (!s->o.aggregate_only && !j->pull_only && senders == 1 && j->others == 0 && j->present == 0 &&
+        !j->finished && peer_mono_s() - s->joined_at < DP_DISCOVERY_S) {
+        j->alone = j->discovering = 1; /* dp.h, DP_DISCOVERY_S */
+        return 1;
+    }
     if (j->nmem > AR_MAX_MEMBERS)
         j->nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
     struct ar_member *am = j->am;
