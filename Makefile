@@ -15,6 +15,8 @@
 #                        into build/deb/ (CPU build in build-deb/)
 #   make test-packages   the packages installed in a fresh Debian 12 root
 #                        (mmdebstrap): units verified, services run, a run trained
+#   make test-containers the images (docker/) built with podman on an mmdebstrap
+#                        base; PostgreSQL + coordinator + agent train a run
 #
 # Switches: SANITIZER=address,undefined   DEBUG=1   CUDA=auto|0|1   V=1
 
@@ -63,11 +65,11 @@ LDLIBS_EXTRA :=
 CLEAN_EXTRA :=
 
 .PHONY: all deps test unit integ unit-san integ-san demo bench fuzz test-gpu clean help \
-        install deb test-packages
+        install deb test-packages test-containers
 all: bins tests
 
 help:
-	@sed -n '1,20p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # Object rule shared by every module.
 $(BUILD)/obj/%.o: %.c
@@ -138,6 +140,9 @@ deb:
 
 test-packages: deb
 	$(Q)./scripts/test-packages.sh build/deb
+
+test-containers: deb
+	$(Q)./scripts/test-containers.sh build/deb
 
 clean:
 	rm -rf build build-san build-fuzz build-deb $(CLEAN_EXTRA)
