@@ -93,7 +93,7 @@ static int control_one(const char *dir, int quiet_absent, int pause, long wait_s
                        "and keeps its place in the run; crowdtrain-agent resume goes on\n", v.pid, v.step);
             else
                 printf("resumed: the agent (pid %ld) catches up with the collaboration and trains "
-                       "again (step %ld)\n", v.pid, v.step);
+                       "again (from step %ld)\n", v.pid, v.step);
             return 0;
         }
         usleep(100000);

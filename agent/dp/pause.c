@@ -67,6 +67,7 @@ enum dp_phase dp_pause(struct dp_loop *l)
         /* a peer that asked for our state before we paused still gets it */
         peer_rt_serve_state(&s->rt, l->step);
         paused_line(s, l->step, peers);
+        fflush(stdout); /* what the renewal said, for a service's log */
         usleep(100000);
     }
     s->paused = 0;
