@@ -107,8 +107,9 @@ static int setup(void **state)
         return -1;
     g_org = ct_login(&g_c, "org", "organizer-password");
     /* the CPU run: 32 x the recipe's global batch, so that computing takes
-       most of a step (a round on loopback takes ~0.6 s) */
-    if (!g_org || create_run(RUN, 0) != 0 || create_run(CPU_RUN, 2048 * 32) != 0 ||
+       most of a step (a round on loopback takes ~0.6 s); 8 x under the
+       sanitizers, so that a step still fits the window at the budget */
+    if (!g_org || create_run(RUN, 0) != 0 || create_run(CPU_RUN, 2048 * (SLOW > 1 ? 8 : 32)) != 0 ||
         ct_volunteers(&g_c, g_org, RUN, NAGENTS, g_dirs) != 0 ||
         volunteer("cpuvol", CPU_RUN, g_cpu_dir[0]) != 0)
         return -1;
