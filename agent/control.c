@@ -77,11 +77,17 @@ static int control_one(const char *dir, int quiet_absent, int pause, long wait_s
     }
     const char *want = pause ? "paused" : "training";
     int64_t t0 = agent_status_now_ms();
+    /* signalled even when the file already says so: a pause asked for a
+       moment ago may not show yet, and this resume must still cancel it */
     if (kill((pid_t)v.pid, pause ? SIGUSR1 : SIGUSR2) != 0) {
         printf("%s: cannot signal pid %ld: %s%s\n", path, v.pid, strerror(errno),
                errno == EPERM ? " (the service's agent runs as its own user: sudo crowdtrain-agent "
                                 "pause|resume)" : "");
         return 1;
+    }
+    if (!strcmp(v.state, want) && !pause) {
+        printf("the agent (pid %ld) was not paused (training, step %ld)\n", v.pid, v.step);
+        return 0;
     }
     /* the agent rewrites its status file when its state changes; a pause
        waits for the round in progress (up to --round-timeout-ms) */

@@ -47,9 +47,10 @@ static int micro_batch(struct dp_loop *l)
     /* The volunteer's CPU limit (agent/cpu_limit.h): over budget, wait here
        rather than in one long sleep, so that a round of our step opening
        meanwhile still takes us (observe and misplaced run between naps). */
-    double pace = s->cpu.cores > 0 && !s->o.aggregate_only && !j->pull_only ? agent_cpu_limit_wait_s(&s->cpu) : 0;
-    if (s->o.aggregate_only || j->pull_only || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
-        double nap = s->o.aggregate_only || j->pull_only ? 0.05 : pace > 0 ? (pace < 0.05 ? pace : 0.05) : 0.005;
+    int follower = s->o.aggregate_only || j->pull_only; /* computes nothing */
+    double pace = s->cpu.cores > 0 && !follower ? agent_cpu_limit_wait_s(&s->cpu) : 0;
+    if (follower || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
+        double nap = follower ? 0.05 : pace > 0 ? (pace < 0.05 ? pace : 0.05) : 0.005;
         usleep((useconds_t)(nap * 1e6));
         if (pace > 0)
             l->paced_s += nap;

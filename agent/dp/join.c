@@ -298,7 +298,7 @@ static int check_opts(struct dp_state *s)
         bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
     else if (!bad && (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535))
         bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
-    else if (!bad && !(s->o.max_cpu_percent == 0 || (s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100)))
+    else if (!bad && s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
         bad = "--max-cpu-percent must be 0 (no limit) or from 1 to 100";
     else if (!bad && (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0))
         bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";

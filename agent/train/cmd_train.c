@@ -119,7 +119,8 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
         case 'g': o->step_log = optarg; break;
         case 'p':
             o->max_cpu_percent = strtod(optarg, &end);
-            if (*end || !*optarg || !(o->max_cpu_percent == 0 || (o->max_cpu_percent >= 1 && o->max_cpu_percent <= 100))) {
+            if (*end || !*optarg ||
+                (o->max_cpu_percent != 0 && !(o->max_cpu_percent >= 1 && o->max_cpu_percent <= 100))) {
                 fprintf(stderr, "train: --max-cpu-percent must be 0 (no limit) or from 1 to 100\n");
                 return 2;
             }

@@ -425,7 +425,8 @@ static double proc_cpu_s(pid_t pid)
     if (!p)
         return -1;
     unsigned long long ut = 0, st = 0;
-    /* fields 3.. after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    /* fields 3.. after ") ": state ppid pgrp session tty tpgid flags minflt
+       cminflt majflt cmajflt utime stime */
     if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return -1;
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
