@@ -10,5 +10,7 @@ int agent_cmd_join(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
 int agent_cmd_dht(int argc, char **argv);
 int agent_cmd_status(int argc, char **argv);
+int agent_cmd_pause(int argc, char **argv);
+int agent_cmd_resume(int argc, char **argv);
 
 #endif

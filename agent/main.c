@@ -19,6 +19,8 @@ static const struct agent_cmd CMDS[] = {
     {"pass", agent_cmd_pass, "get, renew or show this peer's access pass for a run"},
     {"join", agent_cmd_join, "train with the collaboration of a run (Ctrl-C leaves)"},
     {"status", agent_cmd_status, "what a training agent (or the service) is doing"},
+    {"pause", agent_cmd_pause, "pause a training agent without leaving its run (SIGUSR1)"},
+    {"resume", agent_cmd_resume, "resume a paused agent: it catches up and trains (SIGUSR2)"},
     {"train", agent_cmd_train, "train a model in this process (--local --config FILE)"},
     {"dht", agent_cmd_dht, "get or put one key of a run's DHT (debugging)"},
     {NULL, NULL, NULL},

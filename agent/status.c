@@ -69,7 +69,7 @@ void agent_status_write(const char *dir, const struct agent_status *st, int forc
         json_object_set_new(j, "last_error", json_string(g_w.last_error));
         json_object_set_new(j, "last_error_ms", json_integer(g_w.last_error_ms));
     }
-    if (strcmp(state, "training"))
+    if (strcmp(state, "training") && strcmp(state, "paused"))
         json_object_set_new(j, "exit_status", json_integer(st->exit_status));
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/%s", dir, AGENT_STATUS_FILE);
@@ -189,7 +189,8 @@ int agent_status_print(FILE *f, const char *path, const struct agent_status_view
     char a[64], when[64];
     ago(now - v->updated_ms, a, sizeof a);
     utc(v->updated_ms, when, sizeof when);
-    int training = !strcmp(v->state, "training");
+    int training = !strcmp(v->state, "training"), paused = !strcmp(v->state, "paused");
+    int live = training || paused; /* a paused agent runs, and keeps the file fresh */
     int stale = now - v->updated_ms > AGENT_STATUS_STALE_MS;
     fprintf(f, "%s\n  updated:   %s (%s)\n", path, when, a);
     utc(v->started_ms, when, sizeof when);
@@ -197,7 +198,7 @@ int agent_status_print(FILE *f, const char *path, const struct agent_status_view
         fprintf(f, "  agent:     running (pid %ld, started %s)\n", v->pid, when);
     else if (alive == AGENT_ALIVE_UNKNOWN)
         fprintf(f, "  agent:     pid %ld, cannot tell whether it runs (started %s)\n", v->pid, when);
-    else if (training)
+    else if (live)
         fprintf(f, "  agent:     NOT RUNNING: pid %ld is gone and left no final state (killed, or "
                    "the machine stopped?)\n", v->pid);
     else
@@ -205,6 +206,9 @@ int agent_status_print(FILE *f, const char *path, const struct agent_status_view
     fprintf(f, "  run:       %s\n", v->run[0] ? v->run : "?");
     if (training)
         fprintf(f, "  state:     training%s\n", v->pull_only ? " (pull-only: the schedule says not to compute)" : "");
+    else if (paused)
+        fprintf(f, "  state:     paused: in the run, computing and averaging nothing "
+                   "(crowdtrain-agent resume goes on)\n");
     else
         fprintf(f, "  state:     %s (exit status %d)\n", v->state, v->exit_status);
     fprintf(f, "  step:      %ld of %ld", v->step, v->steps);
@@ -225,10 +229,10 @@ int agent_status_print(FILE *f, const char *path, const struct agent_status_view
     } else {
         fprintf(f, "  last error: none\n");
     }
-    if (training && alive != AGENT_ALIVE_NO && stale)
+    if (live && alive != AGENT_ALIVE_NO && stale)
         fprintf(f, "  warning:   no update for more than %d s: the agent may be stuck "
                    "(journalctl -u crowdtrain-agent, or its terminal)\n", AGENT_STATUS_STALE_MS / 1000);
-    return training && alive != AGENT_ALIVE_NO && !stale ? 0 : 1;
+    return live && alive != AGENT_ALIVE_NO && !stale ? 0 : 1;
 }
 
 /* ---- the command ---- */
@@ -247,15 +251,14 @@ static const struct cm_cmd_spec STATUS = {
     "status file a training agent keeps in its state directory, how fresh that\n"
     "file is and whether the agent that wrote it still runs. Without\n"
     "--config-dir it looks in your own state directory and the service's.\n"
-    "Exit status: 0 training, 1 not training (stopped, finished, stale), 3 no\n"
-    "status file.",
+    "Exit status: 0 training or paused, 1 not training (stopped, finished,\n"
+    "stale), 3 no status file.",
     STATUS_OPTS, sizeof STATUS_OPTS / sizeof STATUS_OPTS[0], 0};
 
-/* 0/1 as agent_status_print, 3 when there is no file, 4 when it cannot be read. */
-static int show(const char *dir, int quiet_absent)
+int agent_status_read(const char *dir, int quiet_absent, struct agent_status_view *v, char *path,
+                      size_t cap)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, AGENT_STATUS_FILE);
+    snprintf(path, cap, "%s/%s", dir, AGENT_STATUS_FILE);
     FILE *f = fopen(path, "r");
     if (!f) {
         if (errno == ENOENT) {
@@ -271,11 +274,49 @@ static int show(const char *dir, int quiet_absent)
     char buf[16384];
     size_t n = fread(buf, 1, sizeof buf, f);
     fclose(f);
-    struct agent_status_view v;
-    if (agent_status_parse(buf, n, &v) != CM_OK) {
+    if (agent_status_parse(buf, n, v) != CM_OK) {
         printf("%s: not a status file this agent understands\n", path);
         return 4;
     }
+    return 0;
+}
+
+size_t agent_status_dirs(const char *config_dir, char *mine, size_t cap, const char *dirs[2])
+{
+    if (config_dir) {
+        dirs[0] = config_dir;
+        return 1;
+    }
+    /* the same default as agent_state_dir (client.h), without creating it */
+    mine[0] = '\0';
+    const char *env = getenv("CROWDTRAIN_CONFIG_DIR"), *xdg = getenv("XDG_CONFIG_HOME"),
+               *home = getenv("HOME");
+    if (env && *env)
+        snprintf(mine, cap, "%s", env);
+    else if (xdg && *xdg)
+        snprintf(mine, cap, "%s/crowdtrain", xdg);
+    else if (home && *home)
+        snprintf(mine, cap, "%s/.config/crowdtrain", home);
+    size_t n = 0;
+    if (mine[0] && strcmp(mine, AGENT_STATUS_SYSTEM_DIR))
+        dirs[n++] = mine;
+    dirs[n++] = AGENT_STATUS_SYSTEM_DIR;
+    return n;
+}
+
+int64_t agent_status_now_ms(void)
+{
+    return now_ms();
+}
+
+/* 0/1 as agent_status_print, 3 when there is no file, 4 when it cannot be read. */
+static int show(const char *dir, int quiet_absent)
+{
+    char path[4200];
+    struct agent_status_view v;
+    int rc = agent_status_read(dir, quiet_absent, &v, path, sizeof path);
+    if (rc)
+        return rc;
     return agent_status_print(stdout, path, &v, now_ms(), agent_status_pid_alive(v.pid));
 }
 
@@ -291,23 +332,11 @@ int agent_cmd_status(int argc, char **argv)
     if (cfg.config_dir) {
         status = show(cfg.config_dir, 0);
     } else {
-        /* the same default as agent_state_dir (client.h), without creating it */
-        char mine[4096] = "";
-        const char *env = getenv("CROWDTRAIN_CONFIG_DIR"), *xdg = getenv("XDG_CONFIG_HOME"),
-                   *home = getenv("HOME");
-        if (env && *env)
-            snprintf(mine, sizeof mine, "%s", env);
-        else if (xdg && *xdg)
-            snprintf(mine, sizeof mine, "%s/crowdtrain", xdg);
-        else if (home && *home)
-            snprintf(mine, sizeof mine, "%s/.config/crowdtrain", home);
-        const char *dirs[2] = {mine[0] ? mine : NULL, AGENT_STATUS_SYSTEM_DIR};
-        if (dirs[0] && !strcmp(dirs[0], dirs[1]))
-            dirs[0] = NULL;
+        char mine[4096];
+        const char *dirs[2];
+        size_t nd = agent_status_dirs(NULL, mine, sizeof mine, dirs);
         int best = 3, shown = 0;
-        for (int i = 0; i < 2; i++) {
-            if (!dirs[i])
-                continue;
+        for (size_t i = 0; i < nd; i++) {
             int r = show(dirs[i], 1);
             if (r == 3)
                 continue;
@@ -318,7 +347,7 @@ int agent_cmd_status(int argc, char **argv)
         if (!shown)
             printf("no agent status: neither %s%s%s has a %s (it appears once an agent trains; for "
                    "the service: systemctl status crowdtrain-agent)\n",
-                   dirs[0] ? dirs[0] : "", dirs[0] ? " nor " : "", AGENT_STATUS_SYSTEM_DIR,
+                   nd > 1 ? dirs[0] : "", nd > 1 ? " nor " : "", AGENT_STATUS_SYSTEM_DIR,
                    AGENT_STATUS_FILE);
         status = best;
     }

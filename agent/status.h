@@ -25,7 +25,8 @@
 /* One snapshot, as the writer knows it. Strings are borrowed. */
 struct agent_status {
     const char *run;
-    const char *state;      /* "training", or at exit "finished", "stopped", "failed" */
+    const char *state;      /* "training", "paused" (crowdtrain-agent pause), or at exit
+                               "finished", "stopped", "failed" */
     long step, steps;       /* the global step being accumulated (-1: the last written);
                                the run's last */
     double samples, target; /* the collaboration's samples toward this step / needed */
@@ -67,9 +68,21 @@ enum agent_status_alive { AGENT_ALIVE_NO = 0, AGENT_ALIVE_YES = 1, AGENT_ALIVE_U
 enum agent_status_alive agent_status_pid_alive(long pid);
 
 /* Prints the human summary of v, read from path at now_ms. Returns 0 when
- * the agent is training with a fresh file, 1 otherwise (stale, not
- * running, finished or failed), for scripts. */
+ * the agent is training or paused with a fresh file, 1 otherwise (stale,
+ * not running, finished or failed), for scripts. */
 int agent_status_print(FILE *f, const char *path, const struct agent_status_view *v, int64_t now_ms,
                        enum agent_status_alive alive);
+
+/* Reads DIR/status.json into *v (path: the file's name, for messages).
+ * 0; 3 when there is none (said on stdout unless quiet_absent); 4 when it
+ * cannot be read or parsed (said on stdout). */
+int agent_status_read(const char *dir, int quiet_absent, struct agent_status_view *v, char *path,
+                      size_t cap);
+/* The state directories whose status files `status`, `pause` and `resume`
+ * look at: config_dir when given, else the user's own (written into mine,
+ * cap bytes) and the service's. Returns how many (dirs[] borrowed). */
+size_t agent_status_dirs(const char *config_dir, char *mine, size_t cap, const char *dirs[2]);
+/* The wall clock in Unix ms, as the status file's times. */
+int64_t agent_status_now_ms(void);
 
 #endif

@@ -44,8 +44,16 @@ static int micro_batch(struct dp_loop *l)
     struct dp_state *s = l->s;
     struct dp_acc *a = &l->a;
     struct dp_job *j = a->j;
-    if (s->o.aggregate_only || j->pull_only || a->hold_since != 0 || a->lag_since != 0 || a->holding) {
-        usleep(s->o.aggregate_only || j->pull_only ? 50000 : 5000);
+    /* The volunteer's CPU limit (agent/cpu_limit.h): over budget, wait here
+       rather than in one long sleep, so that a round of our step opening
+       meanwhile still takes us (observe and misplaced run between naps). */
+    int follower = s->o.aggregate_only || j->pull_only; /* computes nothing */
+    double pace = s->cpu.cores > 0 && !follower ? agent_cpu_limit_wait_s(&s->cpu) : 0;
+    if (follower || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
+        double nap = follower ? 0.05 : pace > 0 ? (pace < 0.05 ? pace : 0.05) : 0.005;
+        usleep((useconds_t)(nap * 1e6));
+        if (pace > 0)
+            l->paced_s += nap;
         if (peer_mono_s() - a->t_pub > 0.2) {
             dp_publish_progress(s, a->acc_step, a->samples, l->sps, 0);
             a->t_pub = peer_mono_s();
@@ -75,10 +83,14 @@ static int micro_batch(struct dp_loop *l)
     double dt = peer_mono_s() - t0;
     a->compute_s += dt;
     if (dt > 0) {
-        l->sps = l->sps > 0 ? 0.8 * l->sps + 0.2 * (w / dt) : w / dt;
+        /* our rate as the others see it: with the CPU limit's waits (the
+           schedules and the estimates of the next step use it) */
+        double de = dt + l->paced_s;
+        l->sps = l->sps > 0 ? 0.8 * l->sps + 0.2 * (w / de) : w / de;
         l->mb_time = l->mb_time > 0 ? 0.8 * l->mb_time + 0.2 * dt : dt;
         s->mb_time = l->mb_time;
     }
+    l->paced_s = 0;
     dp_publish_progress(s, a->acc_step, a->samples, l->sps, 0);
     a->t_pub = peer_mono_s();
     return CM_OK;
@@ -312,8 +324,12 @@ enum dp_phase dp_accumulate(struct dp_loop *l)
                 break;
             }
         }
-        if ((l->rc = micro_batch(l)) != CM_OK || dp_interrupted(s))
+        if (l->resumed) /* back from a pause: most likely behind; look before computing */
+            l->resumed = 0;
+        else if ((l->rc = micro_batch(l)) != CM_OK || dp_interrupted(s))
             break;
+        if (dp_pause_wanted(s))
+            break; /* nothing announced yet: this accumulation is dropped */
         peer_rt_serve_state(&s->rt, l->step);
         if (!observe(l))
             continue;
@@ -327,6 +343,8 @@ enum dp_phase dp_accumulate(struct dp_loop *l)
     a->nseen = 0;
     if (l->rc != CM_OK)
         return DP_STOP;
+    if (dp_pause_wanted(s) && !dp_interrupted(s))
+        return DP_PAUSE;
     if (a->restart)
         return DP_BEGIN;
     if (dp_interrupted(s) || a->behind || a->diverged)

@@ -32,7 +32,8 @@ struct collab_progress {
                                         the previous round averages (delayed updates) */
     int64_t t_ms;                    /* when it was measured (author's clock) */
     char addr[COLLAB_ADDR_MAX];      /* averaging address "ip:port", "" = client mode */
-    int client, aux;                 /* client mode; aggregate-only auxiliary peer */
+    int client, aux;                 /* client mode; auxiliary: aggregate-only, pull-only or
+                                        paused (counted by nobody as computing) */
     char st[COLLAB_ADDR_MAX];        /* state-transfer address "ip:port", "" = none */
     char hash[COLLAB_HASH_HEX + 1];  /* parameter hash at `pstep` (hex prefix), "" = unknown */
 };

@@ -23,9 +23,11 @@
 #define AGENT_DP_DP_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
+#include "agent/cpu_limit.h"
 #include "agent/dp/collab.h"
 #include "agent/dp/sched_follow.h"
 #include "agent/peer/runtime.h"
@@ -38,7 +40,7 @@ struct dp_opts {
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
         outcome_window_ms, stall_ms;
-    double max_upload_mbps, max_download_mbps;
+    double max_upload_mbps, max_download_mbps, max_cpu_percent;
 };
 
 /* A failed round this long after the last one starts a new count. */
@@ -79,6 +81,11 @@ struct dp_state {
     int failing;
     double failing_since, failing_last;
     char failing_why[320];
+    /* the volunteer's limits (docs/collaboration.md, "Resource limits") */
+    struct agent_cpu_limit cpu;  /* --max-cpu-percent: paced between micro-batches */
+    const volatile sig_atomic_t *pause_req; /* 1 while the volunteer wants us paused
+                                               (SIGUSR1 / SIGUSR2, join.c) */
+    int paused;                 /* the loop is paused: our records say so (records.c) */
 };
 
 /* One averaging round: what the accumulation hands over and what comes
@@ -195,9 +202,11 @@ void dp_sched_from_dht(struct dp_state *s);
  *   RESYNC      take the collaboration's state from a peer or checkpoint
  *   AVERAGE     apply the round in flight, then average this one (on its
  *               own thread with --delayed-updates, else here and apply it)
+ *   PAUSE       the volunteer paused us (pause.c): finish the round in
+ *               flight, leave the counting, wait for resume, catch up
  *   END         the loop is over: apply a round still in flight
  *   STOP        a fatal error (l->rc) */
-enum dp_phase { DP_BEGIN, DP_ACCUMULATE, DP_RESYNC, DP_AVERAGE, DP_END, DP_STOP };
+enum dp_phase { DP_BEGIN, DP_ACCUMULATE, DP_RESYNC, DP_AVERAGE, DP_PAUSE, DP_END, DP_STOP };
 
 struct dp_loop {
     struct dp_state *s;
@@ -210,6 +219,8 @@ struct dp_loop {
     int64_t step;           /* the step of our parameters */
     int64_t join_step;      /* > step: we accumulate for this round ahead of our parameters,
                                betting on the round in flight (dp_bet_check) */
+    int resumed;            /* just resumed: look at the collaboration before computing */
+    double paced_s;         /* CPU limit: seconds waited since the last micro-batch */
     /* the accumulation in progress (reset by BEGIN; RESYNC reads it) */
     struct dp_acc {
         struct dp_job *j;
@@ -229,6 +240,10 @@ struct dp_loop {
 
 /* accum.c */
 enum dp_phase dp_accumulate(struct dp_loop *l);
+
+/* pause.c: pause and resume (docs/collaboration.md, "Pause and resume") */
+int dp_pause_wanted(const struct dp_state *s);
+enum dp_phase dp_pause(struct dp_loop *l);
 
 /* loop.c */
 int dp_finish_inflight(struct dp_loop *l);

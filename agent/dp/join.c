@@ -49,6 +49,9 @@ static const struct cm_opt JOIN_OPTS[] = {
      "coordinator cannot reach us)", 0},
     {"max-upload-mbps", CM_OPT_DBL, J(max_upload_mbps), "0", "MBPS", "upload cap, 0 = none", 0},
     {"max-download-mbps", CM_OPT_DBL, J(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
+    {"max-cpu-percent", CM_OPT_DBL, J(max_cpu_percent), "0", "P",
+     "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two "
+     "cores' worth), 0 = no limit", 0},
     {"listen-ip", CM_OPT_STR, J(listen_ip), "0.0.0.0", "IP", "address peers connect to us on", 0},
     {"advertise-ip", CM_OPT_STR, J(advertise_ip), NULL, "IP",
      "address announced to peers, unchecked (default: the address the coordinator sees us at, "
@@ -87,7 +90,8 @@ static const struct cm_cmd_spec JOIN = {
     "the newest checkpoint, and trains: gradients are accumulated until the whole\n"
     "collaboration reaches the run's target batch size, averaged with the peers of\n"
     "that step, and the same optimizer step is applied everywhere. One progress\n"
-    "line per step. Ctrl-C leaves cleanly.",
+    "line per step. Ctrl-C leaves cleanly. 'crowdtrain-agent pause' (SIGUSR1)\n"
+    "pauses it without leaving the run, 'crowdtrain-agent resume' (SIGUSR2) goes on.",
     JOIN_OPTS, sizeof JOIN_OPTS / sizeof JOIN_OPTS[0], 1};
 
 
@@ -104,6 +108,16 @@ static void on_sigint(int sig)
     g_signal = sig;
     if (g_starting && g_interrupts >= 2)
         _exit(128 + sig);
+}
+
+/* Pause (SIGUSR1) and resume (SIGUSR2): `crowdtrain-agent pause|resume`
+ * sends them (agent/control.c); the loop acts on the flag (pause.c). The
+ * handlers are installed first thing, before anything else can take long:
+ * SIGUSR1's default action would end the agent. */
+static volatile sig_atomic_t g_pause;
+static void on_pause(int sig)
+{
+    g_pause = sig == SIGUSR1;
 }
 
 /* ---- the role's callbacks for the runtime (struct peer_role) ---- */
@@ -204,6 +218,16 @@ static int fetch_run(struct dp_state *s)
     s->tcfg.batch_size = s->tcfg.micro_batch;
     if (s->o.device)
         snprintf(s->tcfg.device, sizeof s->tcfg.device, "%s", s->o.device);
+    if (s->o.max_cpu_percent > 0) {
+        /* no more compute threads than the budget's cores (cpu_limit.h) */
+        int ncpu = agent_cpu_count(), t = agent_cpu_limit_threads(s->o.max_cpu_percent, ncpu);
+        if (s->tcfg.threads == 0 || s->tcfg.threads > t)
+            s->tcfg.threads = t;
+        agent_cpu_limit_init(&s->cpu, s->o.max_cpu_percent, ncpu);
+        printf("CPU limit: %g%% of %d cores (%.2f cores' worth): %d compute thread%s, paced between "
+               "micro-batches\n", s->o.max_cpu_percent, ncpu, s->cpu.cores, s->tcfg.threads,
+               s->tcfg.threads == 1 ? "" : "s");
+    }
     s->steps = s->o.steps > 0 ? s->o.steps : s->tcfg.steps;
     /* every peer its own data order, everyone the same initial weights */
     uint8_t h[CM_SHA256_LEN];
@@ -274,6 +298,8 @@ static int check_opts(struct dp_state *s)
         bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
     else if (!bad && (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535))
         bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
+    else if (!bad && s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
+        bad = "--max-cpu-percent must be 0 (no limit) or from 1 to 100";
     else if (!bad && (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0))
         bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";
     if (bad) {
@@ -399,6 +425,12 @@ int agent_cmd_join(int argc, char **argv)
     struct dp_state *s = calloc(1, sizeof *s);
     if (!s)
         return 1;
+    struct sigaction sp = {0};
+    sp.sa_handler = on_pause;
+    sp.sa_flags = SA_RESTART; /* a volunteer's pause must not fail a read or a wait */
+    sigaction(SIGUSR1, &sp, NULL);
+    sigaction(SIGUSR2, &sp, NULL);
+    s->pause_req = &g_pause;
     pthread_mutex_init(&s->js_mu, NULL);
     collab_hold_init(&s->hold, DP_HOLD_S);
     int rc = cm_opts_parse(&JOIN, &s->o, argc, argv, NULL, NULL, stderr);

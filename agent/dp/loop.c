@@ -51,6 +51,8 @@ static enum dp_phase phase_begin(struct dp_loop *l)
     struct dp_state *s = l->s;
     if (dp_interrupted(s))
         return DP_END;
+    if (dp_pause_wanted(s))
+        return DP_PAUSE;
     int64_t acc_step = l->inflight ? l->inflight->step + 1 : l->step > l->join_step ? l->step : l->join_step;
     if (acc_step >= s->steps) {
         if (!l->inflight)
@@ -239,6 +241,7 @@ int dp_train_loop(struct dp_state *s)
         case DP_ACCUMULATE: ph = dp_accumulate(l); break;
         case DP_RESYNC: ph = phase_resync(l); break;
         case DP_AVERAGE: ph = phase_average(l); break;
+        case DP_PAUSE: ph = dp_pause(l); break;
         default: ph = DP_STOP; break;
         }
     }

@@ -47,7 +47,15 @@ int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double
        sender beside it is still one sender); it publishes its state host and
        hash like any peer with parameters. */
     p.aux = s->o.aggregate_only || s->pull_only;
-    if (!s->o.aggregate_only) {
+    if (s->paused) {
+        /* Paused (pause.c): out of every count at once, as an auxiliary
+           peer with nothing done or pledged, and no state host or hash (we
+           serve no state and are probed by nobody). Without this record our
+           last one counted for up to 30 s: our samples toward the target,
+           us among the peers accumulating for the step. */
+        p.aux = 1;
+        p.samples = p.pledged = p.sps = 0;
+    } else if (!s->o.aggregate_only) {
         snprintf(p.st, sizeof p.st, "%s", s->rt.st_addr);
         /* the hash of the parameters it holds (at pstep: with a round in
            flight, one step behind the step it accumulates for) */

@@ -11,7 +11,7 @@ void dp_status_note(const struct dp_state *s, long step, double samples, double 
 {
     if (!s->rt.dir[0])
         return;
-    struct agent_status st = {s->o.run, "training", step, s->steps, samples, s->target,
+    struct agent_status st = {s->o.run, s->paused ? "paused" : "training", step, s->steps, samples, s->target,
                               pull_only ? NAN : sps, peers, pull_only ? NAN : loss, eta, pull_only,
                               s->failing ? s->failing_why : "", 0};
     agent_status_write(s->rt.dir, &st, 0);

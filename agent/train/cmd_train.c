@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "agent/commands.h"
+#include "agent/cpu_limit.h"
 #include "agent/train/steplog.h"
 #include "agent/train/trainer.h"
 #include "cm_err.h"
@@ -18,13 +19,16 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: crowdtrain-agent train --local --config FILE [--device cpu|cuda|auto]\n"
-               "                              [--threads N] [--steps N] [--data-seed N] [--step-log FILE]\n\n"
+               "                              [--threads N] [--steps N] [--data-seed N] [--step-log FILE]\n"
+               "                              [--max-cpu-percent P]\n\n"
                "Trains the model FILE describes in this process (docs/training.md).\n"
                "  --device   overrides the config's device (auto: CUDA when a GPU is present)\n"
                "  --threads  CPU threads (0 = all cores)\n"
                "  --steps    overrides the config's step count (the schedule keeps its length)\n"
                "  --data-seed N  seed of the training data order (default: the config's seed)\n"
-               "  --step-log FILE  append one JSON line per step: step, parameter hash, loss\n");
+               "  --step-log FILE  append one JSON line per step: step, parameter hash, loss\n"
+               "  --max-cpu-percent P  use at most about P%% of the machine's CPU time, all cores\n"
+               "             counted (fewer threads, and pauses between steps); 0 = no limit\n");
 }
 
 static double now_s(void)
@@ -76,6 +80,7 @@ struct train_opts {
     unsigned long long data_seed;
     int local, threads;
     long steps;
+    double max_cpu_percent;
 };
 
 /* 0: go on; otherwise the exit status (--help: 0 after printing it, as -1). */
@@ -86,7 +91,7 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
         {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
         {"steps", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
         {"step-log", required_argument, NULL, 'g'}, {"data-seed", required_argument, NULL, 'r'},
-        {NULL, 0, NULL, 0}};
+        {"max-cpu-percent", required_argument, NULL, 'p'}, {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
     o->threads = -1;
     int c;
@@ -112,6 +117,14 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
             }
             break;
         case 'g': o->step_log = optarg; break;
+        case 'p':
+            o->max_cpu_percent = strtod(optarg, &end);
+            if (*end || !*optarg ||
+                (o->max_cpu_percent != 0 && !(o->max_cpu_percent >= 1 && o->max_cpu_percent <= 100))) {
+                fprintf(stderr, "train: --max-cpu-percent must be 0 (no limit) or from 1 to 100\n");
+                return 2;
+            }
+            break;
         case 'r':
             o->data_seed = strtoull(optarg, &end, 10);
             if (*end || !*optarg || o->data_seed == 0) {
@@ -143,8 +156,8 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
 
 /* The steps from the trainer's step to cfg->steps, with the log line every
  * log_every steps, checkpoints and evaluations on the way. */
-static int train_steps(struct agent_trainer *t, const struct agent_train_config *cfg, FILE *slog, char *err,
-                       size_t cap)
+static int train_steps(struct agent_trainer *t, const struct agent_train_config *cfg, FILE *slog,
+                       struct agent_cpu_limit *lim, char *err, size_t cap)
 {
     int rc;
     struct kern_eval ev;
@@ -166,6 +179,7 @@ static int train_steps(struct agent_trainer *t, const struct agent_train_config 
         }
         win_loss += bev.loss_sum;
         win_count += bev.count;
+        agent_cpu_limit_pace(lim, NULL); /* the volunteer's CPU limit, between steps */
         long s = t->opt->step;
         if (slog) {
             char hash[65], line[256];
@@ -223,6 +237,14 @@ int agent_cmd_train(int argc, char **argv)
         snprintf(cfg.device, sizeof cfg.device, "%s", o.device);
     if (o.threads >= 0)
         cfg.threads = o.threads;
+    struct agent_cpu_limit lim;
+    agent_cpu_limit_init(&lim, o.max_cpu_percent, agent_cpu_count());
+    if (o.max_cpu_percent > 0) {
+        /* no more compute threads than the budget's cores (cpu_limit.h) */
+        int lt = agent_cpu_limit_threads(o.max_cpu_percent, agent_cpu_count());
+        if (cfg.threads == 0 || cfg.threads > lt)
+            cfg.threads = lt;
+    }
     if (o.steps)
         cfg.steps = o.steps;
     if (o.data_seed)
@@ -264,7 +286,7 @@ int agent_cmd_train(int argc, char **argv)
             goto fail;
         print_eval(&t, "before", &ev);
     }
-    if ((rc = train_steps(&t, &cfg, slog, err, sizeof err)))
+    if ((rc = train_steps(&t, &cfg, slog, &lim, err, sizeof err)))
         goto fail;
     if (*cfg.ckpt_dir) {
         if ((rc = agent_trainer_save(&t, err, sizeof err)))

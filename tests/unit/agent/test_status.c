@@ -159,6 +159,50 @@ static void test_summary(void **state)
     assert_non_null(strstr(out, "NOT RUNNING"));
 }
 
+/* A paused agent (crowdtrain-agent pause): alive and well for scripts,
+ * says so and how to go on, no exit status in its file; its writer gone
+ * without a final word is "NOT RUNNING" as for a training one. */
+static void test_summary_paused(void **state)
+{
+    (void)state;
+    const char *js = "{\"version\":1,\"run\":\"fm\",\"state\":\"paused\",\"pid\":4242,"
+                     "\"started_ms\":1000000,\"updated_ms\":2000000,\"step\":12,\"steps\":50,"
+                     "\"samples\":null,\"target\":2048,\"samples_per_s\":0,\"peers\":3,"
+                     "\"loss\":null,\"eta_s\":null,\"pull_only\":false,\"error\":\"\"}";
+    struct agent_status_view v;
+    assert_int_equal(agent_status_parse(js, strlen(js), &v), CM_OK);
+    char out[4096];
+    assert_int_equal(summary(&v, 2000000 + 5000, AGENT_ALIVE_YES, out, sizeof out), 0);
+    assert_non_null(strstr(out, "state:     paused"));
+    assert_non_null(strstr(out, "crowdtrain-agent resume"));
+    assert_non_null(strstr(out, "step:      12 of 50\n"));
+    assert_null(strstr(out, "exit status"));
+    assert_null(strstr(out, "speed:"));
+    assert_int_equal(summary(&v, 2000000 + AGENT_STATUS_STALE_MS + 1000, AGENT_ALIVE_YES, out, sizeof out), 1);
+    assert_non_null(strstr(out, "no update for more than"));
+    assert_int_equal(summary(&v, 2000000 + 5000, AGENT_ALIVE_NO, out, sizeof out), 1);
+    assert_non_null(strstr(out, "NOT RUNNING"));
+}
+
+static void test_write_paused(void **state)
+{
+    (void)state;
+    struct agent_status st = {"fmnist", "paused", 7, 500, NAN, 2048, 0, 3, NAN, NAN, 0, "", 0};
+    agent_status_write(g_dir, &st, 0);
+    char path[128], buf[16384];
+    snprintf(path, sizeof path, "%s/%s", g_dir, AGENT_STATUS_FILE);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    assert_null(strstr(buf, "exit_status")); /* not a final state */
+    struct agent_status_view v;
+    read_view(&v);
+    assert_string_equal(v.state, "paused");
+    assert_int_equal(v.step, 7);
+}
+
 static void test_pid_alive(void **state)
 {
     (void)state;
@@ -174,6 +218,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_read_throttle, setup, teardown),
         cmocka_unit_test(test_parse_rejects),
         cmocka_unit_test(test_summary),
+        cmocka_unit_test(test_summary_paused),
+        cmocka_unit_test_setup_teardown(test_write_paused, setup, teardown),
         cmocka_unit_test(test_pid_alive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
