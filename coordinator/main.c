@@ -132,7 +132,7 @@ static int validate(const struct coord_config *c)
                   {"db-pool", c->db_pool, 1, 1000},
                   {"db-timeout-ms", c->db_timeout_ms, 100, 600000},
                   {"session-ttl", c->session_ttl, 60, 90L * 24 * 3600},
-                  {"pass-ttl", c->pass_ttl, 60, 30L * 24 * 3600},
+                  {"pass-ttl", c->pass_ttl, 30, 30L * 24 * 3600},
                   {"login-max-failures", c->login_max_failures, 1, 100000},
                   {"login-window", c->login_window, 1, 86400},
                   {"shutdown-grace-ms", c->shutdown_grace_ms, 0, 600000},

@@ -305,6 +305,7 @@ static void test_disabled_account_stops_at_once(void **state)
     struct cm_ed25519 key;
     assert_int_equal(cm_ed25519_generate(&key), CM_OK);
     ct_pass_request(&g_c, s3, "acct", "leaver", &key, &r);
+    cm_ed25519_cleanup(&key);
     if (r.status != 401) {
         assert_int_equal(r.status, 403);
         assert_string_equal(err_code(&r), "account_disabled");

@@ -487,6 +487,7 @@ static void test_key_has_one_owner_and_revocation_blocks_it(void **state)
     char *at = strstr(forged, opk);
     assert_non_null(at);
     memcpy(at, pk, strlen(pk));
+    cm_ed25519_cleanup(&other);
     ct_http(&g_c, "POST", "/api/v1/runs/fmnist/passes", g_vol, forged, &r);
     assert_error(&r, 403, "bad_signature");
     ct_resp_free(&r);

