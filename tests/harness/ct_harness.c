@@ -2,6 +2,8 @@
 #include "ct_harness.h"
 #include "cm_err.h"
 #include "cm_passreq.h"
+#include "ckpt/ckpt.h"
+#include "cm_crypto.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -717,4 +719,35 @@ double ct_median(double *v, size_t n)
             v[k - 1] = t;
         }
     return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}
+
+uint8_t *ct_make_ckpt(const char *dir, uint64_t step, unsigned seed, size_t n, size_t *len,
+                      char hex[65], uint8_t params[32])
+{
+    float *p = malloc(n * sizeof *p), *m = malloc(n * sizeof *m);
+    uint8_t *b = NULL;
+    if (!p || !m)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (float)((i * 31 + seed * 7) % 1000) / 1000.0f;
+        m[i] = (float)(i % 17) * 1e-3f;
+    }
+    struct cm_ckpt_buf opt[1] = {{.name = "adam.m", .data = m, .count = n}};
+    static char config[] = "{\"model\":\"test\"}";
+    struct cm_ckpt c = {.step = step, .params = p, .n_params = n, .opt = opt, .n_opt = 1,
+                        .config = config, .config_len = (uint32_t)strlen(config)};
+    char path[400];
+    snprintf(path, sizeof path, "%s/made-%d.ckpt", dir, (int)getpid());
+    uint8_t h[32];
+    if (cm_ckpt_write(path, &c, h) != CM_OK)
+        goto out;
+    b = (uint8_t *)ct_read_file(path, len);
+    unlink(path);
+    cm_hex_encode(h, 32, hex);
+    if (params)
+        cm_sha256(p, n * sizeof *p, params);
+out:
+    free(p);
+    free(m);
+    return b;
 }

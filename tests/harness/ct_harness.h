@@ -131,6 +131,13 @@ char *ct_run_body(const char *name, json_t *recipe);
 
 /* Median of v[0..n) (sorts v); 0 when n == 0. */
 double ct_median(double *v, size_t n);
+
+/* A real checkpoint file (common/ckpt format) of `step` with n parameters
+ * and one optimizer buffer derived from seed, written through a file in
+ * dir; heap bytes (*len), its SHA-256 in hex, and (params non-NULL) the
+ * SHA-256 of its parameters. NULL on failure. */
+uint8_t *ct_make_ckpt(const char *dir, uint64_t step, unsigned seed, size_t n, size_t *len,
+                      char hex[65], uint8_t params[32]);
 void ct_rmrf(const char *dir);
 
 #endif

@@ -96,27 +96,8 @@ static long put_ckpt(const char *bearer, const char *step, const void *data, siz
  * in hex. */
 static uint8_t *make_ckpt(uint64_t step, unsigned seed, size_t n, size_t *len, char hex[65])
 {
-    float *p = malloc(n * sizeof *p), *m = malloc(n * sizeof *m);
-    assert_non_null(p);
-    assert_non_null(m);
-    for (size_t i = 0; i < n; i++) {
-        p[i] = (float)((i * 31 + seed * 7) % 1000) / 1000.0f;
-        m[i] = (float)(i % 17) * 1e-3f;
-    }
-    struct cm_ckpt_buf opt[1] = {{.name = "adam.m", .data = m, .count = n}};
-    static char config[] = "{\"model\":\"test\"}";
-    struct cm_ckpt c = {.step = step, .params = p, .n_params = n, .opt = opt, .n_opt = 1,
-                        .config = config, .config_len = (uint32_t)strlen(config)};
-    char path[400];
-    snprintf(path, sizeof path, "%s/made.ckpt", g_c.dir);
-    uint8_t h[32];
-    assert_int_equal(cm_ckpt_write(path, &c, h), CM_OK);
-    uint8_t *b = (uint8_t *)ct_read_file(path, len);
+    uint8_t *b = ct_make_ckpt(g_c.dir, step, seed, n, len, hex, NULL);
     assert_non_null(b);
-    unlink(path);
-    cm_hex_encode(h, 32, hex);
-    free(p);
-    free(m);
     return b;
 }
 

@@ -731,25 +731,8 @@ static void test_agent_reporter(void **state)
  * heap, *len bytes; its SHA-256 (hex) and its parameters' SHA-256. */
 static uint8_t *make_ckpt(uint64_t step, unsigned seed, size_t *len, char hex[65], uint8_t params[32])
 {
-    enum { N = 1000 };
-    static float p[N], m[N];
-    for (size_t i = 0; i < N; i++) {
-        p[i] = (float)((i * 13 + seed * 101) % 977) / 977.0f;
-        m[i] = (float)i * 1e-4f;
-    }
-    struct cm_ckpt_buf opt[1] = {{.name = "adam.m", .data = m, .count = N}};
-    static char config[] = "{}";
-    struct cm_ckpt c = {.step = step, .params = p, .n_params = N, .opt = opt, .n_opt = 1,
-                        .config = config, .config_len = 2};
-    char path[400];
-    snprintf(path, sizeof path, "%s/made.ckpt", g_c.dir);
-    uint8_t h[32];
-    assert_int_equal(cm_ckpt_write(path, &c, h), CM_OK);
-    uint8_t *b = (uint8_t *)ct_read_file(path, len);
+    uint8_t *b = ct_make_ckpt(g_c.dir, step, seed, 1000, len, hex, params);
     assert_non_null(b);
-    unlink(path);
-    cm_hex_encode(h, 32, hex);
-    cm_sha256(p, sizeof p, params);
     return b;
 }
 
