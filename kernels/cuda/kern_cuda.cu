@@ -16,7 +16,8 @@
  * PTX; the kernels use nothing newer than sm_60 (fp32 and fp64 atomicAdd,
  * the _rn intrinsics), so no path needs a __CUDA_ARCH__ guard. What the
  * build holds and what the device is are reported to kern_gpu_check
- * (kern__cuda_build, kern__cuda_facts) before the backend is initialized.
+ * (kern__cuda_build, kern__cuda_facts, in kern_cuda_facts.cu) before the
+ * backend is initialized.
  *
  * Errors: ops are asynchronous and return nothing; a failed launch or cuBLAS
  * call is logged once and latched, and the next sync/download/upload returns
@@ -1000,63 +1001,6 @@ extern "C" int kern__cuda_backend(const struct kern_backend **out)
         return g_state;
     *out = &CUDA_BACKEND;
     return CM_OK;
-}
-
-/* What this object was built for (kernels/module.mk). */
-extern "C" int kern__cuda_build(struct kern_cuda_build *b)
-{
-    return kern_cuda_build_parse(CT_CUDA_SASS, CT_CUDA_PTX, CUDART_VERSION, b);
-}
-
-/* Facts about device 0 for kern_gpu_check. Creates the primary context (so
- * the free memory is what is left beside it), checks that a kernel of this
- * build loads, and clears the error that leaves on a device it does not. */
-extern "C" void kern__cuda_facts(struct kern_gpu_facts *f)
-{
-    memset(f, 0, sizeof *f);
-    f->image = -1;
-    cudaError_t e = cudaDriverGetVersion(&f->driver);
-    if (e != cudaSuccess || f->driver <= 0) {
-        f->driver = 0;
-        snprintf(f->error, sizeof f->error, "%s",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "libcuda.so.1 not found");
-    }
-    cudaRuntimeGetVersion(&f->runtime);
-    if (!f->driver)
-        return;
-    e = cudaGetDeviceCount(&f->ndev);
-    if (e != cudaSuccess || f->ndev <= 0) {
-        f->ndev = 0;
-        snprintf(f->error, sizeof f->error, "%s",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA devices");
-        cudaGetLastError();
-        return;
-    }
-    cudaDeviceProp prop;
-    e = cudaGetDeviceProperties(&prop, 0);
-    if (e != cudaSuccess) {
-        f->ndev = 0;
-        snprintf(f->error, sizeof f->error, "device 0: %s", cudaGetErrorString(e));
-        cudaGetLastError();
-        return;
-    }
-    snprintf(f->name, sizeof f->name, "%.*s", (int)sizeof f->name - 1, prop.name);
-    f->cc_major = prop.major;
-    f->cc_minor = prop.minor;
-    f->mem_total = prop.totalGlobalMem;
-    f->mem_free = prop.totalGlobalMem;
-    size_t fr = 0, tot = 0;
-    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&fr, &tot) == cudaSuccess) {
-        f->mem_free = fr;
-        f->mem_total = tot;
-    }
-    cudaFuncAttributes a;
-    e = cudaFuncGetAttributes(&a, k_fill);
-    if (e == cudaSuccess)
-        f->image = 1;
-    else if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
-        f->image = 0;
-    cudaGetLastError();
 }
 
 /* Gives back the context kern__cuda_facts made, when the GPU is not used;
