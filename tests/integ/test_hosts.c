@@ -48,7 +48,7 @@
 #include "ct_net.h"
 
 #if defined(__SANITIZE_ADDRESS__)
-#define STEPS 20
+#define STEPS 24
 #else
 #define STEPS 30
 #endif
