@@ -248,7 +248,7 @@ static void done_push(struct moe_server *s, struct job *j)
 /* Gathers the batch's requests into contiguous (S,C) buffers, runs the
  * expert once, scatters the results. Backward: one optimizer step on the
  * batch's summed gradient (the rule in moe_server.h). */
-static int compute(struct moe_server *s, struct expert *x, int kind, struct job **jobs, size_t nj,
+static int compute(struct expert *x, int kind, struct job **jobs, size_t nj,
                    uint32_t S, float *X, float *D, float *Y)
 {
     size_t C = (size_t)x->C, off = 0;
@@ -277,7 +277,6 @@ static int compute(struct moe_server *s, struct expert *x, int kind, struct job 
         memcpy(jobs[i]->out, Y + off * C, jobs[i]->n * C * sizeof(float));
         off += jobs[i]->n;
     }
-    (void)s;
     return CM_OK;
 }
 
@@ -315,7 +314,7 @@ static void *worker_main(void *arg)
                 jobs[i] = b.reqs[i].tag;
             pthread_mutex_unlock(&s->mu);
             int rc = X && D && Y && jobs
-                         ? compute(s, x, b.kind, jobs, b.n_reqs, b.samples, X, D, Y)
+                         ? compute(x, b.kind, jobs, b.n_reqs, b.samples, X, D, Y)
                          : CM_ENOMEM;
             pthread_mutex_lock(&s->mu);
             if (rc)

@@ -10,7 +10,9 @@
  * a p2p_request_cb); they are checked there, queued in a batching queue
  * (common/moe/moe_batch.h) and computed by one worker thread, which hands
  * finished requests back to the loop (a uv_async) where they are answered
- * (p2p_reply_finish: the transport's deferred replies).
+ * (p2p_reply_finish: the transport's deferred replies). All experts compute
+ * on that one worker, one batch at a time (the CPU backend parallelizes
+ * inside a batch with its own process-wide pool).
  *
  * Forward: outputs y = expert(x). The server keeps x, keyed by (caller key,
  * uid, forward id), for the backward that may follow: at most
