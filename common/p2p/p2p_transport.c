@@ -119,6 +119,28 @@ struct p2p_conn {
     uint8_t peer_pub[CM_ED25519_PUB_LEN];
     uint32_t peer_port;
     struct cm_pass_claims peer_claims;
+    struct p2p_deferred *deferred; /* answers a handler took over (p2p_reply_defer) */
+    size_t n_deferred;
+};
+
+/* An answer a request handler took over (p2p_reply_defer): what the
+ * response envelope needs, and the connection it goes back on (NULL once
+ * that connection closed). */
+struct p2p_deferred {
+    struct p2p_deferred *next, *prev;
+    struct p2p_conn *c;
+    uint32_t type;
+    uint64_t id;
+    uint8_t nonce[P2P_NONCE_LEN];
+    uint8_t peer[CM_ED25519_PUB_LEN];
+};
+
+/* The request a handler is running for, while it runs (p2p_reply_defer). */
+struct serving {
+    struct p2p_conn *c;
+    const struct msg_in *m;
+    const uint8_t *peer;
+    struct p2p_deferred *taken;
 };
 
 struct p2p_ctx {
@@ -163,6 +185,7 @@ struct p2p_host {
     uint64_t next_id;
     int closing;
     size_t nhandles;
+    struct serving *serving; /* set during a request handler */
 };
 
 static uint64_t now_ns(void)
@@ -472,6 +495,15 @@ static void conn_close(struct p2p_conn *c, int err)
         }
     }
     c->wq_head = c->wq_tail = NULL;
+    /* Answers still owed on this connection can no longer be sent: their
+     * owners learn it from p2p_reply_finish (CM_ECLOSED). */
+    for (struct p2p_deferred *d = c->deferred, *dn; d; d = dn) {
+        dn = d->next;
+        d->c = NULL;
+        d->next = d->prev = NULL;
+    }
+    c->deferred = NULL;
+    c->n_deferred = 0;
     for (struct delayed **pp = &ctx->dq_head, *prev = NULL; *pp;) {
         struct delayed *d = *pp;
         if (d->c != c) {
@@ -1241,14 +1273,21 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
     fill_peer(c, m->listen_port, cl, &pe);
     struct p2p_reply rp = {0};
     int status;
+    struct serving sv = {c, m, cl->peer_public_key, NULL}, *outer = h->serving;
+    h->serving = &sv;
     if (h->on_request_reply && m->type != P2P_MSG_PING && m->type != P2P_MSG_STREAM_CHUNK) {
         status = h->on_request_reply(h->arg, h, &pe, m->type, m->body, m->blen, &rp);
     } else {
         status = serve_builtin(c, &pe, m->type, m->body, m->blen, &rp.body, &rp.len);
     }
+    h->serving = outer;
     if (status > 0)
         status = CM_EINTERNAL;
     ctx->st.requests_served++;
+    if (sv.taken) { /* the handler answers later (p2p_reply_finish) */
+        free(rp.body);
+        return;
+    }
     uint8_t nonce[P2P_NONCE_LEN];
     memcpy(nonce, m->nonce, P2P_NONCE_LEN);
     struct p2p_iov parts[2] = {{rp.body, rp.body ? rp.len : 0}, {rp.tail, rp.tail_len}};
@@ -1263,6 +1302,64 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
         ctx->st.backpressure_pauses++;
         read_stop(c);
     }
+}
+
+/* ---- deferred replies (p2p_transport.h) -------------------------------- */
+
+struct p2p_deferred *p2p_reply_defer(struct p2p_host *h)
+{
+    struct serving *sv = h ? h->serving : NULL;
+    if (!sv)
+        return NULL;
+    if (sv->taken)
+        return sv->taken;
+    struct p2p_deferred *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    struct p2p_conn *c = sv->c;
+    d->c = c;
+    d->type = sv->m->type;
+    d->id = sv->m->id;
+    memcpy(d->nonce, sv->m->nonce, P2P_NONCE_LEN);
+    memcpy(d->peer, sv->peer, CM_ED25519_PUB_LEN);
+    d->next = c->deferred;
+    if (c->deferred)
+        c->deferred->prev = d;
+    c->deferred = d;
+    c->n_deferred++;
+    sv->taken = d;
+    return d;
+}
+
+int p2p_reply_finish(struct p2p_deferred *d, int status, const struct p2p_iov *body, size_t n)
+{
+    if (!d)
+        return CM_EINVAL;
+    struct p2p_conn *c = d->c;
+    int rc = CM_ECLOSED;
+    if (c) {
+        if (d->prev)
+            d->prev->next = d->next;
+        else
+            c->deferred = d->next;
+        if (d->next)
+            d->next->prev = d->prev;
+        c->n_deferred--;
+    }
+    if (c && c->state == C_OPEN) {
+        if (status > 0)
+            status = CM_EINTERNAL;
+        rc = send_envelope(c, P2P_KIND_RESPONSE, d->type, d->id, d->peer, d->nonce, status, body,
+                           n);
+        struct p2p_ctx *ctx = c->h->ctx;
+        if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
+            c->bp_paused = 1;
+            ctx->st.backpressure_pauses++;
+            read_stop(c);
+        }
+    }
+    free(d);
+    return rc;
 }
 
 /* A signed envelope on a connection with a session must come from the
@@ -1412,7 +1509,7 @@ static void sweep_cb(uv_timer_t *t)
         n = c->cnext;
         if (c->state != C_OPEN)
             continue;
-        int idle = c->n_pend == 0 && c->wq_bytes == 0 && c->rx_len == 0;
+        int idle = c->n_pend == 0 && c->n_deferred == 0 && c->wq_bytes == 0 && c->rx_len == 0;
         if (c->rx_len > 0 && now - c->frame_start_ms > (int64_t)ctx->frame_ms) {
             conn_drop(c, P2P_REJ_MALFORMED, "frame not completed in time");
         } else if (idle && now - c->last_active_ms > (int64_t)ctx->idle_ms) {

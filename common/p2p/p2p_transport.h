@@ -182,6 +182,24 @@ int p2p_stream_send(struct p2p_host *h, const struct sockaddr *addr, const uint8
                     uint64_t stream_id, const uint8_t *data, size_t len, size_t chunk_size,
                     unsigned window, uint32_t chunk_timeout_ms, p2p_response_cb done, void *arg);
 
+/* Deferred replies. A request handler (on_request or on_request_reply)
+ * whose answer is computed elsewhere -- on a worker thread, after other
+ * requests join it in a batch (agent/moe/moe_server.h) -- calls
+ * p2p_reply_defer(h) while it runs: the transport then sends nothing when
+ * the handler returns (its status is ignored, a body it set is freed) and
+ * the handler's owner answers later, on the loop thread, with
+ * p2p_reply_finish() exactly once, which frees the handle. A second defer
+ * in the same call returns the same handle; outside a handler it returns
+ * NULL (and on out of memory: the handler should then answer at once).
+ * The requester's deadline still bounds its wait; when the connection
+ * closed before the answer (the requester went away, the host closed),
+ * finish sends nothing and returns CM_ECLOSED. A connection that owes
+ * answers is not closed as idle. body: n pieces (at most
+ * P2P_SESSION_SEAL_MAX_IOV), copied into the frame. */
+struct p2p_deferred;
+struct p2p_deferred *p2p_reply_defer(struct p2p_host *h);
+int p2p_reply_finish(struct p2p_deferred *d, int status, const struct p2p_iov *body, size_t n);
+
 /* Helpers. */
 int64_t p2p_now_ms(void);
 /* Parses "host:port" / "[v6]:port" with a numeric address or a name. */
