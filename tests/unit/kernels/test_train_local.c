@@ -188,7 +188,7 @@ static void test_bad_configs(void **state)
          "warmup_steps"},
         {"{\"model\": {\"type\": \"transformer\"}, \"steps\": 1, \"batch_size\": 2,"
          " \"data\": {\"train\": \"train.json\"}}",
-         "not mlp, gpt or albert"},
+         "not mlp, gpt, albert or dmoe"},
         {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [3], \"classes\": 2},"
          " \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
          "steps: missing"},
