@@ -537,6 +537,44 @@ static void test_bad_implementation(void **state)
     fix_cleanup(&f);
 }
 
+/* kern_dmoe_mem_need against what kern_dmoe_new really allocates on the
+ * backend (the GPU start-up check relies on it; the experts are not in it). */
+static size_t g_alloc_bytes;
+
+static int counting_alloc(size_t bytes, void **out)
+{
+    g_alloc_bytes += bytes;
+    return kern_backend_cpu()->alloc(bytes, out);
+}
+
+static void test_mem_need(void **state)
+{
+    (void)state;
+    struct kern_backend counting = *kern_backend_cpu();
+    counting.alloc = counting_alloc;
+    struct kern_dmoe_local *loc = NULL;
+    struct kern_dmoe_local_config lc = {.d = 2, .M = 4, .C = 16, .F = 8, .max_rows = 40};
+    kern_optim_config_default(&lc.opt);
+    assert_int_equal(kern_dmoe_local_new(kern_backend_cpu(), &lc, &loc), CM_OK);
+    struct kern_dmoe_experts ex;
+    kern_dmoe_local_experts(loc, &ex);
+    struct kern_dmoe_config cs[] = {
+        {.in_dim = 30, .ntrunk = 1, .trunk = {16}, .grid_d = 2, .grid_m = 4, .k = 2, .nclass = 7},
+        {.in_dim = 9, .ntrunk = 3, .trunk = {50, 20, 16}, .grid_d = 2, .grid_m = 4, .k = 4,
+         .nclass = 3},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        struct kern_model *m = NULL;
+        g_alloc_bytes = 0;
+        assert_int_equal(kern_dmoe_new(&counting, &cs[i], 40, 1, &ex, &m), CM_OK);
+        struct kern_mem_need n;
+        kern_dmoe_mem_need(&cs[i], 40, &n);
+        assert_int_equal(n.params + n.grads + n.act, g_alloc_bytes);
+        kern_model_free(m);
+    }
+    kern_dmoe_local_free(loc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -547,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_select_dead),
         cmocka_unit_test(test_fault_rate),
         cmocka_unit_test(test_bad_implementation),
+        cmocka_unit_test(test_mem_need),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
