@@ -17,7 +17,10 @@
  *     parameter sharing and a masked-language-model head (ALBERT, Lan et al.
  *     2020 §3.1, as used by DeDLOC: seed 000_02cc6b5d62a616fc.txt §4.2-4.3).
  *     Both use pre-LayerNorm blocks and tanh-GELU.
- *   - Feed-forward expert block (kern_expert.h), for mixture-of-experts. */
+ *   - Feed-forward expert block (kern_expert.h), for mixture-of-experts.
+ *   - DMoE classifier (kern_dmoe.h): MLP trunk, one decentralized
+ *     mixture-of-experts layer with product-key gating, classifier head
+ *     (seed 002_2b00836ea4b30f79.txt §3.1-3.2). */
 #ifndef KERN_MODEL_H
 #define KERN_MODEL_H
 
@@ -37,7 +40,7 @@ struct kern_tensor {
     int decay;     /* 1 when weight decay applies (matrices, embeddings) */
 };
 
-enum kern_model_kind { KERN_MODEL_MLP = 0, KERN_MODEL_GPT, KERN_MODEL_ALBERT };
+enum kern_model_kind { KERN_MODEL_MLP = 0, KERN_MODEL_GPT, KERN_MODEL_ALBERT, KERN_MODEL_DMOE };
 
 /* One batch, in host memory. MLP: x (B,in_dim), targets (B), T = 0.
  * Transformers: tokens (B,T), targets (B,T); target -1 = no loss here. */

@@ -100,7 +100,9 @@ $(KERN_BENCH_BINS): $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(KERNE
 # bench_train.sh runs bench_train_step and PyTorch side by side.
 tests/bench/bench_train.sh: $(BUILD)/tests/bench/bench_train_step
 tests/bench/bench_train_fmnist.sh: $(BUILD)/bin/crowdtrain-agent
-BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/bench/bench_train_fmnist.sh
+tests/bench/bench_train_dmoe.sh: $(BUILD)/bin/crowdtrain-agent
+BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/bench/bench_train_fmnist.sh \
+           tests/bench/bench_train_dmoe.sh
 
 # ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
 # Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.

@@ -61,6 +61,21 @@ static void print_eval(const struct agent_trainer *t, const char *when, const st
     fflush(stdout);
 }
 
+/* What the experts did over the whole run, evaluations included. */
+static void print_dmoe_stats(const struct agent_trainer *t)
+{
+    struct kern_dmoe_stats st;
+    if (t->cfg.kind != KERN_MODEL_DMOE || kern_dmoe_get_stats(t->model, &st))
+        return;
+    printf("experts: %ld forward calls, %ld failed (%.2f%%); %ld backward calls, %ld failed "
+           "(%.2f%%); %ld non-finite answers; %ld of %ld routed slots answered; %ld samples "
+           "with no expert\n",
+           st.calls_fwd, st.failed_fwd, st.calls_fwd ? 100.0 * st.failed_fwd / st.calls_fwd : 0.0,
+           st.calls_bwd, st.failed_bwd, st.calls_bwd ? 100.0 * st.failed_bwd / st.calls_bwd : 0.0,
+           st.nonfinite, st.answered, st.slots, st.empty);
+    fflush(stdout);
+}
+
 static char *read_all(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -275,8 +290,16 @@ int agent_cmd_train(int argc, char **argv)
     else
         snprintf(bedesc, sizeof bedesc, "%s matmuls", cfg.precision);
     printf("train: %s model, %zu parameters, %s backend (%s), batch %d (micro %d), %ld steps\n",
-           cfg.kind == KERN_MODEL_MLP ? "mlp" : cfg.kind == KERN_MODEL_GPT ? "gpt" : "albert",
+           cfg.kind == KERN_MODEL_MLP    ? "mlp"
+           : cfg.kind == KERN_MODEL_GPT  ? "gpt"
+           : cfg.kind == KERN_MODEL_DMOE ? "dmoe"
+                                         : "albert",
            t.model->nparams, t.be->name, bedesc, cfg.batch_size, cfg.micro_batch, cfg.steps);
+    if (cfg.kind == KERN_MODEL_DMOE)
+        printf("train: dmoe: grid %d^%d local experts (width %d, hidden %d; %zu parameters "
+               "not averaged), top-%d, each call fails with p = %g\n",
+               cfg.dmoe.grid_m, cfg.dmoe.grid_d, cfg.experts.C, cfg.experts.F,
+               kern_dmoe_local_param_count(t.experts), cfg.dmoe.k, cfg.experts.fail_prob);
     if (resumed)
         printf("train: resumed from %s/latest.ckpt at step %ld\n", cfg.ckpt_dir, t.opt->step);
     fflush(stdout);
@@ -298,6 +321,7 @@ int agent_cmd_train(int argc, char **argv)
             goto fail;
         print_eval(&t, "after", &ev);
     }
+    print_dmoe_stats(&t);
     agent_trainer_cleanup(&t);
     free(text);
     if (slog)

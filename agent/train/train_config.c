@@ -155,6 +155,8 @@ static int set_path(struct ctx *c, const char *where, const char *base, const ch
     return CM_OK;
 }
 
+static int parse_dmoe(struct ctx *c, json_t *m, struct agent_train_config *o);
+
 static int parse_model(struct ctx *c, json_t *m, struct agent_train_config *o)
 {
     const char *type = "";
@@ -218,13 +220,20 @@ static int parse_model(struct ctx *c, json_t *m, struct agent_train_config *o)
             return FAIL(c, "model: %s", why);
         return CM_OK;
     }
-    return FAIL(c, "model.type: \"%.32s\" is not mlp, gpt or albert", type);
+    if (!strcmp(type, "dmoe"))
+        return parse_dmoe(c, m, o);
+    return FAIL(c, "model.type: \"%.32s\" is not mlp, gpt, albert or dmoe", type);
 }
 
-static int parse_optim(struct ctx *c, json_t *root, struct agent_train_config *o)
+/* "optimizer" and "schedule" objects of root (the config, or a DMoE
+ * model's "experts"); pre is "" or "model.experts." for the messages. */
+static int parse_optim_in(struct ctx *c, json_t *root, const char *pre, long total,
+                          struct kern_optim_config *oc)
 {
-    struct kern_optim_config *oc = &o->opt;
     kern_optim_config_default(oc);
+    char wo[64], ws[64], wt[80];
+    snprintf(wo, sizeof wo, "%soptimizer", pre);
+    snprintf(ws, sizeof ws, "%sschedule", pre);
     int rc;
     json_t *op = json_object_get(root, "optimizer");
     if (op) {
@@ -233,38 +242,111 @@ static int parse_optim(struct ctx *c, json_t *root, struct agent_train_config *o
         static const char *const kinds[] = {"adamw", "lamb", NULL};
         const char *type = "";
         int k;
-        if ((rc = check_keys(c, op, "optimizer", keys)) ||
-            (rc = get_str(c, op, "optimizer", "type", "adamw", &type)) ||
-            (rc = pick(c, "optimizer.type", type, kinds, &k)) ||
-            (rc = get_float(c, op, "optimizer", "lr", 1e-9, 10, 1e-3, &oc->lr)) ||
-            (rc = get_float(c, op, "optimizer", "beta1", 0, 0.999999, 0.9, &oc->beta1)) ||
-            (rc = get_float(c, op, "optimizer", "beta2", 0, 0.999999, 0.999, &oc->beta2)) ||
-            (rc = get_float(c, op, "optimizer", "eps", 1e-12, 0.1, 1e-8, &oc->eps)) ||
-            (rc = get_float(c, op, "optimizer", "weight_decay", 0, 0.5, 0, &oc->weight_decay)) ||
-            (rc = get_float(c, op, "optimizer", "clip_norm", 0, 1e6, 0, &oc->clip_norm)))
+        snprintf(wt, sizeof wt, "%s.type", wo);
+        if ((rc = check_keys(c, op, wo, keys)) ||
+            (rc = get_str(c, op, wo, "type", "adamw", &type)) ||
+            (rc = pick(c, wt, type, kinds, &k)) ||
+            (rc = get_float(c, op, wo, "lr", 1e-9, 10, 1e-3, &oc->lr)) ||
+            (rc = get_float(c, op, wo, "beta1", 0, 0.999999, 0.9, &oc->beta1)) ||
+            (rc = get_float(c, op, wo, "beta2", 0, 0.999999, 0.999, &oc->beta2)) ||
+            (rc = get_float(c, op, wo, "eps", 1e-12, 0.1, 1e-8, &oc->eps)) ||
+            (rc = get_float(c, op, wo, "weight_decay", 0, 0.5, 0, &oc->weight_decay)) ||
+            (rc = get_float(c, op, wo, "clip_norm", 0, 1e6, 0, &oc->clip_norm)))
             return rc;
         oc->kind = k == 0 ? KERN_OPT_ADAMW : KERN_OPT_LAMB;
     }
     json_t *s = json_object_get(root, "schedule");
-    oc->total_steps = o->steps;
+    oc->total_steps = total;
     if (s) {
         static const char *const keys[] = {"type", "warmup_steps", "min_lr_ratio", NULL};
         static const char *const kinds[] = {"constant", "linear", "cosine", NULL};
         const char *type = "";
         int k;
-        if ((rc = check_keys(c, s, "schedule", keys)) ||
-            (rc = get_str(c, s, "schedule", "type", "constant", &type)) ||
-            (rc = pick(c, "schedule.type", type, kinds, &k)) ||
-            (rc = get_long(c, s, "schedule", "warmup_steps", 0, 0, o->steps, 0,
-                           &oc->warmup_steps)) ||
-            (rc = get_float(c, s, "schedule", "min_lr_ratio", 0, 1, 0, &oc->min_lr_ratio)))
+        snprintf(wt, sizeof wt, "%s.type", ws);
+        if ((rc = check_keys(c, s, ws, keys)) ||
+            (rc = get_str(c, s, ws, "type", "constant", &type)) ||
+            (rc = pick(c, wt, type, kinds, &k)) ||
+            (rc = get_long(c, s, ws, "warmup_steps", 0, 0, total, 0, &oc->warmup_steps)) ||
+            (rc = get_float(c, s, ws, "min_lr_ratio", 0, 1, 0, &oc->min_lr_ratio)))
             return rc;
         oc->sched = k;
     }
     const char *why;
     if (kern_optim_config_check(oc, &why))
-        return FAIL(c, "%s", why);
+        return FAIL(c, "%s%s", pre, why);
     return CM_OK;
+}
+
+static int parse_optim(struct ctx *c, json_t *root, struct agent_train_config *o)
+{
+    return parse_optim_in(c, root, "", o->steps, &o->opt);
+}
+
+/* The experts of a DMoE model in train --local: each steps once per
+ * micro-batch it is called in, so its schedule spans steps * micro-batches. */
+static int parse_experts(struct ctx *c, json_t *m, struct agent_train_config *o)
+{
+    json_t *e = json_object_get(m, "experts");
+    static const char *const keys[] = {"hidden", "optimizer", "schedule", "fail_prob",
+                                       "seed", NULL};
+    struct kern_dmoe_local_config *lc = &o->experts;
+    int rc;
+    long seed;
+    if (!e)
+        return FAIL(c, "model.experts: missing");
+    if ((rc = check_keys(c, e, "model.experts", keys)) ||
+        (rc = get_int(c, e, "model.experts", "hidden", 1, 1, KERN_MAX_DIM, 0, &lc->F)) ||
+        (rc = get_float(c, e, "model.experts", "fail_prob", 0, 0.99, 0, &lc->fail_prob)) ||
+        (rc = get_long(c, e, "model.experts", "seed", 0, 0, 0x7fffffffffffffffL,
+                       (long)(o->seed + 1), &seed)) ||
+        (rc = parse_optim_in(c, e, "model.experts.",
+                             o->steps * (o->batch_size / o->micro_batch), &lc->opt)))
+        return rc;
+    lc->seed = (uint64_t)seed;
+    lc->d = o->dmoe.grid_d;
+    lc->M = o->dmoe.grid_m;
+    lc->C = o->dmoe.trunk[o->dmoe.ntrunk - 1];
+    lc->max_rows = o->micro_batch;
+    const char *why;
+    if (kern_dmoe_local_config_check(lc, &why))
+        return FAIL(c, "model.experts: %s", why);
+    return CM_OK;
+}
+
+static int parse_dmoe(struct ctx *c, json_t *m, struct agent_train_config *o)
+{
+    static const char *const keys[] = {"type", "inputs", "hidden", "classes", "grid_dims",
+                                       "grid_size", "k", "experts", NULL};
+    int rc;
+    if ((rc = check_keys(c, m, "model", keys)))
+        return rc;
+    o->kind = KERN_MODEL_DMOE;
+    struct kern_dmoe_config *dc = &o->dmoe;
+    if ((rc = get_int(c, m, "model", "inputs", 1, 1, KERN_MAX_DIM, 0, &dc->in_dim)) ||
+        (rc = get_int(c, m, "model", "classes", 1, 2, KERN_MAX_DIM, 0, &dc->nclass)) ||
+        (rc = get_int(c, m, "model", "grid_dims", 1, 1, KERN_DMOE_MAX_D, 0, &dc->grid_d)) ||
+        (rc = get_int(c, m, "model", "grid_size", 1, 2, 65536, 0, &dc->grid_m)) ||
+        (rc = get_int(c, m, "model", "k", 1, 1, KERN_DMOE_MAX_K, 0, &dc->k)))
+        return rc;
+    json_t *h = json_object_get(m, "hidden");
+    if (!h || !json_is_array(h) || json_array_size(h) < 1 ||
+        json_array_size(h) > KERN_DMOE_MAX_TRUNK)
+        return FAIL(c, "model.hidden: must be an array of 1 to %d trunk widths (the last is "
+                       "the experts' width)", KERN_DMOE_MAX_TRUNK);
+    dc->ntrunk = (int)json_array_size(h);
+    for (int i = 0; i < dc->ntrunk; i++) {
+        json_t *w = json_array_get(h, i);
+        if (!json_is_integer(w) || json_integer_value(w) < 1 ||
+            json_integer_value(w) > KERN_MAX_DIM)
+            return FAIL(c, "model.hidden[%d]: must be an integer in [1, %d]", i, KERN_MAX_DIM);
+        dc->trunk[i] = (int)json_integer_value(w);
+    }
+    const char *why;
+    if (kern_dmoe_config_check(dc, &why))
+        return FAIL(c, "model: %s", why);
+    if (o->micro_batch > (1 << 16))
+        return FAIL(c, "micro_batch: at most 65536 for a dmoe model");
+    return parse_experts(c, m, o);
 }
 
 int agent_train_config_parse(const char *json, size_t len, const char *base,
@@ -315,7 +397,7 @@ int agent_train_config_parse(const char *json, size_t len, const char *base,
     }
     if ((rc = parse_model(c, m, &o)) || (rc = parse_optim(c, root, &o)))
         goto done;
-    if (o.kind != KERN_MODEL_MLP && o.micro_batch > (1 << 14)) {
+    if (o.kind != KERN_MODEL_MLP && o.kind != KERN_MODEL_DMOE && o.micro_batch > (1 << 14)) {
         rc = FAIL(c, "micro_batch: too large for a transformer");
         goto done;
     }
@@ -351,6 +433,13 @@ int agent_train_config_parse(const char *json, size_t len, const char *base,
     }
     /* checkpoint */
     json_t *ck = json_object_get(root, "checkpoint");
+    if (ck && o.kind == KERN_MODEL_DMOE) {
+        /* a checkpoint holds the trainer's parameters only; the local
+         * experts' weights and optimizer state would be lost on resume */
+        rc = FAIL(c, "checkpoint: not supported for a dmoe model yet (the experts' state is "
+                     "not saved)");
+        goto done;
+    }
     if (ck) {
         static const char *const ckeys[] = {"dir", "every", "resume", NULL};
         const char *dir = "";

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kern_dmoe.h"
 #include "kern_model.h"
 #include "kern_optim.h"
 
@@ -21,6 +22,9 @@ struct agent_train_config {
     enum kern_model_kind kind;
     struct kern_mlp_config mlp;     /* kind == MLP */
     struct kern_tfm_config tfm;     /* kind == GPT or ALBERT */
+    struct kern_dmoe_config dmoe;   /* kind == DMOE */
+    struct kern_dmoe_local_config experts; /* kind == DMOE: the in-process experts of
+                                       train --local (C from dmoe, max_rows = micro_batch) */
     float mask_prob;                /* ALBERT masked-LM rate (0.15) */
     struct kern_optim_config opt;   /* total_steps = steps */
     int batch_size;                 /* examples per optimizer step */

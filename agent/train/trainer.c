@@ -27,22 +27,35 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* Checks that the data fits the model: image size and classes for the MLP,
- * token range for the transformers. */
+/* 1 for the image classifiers (MLP, DMoE), which read idx-images. */
+static int images(const struct agent_train_config *c)
+{
+    return c->kind == KERN_MODEL_MLP || c->kind == KERN_MODEL_DMOE;
+}
+
+static int in_dim(const struct agent_train_config *c)
+{
+    return c->kind == KERN_MODEL_DMOE ? c->dmoe.in_dim : c->mlp.in_dim;
+}
+
+/* Checks that the data fits the model: image size and classes for the MLP
+ * and DMoE classifiers, token range for the transformers. */
 static int check_data(struct agent_trainer *t, const struct cm_data_manifest *m, const char *what,
                       char *err, size_t errlen)
 {
-    if (t->cfg.kind == KERN_MODEL_MLP) {
+    if (images(&t->cfg)) {
+        int dmoe = t->cfg.kind == KERN_MODEL_DMOE;
+        int nclass = dmoe ? t->cfg.dmoe.nclass : t->cfg.mlp.nclass;
         if (m->format != CM_DATA_IDX_IMAGES)
-            return fail(err, errlen, CM_EINVAL, "%s: an mlp needs idx-images data, not %s", what,
-                        cm_data_format_name(m->format));
-        if ((size_t)m->rows * m->cols != (size_t)t->cfg.mlp.in_dim)
+            return fail(err, errlen, CM_EINVAL, "%s: an %s needs idx-images data, not %s", what,
+                        dmoe ? "dmoe" : "mlp", cm_data_format_name(m->format));
+        if ((size_t)m->rows * m->cols != (size_t)in_dim(&t->cfg))
             return fail(err, errlen, CM_EINVAL,
                         "%s: images have %u x %u = %u pixels, model.inputs is %d", what, m->rows,
-                        m->cols, m->rows * m->cols, t->cfg.mlp.in_dim);
-        if ((int)m->classes > t->cfg.mlp.nclass)
+                        m->cols, m->rows * m->cols, in_dim(&t->cfg));
+        if ((int)m->classes > nclass)
             return fail(err, errlen, CM_EINVAL, "%s: %u classes, model.classes is %d", what,
-                        m->classes, t->cfg.mlp.nclass);
+                        m->classes, nclass);
         return CM_OK;
     }
     if (m->format == CM_DATA_IDX_IMAGES)
@@ -73,7 +86,7 @@ static int open_data(struct agent_trainer *t, const char *path, const char *what
     cm_data_options_init(&o);
     o.mode = mode;
     o.shuffle_size = (size_t)t->cfg.shuffle_buffer;
-    if (t->cfg.kind != KERN_MODEL_MLP)
+    if (!images(&t->cfg))
         o.seq_len = (size_t)t->cfg.tfm.max_T;
     rc = cm_data_open(*man, seed, &o, it);
     if (rc)
@@ -95,6 +108,8 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
     struct kern_mem_need need;
     if (cfg->kind == KERN_MODEL_MLP)
         kern_mlp_mem_need(&cfg->mlp, cfg->micro_batch, &need);
+    else if (cfg->kind == KERN_MODEL_DMOE)
+        kern_dmoe_mem_need(&cfg->dmoe, cfg->micro_batch, &need);
     else
         kern_tfm_mem_need(&cfg->tfm, cfg->micro_batch, &need);
     kern_optim_mem_need(&cfg->opt, need.params / sizeof(float), &need);
@@ -105,9 +120,16 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
     if (t->be->dev != KERN_DEV_CPU && (rc = t->be->set_precision(cfg->precision)))
         return fail(err, errlen, rc, "precision %s: %s", cfg->precision, cm_strerror(rc));
     int mb = cfg->micro_batch;
-    if (cfg->kind == KERN_MODEL_MLP)
+    if (cfg->kind == KERN_MODEL_MLP) {
         rc = kern_mlp_new(t->be, &cfg->mlp, mb, cfg->seed, &t->model);
-    else
+    } else if (cfg->kind == KERN_MODEL_DMOE) {
+        /* train --local: the whole grid of experts in this process */
+        struct kern_dmoe_experts ex;
+        if ((rc = kern_dmoe_local_new(t->be, &cfg->experts, &t->experts)))
+            return fail(err, errlen, rc, "experts: %s", cm_strerror(rc));
+        kern_dmoe_local_experts(t->experts, &ex);
+        rc = kern_dmoe_new(t->be, &cfg->dmoe, mb, cfg->seed, &ex, &t->model);
+    } else
         rc = kern_tfm_new(t->be, &cfg->tfm, mb, cfg->seed, &t->model);
     if (rc)
         return fail(err, errlen, rc, "model: %s", cm_strerror(rc));
@@ -117,8 +139,8 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
                         cfg->data_seed ? cfg->data_seed : cfg->seed,
                         &t->train_manifest, &t->train, err, errlen)))
         return rc;
-    if (cfg->kind == KERN_MODEL_MLP) {
-        t->x = malloc(sizeof(float) * (size_t)mb * cfg->mlp.in_dim);
+    if (images(cfg)) {
+        t->x = malloc(sizeof(float) * (size_t)mb * in_dim(cfg));
         t->y = malloc(sizeof(int32_t) * (size_t)mb);
         if (!t->x || !t->y)
             return fail(err, errlen, CM_ENOMEM, "out of memory");
@@ -152,7 +174,7 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
                       struct kern_batch *kb)
 {
     struct cm_data_batch db = {.capacity = (size_t)t->cfg.micro_batch};
-    if (t->cfg.kind == KERN_MODEL_MLP) {
+    if (images(&t->cfg)) {
         db.x = t->x;
         db.y = t->y;
     } else {
@@ -165,7 +187,7 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
     kb->B = (int)db.n;
     if (db.n == 0)
         return CM_OK;
-    if (t->cfg.kind == KERN_MODEL_MLP) {
+    if (images(&t->cfg)) {
         kb->x = t->x;
         kb->targets = t->y;
     } else {
@@ -335,6 +357,7 @@ void agent_trainer_cleanup(struct agent_trainer *t)
     cm_data_manifest_free(t->train_manifest);
     kern_optim_free(t->opt);
     kern_model_free(t->model);
+    kern_dmoe_local_free(t->experts);
     free(t->x);
     free(t->y);
     free(t->raw);

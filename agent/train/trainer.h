@@ -14,6 +14,7 @@
 #include "agent/train/train_config.h"
 #include "data/data.h"
 #include "kern_backend.h"
+#include "kern_dmoe.h"
 #include "kern_model.h"
 #include "kern_optim.h"
 
@@ -23,6 +24,7 @@ struct agent_trainer {
     size_t config_len;
     const struct kern_backend *be;  /* borrowed */
     struct kern_model *model;       /* owned */
+    struct kern_dmoe_local *experts; /* owned: a DMoE model's in-process experts */
     struct kern_optim *opt;         /* owned */
     struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */

@@ -188,7 +188,7 @@ static void test_bad_configs(void **state)
          "warmup_steps"},
         {"{\"model\": {\"type\": \"transformer\"}, \"steps\": 1, \"batch_size\": 2,"
          " \"data\": {\"train\": \"train.json\"}}",
-         "not mlp, gpt or albert"},
+         "not mlp, gpt, albert or dmoe"},
         {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [3], \"classes\": 2},"
          " \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
          "steps: missing"},
@@ -258,6 +258,8 @@ static void test_example_configs(void **state)
     (void)state;
     static const struct { const char *file; size_t params; } ex[] = {
         {"examples/fmnist-mlp.json", 235146},
+        {"examples/fmnist-dmoe.json", 236178},
+        {"examples/fmnist-dmoe-fail10.json", 236178},
         {"examples/fmnist-mlp-baseline.json", 784 * 256 + 256 + 256 * 128 + 128 + 128 * 100 + 100 +
                                                   100 * 10 + 10},
         {"examples/tiny-gpt-bytes.json", 437760},
@@ -272,8 +274,9 @@ static void test_example_configs(void **state)
             print_error("%s: %s\n", ex[i].file, err);
             fail();
         }
-        size_t n = cfg.kind == KERN_MODEL_MLP ? kern_mlp_param_count(&cfg.mlp)
-                                               : kern_tfm_param_count(&cfg.tfm);
+        size_t n = cfg.kind == KERN_MODEL_MLP    ? kern_mlp_param_count(&cfg.mlp)
+                   : cfg.kind == KERN_MODEL_DMOE ? kern_dmoe_param_count(&cfg.dmoe)
+                                                 : kern_tfm_param_count(&cfg.tfm);
         if (ex[i].params)
             assert_int_equal(n, ex[i].params);
         /* manifests resolve next to the config */
