@@ -21,7 +21,7 @@
 
 #define JOB_GRACE_MS 120000 /* an upper bound no operation reaches: they have their own deadlines */
 
-enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN, JOB_REQ };
+enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN, JOB_REQ, JOB_CALL };
 
 struct job {
     struct job *next;
@@ -43,6 +43,8 @@ struct job {
     uint32_t type, timeout_ms;
     uint8_t *resp;
     size_t resp_len;
+    void (*fn)(void *arg, struct peer_net *n); /* JOB_CALL */
+    void *fn_arg;
 };
 
 struct peer_net {
@@ -61,6 +63,8 @@ struct peer_net {
     uint16_t st_port;
     uint16_t dht_port; /* 0 in client mode */
     struct p2p_probe_hold probe; /* the peer probing us now (loop thread only) */
+    p2p_request_cb on_other;  /* the role's message types on the state host (cfg) */
+    void *on_other_arg;
     pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
     uint8_t *st_bytes;
     size_t st_len;
@@ -192,6 +196,10 @@ static void run_job(struct peer_net *n, struct job *j)
             rc = p2p_host_set_token(n->st_host, (const char *)j->value);
         finish(j, rc);
         return;
+    case JOB_CALL:
+        j->fn(j->fn_arg, n);
+        finish(j, CM_OK);
+        return;
     case JOB_REQ:
         rc = p2p_request(n->st_host, (const struct sockaddr *)j->addrs, j->no_key ? NULL : j->peer_pub, j->type,
                          j->value, j->len, j->timeout_ms, req_done, j);
@@ -254,7 +262,6 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
                             const uint8_t *body, size_t len, uint8_t **resp, size_t *resp_len)
 {
     struct peer_net *n = arg;
-    (void)h;
     if (type == PEER_MSG_PROBE) { /* read and dropped: the sender times it */
         if (len > PEER_PROBE_CHUNK)
             return CM_ETOOBIG;
@@ -264,7 +271,8 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
     }
     struct peer_state_req q;
     if (type != PEER_MSG_STATE)
-        return CM_EPROTO;
+        return n->on_other ? n->on_other(n->on_other_arg, h, from, type, body, len, resp, resp_len)
+                           : CM_EPROTO;
     int prc = peer_state_req_parse(body, len, &q);
     if (prc != CM_OK)
         return prc;
@@ -376,16 +384,16 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
-/* Queues a job for the loop; CM_ECLOSED (and the job freed) when stopping. */
+/* Queues a job for the loop; CM_ECLOSED when stopping (the caller still
+ * releases it). */
 static int enqueue(struct peer_net *n, struct job *j)
 {
     j->net = n;
     j->refs = 2;
     pthread_mutex_lock(&n->mu);
-    if (n->stopping) {
+    if (n->stopping) { /* the caller's reference is the only one: release() frees it */
         pthread_mutex_unlock(&n->mu);
         j->refs = 1;
-        job_unref(j);
         return CM_ECLOSED;
     }
     j->next = n->jobs;
@@ -437,6 +445,8 @@ int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
     pthread_mutex_init(&n->st_mu, NULL);
     n->st_wanted = -1;
     n->cfg = cfg;
+    n->on_other = cfg->on_other;
+    n->on_other_arg = cfg->on_other_arg;
     if (pthread_create(&n->th, NULL, thread_main, n)) {
         uv_loop_close(&n->loop);
         free(n);
@@ -767,8 +777,10 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             j->len = pull ? 4 : msg;
             if (pull)
                 p2p_probe_pull_encode((uint32_t)msg, j->value);
-            if ((rc = enqueue(n, j)) != CM_OK)
+            if ((rc = enqueue(n, j)) != CM_OK) {
+                release(n, j);
                 break;
+            }
             size_t at = (h + nin++) % window;
             win[at] = j;
             dirty[at] = 0;
@@ -940,4 +952,27 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
     }
     free(buf);
     return rc;
+}
+
+int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n), void *arg)
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j)
+        return CM_ENOMEM;
+    j->kind = JOB_CALL;
+    j->fn = fn;
+    j->fn_arg = arg;
+    int rc = submit(n, j);
+    release(n, j);
+    return rc;
+}
+
+struct dht_node *peer_net_dht(struct peer_net *n)
+{
+    return n->dht;
+}
+
+struct p2p_host *peer_net_host(struct peer_net *n)
+{
+    return n->st_host;
 }

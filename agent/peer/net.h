@@ -10,7 +10,9 @@
 #include <stdint.h>
 
 #include "ar/ar.h"
+#include "dht/dht_node.h"
 #include "p2p/p2p_probe.h"
+#include "p2p/p2p_transport.h"
 #include "cm_crypto.h"
 
 struct peer_net_config {
@@ -24,6 +26,11 @@ struct peer_net_config {
     double max_upload_mbps, max_download_mbps; /* 0: unlimited */
     const char *const *bootstrap;
     size_t n_bootstrap;
+    /* Requests of types the net does not serve itself, on the state host
+       (the role's messages: the expert server's, docs/experts.md); runs on
+       the loop thread; NULL: refused (CM_EPROTO). */
+    p2p_request_cb on_other;
+    void *on_other_arg;
 };
 
 struct peer_net;
@@ -128,6 +135,17 @@ int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[
 /* The key of the peer at addr (a Ping, which needs none), for probes of
  * a bootstrap address. */
 int peer_net_key_of(struct peer_net *n, const char *addr, uint8_t pub[CM_ED25519_PUB_LEN]);
+
+/* Runs fn(arg, n) on the net's loop thread and returns once it has run
+ * (CM_ECLOSED, without running it, when the net stops). fn must not block:
+ * it starts asynchronous work (the DHT's dht_*_async calls on
+ * peer_net_dht(n), p2p requests from peer_net_host(n)) whose callbacks,
+ * also on the loop, tell the caller by their own means. */
+int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n), void *arg);
+/* The loop-thread objects, for fn above only: the DHT node, and the host
+ * that serves state (and on_other's types) and sends requests. */
+struct dht_node *peer_net_dht(struct peer_net *n);
+struct p2p_host *peer_net_host(struct peer_net *n);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at);
