@@ -17,6 +17,7 @@ TEST_LIBS_coordinator = $(COORD_LIB) $(COMMON_LIB)
 TEST_LIBS_agent       = $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
 TEST_LIBS_p2p         = $(COMMON_LIB)
 TEST_LIBS_dht         = $(COMMON_LIB)
+TEST_LIBS_moe         = $(AGENT_LIB) $(KERNELS_LIB) $(COMMON_LIB)
 
 UNIT_AREAS := $(notdir $(wildcard tests/unit/*))
 
