@@ -81,6 +81,23 @@ static int same_entry(const struct dht_record *a, const struct dht_record *b)
     return !memcmp(a->author, b->author, 32) && !memcmp(a->subkey, b->subkey, a->subkey_len);
 }
 
+/* 1 when the lookup already holds r byte for byte (same entry, expiry,
+ * value and signature): that copy was verified, so r needs no second
+ * signature check. A get hears the same records from several replicas;
+ * checking each once saves most of the verification work of a lookup. */
+static int have_verified(const struct dht__lookup *lk, const struct dht_record *r)
+{
+    for (size_t i = 0; i < lk->nrec; i++) {
+        const struct dht_record *h = &lk->recs[i];
+        if (h->expires_ms == r->expires_ms && h->value_len == r->value_len &&
+            !memcmp(h->sig, r->sig, 64) && !memcmp(h->author, r->author, 32) &&
+            same_entry(h, r) &&
+            (!r->value_len || !memcmp(h->value, r->value, r->value_len)))
+            return 1;
+    }
+    return 0;
+}
+
 /* Merges r into the lookup's results: newest expiration per entry. */
 static void merge_record(struct dht__lookup *lk, const struct dht_record *r)
 {
@@ -299,7 +316,7 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
                 for (size_t i = 0; i < v.r.n; i++) {
                     const struct dht_record *r = &v.r.rec[i];
                     if (memcmp(r->key, lk->target, DHT_ID_LEN) || r->expires_ms <= now ||
-                        dht_record_verify(r))
+                        (!have_verified(lk, r) && dht_record_verify(r)))
                         continue; /* not ours, stale, or forged: ignored */
                     merge_record(lk, r);
                     found = 1;

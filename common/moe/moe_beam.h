@@ -114,6 +114,7 @@ const struct moe_grid *moe_beam_grid(const struct moe_beam *b);
 struct moe_cache;
 int moe_cache_new(uint32_t ttl_ms, size_t max_keys, struct moe_cache **out);
 void moe_cache_free(struct moe_cache *c);
+void moe_cache_stats(struct moe_cache *c, uint64_t *hits, uint64_t *misses);
 
 /* Blocking search on a started node (dht_node_start): each round's lookups
  * run at once (dht_get from up to 64 worker threads), each bounded by what

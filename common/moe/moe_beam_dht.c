@@ -15,8 +15,12 @@
 
 /* ---- cache ------------------------------------------------------------------ */
 
+/* Cache keys are the DHT key plus the grid's shape ("moe.r.ffn.3.*#2x32"):
+ * two grids of one name with different shapes decode the same key apart. */
+#define CACHE_KEY_MAX (MOE_KEY_MAX + 16)
+
 struct cache_ent {
-    char key[MOE_KEY_MAX];
+    char key[CACHE_KEY_MAX];
     int64_t until_ms;
     struct moe_entry *e;
     size_t ne;
@@ -28,6 +32,7 @@ struct moe_cache {
     size_t max;
     struct cache_ent *ents;
     size_t n;
+    uint64_t hits, misses;
 };
 
 int moe_cache_new(uint32_t ttl_ms, size_t max_keys, struct moe_cache **out)
@@ -57,6 +62,14 @@ void moe_cache_free(struct moe_cache *c)
     free(c);
 }
 
+void moe_cache_stats(struct moe_cache *c, uint64_t *hits, uint64_t *misses)
+{
+    pthread_mutex_lock(&c->mu);
+    *hits = c->hits;
+    *misses = c->misses;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void cache_drop(struct moe_cache *c, size_t i)
 {
     free(c->ents[i].e);
@@ -84,6 +97,10 @@ static int cache_get(struct moe_cache *c, const char *key, int64_t now, struct m
         }
         break;
     }
+    if (hit)
+        c->hits++;
+    else
+        c->misses++;
     pthread_mutex_unlock(&c->mu);
     return hit;
 }
@@ -129,6 +146,7 @@ static void cache_put(struct moe_cache *c, const char *key, int64_t now,
 struct lookup {
     struct moe_uid p;
     char key[MOE_KEY_MAX];
+    char ckey[CACHE_KEY_MAX];
     size_t klen;
     int status, cached;
     struct moe_entry *e;
@@ -190,8 +208,9 @@ int moe_beam_search(struct dht_node *node, const char *run, struct moe_beam *b,
         for (size_t i = 0; i < n && rc == CM_OK; i++) {
             lk[i].p = *moe_beam_wanted(b, i);
             rc = moe_key_format(run, g, &lk[i].p, lk[i].key, sizeof lk[i].key, &lk[i].klen);
+            snprintf(lk[i].ckey, sizeof lk[i].ckey, "%s#%dx%d", lk[i].key, g->dims, g->size);
             if (rc == CM_OK && cache)
-                lk[i].cached = cache_get(cache, lk[i].key, p2p_now_ms(), &lk[i].e, &lk[i].ne);
+                lk[i].cached = cache_get(cache, lk[i].ckey, p2p_now_ms(), &lk[i].e, &lk[i].ne);
         }
         size_t misses = 0;
         for (size_t i = 0; i < n; i++)
@@ -212,7 +231,7 @@ int moe_beam_search(struct dht_node *node, const char *run, struct moe_beam *b,
         }
         for (size_t i = 0; i < n && rc == CM_OK; i++) {
             if (cache && !lk[i].cached && lk[i].status == CM_OK)
-                cache_put(cache, lk[i].key, p2p_now_ms(), lk[i].e, lk[i].ne);
+                cache_put(cache, lk[i].ckey, p2p_now_ms(), lk[i].e, lk[i].ne);
             if (lk[i].status == CM_ETIMEOUT && p2p_now_ms() >= end)
                 rc = CM_ETIMEOUT;
             else

@@ -381,6 +381,7 @@ static void test_threaded(void **state)
     sc[2 * 12 + 0 * 4 + 3] = 2;
     struct moe_cache *cache;
     assert_int_equal(moe_cache_new(2000, 64, &cache), CM_OK);
+    uint64_t miss0 = 0;
     for (int pass = 0; pass < 2; pass++) {
         struct moe_beam *bm;
         assert_int_equal(moe_beam_new(&g, sc, 3, 2, 4, NULL, &bm), CM_OK);
@@ -397,7 +398,21 @@ static void test_threaded(void **state)
         moe_uid_format(&g, &p[0].uid, txt, sizeof txt);
         assert_string_equal(txt, "att.3.3.3");
         assert_string_equal(moe_beam_server(bm, p[0].server)->addr, "127.0.0.1:7000");
+        struct moe_beam_stats st;
+        moe_beam_get_stats(bm, &st);
         moe_beam_free(bm);
+        uint64_t hits, misses;
+        moe_cache_stats(cache, &hits, &misses);
+        if (pass == 0) {
+            assert_true(hits == 0 && misses == st.lookups);
+            miss0 = misses;
+        } else {
+            /* the second search: every found key from the cache, only the
+               missing one (att.1.*, never cached) looked up again */
+            assert_int_equal(hits, st.lookups - st.failed);
+            assert_int_equal(misses - miss0, st.failed);
+            assert_int_equal(st.failed, 1);
+        }
     }
     /* banning the expert: the next best */
     struct moe_ban ban = {.uids = &u[3], .nuids = 1};
