@@ -361,11 +361,19 @@ static void lookup_pump(struct dht__lookup *lk)
     if (lk->finished || lk->store_phase)
         return;
     int enough = lk->kind == LK_VALUE && lk->sources >= VALUE_SOURCES_ENOUGH;
+    /* Once a get has found the value, it keeps no more requests in flight
+     * than sources it still needs: the answers pending are from the same
+     * neighbourhood and most likely hold it too. Topping up to alpha after
+     * each answer would leave requests in flight when the last source
+     * arrives, and the get would wait a whole round trip more for them. */
+    int cap = DHT_ALPHA;
+    if (lk->kind == LK_VALUE && lk->sources > 0 && VALUE_SOURCES_ENOUGH - lk->sources < cap)
+        cap = VALUE_SOURCES_ENOUGH - lk->sources;
     if (!n->closing && !enough) {
         uint8_t *body = NULL;
         size_t blen = 0;
         size_t considered = 0;
-        for (size_t i = 0; i < lk->ncand && lk->inflight < DHT_ALPHA; i++) {
+        for (size_t i = 0; i < lk->ncand && lk->inflight < cap; i++) {
             struct cand *c = &lk->cand[i];
             if (c->state == CAND_FAILED)
                 continue;
