@@ -12,6 +12,11 @@
 
 /* ---- codec ---------------------------------------------------------------- */
 
+int moe_rec_has(const struct moe_rec *r, int i)
+{
+    return (int)((r->child[i >> 6] >> (i & 63)) & 1u);
+}
+
 static int host_char(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

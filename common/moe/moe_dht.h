@@ -58,10 +58,8 @@ struct moe_entry {
     struct moe_rec rec;
 };
 
-static inline int moe_rec_has(const struct moe_rec *r, int i)
-{
-    return (int)((r->child[i >> 6] >> (i & 63)) & 1u);
-}
+/* 1 when suffix i (0 <= i < MOE_MAX_SIZE) is set in r. */
+int moe_rec_has(const struct moe_rec *r, int i);
 
 /* "host:port" with host a DNS name or IPv4 ([A-Za-z0-9.-]) or "[v6]" and a
  * port 1..65535 without leading zeros. */

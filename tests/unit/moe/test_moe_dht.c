@@ -327,6 +327,39 @@ static void test_swarm(void **state)
     p2p_swarm_run_until(&s, &never, 1, (int)(ds[2].expires - p2p_now_ms()) + 200);
     assert_true(p2p_now_ms() > ds[2].expires);
     search_and_check(&s, &g, NODES - 2, ds, (const uint8_t(*)[32])pubs);
+    /* Peers that do not answer in time: the search ends at its deadline,
+       not the RPCs' (every frame held 2 s). */
+    p2p_ctx_set_latency(s.ctx, 2000);
+    float sc[2 * 8] = {0};
+    struct moe_beam *b;
+    assert_int_equal(moe_beam_new(&g, sc, 1, 2, 2, NULL, &b), CM_OK);
+    struct waiter w = {0};
+    int64_t t0 = p2p_now_ms();
+    assert_int_equal(moe_beam_search_async(s.nodes[NODES - 1], RUN, b, 300, searched, &w), CM_OK);
+    assert_int_equal(p2p_swarm_run_until(&s, &w.done, 1, 5000), 0);
+    assert_int_equal(w.status, CM_ETIMEOUT);
+    int64_t took = p2p_now_ms() - t0;
+    assert_true(took >= 290 && took < 1500);
+    moe_beam_free(b); /* lookups still in flight must not touch it */
+    int later = 0;
+    p2p_swarm_run_until(&s, &later, 1, 2500);
+    p2p_ctx_set_latency(s.ctx, 0);
+    /* Everyone else gone (refused at once): the search completes quickly
+       from what the trainer's own store holds (it is one of the k = 20
+       replicas of most keys in a 24-node swarm; declarations live until
+       they expire), without waiting for a deadline. */
+    for (size_t i = 0; i + 1 < NODES; i++)
+        p2p_swarm_kill(&s, i);
+    assert_int_equal(moe_beam_new(&g, sc, 1, 2, 2, NULL, &b), CM_OK);
+    memset(&w, 0, sizeof w);
+    t0 = p2p_now_ms();
+    assert_int_equal(moe_beam_search_async(s.nodes[NODES - 1], RUN, b, 5000, searched, &w),
+                     CM_OK);
+    assert_int_equal(p2p_swarm_run_until(&s, &w.done, 1, 5000), 0);
+    assert_int_equal(w.status, CM_OK);
+    assert_true(p2p_now_ms() - t0 < 1000);
+    assert_true(moe_beam_result(b, 0, NULL) <= 2);
+    moe_beam_free(b);
     p2p_swarm_cleanup(&s);
 }
 
