@@ -81,6 +81,23 @@ static int same_entry(const struct dht_record *a, const struct dht_record *b)
     return !memcmp(a->author, b->author, 32) && !memcmp(a->subkey, b->subkey, a->subkey_len);
 }
 
+/* 1 when the lookup already holds r byte for byte (same entry, expiry,
+ * value and signature): that copy was verified, so r needs no second
+ * signature check. A get hears the same records from several replicas;
+ * checking each once saves most of the verification work of a lookup. */
+static int have_verified(const struct dht__lookup *lk, const struct dht_record *r)
+{
+    for (size_t i = 0; i < lk->nrec; i++) {
+        const struct dht_record *h = &lk->recs[i];
+        if (h->expires_ms == r->expires_ms && h->value_len == r->value_len &&
+            !memcmp(h->sig, r->sig, 64) && !memcmp(h->author, r->author, 32) &&
+            same_entry(h, r) &&
+            (!r->value_len || !memcmp(h->value, r->value, r->value_len)))
+            return 1;
+    }
+    return 0;
+}
+
 /* Merges r into the lookup's results: newest expiration per entry. */
 static void merge_record(struct dht__lookup *lk, const struct dht_record *r)
 {
@@ -299,7 +316,7 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
                 for (size_t i = 0; i < v.r.n; i++) {
                     const struct dht_record *r = &v.r.rec[i];
                     if (memcmp(r->key, lk->target, DHT_ID_LEN) || r->expires_ms <= now ||
-                        dht_record_verify(r))
+                        (!have_verified(lk, r) && dht_record_verify(r)))
                         continue; /* not ours, stale, or forged: ignored */
                     merge_record(lk, r);
                     found = 1;
@@ -344,11 +361,19 @@ static void lookup_pump(struct dht__lookup *lk)
     if (lk->finished || lk->store_phase)
         return;
     int enough = lk->kind == LK_VALUE && lk->sources >= VALUE_SOURCES_ENOUGH;
+    /* Once a get has found the value, it keeps no more requests in flight
+     * than sources it still needs: the answers pending are from the same
+     * neighbourhood and most likely hold it too. Topping up to alpha after
+     * each answer would leave requests in flight when the last source
+     * arrives, and the get would wait a whole round trip more for them. */
+    int cap = DHT_ALPHA;
+    if (lk->kind == LK_VALUE && lk->sources > 0 && VALUE_SOURCES_ENOUGH - lk->sources < cap)
+        cap = VALUE_SOURCES_ENOUGH - lk->sources;
     if (!n->closing && !enough) {
         uint8_t *body = NULL;
         size_t blen = 0;
         size_t considered = 0;
-        for (size_t i = 0; i < lk->ncand && lk->inflight < DHT_ALPHA; i++) {
+        for (size_t i = 0; i < lk->ncand && lk->inflight < cap; i++) {
             struct cand *c = &lk->cand[i];
             if (c->state == CAND_FAILED)
                 continue;

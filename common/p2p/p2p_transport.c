@@ -321,6 +321,11 @@ void p2p_ctx_set_rates(struct p2p_ctx *ctx, double up_mbps, double down_mbps)
     p2p_rate_init(&ctx->down, down_mbps, now_ns());
 }
 
+void p2p_ctx_set_latency(struct p2p_ctx *ctx, uint32_t latency_ms)
+{
+    ctx->latency_ms = latency_ms;
+}
+
 /* ---- connections ------------------------------------------------------- */
 
 static void conn_flush(struct p2p_conn *c);

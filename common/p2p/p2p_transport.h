@@ -148,6 +148,9 @@ void p2p_ctx_stats(const struct p2p_ctx *ctx, struct p2p_stats *out);
 size_t p2p_ctx_conn_count(const struct p2p_ctx *ctx);
 /* Changes the caps at run time (mbps <= 0: unlimited). */
 void p2p_ctx_set_rates(struct p2p_ctx *ctx, double up_mbps, double down_mbps);
+/* Changes the emulated one-way latency for frames sent from now on
+ * (benchmarks: a swarm joins fast, then measures with WAN-like delays). */
+void p2p_ctx_set_latency(struct p2p_ctx *ctx, uint32_t latency_ms);
 
 int p2p_host_new(struct p2p_ctx *ctx, const struct p2p_host_config *cfg, struct p2p_host **out);
 /* Fails every pending request (callbacks run before this returns, with
