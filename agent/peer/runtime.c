@@ -302,6 +302,8 @@ static int net_up(struct peer_rt *rt, const char *listen)
     nc.max_download_mbps = rt->cfg.max_download_mbps;
     nc.bootstrap = rt->bootstrap;
     nc.n_bootstrap = rt->n_bootstrap;
+    nc.on_other = rt->cfg.on_other;
+    nc.on_other_arg = rt->cfg.on_other_arg;
     int rc = peer_net_start(&nc, &rt->net);
     if (rc != CM_OK) {
         fprintf(stderr, "error: starting the peer-to-peer node: %s\n", cm_strerror(rc));

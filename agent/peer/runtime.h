@@ -87,6 +87,11 @@ struct peer_rt_config {
     /* Called before each stage starts (progress, tests); may be NULL. */
     void (*on_stage)(void *arg, enum peer_stage st);
     void *on_stage_arg;
+    /* The role's own message types on the state host (peer/net.h,
+       peer_net_config.on_other: the expert server's, docs/experts.md); runs
+       on the net's loop thread; NULL: such requests are refused. */
+    p2p_request_cb on_other;
+    void *on_other_arg;
 };
 
 /* A peer of the run as a role sees it (for state sync and probes). */
