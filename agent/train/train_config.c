@@ -282,13 +282,41 @@ static int parse_optim(struct ctx *c, json_t *root, struct agent_train_config *o
     return parse_optim_in(c, root, "", o->steps, &o->opt);
 }
 
+/* "model.experts.serve" (optional): the expert servers' settings. */
+static int parse_serve(struct ctx *c, json_t *e, struct agent_moe_serve_config *sc)
+{
+    static const char *const keys[] = {"prefix", "max_batch", "max_wait_ms", "declare_ttl_s",
+                                       "replicas", NULL};
+    static const char *const w = "model.experts.serve";
+    json_t *v = json_object_get(e, "serve");
+    const char *prefix = "ffn";
+    int rc;
+    if (v && (rc = check_keys(c, v, w, keys)))
+        return rc;
+    if ((rc = get_str(c, v, w, "prefix", "ffn", &prefix)) ||
+        (rc = get_int(c, v, w, "max_batch", 0, 1, 65536, 256, &sc->max_batch)) ||
+        (rc = get_int(c, v, w, "max_wait_ms", 0, 1, 10000, 5, &sc->max_wait_ms)) ||
+        (rc = get_int(c, v, w, "declare_ttl_s", 0, 3, 86400, 30, &sc->declare_ttl_s)) ||
+        (rc = get_int(c, v, w, "replicas", 0, 1, 64, 1, &sc->replicas)))
+        return rc;
+    size_t n = strlen(prefix);
+    int ok = n >= 1 && n < sizeof sc->prefix;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (prefix[i] >= 'a' && prefix[i] <= 'z') || (prefix[i] >= '0' && prefix[i] <= '9') ||
+             prefix[i] == '_';
+    if (!ok)
+        return FAIL(c, "%s.prefix: must be 1 to 32 of [a-z0-9_]", w);
+    memcpy(sc->prefix, prefix, n + 1);
+    return CM_OK;
+}
+
 /* The experts of a DMoE model in train --local: each steps once per
  * micro-batch it is called in, so its schedule spans steps * micro-batches. */
 static int parse_experts(struct ctx *c, json_t *m, struct agent_train_config *o)
 {
     json_t *e = json_object_get(m, "experts");
     static const char *const keys[] = {"hidden", "optimizer", "schedule", "fail_prob",
-                                       "seed", NULL};
+                                       "seed", "serve", NULL};
     struct kern_dmoe_local_config *lc = &o->experts;
     int rc;
     long seed;
@@ -300,7 +328,8 @@ static int parse_experts(struct ctx *c, json_t *m, struct agent_train_config *o)
         (rc = get_long(c, e, "model.experts", "seed", 0, 0, 0x7fffffffffffffffL,
                        (long)(o->seed + 1), &seed)) ||
         (rc = parse_optim_in(c, e, "model.experts.",
-                             o->steps * (o->batch_size / o->micro_batch), &lc->opt)))
+                             o->steps * (o->batch_size / o->micro_batch), &lc->opt)) ||
+        (rc = parse_serve(c, e, &o->serve)))
         return rc;
     lc->seed = (uint64_t)seed;
     lc->d = o->dmoe.grid_d;

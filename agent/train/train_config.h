@@ -18,6 +18,17 @@
 
 #define AGENT_TRAIN_PATH_MAX 1024
 
+/* model.experts.serve: how `crowdtrain-agent serve-experts` hosts the
+ * experts of a dmoe run (agent/moe/moe_runcfg.h, docs/experts.md "Expert
+ * servers"); train --local reads and ignores it. */
+struct agent_moe_serve_config {
+    char prefix[33];   /* the grid's layer name, the uid prefix ([a-z0-9_]{1,32}) */
+    int max_batch;     /* samples per batch and per request */
+    int max_wait_ms;   /* longest wait for a batch to fill */
+    int declare_ttl_s; /* expiry of the DHT declarations (re-declared every third) */
+    int replicas;      /* servers wanted per expert (--experts picks below it first) */
+};
+
 struct agent_train_config {
     enum kern_model_kind kind;
     struct kern_mlp_config mlp;     /* kind == MLP */
@@ -25,6 +36,7 @@ struct agent_train_config {
     struct kern_dmoe_config dmoe;   /* kind == DMOE */
     struct kern_dmoe_local_config experts; /* kind == DMOE: the in-process experts of
                                        train --local (C from dmoe, max_rows = micro_batch) */
+    struct agent_moe_serve_config serve; /* kind == DMOE: model.experts.serve */
     float mask_prob;                /* ALBERT masked-LM rate (0.15) */
     struct kern_optim_config opt;   /* total_steps = steps */
     int batch_size;                 /* examples per optimizer step */
