@@ -11,6 +11,8 @@
  *     the calls count as timeouts, the server is banned and not selected in
  *     the next batch;
  *   - a stopped server (connection refused): same, at once;
+ *   - the same with the loop on a thread of its own (the production shape:
+ *     waits sleep on the remote's condition variable);
  *   - bans back off exponentially and are lifted after their time. */
 /* ct-timeout: 120 */
 #include <setjmp.h>
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "agent/moe/moe_server.h"
@@ -492,6 +495,113 @@ static void test_stopped_server_backoff(void **state)
     assert_int_equal(st.bans, 2);
 }
 
+/* ---- the loop on its own thread, run() through a uv_async ---- */
+
+struct tloop {
+    struct env *e;
+    uv_async_t as;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    moe_remote_fn fn;
+    void *arg;
+    int pending, stop;
+};
+
+static void tl_async(uv_async_t *a)
+{
+    struct tloop *tl = a->data;
+    pthread_mutex_lock(&tl->mu);
+    if (tl->pending) {
+        tl->fn(tl->arg, tl->e->s.nodes[NODES - 1], tl->e->th);
+        tl->pending = 0;
+        pthread_cond_broadcast(&tl->cv);
+    }
+    if (tl->stop)
+        uv_stop(a->loop);
+    pthread_mutex_unlock(&tl->mu);
+}
+
+static void *tl_main(void *arg)
+{
+    struct tloop *tl = arg;
+    uv_run(&tl->e->s.loop, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static int tl_run(void *ctx, moe_remote_fn fn, void *arg)
+{
+    struct tloop *tl = ctx;
+    pthread_mutex_lock(&tl->mu);
+    tl->fn = fn;
+    tl->arg = arg;
+    tl->pending = 1;
+    uv_async_send(&tl->as);
+    while (tl->pending)
+        pthread_cond_wait(&tl->cv, &tl->mu);
+    pthread_mutex_unlock(&tl->mu);
+    return CM_OK;
+}
+
+static void tl_start(struct env *e, struct tloop *tl)
+{
+    memset(tl, 0, sizeof *tl);
+    tl->e = e;
+    pthread_mutex_init(&tl->mu, NULL);
+    pthread_cond_init(&tl->cv, NULL);
+    tl->as.data = tl;
+    assert_int_equal(uv_async_init(&e->s.loop, &tl->as, tl_async), 0);
+    struct moe_remote_runner rn = {.ctx = tl, .run = tl_run, .pump = NULL};
+    moe_remote_set_runner(e->rem, &rn);
+    assert_int_equal(pthread_create(&tl->th, NULL, tl_main, tl), 0);
+}
+
+static void tl_stop(struct env *e, struct tloop *tl)
+{
+    pthread_mutex_lock(&tl->mu);
+    tl->stop = 1;
+    uv_async_send(&tl->as);
+    pthread_mutex_unlock(&tl->mu);
+    pthread_join(tl->th, NULL);
+    uv_close((uv_handle_t *)&tl->as, NULL);
+    uv_run(&e->s.loop, UV_RUN_NOWAIT);
+    pthread_mutex_destroy(&tl->mu);
+    pthread_cond_destroy(&tl->cv);
+    struct moe_remote_runner rn = {.ctx = e, .run = t_run, .pump = t_pump};
+    moe_remote_set_runner(e->rem, &rn);
+}
+
+static void test_threaded_loop(void **state)
+{
+    struct env *e = *state;
+    struct tloop tl;
+    struct kern_eval er, el;
+    tl_start(e, &tl);
+    for (int step = 0; step < 2; step++) {
+        fwd_bwd(e->mr, 400 + step, &er);
+        fwd_bwd(e->ml, 400 + step, &el);
+        assert_float_equal(er.loss_sum, el.loss_sum, 1e-4 * (1 + fabs(el.loss_sum)));
+    }
+    tl_stop(e, &tl);
+    /* a server that never answers takes over server 2's experts */
+    struct moe_server as;
+    const uint8_t *pub = e->sp[NSRV + 1].key.pub;
+    host_addr(e->hang, &as, pub);
+    declare(e, 2, &as);
+    tl_start(e, &tl);
+    int64_t t0 = p2p_now_ms();
+    fwd_bwd(e->mr, 400, &er);
+    int64_t took = p2p_now_ms() - t0;
+    struct moe_remote_stats st;
+    moe_remote_get_stats(e->rem, &st);
+    assert_true(st.timeouts > 0);
+    assert_true(moe_remote_banned(e->rem, pub));
+    assert_true(took >= TIMEOUT_MS && took < 2 * TIMEOUT_MS + 1500);
+    fwd_bwd(e->mr, 401, &er);
+    assert_false(selected_server(e, pub));
+    tl_stop(e, &tl);
+}
+
 static void test_config_checks(void **state)
 {
     (void)state;
@@ -532,6 +642,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nan_server_banned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hanging_server_banned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_server_backoff, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threaded_loop, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
