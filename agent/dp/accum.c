@@ -6,6 +6,8 @@
  * the round (AVERAGE), catching up (RESYNC), or a fresh start (BEGIN). */
 #include "agent/dp/dp.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,16 @@ static void prefetch(struct dp_loop *l)
     int64_t got = l->step;
     if (dp_sync_from_peer(s, l->inflight->step, &got, 1000) == CM_OK)
         l->step = got;
+}
+
+static int finite_batch(const float *g, size_t n, const struct kern_eval *ev)
+{
+    if (!isfinite(ev->loss_sum))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(g[i]))
+            return 0;
+    return 1;
 }
 
 /* One micro-batch into the buffer (or, for a peer that computes nothing or
@@ -75,6 +87,15 @@ static int micro_batch(struct dp_loop *l)
         rc = m->be->download(l->grad, m->grads, n * sizeof *l->grad);
     if (rc != CM_OK)
         return rc;
+    if (s->tr.remote && !finite_batch(l->grad, n, &ev)) {
+        /* a DMoE model drops what its experts' answers could still have
+           poisoned (the model leaves out non-finite answers already; this
+           guards the step against whatever slipped through): no step with
+           NaN, and the next micro-batch goes on */
+        s->moe_dropped++;
+        fprintf(stderr, "warning: a micro-batch's gradient or loss was not finite: dropped\n");
+        return CM_OK;
+    }
     for (size_t i = 0; i < n; i++)
         j->accum[i] += w * l->grad[i];
     a->samples += w;

@@ -39,7 +39,7 @@ struct dp_opts {
         *compression, *step_log, *progress;
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
-        outcome_window_ms, stall_ms;
+        outcome_window_ms, stall_ms, expert_timeout_ms;
     double max_upload_mbps, max_download_mbps, max_cpu_percent;
 };
 
@@ -86,6 +86,10 @@ struct dp_state {
     const volatile sig_atomic_t *pause_req; /* 1 while the volunteer wants us paused
                                                (SIGUSR1 / SIGUSR2, join.c) */
     int paused;                 /* the loop is paused: our records say so (records.c) */
+    /* a DMoE model's remote experts (agent/moe/remote.h): their counts at the
+       last step log line, for per-step figures; micro-batches dropped */
+    struct moe_remote_stats moe_prev;
+    long moe_dropped;
 };
 
 /* One averaging round: what the accumulation hands over and what comes
@@ -251,6 +255,10 @@ int dp_train_loop(struct dp_state *s);
 void dp_linger(struct dp_state *s, int64_t step);
 void dp_print_line(const struct dp_state *s, long step, double samples, double sps, int pull_only,
                    size_t peers, double loss, double eta);
+/* experts.c: a DMoE model's remote experts in the progress line and step log */
+void dp_experts_attach(struct dp_state *s);
+int dp_experts_line(struct dp_state *s, char *out, size_t cap, int consume);
+int dp_experts_json(struct dp_state *s, char *out, size_t cap);
 /* status_note.c: the status file of `crowdtrain-agent status` (agent/status.h),
    from the progress line and at exit */
 void dp_status_note(const struct dp_state *s, long step, double samples, double sps, int pull_only,

@@ -74,6 +74,8 @@ static const struct cm_opt JOIN_OPTS[] = {
      "overlap averaging with the next accumulation, at one step of staleness (seed 000 §3.2)", 0},
     {"stall-ms", CM_OPT_INT, J(stall_ms), "10000", "MS",
      "silence after which a peer in a round is given up for that round", 0},
+    {"expert-timeout-ms", CM_OPT_INT, J(expert_timeout_ms), "2000", "MS",
+     "dmoe runs: deadline of each expert call and of the expert search (docs/experts.md, \"Trainers\")", 0},
     {"step-log", CM_OPT_STR, J(step_log), NULL, "FILE",
      "append one JSON line per step (step, parameter hash, loss, round) to FILE", 0},
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
@@ -300,6 +302,8 @@ static int check_opts(struct dp_state *s)
         bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
     else if (!bad && s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
         bad = "--max-cpu-percent must be 0 (no limit) or from 1 to 100";
+    else if (!bad && (s->o.expert_timeout_ms < 1 || s->o.expert_timeout_ms > 600000))
+        bad = "--expert-timeout-ms must be from 1 to 600000";
     else if (!bad && (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0))
         bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";
     if (bad) {
@@ -346,7 +350,15 @@ static int start_stages(struct dp_state *s)
     if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || g_interrupts || fetch_run(s) != CM_OK ||
         peer_rt_start(&s->rt, PEER_STAGE_CLOCK) != CM_OK || g_interrupts)
         return 1;
-    if (agent_trainer_init(&s->tr, &s->tcfg, s->config_text, strlen(s->config_text), err, sizeof err) != CM_OK) {
+    /* a DMoE model calls experts served by others (seed 002 §3.3), found in
+       the DHT under this run's name; its trunk, gate and head are averaged
+       like any model's parameters (docs/experts.md, "Trainers") */
+    struct moe_remote_config mrc;
+    moe_remote_config_default(&mrc);
+    snprintf(mrc.run, sizeof mrc.run, "%s", s->o.run);
+    mrc.timeout_ms = mrc.search_ms = (uint32_t)s->o.expert_timeout_ms;
+    if (agent_trainer_init_ex(&s->tr, &s->tcfg, s->config_text, strlen(s->config_text),
+                              s->tcfg.kind == KERN_MODEL_DMOE ? &mrc : NULL, err, sizeof err) != CM_OK) {
         fprintf(stderr, "error: %s\n", err);
         return 1;
     }
@@ -356,6 +368,7 @@ static int start_stages(struct dp_state *s)
     int rc = g_interrupts ? CM_ECANCELED : peer_rt_catch_up(&s->rt, 0, &step);
     if ((rc != CM_OK && rc != CM_ENOTFOUND) || peer_rt_start(&s->rt, PEER_STAGE_NET) != CM_OK)
         return 1;
+    dp_experts_attach(s);
     /* the net stage may have found us unreachable (reach.h) */
     s->o.client_mode = s->rt.cfg.client_mode;
     if (dp_sched_open(s->rt.rundir, s->o.run, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->rt.coord_keys,

@@ -326,8 +326,10 @@ void dp_print_line(const struct dp_state *s, long step, double samples, double s
         snprintf(losss, sizeof losss, "%7s", "-");
     else
         snprintf(losss, sizeof losss, "%7.4f", loss);
-    printf("%sstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %s | next step in %s%s",
-           s->progress_live ? "\r" : "", step, samples, target, rate, peers, losss, etas,
+    char ex[96];
+    dp_experts_line((struct dp_state *)s, ex, sizeof ex, 0);
+    printf("%sstep %6ld | samples %8.0f / %.0f | %s | %2zu peers | loss %s | next step in %s%s%s",
+           s->progress_live ? "\r" : "", step, samples, target, rate, peers, losss, etas, ex,
            s->progress_live ? "   " : "\n");
     fflush(stdout);
 }

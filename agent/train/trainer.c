@@ -97,6 +97,40 @@ static int open_data(struct agent_trainer *t, const char *path, const char *what
 int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config *cfg,
                        const char *config_text, size_t config_len, char *err, size_t errlen)
 {
+    return agent_trainer_init_ex(t, cfg, config_text, config_len, NULL, err, errlen);
+}
+
+/* The experts of a DMoE model: remote ones (join: seed 002 §3.3, trainers
+ * call experts hosted by others) or the whole grid in this process. */
+static int dmoe_experts(struct agent_trainer *t, const struct moe_remote_config *remote,
+                        struct kern_dmoe_experts *ex, char *err, size_t errlen)
+{
+    const struct agent_train_config *cfg = &t->cfg;
+    int rc;
+    if (!remote) {
+        if ((rc = kern_dmoe_local_new(t->be, &cfg->experts, &t->experts)))
+            return fail(err, errlen, rc, "experts: %s", cm_strerror(rc));
+        kern_dmoe_local_experts(t->experts, ex);
+        return CM_OK;
+    }
+    struct moe_remote_config rc_ = *remote;
+    rc_.d = cfg->dmoe.grid_d;
+    rc_.M = cfg->dmoe.grid_m;
+    rc_.k = cfg->dmoe.k;
+    rc_.C = cfg->dmoe.trunk[cfg->dmoe.ntrunk - 1];
+    const char *why = NULL;
+    if (moe_remote_config_check(&rc_, &why))
+        return fail(err, errlen, CM_EINVAL, "remote experts: %s", why);
+    if ((rc = moe_remote_new(&rc_, &t->remote)))
+        return fail(err, errlen, rc, "remote experts: %s", cm_strerror(rc));
+    moe_remote_experts(t->remote, ex);
+    return CM_OK;
+}
+
+int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_config *cfg,
+                          const char *config_text, size_t config_len,
+                          const struct moe_remote_config *remote, char *err, size_t errlen)
+{
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
     t->config_text = config_text;
@@ -123,11 +157,9 @@ int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config 
     if (cfg->kind == KERN_MODEL_MLP) {
         rc = kern_mlp_new(t->be, &cfg->mlp, mb, cfg->seed, &t->model);
     } else if (cfg->kind == KERN_MODEL_DMOE) {
-        /* train --local: the whole grid of experts in this process */
         struct kern_dmoe_experts ex;
-        if ((rc = kern_dmoe_local_new(t->be, &cfg->experts, &t->experts)))
-            return fail(err, errlen, rc, "experts: %s", cm_strerror(rc));
-        kern_dmoe_local_experts(t->experts, &ex);
+        if ((rc = dmoe_experts(t, remote, &ex, err, errlen)))
+            return rc;
         rc = kern_dmoe_new(t->be, &cfg->dmoe, mb, cfg->seed, &ex, &t->model);
     } else
         rc = kern_tfm_new(t->be, &cfg->tfm, mb, cfg->seed, &t->model);
@@ -358,6 +390,7 @@ void agent_trainer_cleanup(struct agent_trainer *t)
     kern_optim_free(t->opt);
     kern_model_free(t->model);
     kern_dmoe_local_free(t->experts);
+    moe_remote_free(t->remote); /* after the net stopped: see moe_remote_free */
     free(t->x);
     free(t->y);
     free(t->raw);

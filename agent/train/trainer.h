@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agent/moe/remote.h"
 #include "agent/train/train_config.h"
 #include "data/data.h"
 #include "kern_backend.h"
@@ -24,7 +25,9 @@ struct agent_trainer {
     size_t config_len;
     const struct kern_backend *be;  /* borrowed */
     struct kern_model *model;       /* owned */
-    struct kern_dmoe_local *experts; /* owned: a DMoE model's in-process experts */
+    struct kern_dmoe_local *experts; /* owned: a DMoE model's in-process experts (train --local) */
+    struct moe_remote *remote;      /* owned: or its experts over the network (join); the
+                                       caller attaches a runner once the net is up */
     struct kern_optim *opt;         /* owned */
     struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */
@@ -45,6 +48,13 @@ struct agent_trainer {
  * err gets a message on failure. */
 int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config *cfg,
                        const char *config_text, size_t config_len, char *err, size_t errlen);
+
+/* As agent_trainer_init; for a DMoE model, remote (not NULL) makes the
+ * experts remote ones (agent/moe/remote.h) with that config, its grid, k
+ * and width taken from cfg's model. Ignored for other models. */
+int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_config *cfg,
+                          const char *config_text, size_t config_len,
+                          const struct moe_remote_config *remote, char *err, size_t errlen);
 
 /* grads = gradient of the mean loss over the next batch_size examples
  * (batch_size / micro_batch forward/backward passes). ev gets the sums. */

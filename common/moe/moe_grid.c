@@ -179,8 +179,8 @@ static int parse_form(const struct moe_grid *g, const char *s, int want_prefix,
         return rc;
     if (!s || !out)
         return CM_EINVAL;
-    size_t len = strnlen(s, MOE_UID_MAX + 2);
-    if (len > MOE_UID_MAX)
+    size_t len = strnlen(s, MOE_UID_TEXT_MAX + 2);
+    if (len > MOE_UID_TEXT_MAX)
         return CM_ETOOBIG;
     size_t nl = strlen(g->name);
     if (len < nl || memcmp(s, g->name, nl))

@@ -26,7 +26,7 @@
 #define MOE_NAME_MAX 32
 #define MOE_RUN_MAX 64
 /* "name" + 4 x ".1023" + NUL */
-#define MOE_UID_MAX (MOE_NAME_MAX + MOE_MAX_DIMS * 5 + 1)
+#define MOE_UID_TEXT_MAX (MOE_NAME_MAX + MOE_MAX_DIMS * 5 + 1)
 /* "moe." + run + "." + uid or prefix form (".*") + NUL */
 #define MOE_KEY_MAX (4 + MOE_RUN_MAX + 1 + MOE_NAME_MAX + MOE_MAX_DIMS * 5 + 2 + 1)
 

@@ -420,7 +420,7 @@ static void test_threaded(void **state)
         assert_int_equal(moe_beam_new(&g, sc, 3, 2, 4, NULL, &bm), CM_OK);
         assert_int_equal(moe_beam_search(b, RUN, bm, 5000, cache), CM_OK);
         const struct moe_pick *p;
-        char txt[MOE_UID_MAX];
+        char txt[MOE_UID_TEXT_MAX];
         assert_int_equal(moe_beam_result(bm, 0, &p), 2);
         moe_uid_format(&g, &p[0].uid, txt, sizeof txt);
         assert_string_equal(txt, "att.3.3.3");

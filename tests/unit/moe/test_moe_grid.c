@@ -70,7 +70,7 @@ static void test_round_trip(void **state)
                 u.idx[i] = (uint16_t)(r % (uint64_t)g.size);
                 r /= (uint64_t)g.size;
             }
-            char buf[MOE_UID_MAX], key[MOE_KEY_MAX];
+            char buf[MOE_UID_TEXT_MAX], key[MOE_KEY_MAX];
             assert_int_equal(moe_uid_format(&g, &u, buf, sizeof buf), CM_OK);
             struct moe_uid v;
             assert_int_equal(moe_uid_parse(&g, buf, &v), CM_OK);
@@ -100,7 +100,7 @@ static void test_examples(void **state)
     struct moe_grid g;
     assert_int_equal(moe_grid_init(&g, "ffn", 3, 256), CM_OK);
     struct moe_uid u = {.n = 3, .idx = {10, 20, 30}}, v;
-    char buf[MOE_UID_MAX], key[MOE_KEY_MAX];
+    char buf[MOE_UID_TEXT_MAX], key[MOE_KEY_MAX];
     assert_int_equal(moe_uid_format(&g, &u, buf, sizeof buf), CM_OK);
     assert_string_equal(buf, "ffn.10.20.30");
     struct moe_uid p = {.n = 2, .idx = {10, 20}};
