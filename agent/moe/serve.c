@@ -24,6 +24,7 @@
 #include "cm_err.h"
 #include "cm_opts.h"
 #include "moe/moe_dht.h"
+#include "moe/moe_msg.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -93,7 +94,7 @@ struct serve {
     struct peer_rt rt;
     struct moe_runcfg rc;
     struct moe_uid uids[SERVE_MAX_EXPERTS];
-    char uid_str[SERVE_MAX_EXPERTS][MOE_UID_MAX];
+    char uid_str[SERVE_MAX_EXPERTS][MOE_UID_TEXT_MAX];
     size_t n;
     struct moe_server addr; /* where we are, as declared */
     struct moe_server *srv; /* set and cleared on the net's loop thread */
@@ -123,9 +124,10 @@ static int serve_on_request(void *arg, struct p2p_host *h, const struct p2p_peer
 {
     struct serve *s = arg;
     if (!s->srv)
-        /* 64..79: the experts' types (moe/moe_msg.h, whose MOE_UID_MAX clashes with
-           moe_grid.h's); before the server starts or once it stopped */
-        return type >= 64 && type <= 79 ? CM_ECLOSED : CM_EUNSUPPORTED;
+        /* the experts' types, before the server starts or once it stopped */
+        return type == MOE_MSG_FORWARD || type == MOE_MSG_BACKWARD || type == MOE_MSG_INFO
+                   ? CM_ECLOSED
+                   : CM_EUNSUPPORTED;
     return moe_server_on_request(s->srv, h, from, type, body, len, resp, rlen);
 }
 
@@ -284,7 +286,7 @@ struct server_job {
     struct moe_server_config cfg;
     const struct kern_backend *be;
     int rc;
-    char uid[MOE_UID_MAX]; /* the expert that failed */
+    char uid[MOE_UID_TEXT_MAX]; /* the expert that failed */
     struct moe_server_stats st;
 };
 static void server_start_on_loop(void *arg, struct peer_net *n)

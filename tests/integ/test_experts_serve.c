@@ -38,10 +38,6 @@
 #include "agent/peer/runtime.h"
 #include "cm_err.h"
 #include "ct_harness.h"
-/* moe_msg.h (via moe_client.h) and moe_grid.h both define MOE_UID_MAX, with
-   different meanings (wire bytes; a formatted uid's buffer); this file uses
-   neither's */
-#undef MOE_UID_MAX
 #include "moe/moe_dht.h"
 
 #define PW "organizer-password"
