@@ -92,8 +92,10 @@ deps:
 	$(Q)./scripts/install-deps.sh
 
 # `make test` installs packages first, then re-enters make so pkg-config sees them.
+# Builds run on every core (CI has 2); the tests themselves one at a time.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 test: deps
-	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory -j$(NPROC) all
 	$(Q)rc=0; \
 	  ./scripts/run-tests.sh --suite unit $(UNIT_TESTS) || rc=1; \
 	  ./scripts/run-tests.sh --suite integration $(INTEG_TESTS) || rc=1; \
@@ -108,10 +110,12 @@ integ: bins $(INTEG_TESTS)
 	$(Q)./scripts/run-tests.sh --suite integration $(INTEG_TESTS)
 
 unit-san:
+	$(Q)$(MAKE) --no-print-directory -j$(NPROC) SANITIZER=address,undefined all
 	$(Q)$(MAKE) --no-print-directory SANITIZER=address,undefined unit
 
 # The integration tests again, driving binaries built with ASan + UBSan.
 integ-san:
+	$(Q)$(MAKE) --no-print-directory -j$(NPROC) SANITIZER=address,undefined all
 	$(Q)$(MAKE) --no-print-directory SANITIZER=address,undefined integ
 
 demo: deps
