@@ -730,16 +730,27 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
        flight are not counted, and the probe waits. Each quiet spell starts
        with the link idle, so its first PROBE_SETTLE_MS go out in a burst
        (a token bucket's, a shaper's, the socket buffers'): a spell's
-       measured segment runs from its first acknowledgement after
-       PROBE_SETTLE_MS to its last, and counts the bytes acknowledged in
-       between (quiet spells of 0.5 s read a 40 Mbit/s cap as 71 Mbit/s
-       with the burst in). The rate is the bytes of the segments over their
-       time. The probe ends when `bytes` are counted, budget_ms of segments
+       measured segment leaves them out (quiet spells of 0.5 s read a 40
+       Mbit/s cap as 71 Mbit/s with the burst in) and ends with the spell's
+       last acknowledgement. Pair probes (two chunks in flight, often in
+       the short quiet spells of a busy collaboration) start the segment
+       when the first chunk sent PROBE_SETTLE_MS or more into the spell is
+       handed to the transport, and count it: starting at an
+       acknowledgement would let a late one (the peer's loop busy for a
+       moment, then two answers at once) shorten the segment, and a 4
+       Mbit/s cap once read 6.7 Mbit/s that way; from a send, the segment is
+       never shorter than the transfers it counts, so the reading errs low,
+       by at most the one chunk queued ahead. Link probes (up to 64 in
+       flight, where that queue is long, in one long quiet spell at
+       start-up) start at the first acknowledgement after PROBE_SETTLE_MS
+       and count what is acknowledged after it. The rate is the bytes of the
+       segments over their time. The probe ends when `bytes` are counted, budget_ms of segments
        are measured, or deadline_ms have passed (no reading when nothing was
        measured). */
     const int64_t PROBE_SETTLE_MS = 150;
     struct job *win[PROBE_WINDOW_MAX] = {0}; /* in flight, oldest at win[h] */
     int dirty[PROBE_WINDOW_MAX] = {0};       /* sent, or acknowledged, outside the quiet spell */
+    int64_t sent_at[PROBE_WINDOW_MAX] = {0}; /* when each was handed to the transport */
     size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = adaptive ? 2 : window, acked = 0;
     int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
     for (;;) {
@@ -784,8 +795,9 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             size_t at = (h + nin++) % window;
             win[at] = j;
             dirty[at] = 0;
+            sent_at[at] = p2p_now_ms();
             if (spell_t0 < 0)
-                spell_t0 = p2p_now_ms();
+                spell_t0 = sent_at[at];
         }
         if (nin == 0) {
             if (!more)
@@ -794,6 +806,7 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             continue;
         }
         struct job *j = win[h];
+        int64_t j_sent = sent_at[h];
         int jr = wait_job(n, j);
         /* bytes that crossed the link: ours, or the peer's answer */
         size_t len = pull ? (jr == CM_OK ? j->resp_len : 0) : j->len;
@@ -821,8 +834,12 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             if (seg_t0 >= 0) {
                 seg_bytes += len;
                 seg_t1 = t;
-            } else if (t - spell_t0 >= PROBE_SETTLE_MS) {
-                seg_t0 = t; /* the segment starts here: this chunk is before it */
+            } else if (!adaptive && j_sent - spell_t0 >= PROBE_SETTLE_MS) {
+                seg_t0 = j_sent; /* pair probes: from this chunk's send, counted */
+                seg_bytes += len;
+                seg_t1 = t;
+            } else if (adaptive && t - spell_t0 >= PROBE_SETTLE_MS) {
+                seg_t0 = t; /* link probes: from this acknowledgement, not counted */
             }
         }
     }
