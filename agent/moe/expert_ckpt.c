@@ -26,7 +26,7 @@ int moe_xckpt_upload(const struct agent_client *coord, const char *run, const ch
                      char *err, size_t cap)
 {
     size_t n = 0;
-    int rc = moe_server_expert_size(srv, uid, &n);
+    int rc = moe_server_expert_size(srv, uid, &n, NULL);
     if (rc != CM_OK || n != moe_ckpt_nparams(C, F)) {
         snprintf(err, cap, "expert %s is not hosted here with width %d, hidden %d", uid, C, F);
         return rc ? rc : CM_EINVAL;

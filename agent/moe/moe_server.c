@@ -486,7 +486,7 @@ static int expert_state(struct moe_server *s, const char *uid, int save, float *
     return rc;
 }
 
-int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n)
+int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n, long *step)
 {
     if (!s || !uid || !n)
         return CM_EINVAL;
@@ -494,6 +494,8 @@ int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n)
     struct expert *x = find_expert(s, uid);
     if (x)
         *n = kern_expert_model(x->e)->nparams;
+    if (x && step)
+        *step = x->opt->step;
     pthread_mutex_unlock(&s->xmu);
     return x ? CM_OK : CM_ENOTFOUND;
 }

@@ -103,7 +103,8 @@ struct kern_expert *moe_server_expert(struct moe_server *s, const char *uid);
  * batch being computed to finish, so a save is a state between two
  * batches, and a load takes effect before the next. CM_ENOTFOUND unknown
  * uid; CM_ERANGE n is not the expert's size; CM_EINVAL a negative step. */
-int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n);
+/* n: the expert's parameter count; step (may be NULL): its optimizer steps. */
+int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n, long *step);
 int moe_server_save(struct moe_server *s, const char *uid, float *params, float *m, float *v, size_t n,
                     long *step);
 int moe_server_load(struct moe_server *s, const char *uid, const float *params, const float *m,
