@@ -168,6 +168,7 @@ struct xupload {
     char run[CM_NAME_MAX + 1], run_id[24], uid[MOE_UID_TEXT_MAX];
     char expect[65], dir[4300], tmp[4400];
     int fd, C, F;
+    double min_gap;  /* seconds between two stored uploads of the uid by this uploader */
     struct cm_ckpt_stream ver;
     enum xfault fault;
     int fault_rc;
@@ -254,6 +255,7 @@ static void *xc_begin(struct coord_req *req, struct coord_resp *resp)
     u->C = x.C;
     u->F = x.F;
     u->max_bytes = max;
+    u->min_gap = min_gap;
     snprintf(u->run, sizeof u->run, "%s", req->params[0]);
     snprintf(u->run_id, sizeof u->run_id, "%s", run_id);
     snprintf(u->uid, sizeof u->uid, "%s", req->params[1]);
@@ -351,6 +353,14 @@ static void xc_abort(void *ctx)
     xu_free(ctx);
 }
 
+/* The rate limit again, inside the insert's transaction and serialized
+ * per (run, uid, uploader): two uploads that passed the check on their
+ * headers at once cannot both be stored. */
+COORD_DB_STMT(S_XC_GAP, 3,
+              "SELECT pg_advisory_xact_lock(hashtext('expert-ckpt/' || $1::text || '/' || $2::text || '/' || "
+              "  $3::text)), "
+              "extract(epoch from clock_timestamp() - (SELECT max(uploaded_at) FROM expert_checkpoints "
+              "  WHERE run_id = $1::bigint AND uid = $2::text AND uploaded_by = $3::bigint))");
 COORD_DB_STMT(S_XC_INSERT, 7,
               "INSERT INTO expert_checkpoints (run_id, uid, step, sha256, params_sha256, size_bytes, "
               "uploaded_by) VALUES ($1, $2, $3, $4, decode($5, 'hex'), $6, $7) RETURNING id");
@@ -459,8 +469,24 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
+    const char *gp[] = {u->run_id, u->uid, by};
+    PGresult *r = coord_db_exec(req->db, &S_XC_GAP, gp, NULL);
+    double since = r && PQntuples(r) == 1 && !PQgetisnull(r, 0, 1) ? strtod(PQgetvalue(r, 0, 1), NULL) : -1;
+    if (!r) {
+        coord_db_cmd(req->db, "ROLLBACK");
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    PQclear(r);
+    if (since >= 0 && since < u->min_gap) {
+        coord_db_cmd(req->db, "ROLLBACK");
+        coord_resp_error(resp, 429, "too_many_uploads",
+                         "another upload of yours of %s was stored %.1f s ago; at most one per %.0f s", u->uid,
+                         since, u->min_gap);
+        goto out;
+    }
     const char *p[] = {u->run_id, u->uid, steps, got, params, size, by};
-    PGresult *r = coord_db_exec(req->db, &S_XC_INSERT, p, NULL);
+    r = coord_db_exec(req->db, &S_XC_INSERT, p, NULL);
     if (!r || PQntuples(r) != 1) {
         PQclear(r);
         coord_db_cmd(req->db, "ROLLBACK");

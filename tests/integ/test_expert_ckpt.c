@@ -10,6 +10,8 @@
  *    temporary): truncated, wrong shape (refused at the header), a NaN, a
  *    config naming another uid, a wrong announced hash, a uid off the grid,
  *    an mlp run, a caller not on the allowlist;
+ *  - two different uploads of one uid by one uploader at once: one is
+ *    stored, the other 429 (the limit is checked again under a lock);
  *  - retention: the newest 2 per uid;
  *  - a coordinator killed with SIGKILL and restarted still serves them. */
 #include <setjmp.h>
@@ -22,6 +24,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,6 +155,21 @@ static void expect_download(const char *uid, const uint8_t *want, size_t len)
     ct_resp_free(&r);
 }
 
+struct racer {
+    const uint8_t *data;
+    size_t len;
+    const char *sha;
+    long status;
+};
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    struct ct_resp resp;
+    r->status = put_x(g_vol, "xm", "ffn.0.0", r->data, r->len, r->sha, &resp);
+    ct_resp_free(&resp);
+    return NULL;
+}
+
 static void test_expert_checkpoints(void **state)
 {
     (void)state;
@@ -204,6 +222,28 @@ static void test_expert_checkpoints(void **state)
     assert_int_equal(nck, 1);
     assert_int_equal(ntmp, 0);
 
+    /* two at once */
+    struct racer rr[2];
+    char rs[2][65];
+    uint8_t *rb[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        rb[i] = make_xckpt("ffn.0.0", C_W, F_W, 1 + (uint64_t)i, 0.2f * (float)(i + 1), 0, &rr[i].len, rs[i]);
+        rr[i].data = rb[i];
+        rr[i].sha = rs[i];
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, race, &rr[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    printf("  two at once: %ld and %ld\n", rr[0].status, rr[1].status);
+    assert_true((rr[0].status == 201 && rr[1].status == 429) || (rr[0].status == 429 && rr[1].status == 201));
+    count_files("xm", &nck, &ntmp);
+    assert_int_equal(nck, 2);
+    assert_int_equal(ntmp, 0);
+    free(rb[0]);
+    free(rb[1]);
+
     /* retention: three more of ffn.1.2 (one per second: the run's period is 2 s) */
     uint8_t *v[3];
     size_t vl[3];
@@ -215,7 +255,7 @@ static void test_expert_checkpoints(void **state)
         ct_resp_free(&r);
     }
     count_files("xm", &nck, &ntmp);
-    assert_int_equal(nck, 2);
+    assert_int_equal(nck, 3); /* ffn.1.2's newest 2, ffn.0.0's one */
     expect_download("ffn.1.2", v[2], vl[2]);
 
     /* a killed coordinator keeps what it committed */
@@ -225,7 +265,7 @@ static void test_expert_checkpoints(void **state)
     assert_int_equal(ct_coord_start(&g_c, g_pg.url, dir, NULL), 0);
     expect_download("ffn.1.2", v[2], vl[2]);
     count_files("xm", &nck, &ntmp);
-    assert_int_equal(nck, 2);
+    assert_int_equal(nck, 3);
     for (int i = 0; i < 3; i++)
         free(v[i]);
     free(ok);
