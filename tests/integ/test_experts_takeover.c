@@ -11,7 +11,8 @@
  *    DHT shows B declaring all 16, B's log says it took each of A's uids
  *    over from its checkpoint (step and file hash as the coordinator lists
  *    them), and a FORWARD to B of the trained expert returns exactly what A
- *    returned after the update for the same input. */
+ *    returned after the update for the same input;
+ *  - B stops on SIGINT with exit status 0 and all 16 experts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -362,6 +363,15 @@ static void test_takeover(void **state)
     assert_memory_equal(f->y, y1, sizeof y1);
     aim(rt, &g, f, b.addr, a.uids[7]);
     assert_int_equal(forward(rt, f), CM_OK);
+    /* B stops cleanly with the adopted experts (exit 0: under the
+       sanitizers also no report) */
+    kill(g_pid[1], SIGINT);
+    int st = ct_wait(g_pid[1], 20);
+    g_pid[1] = -1;
+    log = ct_read_file(g_logs[1], NULL);
+    if (st != 0 || !log || !strstr(log, "stopped: 16 experts"))
+        fail_msg("server B exited %d:\n%s", st, log ? log : "");
+    free(log);
     printf("[whole test %.1f s]\n", mono_s() - t0);
 
     peer_rt_cleanup(rt);

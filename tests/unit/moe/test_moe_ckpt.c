@@ -72,6 +72,7 @@ static void test_check(void **state)
     char why[256];
     fx_init(&x, "ffn.1.2");
     assert_int_equal(moe_ckpt_check(&x.c, "ffn.1.2", C, F, why, sizeof why), CM_OK);
+    free(x.buf);
     /* one thing wrong at a time, each refused with a reason */
     struct {
         const char *what, *in_why;
