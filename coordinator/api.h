@@ -62,6 +62,20 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp);
 /* At start-up: removes upload temporaries no live upload holds and files
  * no checkpoint row names, in every run directory under dir. */
 int coord_checkpoints_sweep(PGconn *pg, const char *dir);
+/* Shared with api_expert_ckpt.c: fsync of a directory (0 or -1); the
+ * exclusive flock of a directory held from a row's insert to the last
+ * unlink (an fd, or -1), released by coord__dir_unlock. */
+int coord__fsync_dir(const char *dir);
+int coord__dir_lock(const char *dir);
+void coord__dir_unlock(int fd);
+
+/* api_expert_ckpt.c: checkpoints of single experts of a dmoe run
+ * (docs/checkpoints.md, "Expert checkpoints") */
+extern const struct coord_stream_ops api_expert_ckpt_upload;
+void api_expert_ckpt_get(struct coord_req *req, struct coord_resp *resp);
+void api_expert_ckpt_list(struct coord_req *req, struct coord_resp *resp);
+/* At start-up, as coord_checkpoints_sweep for <dir>/<run>/experts/. */
+int coord_expert_ckpt_sweep(PGconn *pg, const char *dir);
 
 /* api_sched.c */
 void api_schedule_get(struct coord_req *req, struct coord_resp *resp);

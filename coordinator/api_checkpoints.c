@@ -370,7 +370,7 @@ COORD_DB_STMT(S_CK_PRUNE, 2,
 COORD_DB_STMT(S_CK_REFS, 2, "SELECT count(*) FROM checkpoints WHERE run_id = $1 AND sha256 = $2");
 COORD_DB_STMT(S_CK_VOUCHED, 1, "SELECT vouched FROM checkpoint_trust WHERE id = $1");
 
-static int fsync_dir(const char *dir)
+int coord__fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -384,7 +384,7 @@ static int fsync_dir(const char *dir)
  * so a file is never removed while a row that names it is being written
  * (two uploads of the same content, a prune, the start-up sweep). flock
  * works across coordinators sharing --checkpoint-dir on one machine. */
-static int dir_lock(const char *dir)
+int coord__dir_lock(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
@@ -394,7 +394,7 @@ static int dir_lock(const char *dir)
     return fd;
 }
 
-static void dir_unlock(int fd)
+void coord__dir_unlock(int fd)
 {
     if (fd >= 0)
         close(fd); /* releases the flock */
@@ -472,7 +472,7 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
     snprintf(keep, sizeof keep, "%ld", req->srv->cfg->checkpoint_keep);
     const char *p[] = {u->run_id, steps, got, size, uid, params, u->trusted ? "t" : "f"};
-    if ((lock = dir_lock(u->dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+    if ((lock = coord__dir_lock(u->dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
@@ -505,7 +505,7 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     }
     close(u->fd);
     u->fd = -1;
-    if (rename(u->tmp, final) != 0 || fsync_dir(u->dir) != 0) {
+    if (rename(u->tmp, final) != 0 || coord__fsync_dir(u->dir) != 0) {
         coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
@@ -542,7 +542,7 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
                                          "params_sha256", params, "size_bytes",
                                          (json_int_t)u->bytes, "vouched", vouched, "pruned", pruned));
 out:
-    dir_unlock(lock);
+    coord__dir_unlock(lock);
     upload_free(u);
 }
 
@@ -659,10 +659,10 @@ static int sweep_run(PGconn *pg, const char *dir, const char *run)
 {
     char rdir[4200];
     snprintf(rdir, sizeof rdir, "%s/%s", dir, run);
-    int lock = dir_lock(rdir);
+    int lock = coord__dir_lock(rdir);
     DIR *d = lock >= 0 ? opendir(rdir) : NULL;
     if (!d) {
-        dir_unlock(lock);
+        coord__dir_unlock(lock);
         return 0;
     }
     int removed = 0;
@@ -695,7 +695,7 @@ static int sweep_run(PGconn *pg, const char *dir, const char *run)
         }
     }
     closedir(d);
-    dir_unlock(lock);
+    coord__dir_unlock(lock);
     return removed;
 }
 

@@ -376,6 +376,7 @@ static int cmd_serve(int argc, char **argv)
         goto out;
     /* what interrupted uploads and crashes left on disk (docs/checkpoints.md) */
     coord_checkpoints_sweep(pg, cfg.checkpoint_dir);
+    coord_expert_ckpt_sweep(pg, cfg.checkpoint_dir);
     PQfinish(pg);
     pg = NULL;
 

@@ -66,5 +66,11 @@ const struct coord_route coord_routes[] = {
     /* The size limit is --checkpoint-max-mb, enforced by the stream handler. */
     {"PUT", "/api/v1/runs/{}/checkpoints/{}", NULL, COORD_ROLES_ANY, (size_t)1 << 50, 0,
      &api_checkpoint_upload},
+    /* One expert's checkpoint (api_expert_ckpt.c): bounded by the expert's
+     * size from the run's config, enforced by the stream handler. */
+    {"PUT", "/api/v1/runs/{}/experts/{}/checkpoint", NULL, COORD_ROLES_ANY, (size_t)1 << 40, 0,
+     &api_expert_ckpt_upload},
+    {"GET", "/api/v1/runs/{}/experts/{}/checkpoint", api_expert_ckpt_get, COORD_ROLES_ANY, 0, 0},
+    {"GET", "/api/v1/runs/{}/experts", api_expert_ckpt_list, COORD_ROLES_ANY, 0, 0},
 };
 const size_t coord_nroutes = sizeof coord_routes / sizeof coord_routes[0];

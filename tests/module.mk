@@ -48,6 +48,8 @@ $(BUILD)/tests/integ/test_contrib: $(AGENT_LIB)
 INTEG_LIBS_test_peer_runtime = $(AGENT_LIB)
 $(BUILD)/tests/integ/test_experts_serve: $(AGENT_LIB) $(KERNELS_LIB)
 INTEG_LIBS_test_experts_serve = $(AGENT_LIB) $(KERNELS_LIB)
+$(BUILD)/tests/integ/test_experts_takeover: $(AGENT_LIB) $(KERNELS_LIB)
+INTEG_LIBS_test_experts_takeover = $(AGENT_LIB) $(KERNELS_LIB)
 $(BUILD)/tests/integ/test_peer_runtime: $(AGENT_LIB)
 BENCH_REPORTS := $(BUILD)/tests/bench/bench_reports
 $(BENCH_REPORTS): $(BUILD)/obj/tests/bench/bench_reports.o $(AGENT_LIB) $(COMMON_LIB)

@@ -60,8 +60,12 @@ struct moe_server {
     struct moe_server_config cfg;
     uv_loop_t *loop;
     uv_async_t async;
-    struct expert *experts;
-    size_t n_experts;
+    struct expert **experts;     /* stable pointers: jobs and kept inputs hold them */
+    size_t n_experts;            /* written on the loop thread under xmu */
+    /* Held by the worker while it computes a batch, and by whoever adds an
+       expert or saves or loads one: a checkpoint sees the parameters and
+       optimizer state between two batches, never in the middle of one. */
+    pthread_mutex_t xmu;
     int started, stopped;
     uint64_t rng;
 
@@ -283,13 +287,10 @@ static int compute(struct expert *x, int kind, struct job **jobs, size_t nj,
 static void *worker_main(void *arg)
 {
     struct moe_server *s = arg;
-    size_t maxC = 1;
-    for (size_t i = 0; i < s->n_experts; i++)
-        if ((size_t)s->experts[i].C > maxC)
-            maxC = (size_t)s->experts[i].C;
-    size_t cap = (size_t)s->cfg.max_batch * maxC;
-    float *X = malloc(cap * sizeof(float)), *D = malloc(cap * sizeof(float)),
-          *Y = malloc(cap * sizeof(float));
+    /* batch buffers, grown to the widest expert seen (experts may be
+       added while the worker runs) */
+    size_t cap = 0;
+    float *X = NULL, *D = NULL, *Y = NULL;
     struct job **jobs = malloc(s->cfg.max_batch * sizeof *jobs);
     struct moe_batch_req expired[64];
     pthread_mutex_lock(&s->mu);
@@ -313,9 +314,19 @@ static void *worker_main(void *arg)
             for (size_t i = 0; i < b.n_reqs; i++)
                 jobs[i] = b.reqs[i].tag;
             pthread_mutex_unlock(&s->mu);
-            int rc = X && D && Y && jobs
-                         ? compute(x, b.kind, jobs, b.n_reqs, b.samples, X, D, Y)
-                         : CM_ENOMEM;
+            size_t need = (size_t)s->cfg.max_batch * (size_t)x->C;
+            if (need > cap) {
+                free(X);
+                free(D);
+                free(Y);
+                X = malloc(need * sizeof(float));
+                D = malloc(need * sizeof(float));
+                Y = malloc(need * sizeof(float));
+                cap = X && D && Y ? need : 0;
+            }
+            pthread_mutex_lock(&s->xmu);
+            int rc = cap && jobs ? compute(x, b.kind, jobs, b.n_reqs, b.samples, X, D, Y) : CM_ENOMEM;
+            pthread_mutex_unlock(&s->xmu);
             pthread_mutex_lock(&s->mu);
             if (rc)
                 CM_LOGW("moe", "batch of %u samples for %s failed: %s", b.samples, b.uid,
@@ -381,9 +392,18 @@ int moe_server_new(const struct moe_server_config *cfg, uv_loop_t *loop, struct 
     }
     s->async.data = s;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->xmu, NULL);
     pthread_cond_init(&s->cv, NULL);
     *out = s;
     return CM_OK;
+}
+
+static struct expert *find_expert(struct moe_server *s, const char *uid)
+{
+    for (size_t i = 0; i < s->n_experts; i++)
+        if (!strcmp(s->experts[i]->uid, uid))
+            return s->experts[i];
+    return NULL;
 }
 
 int moe_server_add_expert(struct moe_server *s, const char *uid, int C, int F, uint64_t seed)
@@ -391,7 +411,7 @@ int moe_server_add_expert(struct moe_server *s, const char *uid, int C, int F, u
     if (!s || !uid || !moe_uid_valid(uid, strnlen(uid, MOE_UID_MAX + 1)) || C < 1 ||
         C > MOE_MAX_C || F < 1 || F > (1 << 20))
         return CM_EINVAL;
-    if (s->started)
+    if (s->stopped)
         return CM_ESTATE;
     if (moe_server_expert(s, uid))
         return CM_EEXISTS;
@@ -399,12 +419,9 @@ int moe_server_add_expert(struct moe_server *s, const char *uid, int C, int F, u
         return CM_ERANGE;
     if ((uint64_t)s->cfg.max_batch * (uint64_t)C > MOE_MAX_VALUES * 16ull)
         return CM_EINVAL; /* a batch buffer of that size is not what this server is for */
-    struct expert *ne = realloc(s->experts, (s->n_experts + 1) * sizeof *ne);
-    if (!ne)
+    struct expert *x = calloc(1, sizeof *x);
+    if (!x)
         return CM_ENOMEM;
-    s->experts = ne;
-    struct expert *x = &ne[s->n_experts];
-    memset(x, 0, sizeof *x);
     snprintf(x->uid, sizeof x->uid, "%s", uid);
     x->C = C;
     x->F = F;
@@ -412,23 +429,88 @@ int moe_server_add_expert(struct moe_server *s, const char *uid, int C, int F, u
     if (!rc) {
         struct kern_model *m = kern_expert_model(x->e);
         rc = kern_optim_new(s->cfg.be, &s->cfg.optim, m->nparams, &x->opt);
-        if (rc) {
-            kern_expert_free(x->e);
-            x->e = NULL;
-        }
     }
-    if (rc)
-        return rc;
-    s->n_experts++;
+    pthread_mutex_lock(&s->xmu);
+    struct expert **ne = rc ? NULL : realloc(s->experts, (s->n_experts + 1) * sizeof *ne);
+    if (ne) {
+        s->experts = ne;
+        ne[s->n_experts++] = x;
+    }
+    pthread_mutex_unlock(&s->xmu);
+    if (!ne) {
+        kern_optim_free(x->opt);
+        kern_expert_free(x->e);
+        free(x);
+        return rc ? rc : CM_ENOMEM;
+    }
     return CM_OK;
 }
 
-static struct expert *find_expert(struct moe_server *s, const char *uid)
+/* Copies between an expert and host buffers under xmu (between batches). */
+static int expert_state(struct moe_server *s, const char *uid, int save, float *params, float *m,
+                        float *v, size_t n, long *step)
 {
-    for (size_t i = 0; i < s->n_experts; i++)
-        if (!strcmp(s->experts[i].uid, uid))
-            return &s->experts[i];
-    return NULL;
+    if (!s || !uid || !params || !m || !v || !step)
+        return CM_EINVAL;
+    pthread_mutex_lock(&s->xmu);
+    struct expert *x = find_expert(s, uid);
+    int rc = CM_OK;
+    if (!x) {
+        rc = CM_ENOTFOUND;
+    } else {
+        struct kern_model *km = kern_expert_model(x->e);
+        const struct kern_backend *be = s->cfg.be;
+        size_t bytes = n * sizeof(float);
+        if (km->nparams != n || x->opt->n != n) {
+            rc = CM_ERANGE;
+        } else if (save) {
+            rc = be->download(params, km->params, bytes);
+            if (!rc)
+                rc = be->download(m, x->opt->m, bytes);
+            if (!rc)
+                rc = be->download(v, x->opt->v, bytes);
+            *step = x->opt->step;
+        } else if (*step < 0) {
+            rc = CM_EINVAL;
+        } else {
+            rc = be->upload(km->params, params, bytes);
+            if (!rc)
+                rc = be->upload(x->opt->m, m, bytes);
+            if (!rc)
+                rc = be->upload(x->opt->v, v, bytes);
+            if (!rc)
+                x->opt->step = *step;
+        }
+    }
+    pthread_mutex_unlock(&s->xmu);
+    return rc;
+}
+
+int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n, long *step)
+{
+    if (!s || !uid || !n)
+        return CM_EINVAL;
+    pthread_mutex_lock(&s->xmu);
+    struct expert *x = find_expert(s, uid);
+    if (x)
+        *n = kern_expert_model(x->e)->nparams;
+    if (x && step)
+        *step = x->opt->step;
+    pthread_mutex_unlock(&s->xmu);
+    return x ? CM_OK : CM_ENOTFOUND;
+}
+
+int moe_server_save(struct moe_server *s, const char *uid, float *params, float *m, float *v, size_t n,
+                    long *step)
+{
+    return expert_state(s, uid, 1, params, m, v, n, step);
+}
+
+int moe_server_load(struct moe_server *s, const char *uid, const float *params, const float *m,
+                    const float *v, size_t n, long step)
+{
+    /* expert_state only reads the buffers when loading */
+    return expert_state(s, uid, 0, (float *)params, (float *)m, (float *)v, n, &step);
 }
 
 struct kern_expert *moe_server_expert(struct moe_server *s, const char *uid)
@@ -469,9 +551,9 @@ static int serve_info(struct moe_server *s, size_t len, uint8_t **resp, size_t *
     in->max_request = s->cfg.max_batch;
     in->n_experts = (uint32_t)s->n_experts;
     for (size_t i = 0; i < s->n_experts; i++) {
-        snprintf(in->experts[i].uid, sizeof in->experts[i].uid, "%s", s->experts[i].uid);
-        in->experts[i].c = (uint32_t)s->experts[i].C;
-        in->experts[i].f = (uint32_t)s->experts[i].F;
+        snprintf(in->experts[i].uid, sizeof in->experts[i].uid, "%s", s->experts[i]->uid);
+        in->experts[i].c = (uint32_t)s->experts[i]->C;
+        in->experts[i].f = (uint32_t)s->experts[i]->F;
     }
     int rc = moe_info_build(in, resp, rlen);
     free(in);
@@ -608,6 +690,7 @@ static void async_closed(uv_handle_t *h)
 {
     struct moe_server *s = h->data;
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->xmu);
     pthread_cond_destroy(&s->cv);
     free(s);
 }
@@ -621,8 +704,9 @@ void moe_server_free(struct moe_server *s)
         saved_remove(s, s->oldest);
     moe_batch_cleanup(&s->q);
     for (size_t i = 0; i < s->n_experts; i++) {
-        kern_optim_free(s->experts[i].opt);
-        kern_expert_free(s->experts[i].e);
+        kern_optim_free(s->experts[i]->opt);
+        kern_expert_free(s->experts[i]->e);
+        free(s->experts[i]);
     }
     free(s->experts);
     s->experts = NULL;

@@ -87,12 +87,28 @@ struct moe_server;
  * optimizer config kern_optim_config_check refuses). */
 int moe_server_new(const struct moe_server_config *cfg, uv_loop_t *loop, struct moe_server **out);
 /* Adds an expert of width C, hidden F (kern_expert_new with this seed),
- * before moe_server_start. CM_EINVAL bad uid or shape; CM_EEXISTS;
- * CM_ESTATE once started; CM_ERANGE beyond MOE_INFO_MAX_EXPERTS. */
+ * before moe_server_start or while it serves (a server taking over an
+ * expert whose server left): on the loop thread once started. CM_EINVAL bad
+ * uid or shape; CM_EEXISTS; CM_ESTATE once stopped; CM_ERANGE beyond
+ * MOE_INFO_MAX_EXPERTS. */
 int moe_server_add_expert(struct moe_server *s, const char *uid, int C, int F, uint64_t seed);
-/* The expert (borrowed), e.g. to load or save its parameters; touch it
- * only while the server is not started or stopped. NULL if unknown. */
+/* The expert (borrowed); touch it only while the server is not started or
+ * stopped (moe_server_save / _load work while it serves). Loop thread.
+ * NULL if unknown. */
 struct kern_expert *moe_server_expert(struct moe_server *s, const char *uid);
+
+/* An expert's state for checkpoints (common/moe/moe_ckpt.h): its n
+ * parameters and the first and second moments of its optimizer (n floats
+ * each, host memory) and its optimizer step. Any thread: both wait for the
+ * batch being computed to finish, so a save is a state between two
+ * batches, and a load takes effect before the next. CM_ENOTFOUND unknown
+ * uid; CM_ERANGE n is not the expert's size; CM_EINVAL a negative step. */
+/* n: the expert's parameter count; step (may be NULL): its optimizer steps. */
+int moe_server_expert_size(struct moe_server *s, const char *uid, size_t *n, long *step);
+int moe_server_save(struct moe_server *s, const char *uid, float *params, float *m, float *v, size_t n,
+                    long *step);
+int moe_server_load(struct moe_server *s, const char *uid, const float *params, const float *m,
+                    const float *v, size_t n, long step);
 /* Starts the worker thread. */
 int moe_server_start(struct moe_server *s);
 

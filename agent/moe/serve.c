@@ -14,10 +14,16 @@
  *   taking requests, withdraw the declarations, stop.
  *
  * Every replica of a uid starts from the same parameters (a seed from the
- * run's and the uid: moe_runcfg_expert_seed). The server's state is not
- * checkpointed: a restarted server starts its experts afresh (see
- * docs/experts.md). */
+ * run's and the uid: moe_runcfg_expert_seed), or from the uid's newest
+ * checkpoint on the coordinator when it has one. Every
+ * model.experts.serve.checkpoint_every_s each expert whose state changed is
+ * uploaded (agent/moe/expert_ckpt.h), and with --max-experts M the server
+ * takes over, up to M experts in all, uids with fewer live servers than
+ * model.experts.serve.replicas that have a checkpoint: what a server that
+ * left (or crashed) learned is not lost (seed 002 §3.3; docs/experts.md,
+ * "Checkpoints and takeover"). */
 #include "agent/commands.h"
+#include "agent/moe/expert_ckpt.h"
 #include "agent/moe/moe_runcfg.h"
 #include "agent/moe/moe_server.h"
 #include "agent/peer/runtime.h"
@@ -43,7 +49,7 @@
 
 struct serve_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *uids;
-    long experts, dht_port, ar_port, max_batch, max_wait_ms, status_every;
+    long experts, max_experts, dht_port, ar_port, max_batch, max_wait_ms, status_every;
     double fail_prob;
 };
 
@@ -54,6 +60,10 @@ static const struct cm_opt SERVE_OPTS[] = {
      "serve N experts: those with the fewest live servers on the DHT (ties at random), so servers "
      "started one after another cover the grid", 0},
     {"uids", CM_OPT_STR, O(uids), NULL, "LIST", "serve exactly these experts, e.g. ffn.0.1,ffn.2.3", 0},
+    {"max-experts", CM_OPT_INT, O(max_experts), "0", "M",
+     "take over experts whose servers left, up to M in all: every third of declare_ttl_s, uids with "
+     "fewer live servers than the run's replicas that have a checkpoint are loaded from it and "
+     "declared (0: never)", 0},
     {"device", CM_OPT_STR, O(device), NULL, "DEV", "cpu, cuda or auto (default: the run's)", 0},
     {"coordinator", CM_OPT_STR, O(coordinator), NULL, "URL",
      "the coordinator (default: the one you logged in to)", 0},
@@ -77,10 +87,15 @@ static const struct cm_cmd_spec SERVE = {
     "Hosts experts of a run's mixture-of-experts layer (Learning@home) for its\n"
     "trainers, with the session of 'crowdtrain-agent login'. The experts are\n"
     "those of --uids, or with --experts N the N that the fewest servers host now\n"
-    "(read from the DHT). Each starts from the run's initial parameters for its\n"
-    "uid and learns from the trainers' backward calls. The server declares its\n"
-    "experts on the run's DHT (renewed every third of model.experts.serve.\n"
-    "declare_ttl_s, default 30 s) so trainers' beam searches find it, and prints\n"
+    "(read from the DHT). Each starts from its newest checkpoint on the\n"
+    "coordinator, else from the run's initial parameters for its uid, learns from\n"
+    "the trainers' backward calls, and is uploaded again every\n"
+    "model.experts.serve.checkpoint_every_s (default 60 s) when it changed. With\n"
+    "--max-experts M the server also takes over, up to M experts, those whose\n"
+    "servers left (fewer live servers than the run's replicas) from their\n"
+    "checkpoints. The server declares its experts on the run's DHT (renewed\n"
+    "every third of model.experts.serve.declare_ttl_s, default 30 s) so\n"
+    "trainers' beam searches find it, and prints\n"
     "a status line every --status-every seconds: experts, requests, samples,\n"
     "mean batch, failures, timeouts. Trainers must reach it: a host the\n"
     "coordinator cannot dial back is refused (forward the ports, or give\n"
@@ -104,9 +119,11 @@ struct serve {
     pthread_cond_t cv;
     int busy, op_status;
     size_t op_pending, op_ok;
-    /* --experts: live servers per grid cell (other than us) */
+    /* --experts and takeover: live servers per grid cell (other than us) */
     uint16_t *live;
     size_t n_keys;
+    /* the step of each expert's last stored checkpoint, -1: none yet */
+    long ckpt_step[SERVE_MAX_EXPERTS];
 };
 
 static volatile sig_atomic_t g_interrupts, g_signal;
@@ -311,6 +328,20 @@ static void server_start_on_loop(void *arg, struct peer_net *n)
     }
     s->srv = srv;
 }
+/* Takeover: one more expert on the running server (not declared yet). */
+struct add_job {
+    struct serve *s;
+    const char *uid;
+    uint64_t seed;
+    int rc;
+};
+static void server_add_on_loop(void *arg, struct peer_net *n)
+{
+    (void)n;
+    struct add_job *j = arg;
+    j->rc = j->s->srv ? moe_server_add_expert(j->s->srv, j->uid, j->s->rc.C, j->s->rc.F, j->seed) : CM_ESTATE;
+}
+
 /* Stops taking requests (those held are answered) and frees the server. */
 static void server_stop_on_loop(void *arg, struct peer_net *n)
 {
@@ -381,25 +412,28 @@ static int withdraw(struct serve *s)
 /* --experts N: reads every leaf key (prefixes of length d - 1) and picks the
  * N cells with the fewest live servers, ties at random; cells below
  * `replicas` servers come first by construction (fewest first). */
-static int pick_experts(struct serve *s)
+static size_t grid_cells(const struct moe_grid *g)
 {
-    const struct moe_grid *g = &s->rc.grid;
-    size_t cells = 1, nkeys = 1;
+    size_t cells = 1;
     for (int i = 0; i < g->dims; i++)
         cells *= (size_t)g->size;
-    nkeys = cells / (size_t)g->size;
-    if ((size_t)s->o.experts > cells) {
-        fprintf(stderr, "error: --experts %ld: the grid has %zu experts\n", s->o.experts, cells);
-        return CM_EINVAL;
-    }
+    return cells;
+}
+
+/* Reads every leaf key of the grid into s->live (servers per cell other
+ * than us), all at once on the net's loop. */
+static int read_live(struct serve *s)
+{
+    const struct moe_grid *g = &s->rc.grid;
+    size_t cells = grid_cells(g), nkeys = cells / (size_t)g->size;
     if (nkeys > SERVE_MAX_LEAF_KEYS)
         return CM_ERANGE;
-    s->live = calloc(cells, sizeof *s->live);
-    struct moe_uid *pre = calloc(nkeys, sizeof *pre);
-    if (!s->live || !pre) {
-        free(pre);
+    if (!s->live && !(s->live = calloc(cells, sizeof *s->live)))
         return CM_ENOMEM;
-    }
+    memset(s->live, 0, cells * sizeof *s->live);
+    struct moe_uid *pre = calloc(nkeys, sizeof *pre);
+    if (!pre)
+        return CM_ENOMEM;
     for (size_t k = 0; k < nkeys; k++) {
         pre[k].n = g->dims - 1;
         size_t x = k;
@@ -407,12 +441,38 @@ static int pick_experts(struct serve *s)
             pre[k].idx[i] = (uint16_t)(x % (size_t)g->size);
     }
     struct read_job j = {s, pre, nkeys, 0};
-    op_begin(s, nkeys);
+    if (!op_begin(s, nkeys)) {
+        free(pre);
+        return CM_EBUSY; /* a declaration still in flight */
+    }
     int rc = peer_net_call(s->rt.net, read_on_loop, &j);
     for (size_t i = rc == CM_OK ? j.started : 0; i < nkeys; i++)
         op_done(s, rc == CM_OK ? CM_EINTERNAL : rc, 0);
     rc = op_wait(s, READ_WAIT_MS, NULL);
     free(pre);
+    return rc;
+}
+
+/* The cell index of uid u (sum u_i M^i, as read_done counts). */
+static size_t cell_of(const struct moe_grid *g, const struct moe_uid *u)
+{
+    size_t x = 0, mul = 1;
+    for (int i = 0; i < g->dims; i++, mul *= (size_t)g->size)
+        x += (size_t)u->idx[i] * mul;
+    return x;
+}
+
+static int pick_experts(struct serve *s)
+{
+    const struct moe_grid *g = &s->rc.grid;
+    size_t cells = grid_cells(g);
+    if ((size_t)s->o.experts > cells) {
+        fprintf(stderr, "error: --experts %ld: the grid has %zu experts\n", s->o.experts, cells);
+        return CM_EINVAL;
+    }
+    int rc = read_live(s);
+    if (rc == CM_ERANGE)
+        return rc;
     if (rc != CM_OK) {
         fprintf(stderr, "error: reading the grid's declarations from the DHT: %s\n", cm_strerror(rc));
         return rc;
@@ -523,6 +583,8 @@ static int check_opts(struct serve *s)
         bad = "give exactly one of --experts N and --uids LIST";
     else if (s->o.experts < 0 || s->o.experts > SERVE_MAX_EXPERTS)
         bad = "--experts must be from 1 to 256";
+    else if (s->o.max_experts < 0 || s->o.max_experts > SERVE_MAX_EXPERTS)
+        bad = "--max-experts must be from 0 (no takeover) to 256";
     else if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
              strcmp(s->o.device, "auto"))
         bad = "--device must be cpu, cuda or auto";
@@ -567,8 +629,15 @@ static int start(struct serve *s)
         fprintf(stderr, "error: --experts reads every prefix key of the grid, too many here: give --uids\n");
     if (rc != CM_OK)
         return 1;
-    for (size_t i = 0; i < s->n; i++)
+    if (s->o.max_experts && (size_t)s->o.max_experts < s->n) {
+        fprintf(stderr, "error: --max-experts %ld is below the %zu experts this server starts with\n",
+                s->o.max_experts, s->n);
+        return 1;
+    }
+    for (size_t i = 0; i < s->n; i++) {
         moe_uid_format(&s->rc.grid, &s->uids[i], s->uid_str[i], sizeof s->uid_str[i]);
+        s->ckpt_step[i] = -1;
+    }
 
     struct server_job j = {.s = s};
     moe_server_config_default(&j.cfg);
@@ -593,6 +662,26 @@ static int start(struct serve *s)
                 cm_strerror(rc));
         return 1;
     }
+    /* each expert from its newest checkpoint when the uid has one */
+    size_t loaded = 0;
+    for (size_t i = 0; i < s->n && !g_interrupts; i++) {
+        struct moe_xckpt_info in;
+        char err[512];
+        rc = moe_xckpt_load(&s->rt.coord, s->o.run, s->rt.rundir, s->srv, s->uid_str[i], s->rc.C, s->rc.F, &in,
+                            err, sizeof err);
+        if (rc == CM_OK) {
+            printf("loaded %s from its checkpoint of step %ld (sha256 %.16s..., params sha256 %.16s...)\n",
+                   s->uid_str[i], in.step, in.sha256, in.params_sha256);
+            s->ckpt_step[i] = in.step;
+            loaded++;
+        } else if (rc != CM_ENOTFOUND) {
+            fprintf(stderr, "warning: %s starts from the run's initial parameters: its checkpoint: %s\n",
+                    s->uid_str[i], err);
+        }
+    }
+    if (loaded < s->n)
+        printf("%zu of %zu experts start from the run's initial parameters (no checkpoint of theirs)\n",
+               s->n - loaded, s->n);
     if ((rc = declare(s)) != CM_OK && !s->declared_until) {
         fprintf(stderr, "error: declaring the experts on the DHT: %s\n", cm_strerror(rc));
         return 1;
@@ -607,15 +696,119 @@ static int start(struct serve *s)
     return 0;
 }
 
+/* Uploads each expert whose state changed since its last stored
+ * checkpoint (model.experts.serve.checkpoint_every_s). */
+static void checkpoint_all(struct serve *s)
+{
+    size_t up = 0, failed = 0;
+    long lo = -1, hi = -1;
+    for (size_t i = 0; i < s->n && !g_interrupts; i++) {
+        size_t n = 0;
+        long step = -1;
+        /* the step says whether the expert changed: one update per backward batch */
+        if (moe_server_expert_size(s->srv, s->uid_str[i], &n, &step) == CM_OK && step == s->ckpt_step[i])
+            continue;
+        struct moe_xckpt_info in;
+        char err[512];
+        int rc = moe_xckpt_upload(&s->rt.coord, s->o.run, s->rt.rundir, s->srv, s->uid_str[i], s->rc.C,
+                                  s->rc.F, &in, err, sizeof err);
+        if (rc != CM_OK) {
+            if (!failed++)
+                fprintf(stderr, "warning: checkpointing %s: %s\n", s->uid_str[i], err);
+            continue;
+        }
+        if (in.step != s->ckpt_step[i])
+            up++;
+        s->ckpt_step[i] = in.step;
+        lo = lo < 0 || in.step < lo ? in.step : lo;
+        hi = in.step > hi ? in.step : hi;
+    }
+    if (up || failed)
+        printf("checkpoints: %zu of %zu experts uploaded (steps %ld..%ld), %zu failed\n", up, s->n, lo, hi, failed);
+    fflush(stdout);
+}
+
+/* --max-experts: adopts uids that have fewer live servers than the run's
+ * replicas (counted from the DHT's leaf records, other servers only) and a
+ * checkpoint on the coordinator, up to the capacity; each is fetched and
+ * checked before it is hosted, loaded, then the whole set is declared.
+ * Returns how many it took. */
+static size_t take_over(struct serve *s)
+{
+    size_t room = (size_t)s->o.max_experts > s->n ? (size_t)s->o.max_experts - s->n : 0;
+    if (!room)
+        return 0;
+    struct moe_uid *have = calloc(SERVE_MAX_LEAF_KEYS, sizeof *have);
+    size_t nh = 0, took = 0;
+    int rc = have ? moe_xckpt_list(&s->rt.coord, s->o.run, &s->rc.grid, have, SERVE_MAX_LEAF_KEYS, &nh)
+                  : CM_ENOMEM;
+    if (rc == CM_OK && nh)
+        rc = read_live(s);
+    if (rc != CM_OK) {
+        fprintf(stderr, "warning: looking for experts to take over: %s\n", cm_strerror(rc));
+        free(have);
+        return 0;
+    }
+    for (size_t k = 0; k < nh && took < room && !g_interrupts; k++) {
+        int ours = 0;
+        for (size_t i = 0; i < s->n && !ours; i++)
+            ours = moe_uid_equal(&s->uids[i], &have[k]);
+        if (ours || s->live[cell_of(&s->rc.grid, &have[k])] >= (uint16_t)s->rc.serve.replicas)
+            continue;
+        char uid[MOE_UID_TEXT_MAX], err[512];
+        moe_uid_format(&s->rc.grid, &have[k], uid, sizeof uid);
+        struct cm_ckpt c;
+        struct moe_xckpt_info in;
+        if ((rc = moe_xckpt_fetch(&s->rt.coord, s->o.run, s->rt.rundir, uid, s->rc.C, s->rc.F, &c, &in, err,
+                                  sizeof err)) != CM_OK) {
+            fprintf(stderr, "warning: not taking over %s: its checkpoint: %s\n", uid, err);
+            continue;
+        }
+        struct add_job j = {s, uid, moe_runcfg_expert_seed(&s->rc, &have[k]), CM_OK};
+        rc = peer_net_call(s->rt.net, server_add_on_loop, &j);
+        if (rc == CM_OK)
+            rc = j.rc;
+        if (rc == CM_OK)
+            rc = moe_xckpt_apply(s->srv, uid, &c);
+        cm_ckpt_cleanup(&c);
+        if (rc != CM_OK) {
+            /* hosted but never declared: no trainer finds it */
+            fprintf(stderr, "warning: taking over %s: %s\n", uid, cm_strerror(rc));
+            continue;
+        }
+        s->uids[s->n] = have[k];
+        snprintf(s->uid_str[s->n], sizeof s->uid_str[0], "%s", uid);
+        s->ckpt_step[s->n] = in.step;
+        s->n++;
+        took++;
+        printf("took over %s from its checkpoint of step %ld (sha256 %.16s..., params sha256 %.16s...): "
+               "%d live server%s had it, the run wants %d\n", uid, in.step, in.sha256, in.params_sha256,
+               s->live[cell_of(&s->rc.grid, &have[k])], s->live[cell_of(&s->rc.grid, &have[k])] == 1 ? "" : "s",
+               s->rc.serve.replicas);
+    }
+    free(have);
+    fflush(stdout);
+    return took;
+}
+
 static void serve_loop(struct serve *s)
 {
     double t0 = peer_mono_s(), next_status = t0 + (double)s->o.status_every;
     double period = (double)s->rc.serve.declare_ttl_s / 3.0, next_declare = t0 + period;
+    /* the first checkpoints at once: a server killed early still leaves them */
+    double next_ckpt = t0;
     while (!g_interrupts) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
         double now = peer_mono_s();
+        if (now >= next_ckpt) {
+            checkpoint_all(s);
+            next_ckpt = peer_mono_s() + (double)s->rc.serve.checkpoint_every_s;
+        }
         if (now >= next_declare) {
+            /* adopted experts are declared with the others, at once */
+            if (take_over(s) > 0)
+                printf("declaring %zu experts\n", s->n);
             int rc = declare(s);
             if (rc != CM_OK)
                 fprintf(stderr, "warning: re-declaring the experts: %s (declared until %.1f s from now)\n",

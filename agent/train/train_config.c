@@ -286,7 +286,7 @@ static int parse_optim(struct ctx *c, json_t *root, struct agent_train_config *o
 static int parse_serve(struct ctx *c, json_t *e, struct agent_moe_serve_config *sc)
 {
     static const char *const keys[] = {"prefix", "max_batch", "max_wait_ms", "declare_ttl_s",
-                                       "replicas", NULL};
+                                       "replicas", "checkpoint_every_s", NULL};
     static const char *const w = "model.experts.serve";
     json_t *v = json_object_get(e, "serve");
     const char *prefix = "ffn";
@@ -297,7 +297,8 @@ static int parse_serve(struct ctx *c, json_t *e, struct agent_moe_serve_config *
         (rc = get_int(c, v, w, "max_batch", 0, 1, 65536, 256, &sc->max_batch)) ||
         (rc = get_int(c, v, w, "max_wait_ms", 0, 1, 10000, 5, &sc->max_wait_ms)) ||
         (rc = get_int(c, v, w, "declare_ttl_s", 0, 3, 86400, 30, &sc->declare_ttl_s)) ||
-        (rc = get_int(c, v, w, "replicas", 0, 1, 64, 1, &sc->replicas)))
+        (rc = get_int(c, v, w, "replicas", 0, 1, 64, 1, &sc->replicas)) ||
+        (rc = get_int(c, v, w, "checkpoint_every_s", 0, 1, 86400, 60, &sc->checkpoint_every_s)))
         return rc;
     size_t n = strlen(prefix);
     int ok = n >= 1 && n < sizeof sc->prefix;

@@ -26,7 +26,9 @@ struct agent_moe_serve_config {
     int max_batch;     /* samples per batch and per request */
     int max_wait_ms;   /* longest wait for a batch to fill */
     int declare_ttl_s; /* expiry of the DHT declarations (re-declared every third) */
-    int replicas;      /* servers wanted per expert (--experts picks below it first) */
+    int replicas;      /* servers wanted per expert (--experts picks below it first;
+                          --max-experts adopts uids below it) */
+    int checkpoint_every_s; /* each hosted expert is uploaded to the coordinator this often */
 };
 
 struct agent_train_config {

@@ -63,6 +63,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.serve.max_wait_ms, 5);
     assert_int_equal(c.serve.declare_ttl_s, 30);
     assert_int_equal(c.serve.replicas, 1);
+    assert_int_equal(c.serve.checkpoint_every_s, 60);
     assert_true(c.optim.lr > 0.0009f && c.optim.lr < 0.0011f);
     free(t);
 }
@@ -71,7 +72,7 @@ static void test_serve_fields(void **state)
 {
     (void)state;
     char *t = recipe("{\"prefix\": \"moe_1\", \"max_batch\": 64, \"max_wait_ms\": 20, "
-                     "\"declare_ttl_s\": 9, \"replicas\": 2}", NULL), err[256];
+                     "\"declare_ttl_s\": 9, \"replicas\": 2, \"checkpoint_every_s\": 7}", NULL), err[256];
     struct moe_runcfg c;
     assert_int_equal(parse(t, &c, err), CM_OK);
     assert_string_equal(c.grid.name, "moe_1");
@@ -79,6 +80,7 @@ static void test_serve_fields(void **state)
     assert_int_equal(c.serve.max_wait_ms, 20);
     assert_int_equal(c.serve.declare_ttl_s, 9);
     assert_int_equal(c.serve.replicas, 2);
+    assert_int_equal(c.serve.checkpoint_every_s, 7);
     free(t);
 }
 
@@ -98,6 +100,8 @@ static void test_refusals(void **state)
         {"{\"max_wait_ms\": 0}", NULL, "model.experts.serve.max_wait_ms"},
         {"{\"declare_ttl_s\": 2}", NULL, "model.experts.serve.declare_ttl_s"},
         {"{\"replicas\": 0}", NULL, "model.experts.serve.replicas"},
+        {"{\"checkpoint_every_s\": 0}", NULL, "model.experts.serve.checkpoint_every_s"},
+        {"{\"checkpoint_every_s\": 86401}", NULL, "model.experts.serve.checkpoint_every_s"},
         {"{\"replicas\": 1.5}", NULL, "model.experts.serve.replicas: must be an integer"},
         {"[]", NULL, "model.experts.serve: must be an object"},
         {NULL, "{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [8], \"classes\": 2}}",

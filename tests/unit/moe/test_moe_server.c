@@ -89,7 +89,6 @@ static void env_start(struct env *e, const struct moe_server_config *cfg)
     assert_int_equal(moe_server_add_expert(e->srv, "ffn.0.1", C, F, 1), CM_EEXISTS);
     assert_int_equal(moe_server_add_expert(e->srv, "a b", C, F, 1), CM_EINVAL);
     assert_int_equal(moe_server_start(e->srv), 0);
-    assert_int_equal(moe_server_add_expert(e->srv, "late", C, F, 1), CM_ESTATE);
     struct p2p_host_config hs = {.key = &e->ps.key, .token = e->ps.token, .listen_ip = "127.0.0.1",
                                  .on_request = moe_server_on_request, .arg = e->srv};
     struct p2p_host_config h1 = {.key = &e->p1.key, .token = e->p1.token};
@@ -463,6 +462,52 @@ static int liar(void *arg, struct p2p_host *h, const struct p2p_peer *from, uint
     return rc;
 }
 
+/* Experts added while serving (takeover), and their state saved and loaded
+ * between batches (expert checkpoints, moe_ckpt.h). */
+static void test_add_save_load(void **state)
+{
+    struct env *e = *state = env_new(0, 1, 0, 0);
+    assert_int_equal(moe_server_add_expert(e->srv, "ffn.1.0", C, F, SEED0 + 7), CM_OK);
+    assert_int_equal(moe_server_add_expert(e->srv, "ffn.1.0", C, F, 1), CM_EEXISTS);
+    float x[2 * C], dy[2 * C], y0[2 * C], y1[2 * C];
+    fill(x, 2 * C, 1);
+    fill(dy, 2 * C, 2);
+    struct res r;
+    assert_int_equal(fwd(e, e->h1, "ffn.1.0", 1, x, 2, C, &r), 0);
+    assert_int_equal(wait_status(e, &r), CM_OK);
+    memcpy(y0, r.out, sizeof y0);
+    size_t n = 0;
+    long step = -1;
+    assert_int_equal(moe_server_expert_size(e->srv, "ffn.1.0", &n, &step), CM_OK);
+    assert_int_equal(n, 3 * C + 2 * C * F + F);
+    assert_int_equal(step, 0);
+    float *buf = malloc(3 * n * sizeof(float));
+    assert_non_null(buf);
+    assert_int_equal(moe_server_save(e->srv, "ffn.1.0", buf, buf + n, buf + 2 * n, n, &step), CM_OK);
+    assert_int_equal(moe_server_save(e->srv, "ffn.1.0", buf, buf + n, buf + 2 * n, n - 1, &step), CM_ERANGE);
+    assert_int_equal(moe_server_save(e->srv, "ffn.9.9", buf, buf + n, buf + 2 * n, n, &step), CM_ENOTFOUND);
+    /* one update moves it */
+    assert_int_equal(bwd(e, e->h1, "ffn.1.0", 1, dy, 2, &r), 0);
+    assert_int_equal(wait_status(e, &r), CM_OK);
+    assert_int_equal(fwd(e, e->h1, "ffn.1.0", 2, x, 2, C, &r), 0);
+    assert_int_equal(wait_status(e, &r), CM_OK);
+    memcpy(y1, r.out, sizeof y1);
+    assert_memory_not_equal(y0, y1, sizeof y0);
+    assert_int_equal(moe_server_expert_size(e->srv, "ffn.1.0", &n, &step), CM_OK);
+    assert_int_equal(step, 1);
+    /* loading the saved state brings the output and the step back */
+    assert_int_equal(moe_server_load(e->srv, "ffn.1.0", buf, buf + n, buf + 2 * n, n, -1), CM_EINVAL);
+    assert_int_equal(moe_server_load(e->srv, "ffn.1.0", buf, buf + n, buf + 2 * n, n, 0), CM_OK);
+    assert_int_equal(fwd(e, e->h1, "ffn.1.0", 3, x, 2, C, &r), 0);
+    assert_int_equal(wait_status(e, &r), CM_OK);
+    assert_memory_equal(r.out, y0, sizeof y0);
+    assert_int_equal(moe_server_expert_size(e->srv, "ffn.1.0", &n, &step), CM_OK);
+    assert_int_equal(step, 0);
+    free(buf);
+    moe_server_stop(e->srv);
+    assert_int_equal(moe_server_add_expert(e->srv, "ffn.1.1", C, F, 1), CM_ESTATE);
+}
+
 static void test_client_refuses_lies(void **state)
 {
     struct env *e = *state = env_new(0, 1, 0, 0);
@@ -496,6 +541,7 @@ int main(void)
         cmocka_unit_test_teardown(test_stopped_mid_batch, teardown),
         cmocka_unit_test_teardown(test_host_closed_mid_batch, teardown),
         cmocka_unit_test_teardown(test_client_refuses_lies, teardown),
+        cmocka_unit_test_teardown(test_add_save_load, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
