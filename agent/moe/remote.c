@@ -65,7 +65,6 @@ struct moe_remote {
     struct moe_remote_runner rn;
     int has_rn;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     struct moe_remote_stats st;
     struct ban *bans;
     size_t nbans, capbans;
@@ -86,6 +85,8 @@ struct call {
 
 struct op {
     struct moe_remote *r;
+    pthread_cond_t cv;  /* its waiter's: one per op, so an answer wakes only the batch
+                           it belongs to (an asynchronous trainer has many waiting) */
     struct rctx *x;    /* the batch's context */
     int refs;          /* the waiter, and each call in flight (under r->mu) */
     int pending;
@@ -150,11 +151,6 @@ int moe_remote_new(const struct moe_remote_config *c, struct moe_remote **out)
     if (!r->c.beam_width)
         r->c.beam_width = c->k;
     moe_grid_init(&r->g, c->name, c->d, c->M);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&r->mu, NULL);
     r->main.r = r;
     *out = r;
@@ -188,7 +184,6 @@ void moe_remote_free(struct moe_remote *r)
     if (!r)
         return;
     pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
     rctx_cleanup(&r->main);
     for (size_t i = 0; i < r->nmore; i++) {
         rctx_cleanup(r->more[i]);
@@ -283,8 +278,23 @@ static void unban_server(struct moe_remote *r, const uint8_t pub[32], int64_t no
 
 /* ---- ops ------------------------------------------------------------------ */
 
+/* A zeroed op with its condition variable; NULL without memory. */
+static struct op *op_new(void)
+{
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&op->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return op;
+}
+
 static void op_free(struct op *op)
 {
+    pthread_cond_destroy(&op->cv);
     moe_beam_free(op->beam);
     free(op->want);
     free(op->status);
@@ -324,7 +334,7 @@ static void op_wait(struct moe_remote *r, struct op *op, int64_t deadline)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        pthread_cond_timedwait(&op->cv, &r->mu, &ts);
     }
 }
 
@@ -338,7 +348,7 @@ static void search_done(void *arg, int status, struct moe_beam *b)
     pthread_mutex_lock(&r->mu);
     op->status[0] = status;
     op->pending = 0;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_signal(&op->cv);
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
 }
@@ -455,11 +465,12 @@ static int remote_select(void *ctx, const float *scores, int B, int d, int M, in
     if (!banned)
         return CM_ENOMEM;
     struct moe_ban ban = {.servers = (const uint8_t(*)[32])banned, .nservers = nb};
-    struct op *op = calloc(1, sizeof *op);
+    struct op *op = op_new();
     int *status = calloc(1, sizeof *status);
     if (!op || !status) {
         free(banned);
-        free(op);
+        if (op)
+            op_free(op);
         free(status);
         return CM_ENOMEM;
     }
@@ -528,7 +539,7 @@ static void call_done(void *arg, int status, const float *out, uint32_t n, uint3
         memcpy(op->out + off, out, (size_t)n * c * sizeof(float));
     }
     op->pending--;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_signal(&op->cv);
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
 }
@@ -593,7 +604,7 @@ static int run_calls(struct rctx *x, const struct kern_dmoe_route *rt, int bwd,
         return CM_EINVAL;
     if (rt->nexp == 0)
         return CM_OK;
-    struct op *op = calloc(1, sizeof *op);
+    struct op *op = op_new();
     int rc = CM_ENOMEM;
     if (!op)
         return rc;

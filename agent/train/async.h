@@ -31,7 +31,7 @@
 #include "kern_dmoe.h"
 #include "kern_model.h"
 
-#define AGENT_ASYNC_MAX 64 /* micro-batches in flight at most */
+#define AGENT_ASYNC_MAX 256 /* micro-batches in flight at most */
 
 struct agent_async_config {
     const struct kern_backend *be;   /* borrowed */
