@@ -18,10 +18,14 @@
  * wait for the network; a step ends with a drain of those in flight (their
  * gradients are exact for the step's parameters, agent/train/async.h),
  * which costs about one micro-batch latency per step: large steps (the run
- * has target_batch_size 4096) keep it small.
+ * has target_batch_size 65536, 1,024 micro-batches) keep it small. By
+ * Little's law the micro-batches in flight must cover latency x rate: a
+ * micro-batch waits for a search and two rounds of calls, each the slowest
+ * of ~16 experts (about 3.4 means for exponentials), so ~0.7 s at 100 ms,
+ * against ~5 ms of compute here: K = 256.
  *
- * Knobs: CT_BENCH_LAT_DELAYS ("0 50 100 200"), CT_BENCH_LAT_INFLIGHT (64),
- * CT_BENCH_LAT_STEPS (6), CT_BENCH_LAT_TARGET (4096). Skips (loudly)
+ * Knobs: CT_BENCH_LAT_DELAYS ("0 50 100 200"), CT_BENCH_LAT_INFLIGHT (256),
+ * CT_BENCH_LAT_STEPS (4), CT_BENCH_LAT_TARGET (65536). Skips (loudly)
  * without PostgreSQL or Fashion-MNIST. */
 #include <jansson.h>
 #include <signal.h>
@@ -183,8 +187,8 @@ static int one_delay(long delay, long K, long steps, long target, struct fig *f)
 
 int main(void)
 {
-    long K = env_long("CT_BENCH_LAT_INFLIGHT", 64), steps = env_long("CT_BENCH_LAT_STEPS", 6);
-    long target = env_long("CT_BENCH_LAT_TARGET", 4096);
+    long K = env_long("CT_BENCH_LAT_INFLIGHT", 256), steps = env_long("CT_BENCH_LAT_STEPS", 4);
+    long target = env_long("CT_BENCH_LAT_TARGET", 65536);
     const char *ds = getenv("CT_BENCH_LAT_DELAYS");
     long delays[MAXD];
     int nd = 0;
