@@ -168,6 +168,11 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
     else
         kern_tfm_mem_need(&cfg->tfm, cfg->micro_batch, &need);
     kern_optim_mem_need(&cfg->opt, need.params / sizeof(float), &need);
+    if (cfg->kind == KERN_MODEL_DMOE && remote) {
+        /* the asynchronous trainer's contexts: a model each (async.h) */
+        size_t k = (size_t)(cfg->max_inflight > 0 ? cfg->max_inflight : 1);
+        need.act += k * (need.params + need.grads + need.act);
+    }
     char why[512];
     int rc = kern_backend_pick_for(cfg->device, &need, &t->be, why, sizeof why);
     if (rc)
