@@ -91,3 +91,12 @@ $(BENCH_HOSTS): $(BUILD)/obj/tests/bench/bench_hosts.o $(HARNESS_LIB) $(COMMON_L
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
 BENCHES += $(BENCH_HOSTS)
+
+# Asynchronous DMoE trainers under emulated expert latency (seed 002 §4.1,
+# Figure 4): samples/s at 0, 50, 100, 200 ms, each against 0 ms.
+BENCH_EXPERTS_LATENCY := $(BUILD)/tests/bench/bench_experts_latency
+$(BENCH_EXPERTS_LATENCY): $(BUILD)/obj/tests/bench/bench_experts_latency.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
+BENCHES += $(BENCH_EXPERTS_LATENCY)

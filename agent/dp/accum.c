@@ -26,6 +26,8 @@
  * accumulate; fetched afterwards, it came when their next round had
  * already gathered without us, and we chased the collaboration's rounds
  * forever. */
+static void drain(struct dp_loop *l);
+
 static void prefetch(struct dp_loop *l)
 {
     struct dp_state *s = l->s;
@@ -34,6 +36,7 @@ static void prefetch(struct dp_loop *l)
         peer_mono_s() - a->t_prefetch <= 0.5 || !dp_pstep_held(s, a->seen, a->nseen, l->inflight->step))
         return;
     a->t_prefetch = peer_mono_s();
+    drain(l); /* the parameters may change: nothing in flight with the old ones */
     int64_t got = l->step;
     if (dp_sync_from_peer(s, l->inflight->step, &got, 1000) == CM_OK)
         l->step = got;
@@ -49,6 +52,98 @@ static int finite_batch(const float *g, size_t n, const struct kern_eval *ev)
     return 1;
 }
 
+/* A micro-batch's gradient (in l->grad) into the job's buffer, or dropped
+ * when not finite; dt: the time it took (rate estimates, compute time). */
+static void take(struct dp_loop *l, const struct kern_eval *ev, double dt)
+{
+    struct dp_state *s = l->s;
+    struct dp_acc *a = &l->a;
+    struct dp_job *j = a->j;
+    size_t n = s->tr.model->nparams;
+    float w = (float)s->tcfg.micro_batch;
+    if (s->tr.remote && !finite_batch(l->grad, n, ev)) {
+        /* a DMoE model drops what its experts' answers could still have
+           poisoned (the model leaves out non-finite answers already; this
+           guards the step against whatever slipped through): no step with
+           NaN, and the next micro-batch goes on */
+        s->moe_dropped++;
+        fprintf(stderr, "warning: a micro-batch's gradient or loss was not finite: dropped\n");
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        j->accum[i] += w * l->grad[i];
+    a->samples += w;
+    a->loss_sum += ev->loss_sum;
+    a->loss_n += (double)ev->count;
+    a->compute_s += dt;
+    if (dt > 0) {
+        /* our rate as the others see it: with the CPU limit's waits (the
+           schedules and the estimates of the next step use it) */
+        double de = dt + l->paced_s;
+        l->sps = l->sps > 0 ? 0.8 * l->sps + 0.2 * (w / de) : w / de;
+        l->mb_time = l->mb_time > 0 ? 0.8 * l->mb_time + 0.2 * dt : dt;
+        s->mb_time = l->mb_time;
+    }
+    l->paced_s = 0;
+}
+
+/* The oldest asynchronous micro-batch (seed 002 §3.3; agent/train/async.h)
+ * into the buffer; dt counts from t0, so with K in flight the rate is
+ * samples per second of wall time, not per micro-batch latency. */
+static int take_async(struct dp_loop *l, double t0)
+{
+    struct agent_async_done d;
+    int rc = agent_trainer_next(&l->s->tr, &d);
+    if (rc == CM_OK)
+        rc = d.rc;
+    if (rc != CM_OK)
+        return rc;
+    memcpy(l->grad, d.grad, l->s->tr.model->nparams * sizeof *l->grad);
+    take(l, &d.ev, peer_mono_s() - t0);
+    return CM_OK;
+}
+
+/* Every asynchronous micro-batch in flight into the buffer: before the
+ * parameters change and when the accumulation ends (they were pledged, and
+ * the contexts' gradients are exact for the parameters of this step). */
+static void drain(struct dp_loop *l)
+{
+    while (agent_trainer_inflight(&l->s->tr) > 0) {
+        int rc = take_async(l, peer_mono_s());
+        if (rc != CM_OK && l->rc == CM_OK)
+            l->rc = rc;
+    }
+}
+
+/* Asynchronous micro-batches (remote experts): keeps up to max_inflight in
+ * flight (fewer once the collaboration's samples, pledges and ours in
+ * flight reach the target) and takes the oldest. */
+static int micro_batch_async(struct dp_loop *l)
+{
+    struct dp_state *s = l->s;
+    struct dp_acc *a = &l->a;
+    float w = (float)s->tcfg.micro_batch;
+    double t0 = peer_mono_s();
+    int rc = CM_OK;
+    for (;;) {
+        int k = agent_trainer_inflight(&s->tr);
+        if (k > 0 && a->view.samples + a->view.pledged + (double)k * w >= s->target)
+            break;
+        if ((rc = agent_trainer_submit(&s->tr)) == CM_EBUSY)
+            break;
+        if (rc != CM_OK)
+            return rc;
+    }
+    dp_publish_progress(s, a->acc_step, a->samples, l->sps,
+                        w * (float)agent_trainer_inflight(&s->tr));
+    if ((rc = take_async(l, t0)) != CM_OK)
+        return rc;
+    dp_publish_progress(s, a->acc_step, a->samples, l->sps,
+                        w * (float)agent_trainer_inflight(&s->tr));
+    a->t_pub = peer_mono_s();
+    return CM_OK;
+}
+
 /* One micro-batch into the buffer (or, for a peer that computes nothing or
  * waits, a short pause), with our progress published. */
 static int micro_batch(struct dp_loop *l)
@@ -61,6 +156,9 @@ static int micro_batch(struct dp_loop *l)
        meanwhile still takes us (observe and misplaced run between naps). */
     int follower = s->o.aggregate_only || j->pull_only; /* computes nothing */
     double pace = s->cpu.cores > 0 && !follower ? agent_cpu_limit_wait_s(&s->cpu) : 0;
+    if (!follower && agent_trainer_inflight(&s->tr) > 0 &&
+        (a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0))
+        return take_async(l, peer_mono_s()); /* ours in flight: take them, not a nap */
     if (follower || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
         double nap = follower ? 0.05 : pace > 0 ? (pace < 0.05 ? pace : 0.05) : 0.005;
         usleep((useconds_t)(nap * 1e6));
@@ -76,6 +174,8 @@ static int micro_batch(struct dp_loop *l)
        micro-batch the target does not need (the batch overshoots by about
        one micro-batch, not one per peer); the round is triggered by
        samples done. */
+    if (s->tr.async)
+        return micro_batch_async(l);
     struct kern_model *m = s->tr.model;
     size_t n = m->nparams;
     float w = (float)s->tcfg.micro_batch;
@@ -87,31 +187,7 @@ static int micro_batch(struct dp_loop *l)
         rc = m->be->download(l->grad, m->grads, n * sizeof *l->grad);
     if (rc != CM_OK)
         return rc;
-    if (s->tr.remote && !finite_batch(l->grad, n, &ev)) {
-        /* a DMoE model drops what its experts' answers could still have
-           poisoned (the model leaves out non-finite answers already; this
-           guards the step against whatever slipped through): no step with
-           NaN, and the next micro-batch goes on */
-        s->moe_dropped++;
-        fprintf(stderr, "warning: a micro-batch's gradient or loss was not finite: dropped\n");
-        return CM_OK;
-    }
-    for (size_t i = 0; i < n; i++)
-        j->accum[i] += w * l->grad[i];
-    a->samples += w;
-    a->loss_sum += ev.loss_sum;
-    a->loss_n += (double)ev.count;
-    double dt = peer_mono_s() - t0;
-    a->compute_s += dt;
-    if (dt > 0) {
-        /* our rate as the others see it: with the CPU limit's waits (the
-           schedules and the estimates of the next step use it) */
-        double de = dt + l->paced_s;
-        l->sps = l->sps > 0 ? 0.8 * l->sps + 0.2 * (w / de) : w / de;
-        l->mb_time = l->mb_time > 0 ? 0.8 * l->mb_time + 0.2 * dt : dt;
-        s->mb_time = l->mb_time;
-    }
-    l->paced_s = 0;
+    take(l, &ev, peer_mono_s() - t0);
     dp_publish_progress(s, a->acc_step, a->samples, l->sps, 0);
     a->t_pub = peer_mono_s();
     return CM_OK;
@@ -338,7 +414,8 @@ enum dp_phase dp_accumulate(struct dp_loop *l)
             /* the previous round is averaged: apply it under the
                accumulation (one step of staleness for what came before) */
             int64_t expect = l->inflight->step + 1;
-            if ((l->rc = dp_finish_inflight(l)) != CM_OK)
+            drain(l); /* ours in flight use the parameters the round replaces */
+            if (l->rc != CM_OK || (l->rc = dp_finish_inflight(l)) != CM_OK)
                 break;
             if (l->step != expect) { /* resynced: what we accumulated is moot */
                 a->restart = 1;
@@ -357,6 +434,7 @@ enum dp_phase dp_accumulate(struct dp_loop *l)
         if (misplaced(l) || ready(l))
             break;
     }
+    drain(l); /* bounded: each call of theirs has its deadline */
     free(a->seen);
     free(a->infos);
     a->seen = NULL;

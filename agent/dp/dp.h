@@ -39,7 +39,7 @@ struct dp_opts {
         *compression, *step_log, *progress;
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
-        outcome_window_ms, stall_ms, expert_timeout_ms;
+        outcome_window_ms, stall_ms, expert_timeout_ms, max_inflight;
     double max_upload_mbps, max_download_mbps, max_cpu_percent;
 };
 

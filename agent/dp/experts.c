@@ -17,8 +17,10 @@ void dp_experts_attach(struct dp_state *s)
     moe_remote_runner_net(s->rt.net, &rn);
     moe_remote_set_runner(s->tr.remote, &rn);
     const struct kern_dmoe_config *c = &s->tcfg.dmoe;
-    printf("experts: remote, found in the DHT of run '%s' (grid %d x %d, top-%d, %ld ms deadline)\n",
-           s->o.run, c->grid_d, c->grid_m, c->k, s->o.expert_timeout_ms);
+    printf("experts: remote, found in the DHT of run '%s' (grid %d x %d, top-%d, %ld ms deadline, "
+           "%d micro-batches in flight)\n",
+           s->o.run, c->grid_d, c->grid_m, c->k, s->o.expert_timeout_ms,
+           s->tr.async ? agent_async_max_inflight(s->tr.async) : 1);
 }
 
 /* The counts since the last step's line. */

@@ -76,6 +76,9 @@ static const struct cm_opt JOIN_OPTS[] = {
      "silence after which a peer in a round is given up for that round", 0},
     {"expert-timeout-ms", CM_OPT_INT, J(expert_timeout_ms), "2000", "MS",
      "dmoe runs: deadline of each expert call and of the expert search (docs/experts.md, \"Trainers\")", 0},
+    {"max-inflight-batches", CM_OPT_INT, J(max_inflight), "0", "N",
+     "dmoe runs: micro-batches in flight at once, 1 to 256 (default: the run's "
+     "model.experts.max_inflight_batches, 4; seed 002 §3.3 asynchronous trainers)", 0},
     {"step-log", CM_OPT_STR, J(step_log), NULL, "FILE",
      "append one JSON line per step (step, parameter hash, loss, round) to FILE", 0},
     {"export", CM_OPT_STR, J(export_path), NULL, "FILE",
@@ -216,6 +219,8 @@ static int fetch_run(struct dp_state *s)
     }
     if (s->o.micro_batch > 0)
         s->tcfg.micro_batch = (int)s->o.micro_batch;
+    if (s->o.max_inflight > 0)
+        s->tcfg.max_inflight = (int)s->o.max_inflight;
     /* one call of compute_grads = one micro-batch; the collaboration sums them */
     s->tcfg.batch_size = s->tcfg.micro_batch;
     if (s->o.device)
@@ -304,6 +309,8 @@ static int check_opts(struct dp_state *s)
         bad = "--max-cpu-percent must be 0 (no limit) or from 1 to 100";
     else if (!bad && (s->o.expert_timeout_ms < 1 || s->o.expert_timeout_ms > 600000))
         bad = "--expert-timeout-ms must be from 1 to 600000";
+    else if (!bad && (s->o.max_inflight < 0 || s->o.max_inflight > AGENT_ASYNC_MAX))
+        bad = "--max-inflight-batches must be 0 (the run's) or from 1 to 256";
     else if (!bad && (s->o.steps < 0 || s->o.micro_batch < 0 || s->o.checkpoint_every < 0))
         bad = "--steps, --micro-batch and --checkpoint-every must be 0 (the run's) or positive";
     if (bad) {

@@ -10,6 +10,7 @@
  * is touched by the loop thread only. */
 #include "agent/moe/moe_server.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,14 @@ struct saved {
     int64_t born_ms;
 };
 
+/* An answer held back by the latency emulation (loop thread only). */
+struct delayed {
+    uv_timer_t timer;
+    struct moe_server *s;
+    struct job *j;
+    struct delayed *prev, *next;
+};
+
 struct moe_server {
     struct moe_server_config cfg;
     uv_loop_t *loop;
@@ -77,6 +86,8 @@ struct moe_server {
     struct job *done_head, *done_tail; /* under mu */
     size_t inflight;             /* under mu: queued + computing + done not yet answered */
     struct moe_server_stats st;  /* under mu */
+
+    struct delayed *delayed;     /* loop thread: answers waiting for their timer */
 
     struct saved *bucket[SAVED_BUCKETS];
     struct saved *oldest, *newest;
@@ -223,6 +234,66 @@ static void answer(struct moe_server *s, struct job *j)
     job_free(j);
 }
 
+static double next_uniform(struct moe_server *s);
+
+static void delayed_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+/* Answers d's job now and lets its timer go. */
+static void delayed_answer(struct delayed *d)
+{
+    struct moe_server *s = d->s;
+    if (d->prev)
+        d->prev->next = d->next;
+    else
+        s->delayed = d->next;
+    if (d->next)
+        d->next->prev = d->prev;
+    uv_timer_stop(&d->timer);
+    answer(s, d->j);
+    d->timer.data = d;
+    uv_close((uv_handle_t *)&d->timer, delayed_closed);
+}
+
+static void on_delay(uv_timer_t *t)
+{
+    delayed_answer(t->data);
+}
+
+/* seed 002 §4.1: the emulated network latency of one answer, exponential
+ * with mean delay_mean_ms (inverse CDF), capped at 20 means. */
+static uint64_t delay_draw(struct moe_server *s)
+{
+    double m = (double)s->cfg.delay_mean_ms;
+    double v = -m * log(1.0 - next_uniform(s)); /* next_uniform < 1 */
+    return (uint64_t)(v < 20 * m ? v : 20 * m);
+}
+
+/* Answers j now or, with a delay configured and the server running, when
+ * its timer fires. */
+static void answer_later(struct moe_server *s, struct job *j)
+{
+    struct delayed *d = s->cfg.delay_mean_ms && !s->stopped ? calloc(1, sizeof *d) : NULL;
+    if (!d || uv_timer_init(s->loop, &d->timer)) {
+        free(d); /* no memory: answered without the delay */
+        answer(s, j);
+        return;
+    }
+    d->s = s;
+    d->j = j;
+    d->timer.data = d;
+    d->next = s->delayed;
+    if (s->delayed)
+        s->delayed->prev = d;
+    s->delayed = d;
+    uv_timer_start(&d->timer, on_delay, delay_draw(s), 0);
+    pthread_mutex_lock(&s->mu);
+    s->st.delayed++;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void on_async(uv_async_t *a)
 {
     struct moe_server *s = a->data;
@@ -232,7 +303,7 @@ static void on_async(uv_async_t *a)
     pthread_mutex_unlock(&s->mu);
     while (j) {
         struct job *n = j->next;
-        answer(s, j);
+        answer_later(s, j);
         j = n;
     }
 }
@@ -373,7 +444,8 @@ int moe_server_new(const struct moe_server_config *cfg, uv_loop_t *loop, struct 
     const char *why = NULL;
     if (!cfg || !loop || !out || !cfg->max_batch || cfg->max_batch > MOE_MAX_VALUES ||
         !cfg->max_inflight || !cfg->queue_timeout_ms || !cfg->saved_ttl_ms ||
-        !(cfg->fail_p >= 0 && cfg->fail_p <= 1) || kern_optim_config_check(&cfg->optim, &why))
+        !(cfg->fail_p >= 0 && cfg->fail_p <= 1) || cfg->delay_mean_ms > 600000 ||
+        kern_optim_config_check(&cfg->optim, &why))
         return CM_EINVAL;
     struct moe_server *s = calloc(1, sizeof *s);
     if (!s)
@@ -683,7 +755,9 @@ void moe_server_stop(struct moe_server *s)
             done_push(s, j);
             pthread_mutex_unlock(&s->mu);
         }
-    on_async(&s->async);
+    on_async(&s->async); /* stopped: answers at once */
+    while (s->delayed)
+        delayed_answer(s->delayed);
 }
 
 static void async_closed(uv_handle_t *h)

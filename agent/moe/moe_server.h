@@ -61,7 +61,16 @@ struct moe_server_config {
     uint32_t saved_ttl_ms;         /* how long they are kept */
     struct kern_optim_config optim;/* every expert's optimizer */
     double fail_p;                 /* each call fails with this probability (seed 002 §4.2: 0.1) */
-    uint64_t seed;                 /* of the failure injection */
+    uint64_t seed;                 /* of the failure injection and the delays */
+    /* Latency emulation (seed 002 §4.1: "an artificial delay after
+     * computation of each block ... sampled from the exponential
+     * distribution"): every answer of a request that reached the worker
+     * (computed, failed there or expired in its queue) leaves after an
+     * exponentially distributed delay of this mean (0: none), capped at 20
+     * means; requests refused on arrival are answered at once. A timer per
+     * answer on the loop; no thread sleeps. moe_server_stop answers the
+     * held ones at once. At most 600000. */
+    uint32_t delay_mean_ms;
 };
 
 /* max_batch 256, max_wait_ms 5, max_inflight 4096, queue_timeout_ms 10 s,
@@ -77,6 +86,7 @@ struct moe_server_stats {
     uint64_t injected;       /* of which injected (fail_p) */
     uint64_t timeouts;       /* of which expired in the queue */
     uint64_t updates;        /* optimizer steps applied */
+    uint64_t delayed;        /* answers held back by delay_mean_ms */
     size_t saved_bytes;      /* forward inputs kept now */
 };
 

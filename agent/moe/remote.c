@@ -46,22 +46,33 @@ struct chosen {
     int srv;          /* into r->srv */
 };
 
+/* A context: the state of one batch between its select and its backward.
+ * One per batch in flight (an asynchronous trainer has several); the bans,
+ * the statistics and the forward ids are the remote's. */
+struct rctx {
+    struct moe_remote *r;
+    /* the last select: its servers and chosen experts (sorted by code) */
+    struct server *srv;
+    size_t nsrv, capsrv;
+    struct chosen *ch;
+    size_t nch, capch;
+    uint64_t fid;     /* forward id of this context's last forward batch */
+};
+
 struct moe_remote {
     struct moe_remote_config c;
     struct moe_grid g;
     struct moe_remote_runner rn;
     int has_rn;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
     struct moe_remote_stats st;
-    /* the last select: its servers and chosen experts (sorted by code) */
-    struct server *srv;
-    size_t nsrv, capsrv;
-    struct chosen *ch;
-    size_t nch, capch;
     struct ban *bans;
     size_t nbans, capbans;
-    uint64_t fid;     /* forward id of the last forward batch */
+    uint64_t fid;     /* the last forward id handed out (under mu) */
+    struct rctx main; /* moe_remote_experts */
+    struct rctx **more; /* moe_remote_add_context, owned */
+    size_t nmore;
+    pthread_mutex_t *compute; /* borrowed: released while waiting for the network */
 };
 
 struct op;
@@ -74,6 +85,9 @@ struct call {
 
 struct op {
     struct moe_remote *r;
+    pthread_cond_t cv;  /* its waiter's: one per op, so an answer wakes only the batch
+                           it belongs to (an asynchronous trainer has many waiting) */
+    struct rctx *x;    /* the batch's context */
     int refs;          /* the waiter, and each call in flight (under r->mu) */
     int pending;
     int abandoned;
@@ -137,12 +151,8 @@ int moe_remote_new(const struct moe_remote_config *c, struct moe_remote **out)
     if (!r->c.beam_width)
         r->c.beam_width = c->k;
     moe_grid_init(&r->g, c->name, c->d, c->M);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&r->mu, NULL);
+    r->main.r = r;
     *out = r;
     return CM_OK;
 }
@@ -163,16 +173,46 @@ void moe_remote_get_stats(struct moe_remote *r, struct moe_remote_stats *out)
     pthread_mutex_unlock(&r->mu);
 }
 
+static void rctx_cleanup(struct rctx *x)
+{
+    free(x->srv);
+    free(x->ch);
+}
+
 void moe_remote_free(struct moe_remote *r)
 {
     if (!r)
         return;
     pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    free(r->srv);
-    free(r->ch);
+    rctx_cleanup(&r->main);
+    for (size_t i = 0; i < r->nmore; i++) {
+        rctx_cleanup(r->more[i]);
+        free(r->more[i]);
+    }
+    free(r->more);
     free(r->bans);
     free(r);
+}
+
+void moe_remote_set_compute_lock(struct moe_remote *r, pthread_mutex_t *compute)
+{
+    r->compute = compute;
+}
+
+/* The network waits of a batch let the other batches compute: the caller
+ * holds the compute lock around the model's work, and the remote drops it
+ * for the time it waits (never while holding r->mu: the lock order is
+ * compute, then mu). */
+static void compute_release(struct moe_remote *r)
+{
+    if (r->compute)
+        pthread_mutex_unlock(r->compute);
+}
+
+static void compute_take(struct moe_remote *r)
+{
+    if (r->compute)
+        pthread_mutex_lock(r->compute);
 }
 
 /* ---- bans (under r->mu) ---------------------------------------------- */
@@ -238,8 +278,23 @@ static void unban_server(struct moe_remote *r, const uint8_t pub[32], int64_t no
 
 /* ---- ops ------------------------------------------------------------------ */
 
+/* A zeroed op with its condition variable; NULL without memory. */
+static struct op *op_new(void)
+{
+    struct op *op = calloc(1, sizeof *op);
+    if (!op)
+        return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&op->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return op;
+}
+
 static void op_free(struct op *op)
 {
+    pthread_cond_destroy(&op->cv);
     moe_beam_free(op->beam);
     free(op->want);
     free(op->status);
@@ -279,7 +334,7 @@ static void op_wait(struct moe_remote *r, struct op *op, int64_t deadline)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        pthread_cond_timedwait(&op->cv, &r->mu, &ts);
     }
 }
 
@@ -293,7 +348,7 @@ static void search_done(void *arg, int status, struct moe_beam *b)
     pthread_mutex_lock(&r->mu);
     op->status[0] = status;
     op->pending = 0;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_signal(&op->cv);
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
 }
@@ -328,7 +383,7 @@ static int chosen_cmp(const void *a, const void *b)
 }
 
 /* Index into r->srv of server s, added when new; -1 when full. */
-static int server_index(struct moe_remote *r, const struct moe_server *s)
+static int server_index(struct rctx *r, const struct moe_server *s)
 {
     for (size_t i = 0; i < r->nsrv; i++)
         if (!memcmp(r->srv[i].s.pub, s->pub, 32) && !strcmp(r->srv[i].s.addr, s->addr))
@@ -350,9 +405,9 @@ static int server_index(struct moe_remote *r, const struct moe_server *s)
 }
 
 /* Keeps the experts the search chose for sample rows and their servers. */
-static int take_results(struct moe_remote *r, const struct moe_beam *b, int B, int k, int *uids)
+static int take_results(struct rctx *r, const struct moe_beam *b, int B, int k, int *uids)
 {
-    int d = r->c.d;
+    int d = r->r->c.d;
     r->nsrv = 0;
     r->nch = 0;
     size_t need = (size_t)B * k;
@@ -374,7 +429,7 @@ static int take_results(struct moe_remote *r, const struct moe_beam *b, int B, i
             int *u = uids + ((size_t)s * k + j) * d;
             for (int t = 0; t < d; t++)
                 u[t] = p[i].uid.idx[t];
-            r->ch[r->nch++] = (struct chosen){.code = uid_code(r, u), .srv = si};
+            r->ch[r->nch++] = (struct chosen){.code = uid_code(r->r, u), .srv = si};
             j++;
         }
         for (; j < k; j++)
@@ -392,7 +447,8 @@ static int take_results(struct moe_remote *r, const struct moe_beam *b, int B, i
 
 static int remote_select(void *ctx, const float *scores, int B, int d, int M, int k, int *uids)
 {
-    struct moe_remote *r = ctx;
+    struct rctx *x = ctx;
+    struct moe_remote *r = x->r;
     if (d != r->c.d || M != r->c.M || k > r->c.beam_width || B < 1)
         return CM_EINVAL;
     if (!r->has_rn)
@@ -409,15 +465,17 @@ static int remote_select(void *ctx, const float *scores, int B, int d, int M, in
     if (!banned)
         return CM_ENOMEM;
     struct moe_ban ban = {.servers = (const uint8_t(*)[32])banned, .nservers = nb};
-    struct op *op = calloc(1, sizeof *op);
+    struct op *op = op_new();
     int *status = calloc(1, sizeof *status);
     if (!op || !status) {
         free(banned);
-        free(op);
+        if (op)
+            op_free(op);
         free(status);
         return CM_ENOMEM;
     }
     op->r = r;
+    op->x = x;
     op->status = status;
     int rc = moe_beam_new(&r->g, scores, (size_t)B, k, r->c.beam_width, &ban, &op->beam);
     free(banned);
@@ -433,6 +491,7 @@ static int remote_select(void *ctx, const float *scores, int B, int d, int M, in
         op_free(op);
         return rc;
     }
+    compute_release(r);
     pthread_mutex_lock(&r->mu);
     op_wait(r, op, p2p_now_ms() + r->c.search_ms + GRACE_MS);
     int ok = !op->pending && op->status[0] == CM_OK;
@@ -443,11 +502,12 @@ static int remote_select(void *ctx, const float *scores, int B, int d, int M, in
         CM_LOGW("moe", "expert search failed: %s",
                 cm_strerror(op->pending ? CM_ETIMEOUT : op->status[0]));
     }
-    rc = take_results(r, ok ? op->beam : NULL, B, k, uids);
+    rc = take_results(x, ok ? op->beam : NULL, B, k, uids);
     if (op->pending)
         op->abandoned = 1;
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
+    compute_take(r);
     return rc;
 }
 
@@ -455,9 +515,10 @@ int moe_remote_server_of(struct moe_remote *r, const int *uid, uint8_t pub[32])
 {
     pthread_mutex_lock(&r->mu);
     struct chosen key = {.code = uid_code(r, uid)};
-    const struct chosen *c = bsearch(&key, r->ch, r->nch, sizeof *r->ch, chosen_cmp);
+    const struct rctx *x = &r->main;
+    const struct chosen *c = bsearch(&key, x->ch, x->nch, sizeof *x->ch, chosen_cmp);
     if (c)
-        memcpy(pub, r->srv[c->srv].s.pub, 32);
+        memcpy(pub, x->srv[c->srv].s.pub, 32);
     pthread_mutex_unlock(&r->mu);
     return c ? CM_OK : CM_ENOTFOUND;
 }
@@ -478,7 +539,7 @@ static void call_done(void *arg, int status, const float *out, uint32_t n, uint3
         memcpy(op->out + off, out, (size_t)n * c * sizeof(float));
     }
     op->pending--;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_signal(&op->cv);
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
 }
@@ -488,7 +549,9 @@ static void calls_start(void *arg, struct dht_node *dht, struct p2p_host *host)
     (void)dht;
     struct op *op = arg;
     struct moe_remote *r = op->r;
+    struct rctx *x = op->x;
     const struct kern_dmoe_route *rt = op->route;
+    uint64_t fid = x->fid;
     for (int e = 0; e < rt->nexp; e++) {
         if (!op->want[e])
             continue;
@@ -500,10 +563,10 @@ static void calls_start(void *arg, struct dht_node *dht, struct p2p_host *host)
         char name[MOE_UID_TEXT_MAX];
         struct chosen key = {.code = uid_code(r, u)};
         pthread_mutex_lock(&r->mu);
-        const struct chosen *c = bsearch(&key, r->ch, r->nch, sizeof *r->ch, chosen_cmp);
+        const struct chosen *c = bsearch(&key, x->ch, x->nch, sizeof *x->ch, chosen_cmp);
         struct server sv;
         if (c)
-            sv = r->srv[c->srv];
+            sv = x->srv[c->srv];
         pthread_mutex_unlock(&r->mu);
         int rc = c ? moe_uid_format(&r->g, &mu, name, sizeof name) : CM_ENOTFOUND;
         uint32_t n = (uint32_t)(rt->start[e + 1] - rt->start[e]);
@@ -513,10 +576,10 @@ static void calls_start(void *arg, struct dht_node *dht, struct p2p_host *host)
         k->t0 = p2p_now_ms();
         if (rc == CM_OK)
             rc = op->bwd ? moe_client_backward(host, (struct sockaddr *)&sv.addr, sv.s.pub, name,
-                                               r->fid, v, n, (uint32_t)rt->C, r->c.timeout_ms,
+                                               fid, v, n, (uint32_t)rt->C, r->c.timeout_ms,
                                                call_done, k)
                          : moe_client_forward(host, (struct sockaddr *)&sv.addr, sv.s.pub, name,
-                                              r->fid, v, n, (uint32_t)rt->C, r->c.timeout_ms,
+                                              fid, v, n, (uint32_t)rt->C, r->c.timeout_ms,
                                               call_done, k);
         pthread_mutex_lock(&r->mu);
         if (rc == CM_OK) {
@@ -531,20 +594,22 @@ static void calls_start(void *arg, struct dht_node *dht, struct p2p_host *host)
 }
 
 /* Calls every expert with want[e] at once and waits (both directions). */
-static int run_calls(struct moe_remote *r, const struct kern_dmoe_route *rt, int bwd,
+static int run_calls(struct rctx *x, const struct kern_dmoe_route *rt, int bwd,
                      const float *in, float *out, uint8_t *ok)
 {
+    struct moe_remote *r = x->r;
     if (!r->has_rn)
         return CM_ESTATE;
     if (rt->d != r->c.d || rt->C != r->c.C || rt->nexp < 0)
         return CM_EINVAL;
     if (rt->nexp == 0)
         return CM_OK;
-    struct op *op = calloc(1, sizeof *op);
+    struct op *op = op_new();
     int rc = CM_ENOMEM;
     if (!op)
         return rc;
     op->r = r;
+    op->x = x;
     op->bwd = bwd;
     op->route = rt;
     op->in = in;
@@ -568,6 +633,7 @@ static int run_calls(struct moe_remote *r, const struct kern_dmoe_route *rt, int
         op_free(op);
         return rc;
     }
+    compute_release(r);
     pthread_mutex_lock(&r->mu);
     op_wait(r, op, p2p_now_ms() + r->c.timeout_ms + GRACE_MS);
     op->abandoned = 1; /* late answers write nothing */
@@ -579,32 +645,37 @@ static int run_calls(struct moe_remote *r, const struct kern_dmoe_route *rt, int
         int st = op->want[e] >= 2 ? op->status[e] : CM_ETIMEOUT;
         r->st.calls++;
         struct chosen key = {.code = uid_code(r, rt->uid + e * (size_t)rt->d)};
-        const struct chosen *c = bsearch(&key, r->ch, r->nch, sizeof *r->ch, chosen_cmp);
+        const struct chosen *c = bsearch(&key, x->ch, x->nch, sizeof *x->ch, chosen_cmp);
         if (st == CM_OK) {
             ok[e] = 1;
             r->st.answered++;
             r->st.latency_ms += op->lat[e];
             if (c)
-                unban_server(r, r->srv[c->srv].s.pub, now);
+                unban_server(r, x->srv[c->srv].s.pub, now);
             continue;
         }
         r->st.failures++;
         r->st.timeouts += st == CM_ETIMEOUT;
         r->st.nonfinite += st == CM_ENUMERIC;
         if (c && op->want[e] != 3)
-            ban_server(r, r->srv[c->srv].s.pub, now);
+            ban_server(r, x->srv[c->srv].s.pub, now);
     }
     op_unref(op);
     pthread_mutex_unlock(&r->mu);
+    compute_take(r);
     return CM_OK;
 }
 
 static int remote_forward(void *ctx, const struct kern_dmoe_route *rt, const float *x, float *y,
                           uint8_t *ok)
 {
-    struct moe_remote *r = ctx;
-    r->fid++; /* the backward of this batch names it (the server keeps x under it) */
-    return run_calls(r, rt, 0, x, y, ok);
+    struct rctx *c = ctx;
+    /* the backward of this batch names it (the server keeps x under it);
+       unique over the remote's contexts */
+    pthread_mutex_lock(&c->r->mu);
+    c->fid = ++c->r->fid;
+    pthread_mutex_unlock(&c->r->mu);
+    return run_calls(c, rt, 0, x, y, ok);
 }
 
 static int remote_backward(void *ctx, const struct kern_dmoe_route *rt, const float *x,
@@ -614,12 +685,32 @@ static int remote_backward(void *ctx, const struct kern_dmoe_route *rt, const fl
     return run_calls(ctx, rt, 1, dy, dx, ok);
 }
 
-void moe_remote_experts(struct moe_remote *r, struct kern_dmoe_experts *out)
+static void rctx_experts(struct rctx *x, struct kern_dmoe_experts *out)
 {
-    *out = (struct kern_dmoe_experts){.ctx = r,
+    *out = (struct kern_dmoe_experts){.ctx = x,
                                       .select = remote_select,
                                       .forward = remote_forward,
                                       .backward = remote_backward};
+}
+
+void moe_remote_experts(struct moe_remote *r, struct kern_dmoe_experts *out)
+{
+    rctx_experts(&r->main, out);
+}
+
+int moe_remote_add_context(struct moe_remote *r, struct kern_dmoe_experts *out)
+{
+    struct rctx *x = calloc(1, sizeof *x);
+    struct rctx **more = x ? realloc(r->more, (r->nmore + 1) * sizeof *more) : NULL;
+    if (!more) {
+        free(x);
+        return CM_ENOMEM;
+    }
+    r->more = more;
+    x->r = r;
+    r->more[r->nmore++] = x;
+    rctx_experts(x, out);
+    return CM_OK;
 }
 
 /* ---- the production runner ------------------------------------------------ */

@@ -24,10 +24,21 @@
  * own thread provides run (call fn at once) and pump (run the loop once). A
  * call still in flight at the deadline counts as a timeout; its late answer
  * is dropped (the buffers it would write belong to the remote, refcounted).
- * Statistics are thread-safe. */
+ * Statistics are thread-safe.
+ *
+ * Asynchronous trainers (several batches in flight, seed 002 §3.3 "a
+ * trainer can process hundreds of concurrent batches"; docs/experts.md
+ * "Trainers"): each batch in flight uses its own context
+ * (moe_remote_add_context), i.e. its own interface, from its own thread;
+ * the contexts share the bans, the statistics and the forward ids. With a
+ * compute lock set, every select/forward/backward is entered with the lock
+ * held and releases it while it waits for the network, so one batch's
+ * network wait overlaps the others' compute. Several contexts need a
+ * runner without pump (the loop on a thread of its own). */
 #ifndef AGENT_MOE_REMOTE_H
 #define AGENT_MOE_REMOTE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,9 +96,17 @@ void moe_remote_set_runner(struct moe_remote *r, const struct moe_remote_runner 
 /* The interface over r (ctx = r, borrowed). */
 void moe_remote_experts(struct moe_remote *r, struct kern_dmoe_experts *out);
 void moe_remote_get_stats(struct moe_remote *r, struct moe_remote_stats *out);
+/* Another context (see above): *out is its interface (ctx borrowed, owned
+ * by r and freed with it). Call before any call is in progress. */
+int moe_remote_add_context(struct moe_remote *r, struct kern_dmoe_experts *out);
+/* compute (borrowed, NULL: none) is held by the callers of every context's
+ * select/forward/backward; they release it for their network waits. Set
+ * before any call is in progress. */
+void moe_remote_set_compute_lock(struct moe_remote *r, pthread_mutex_t *compute);
 /* 1 while the server with this key is banned. */
 int moe_remote_banned(struct moe_remote *r, const uint8_t pub[32]);
-/* The server key of expert uid (d coordinates) in the last select; CM_ENOTFOUND if not chosen. */
+/* The server key of expert uid (d coordinates) in the last select of the
+ * first context (moe_remote_experts); CM_ENOTFOUND if not chosen. */
 int moe_remote_server_of(struct moe_remote *r, const int *uid, uint8_t pub[32]);
 /* Frees r. A call that ran past its wait still holds r until it ends: free
  * r once the loop that ran its calls has stopped or has run past the

@@ -49,7 +49,7 @@
 
 struct serve_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *uids;
-    long experts, max_experts, dht_port, ar_port, max_batch, max_wait_ms, status_every;
+    long experts, max_experts, dht_port, ar_port, max_batch, max_wait_ms, status_every, delay_ms;
     double fail_prob;
 };
 
@@ -80,6 +80,9 @@ static const struct cm_opt SERVE_OPTS[] = {
      "longest wait for a batch to fill (default: the run's, 5)", 0},
     {"fail-prob", CM_OPT_DBL, O(fail_prob), "0", "P",
      "fail each call with probability P (fault injection for tests, seed 002 §4.2)", 0},
+    {"delay-ms", CM_OPT_INT, O(delay_ms), "0", "MS",
+     "hold every answer back for an exponentially distributed delay of mean MS (latency emulation "
+     "for tests and benchmarks, seed 002 §4.1)", 0},
     {"status-every", CM_OPT_INT, O(status_every), "10", "S", "a status line every S seconds", 0},
 };
 static const struct cm_cmd_spec SERVE = {
@@ -594,6 +597,8 @@ static int check_opts(struct serve *s)
         bad = "--max-batch must be from 1 to 65536 and --max-wait-ms from 1 to 10000 (0: the run's)";
     else if (!(s->o.fail_prob >= 0 && s->o.fail_prob < 1))
         bad = "--fail-prob must be in [0, 1)";
+    else if (s->o.delay_ms < 0 || s->o.delay_ms > 600000)
+        bad = "--delay-ms must be from 0 to 600000";
     else if (s->o.status_every < 1 || s->o.status_every > 86400)
         bad = "--status-every must be from 1 to 86400 seconds";
     if (bad)
@@ -651,6 +656,10 @@ static int start(struct serve *s)
     j.cfg.max_wait_ms = (uint32_t)(s->o.max_wait_ms ? s->o.max_wait_ms : s->rc.serve.max_wait_ms);
     j.cfg.optim = s->rc.optim;
     j.cfg.fail_p = s->o.fail_prob;
+    j.cfg.delay_mean_ms = (uint32_t)s->o.delay_ms;
+    if (s->o.delay_ms > 0)
+        fprintf(stderr, "warning: --delay-ms %ld: this server delays its answers on purpose (a test)\n",
+                s->o.delay_ms);
     cm_random_bytes(&j.cfg.seed, sizeof j.cfg.seed);
     if (s->o.fail_prob > 0)
         fprintf(stderr, "warning: --fail-prob %g: this server fails calls on purpose (a test)\n", s->o.fail_prob);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "agent/train/train_config.h"
+#include "agent/train/async.h"
 #include "cm_err.h"
 
 static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -317,7 +318,7 @@ static int parse_experts(struct ctx *c, json_t *m, struct agent_train_config *o)
 {
     json_t *e = json_object_get(m, "experts");
     static const char *const keys[] = {"hidden", "optimizer", "schedule", "fail_prob",
-                                       "seed", "serve", NULL};
+                                       "seed", "serve", "max_inflight_batches", NULL};
     struct kern_dmoe_local_config *lc = &o->experts;
     int rc;
     long seed;
@@ -326,6 +327,8 @@ static int parse_experts(struct ctx *c, json_t *m, struct agent_train_config *o)
     if ((rc = check_keys(c, e, "model.experts", keys)) ||
         (rc = get_int(c, e, "model.experts", "hidden", 1, 1, KERN_MAX_DIM, 0, &lc->F)) ||
         (rc = get_float(c, e, "model.experts", "fail_prob", 0, 0.99, 0, &lc->fail_prob)) ||
+        (rc = get_int(c, e, "model.experts", "max_inflight_batches", 0, 1, AGENT_ASYNC_MAX, 4,
+                      &o->max_inflight)) ||
         (rc = get_long(c, e, "model.experts", "seed", 0, 0, 0x7fffffffffffffffL,
                        (long)(o->seed + 1), &seed)) ||
         (rc = parse_optim_in(c, e, "model.experts.",

@@ -39,6 +39,9 @@ struct agent_train_config {
     struct kern_dmoe_local_config experts; /* kind == DMOE: the in-process experts of
                                        train --local (C from dmoe, max_rows = micro_batch) */
     struct agent_moe_serve_config serve; /* kind == DMOE: model.experts.serve */
+    int max_inflight;               /* kind == DMOE: model.experts.max_inflight_batches, the
+                                       micro-batches a trainer with remote experts keeps in
+                                       flight (agent/train/async.h); train --local: 1 */
     float mask_prob;                /* ALBERT masked-LM rate (0.15) */
     struct kern_optim_config opt;   /* total_steps = steps */
     int batch_size;                 /* examples per optimizer step */

@@ -127,6 +127,27 @@ static int dmoe_experts(struct agent_trainer *t, const struct moe_remote_config 
     return CM_OK;
 }
 
+/* Remote experts: max_inflight model contexts, each with its own context
+ * of the remote (its last select and forward id), all under the async
+ * engine's compute lock, which the remote drops while it waits. */
+static int async_new(struct agent_trainer *t, char *err, size_t errlen)
+{
+    int K = t->cfg.max_inflight > 0 ? t->cfg.max_inflight : 1;
+    struct kern_dmoe_experts ex[AGENT_ASYNC_MAX];
+    int rc = CM_OK;
+    for (int i = 0; i < K && rc == CM_OK; i++)
+        rc = moe_remote_add_context(t->remote, &ex[i]);
+    struct agent_async_config ac = {.be = t->be, .dmoe = t->cfg.dmoe,
+                                    .micro_batch = t->cfg.micro_batch, .max_inflight = K};
+    if (rc == CM_OK)
+        rc = agent_async_new(&ac, ex, &t->async);
+    if (rc)
+        return fail(err, errlen, rc, "asynchronous trainer (%d micro-batches in flight): %s", K,
+                    cm_strerror(rc));
+    moe_remote_set_compute_lock(t->remote, agent_async_lock(t->async));
+    return CM_OK;
+}
+
 int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_config *cfg,
                           const char *config_text, size_t config_len,
                           const struct moe_remote_config *remote, char *err, size_t errlen)
@@ -147,6 +168,11 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
     else
         kern_tfm_mem_need(&cfg->tfm, cfg->micro_batch, &need);
     kern_optim_mem_need(&cfg->opt, need.params / sizeof(float), &need);
+    if (cfg->kind == KERN_MODEL_DMOE && remote) {
+        /* the asynchronous trainer's contexts: a model each (async.h) */
+        size_t k = (size_t)(cfg->max_inflight > 0 ? cfg->max_inflight : 1);
+        need.act += k * (need.params + need.grads + need.act);
+    }
     char why[512];
     int rc = kern_backend_pick_for(cfg->device, &need, &t->be, why, sizeof why);
     if (rc)
@@ -161,6 +187,8 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
         if ((rc = dmoe_experts(t, remote, &ex, err, errlen)))
             return rc;
         rc = kern_dmoe_new(t->be, &cfg->dmoe, mb, cfg->seed, &ex, &t->model);
+        if (rc == CM_OK && t->remote && (rc = async_new(t, err, errlen)))
+            return rc;
     } else
         rc = kern_tfm_new(t->be, &cfg->tfm, mb, cfg->seed, &t->model);
     if (rc)
@@ -252,6 +280,41 @@ int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev)
         t->samples += kb.B;
     }
     return CM_OK;
+}
+
+int agent_trainer_submit(struct agent_trainer *t)
+{
+    if (!t->async)
+        return CM_ESTATE;
+    if (agent_async_inflight(t->async) >= agent_async_max_inflight(t->async))
+        return CM_EBUSY;
+    struct kern_batch kb;
+    int rc = next_batch(t, t->train, &t->mask_rng, &kb);
+    if (rc) {
+        struct cm_data_stats st;
+        cm_data_get_stats(t->train, &st);
+        CM_LOGE("train", "training data: %s (%s)", cm_strerror(rc), st.last_error);
+        return rc;
+    }
+    if (kb.B != t->cfg.micro_batch)
+        return CM_EIO;
+    int nmicro = t->cfg.batch_size / t->cfg.micro_batch;
+    return agent_async_submit(t->async, t->model, kb.x, kb.targets, kb.B, 1.0f / nmicro);
+}
+
+int agent_trainer_next(struct agent_trainer *t, struct agent_async_done *d)
+{
+    if (!t->async)
+        return CM_ESTATE;
+    int rc = agent_async_next(t->async, d);
+    if (rc == CM_OK && d->rc == CM_OK)
+        t->samples += d->B;
+    return rc;
+}
+
+int agent_trainer_inflight(const struct agent_trainer *t)
+{
+    return t->async ? agent_async_inflight(t->async) : 0;
 }
 
 int agent_trainer_apply(struct agent_trainer *t, float *grad_norm, float *lr)
@@ -388,6 +451,7 @@ void agent_trainer_cleanup(struct agent_trainer *t)
     cm_data_close(t->train);
     cm_data_manifest_free(t->train_manifest);
     kern_optim_free(t->opt);
+    agent_async_free(t->async); /* waits for the micro-batches in flight (deadlines) */
     kern_model_free(t->model);
     kern_dmoe_local_free(t->experts);
     moe_remote_free(t->remote); /* after the net stopped: see moe_remote_free */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "agent/moe/remote.h"
+#include "agent/train/async.h"
 #include "agent/train/train_config.h"
 #include "data/data.h"
 #include "kern_backend.h"
@@ -28,6 +29,8 @@ struct agent_trainer {
     struct kern_dmoe_local *experts; /* owned: a DMoE model's in-process experts (train --local) */
     struct moe_remote *remote;      /* owned: or its experts over the network (join); the
                                        caller attaches a runner once the net is up */
+    struct agent_async *async;      /* owned: with remote experts, the micro-batches in
+                                       flight (agent_trainer_submit / _next) */
     struct kern_optim *opt;         /* owned */
     struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */
@@ -59,6 +62,20 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
 /* grads = gradient of the mean loss over the next batch_size examples
  * (batch_size / micro_batch forward/backward passes). ev gets the sums. */
 int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev);
+
+/* Asynchronous micro-batches (trainers with remote experts, t->async; seed
+ * 002 §3.3, agent/train/async.h). submit reads the next micro-batch of the
+ * stream and starts it (gradient scale 1 / (batch_size / micro_batch)), in
+ * a context holding the model's parameters as they are when the first of
+ * the micro-batches in flight started: change them (apply, resume, load)
+ * only with none in flight. CM_EBUSY when max_inflight are in flight.
+ * next waits for the oldest; a micro-batch whose fwd/bwd succeeded counts
+ * in t->samples (whatever its experts did). CM_ESTATE: t->async is NULL,
+ * or (next) none in flight. */
+int agent_trainer_submit(struct agent_trainer *t);
+int agent_trainer_next(struct agent_trainer *t, struct agent_async_done *d);
+/* Micro-batches in flight (0 without t->async). */
+int agent_trainer_inflight(const struct agent_trainer *t);
 
 /* One optimizer step from the gradient buffer (global step = t->opt->step). */
 int agent_trainer_apply(struct agent_trainer *t, float *grad_norm, float *lr);

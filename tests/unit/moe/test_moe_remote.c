@@ -13,7 +13,11 @@
  *   - a stopped server (connection refused): same, at once;
  *   - the same with the loop on a thread of its own (the production shape:
  *     waits sleep on the remote's condition variable);
- *   - bans back off exponentially and are lifted after their time. */
+ *   - bans back off exponentially and are lifted after their time;
+ *   - an asynchronous trainer's contexts (agent/train/async.h): 4 batches
+ *     in flight at once through 4 contexts of one remote, every forward
+ *     and backward answered (distinct forward ids: a clash would leave a
+ *     backward without its kept inputs). */
 /* ct-timeout: 120 */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +33,7 @@
 
 #include "agent/moe/moe_server.h"
 #include "agent/moe/remote.h"
+#include "agent/train/async.h"
 #include "cm_err.h"
 #include "kern_dmoe.h"
 #include "moe/moe_dht.h"
@@ -604,6 +609,49 @@ static void test_threaded_loop(void **state)
     tl_stop(e, &tl);
 }
 
+static void test_async_contexts(void **state)
+{
+    struct env *e = *state;
+    struct tloop tl;
+    tl_start(e, &tl);
+    struct kern_dmoe_experts ex[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(moe_remote_add_context(e->rem, &ex[i]), CM_OK);
+    struct agent_async_config c = {.be = kern_backend_cpu(), .dmoe = mcfg, .micro_batch = NB,
+                                   .max_inflight = 4};
+    struct agent_async *a;
+    assert_int_equal(agent_async_new(&c, ex, &a), CM_OK);
+    moe_remote_set_compute_lock(e->rem, agent_async_lock(a));
+    struct moe_remote_stats s0, s1;
+    moe_remote_get_stats(e->rem, &s0);
+    int done = 0, max_in = 0;
+    for (int b = 0; b < 12 || agent_async_inflight(a) > 0;) {
+        while (b < 12 && agent_async_inflight(a) < 4) {
+            float x[NB * IN];
+            int y[NB];
+            batch(x, y, 500 + (uint32_t)b);
+            assert_int_equal(agent_async_submit(a, e->mr, x, y, NB, 1.0f), CM_OK);
+            b++;
+        }
+        if (agent_async_inflight(a) > max_in)
+            max_in = agent_async_inflight(a);
+        struct agent_async_done d;
+        assert_int_equal(agent_async_next(a, &d), CM_OK);
+        assert_int_equal(d.rc, CM_OK);
+        assert_true(isfinite(d.ev.loss_sum));
+        done++;
+    }
+    moe_remote_get_stats(e->rem, &s1);
+    moe_remote_set_compute_lock(e->rem, NULL);
+    agent_async_free(a);
+    tl_stop(e, &tl);
+    assert_int_equal(done, 12);
+    assert_int_equal(max_in, 4);
+    assert_int_equal(s1.searches - s0.searches, 12);
+    assert_int_equal(s1.failures - s0.failures, 0);
+    assert_true(s1.calls - s0.calls >= 12 * 2); /* a forward and a backward per batch at least */
+}
+
 static void test_config_checks(void **state)
 {
     (void)state;
@@ -645,6 +693,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hanging_server_banned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_server_backoff, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threaded_loop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_async_contexts, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,9 @@
  * optimizer step per backward batch); backward without (or after) its
  * forward, unknown uid, wrong width, oversize and non-finite requests get
  * their errors and change nothing; kept inputs expire and are bounded;
- * failure injection; a server stopped mid-batch or closed answers within
- * the caller's deadline; a lying server's answers are refused. */
+ * failure injection; latency emulation (exponential delays of the answers,
+ * seed 002 §4.1); a server stopped mid-batch or closed answers within the
+ * caller's deadline; a lying server's answers are refused. */
 /* ct-timeout: 120 */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -399,6 +400,73 @@ static void test_failure_injection(void **state)
     assert_true(failed > 60 && failed < 140); /* p = 0.5 over 200 calls */
 }
 
+static struct env *env_delay(uint32_t mean_ms)
+{
+    struct env *e = calloc(1, sizeof *e);
+    struct moe_server_config cfg;
+    moe_server_config_default(&cfg);
+    cfg.max_batch = MAXB;
+    cfg.max_wait_ms = 0;
+    cfg.delay_mean_ms = mean_ms;
+    env_start(e, &cfg);
+    return e;
+}
+
+/* seed 002 §4.1: every answer waits an exponential delay; forwards and the
+ * backwards that follow them still work; stop answers held ones at once. */
+static void test_delay(void **state)
+{
+    struct moe_server_config bad;
+    moe_server_config_default(&bad);
+    bad.delay_mean_ms = 600001;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct moe_server *srv = NULL;
+    assert_int_equal(moe_server_new(&bad, &loop, &srv), CM_EINVAL);
+    uv_loop_close(&loop);
+
+    struct env *e = *state = env_delay(40);
+    float x[C], dy[C];
+    fill(x, C, 9);
+    fill(dy, C, 10);
+    double sum = 0;
+    int fast = 0, slow = 0;
+    for (int i = 0; i < 40; i++) {
+        struct res r;
+        int64_t t0 = p2p_now_ms();
+        assert_int_equal(fwd(e, e->h1, "ffn.0.0", (uint64_t)i, x, 1, C, &r), 0);
+        assert_int_equal(wait_status(e, &r), CM_OK);
+        double ms = (double)(r.at_ms - t0);
+        sum += ms;
+        fast += ms < 20;
+        slow += ms > 60;
+        if (i % 8 == 0) { /* the backward finds the inputs its delayed forward kept */
+            assert_int_equal(bwd(e, e->h1, "ffn.0.0", (uint64_t)i, dy, 1, &r), 0);
+            assert_int_equal(wait_status(e, &r), CM_OK);
+        }
+    }
+    printf("delay mean 40 ms: answers in %.1f ms on average, %d under 20 ms, %d over 60 ms\n",
+           sum / 40, fast, slow);
+    assert_true(sum / 40 > 25 && sum / 40 < 90);
+    assert_true(fast > 0 && slow > 0); /* spread like an exponential, not a constant */
+    struct moe_server_stats st;
+    moe_server_stats(e->srv, &st);
+    assert_int_equal(st.delayed, 45);
+    teardown(state);
+
+    /* a mean of 10 minutes: the answer is held until the server stops */
+    e = *state = env_delay(600000);
+    struct res r;
+    assert_int_equal(fwd(e, e->h1, "ffn.0.0", 1, x, 1, C, &r), 0);
+    run_ms(e, 300);
+    assert_false(r.done);
+    int64_t t0 = p2p_now_ms();
+    moe_server_stop(e->srv);
+    run_until(e, &r.done, 3000);
+    assert_int_equal(r.status, CM_OK);
+    assert_true(r.at_ms - t0 < 1000);
+}
+
 static void test_stopped_mid_batch(void **state)
 {
     /* A batch that waits 5 s to fill. */
@@ -538,6 +606,7 @@ int main(void)
         cmocka_unit_test_teardown(test_request_errors, teardown),
         cmocka_unit_test_teardown(test_kept_inputs_bounded, teardown),
         cmocka_unit_test_teardown(test_failure_injection, teardown),
+        cmocka_unit_test_teardown(test_delay, teardown),
         cmocka_unit_test_teardown(test_stopped_mid_batch, teardown),
         cmocka_unit_test_teardown(test_host_closed_mid_batch, teardown),
         cmocka_unit_test_teardown(test_client_refuses_lies, teardown),
