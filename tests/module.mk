@@ -51,6 +51,10 @@ INTEG_LIBS_test_experts_serve = $(AGENT_LIB) $(KERNELS_LIB)
 $(BUILD)/tests/integ/test_experts_takeover: $(AGENT_LIB) $(KERNELS_LIB)
 INTEG_LIBS_test_experts_takeover = $(AGENT_LIB) $(KERNELS_LIB)
 $(BUILD)/tests/integ/test_peer_runtime: $(AGENT_LIB)
+# The expert tests' helpers (tests/harness/ct_moe.c) use the agent's peer
+# runtime and expert client.
+$(BUILD)/tests/integ/test_expert_ckpt: $(AGENT_LIB) $(KERNELS_LIB)
+INTEG_LIBS_test_expert_ckpt = $(AGENT_LIB) $(KERNELS_LIB)
 BENCH_REPORTS := $(BUILD)/tests/bench/bench_reports
 $(BENCH_REPORTS): $(BUILD)/obj/tests/bench/bench_reports.o $(AGENT_LIB) $(COMMON_LIB)
 	@mkdir -p $(@D)

@@ -36,6 +36,7 @@
 #include "cm_crypto.h"
 #include "cm_err.h"
 #include "ct_harness.h"
+#include "ct_moe.h"
 #include "moe/moe_ckpt.h"
 
 #define PW "organizer-password"
@@ -46,12 +47,6 @@ static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org, *g_vol, *g_out;
 static char g_vdir[256], g_odir[256];
-
-static void sleep_ms(long ms)
-{
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
 
 /* An expert checkpoint file's bytes (heap) for uid, written through a
  * file; C, F may differ from the run's, nan puts a NaN in the parameters. */
@@ -249,7 +244,7 @@ static void test_expert_checkpoints(void **state)
     size_t vl[3];
     char vs[3][65];
     for (int i = 0; i < 3; i++) {
-        sleep_ms(1100);
+        ct_moe_sleep_ms(1100);
         v[i] = make_xckpt("ffn.1.2", C_W, F_W, 10 + (uint64_t)i, 1.0f + (float)i, 0, &vl[i], vs[i]);
         assert_int_equal(put_x(g_vol, "xm", "ffn.1.2", v[i], vl[i], vs[i], &r), 201);
         ct_resp_free(&r);
@@ -275,33 +270,18 @@ static void test_expert_checkpoints(void **state)
 static int setup(void **state)
 {
     (void)state;
-    int rc = ct_pg_start(&g_pg);
-    if (rc == CT_SKIP)
-        exit(CT_SKIP);
-    if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", PW) != 0 ||
-        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0 || !(g_org = ct_login(&g_c, "org", PW)))
+    if (ct_moe_setup(&g_pg, &g_c, PW, &g_org, "xm", json_pack("{s:i}", "checkpoint_every_s", 2)) != 0)
         return -1;
-    json_t *recipe = json_load_file("examples/fmnist-dmoe.json", 0, NULL);
-    if (!recipe)
-        return -1;
-    json_t *experts = json_object_get(json_object_get(recipe, "model"), "experts");
-    json_object_set_new(experts, "serve", json_pack("{s:i}", "checkpoint_every_s", 2));
-    char *body = ct_run_body("xm", recipe);
-    json_decref(recipe);
     struct ct_resp r;
+    json_t *mlp = ct_fmnist_recipe(10);
+    char *body = mlp ? ct_run_body("mlp", mlp) : NULL;
+    json_decref(mlp);
     ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
     free(body);
     long st = r.status;
     ct_resp_free(&r);
-    json_t *mlp = ct_fmnist_recipe(10);
-    body = mlp ? ct_run_body("mlp", mlp) : NULL;
-    json_decref(mlp);
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
-    free(body);
-    long st2 = r.status;
-    ct_resp_free(&r);
     char extra[256] = "";
-    int vrc = st != 201 || st2 != 201 || ct_volunteer_account(&g_c, g_org, "xm", "vol0", g_vdir) != 0 ||
+    int vrc = st != 201 || ct_volunteer_account(&g_c, g_org, "xm", "vol0", g_vdir) != 0 ||
               ct_volunteer_account(&g_c, g_org, "mlp", "vol0", extra) != 0;
     if (extra[0])
         ct_rmrf(extra);
