@@ -3,7 +3,8 @@
  * against the CPU reference (tests/unit/kernels/test_backends.c under
  * `make test-gpu`); the kernels are written for clarity first, after the
  * simple versions in llm.c's dev/cuda/ (one thread per output element or one
- * block per row).
+ * block per row). The optimizer steps are in kern_cuda_optim.cu,
+ * sharing this file's launch helpers through kern_cuda_int.h.
  *
  * Precision: tensors are fp32 in memory (so parameters, gradients and
  * optimizer state are the fp32 master copies). Matrix products use cuBLAS's
@@ -34,6 +35,7 @@ extern "C" {
 #include "kern_backend.h"
 #include "kern_gpu.h"
 }
+#include "kern_cuda_int.h"
 
 #if !defined(CT_CUDA_SASS) || !defined(CT_CUDA_PTX)
 #error "kernels/module.mk passes the architecture lists as CT_CUDA_SASS and CT_CUDA_PTX"
@@ -62,7 +64,10 @@ static void blas_note(cublasStatus_t s, const char *what)
     }
 }
 
-#define LAUNCH_CHECK(what) cuda_note(cudaGetLastError(), what)
+void kern__cuda_launch_check(const char *what)
+{
+    cuda_note(cudaGetLastError(), what);
+}
 
 static int status(void)
 {
@@ -70,7 +75,7 @@ static int status(void)
     return g_failed ? CM_EDEVICE : CM_OK;
 }
 
-static unsigned blocks_for(size_t n, unsigned threads)
+unsigned kern__cuda_blocks_for(size_t n, unsigned threads)
 {
     size_t b = (n + threads - 1) / threads;
     return (unsigned)(b > 65535u * 16u ? 65535u * 16u : (b ? b : 1));
@@ -246,25 +251,25 @@ __global__ void k_nonfinite(int *flag, const float *x, size_t n)
 
 static void cu_fill(float *x, float v, size_t n)
 {
-    k_fill<<<blocks_for(n, 256), 256>>>(x, v, n);
+    k_fill<<<kern__cuda_blocks_for(n, 256), 256>>>(x, v, n);
     LAUNCH_CHECK("fill");
 }
 
 static void cu_scale(float *x, float s, size_t n)
 {
-    k_scale<<<blocks_for(n, 256), 256>>>(x, s, n);
+    k_scale<<<kern__cuda_blocks_for(n, 256), 256>>>(x, s, n);
     LAUNCH_CHECK("scale");
 }
 
 static void cu_axpy(float *y, float a, const float *x, size_t n)
 {
-    k_axpy<<<blocks_for(n, 256), 256>>>(y, a, x, n);
+    k_axpy<<<kern__cuda_blocks_for(n, 256), 256>>>(y, a, x, n);
     LAUNCH_CHECK("axpy");
 }
 
 static void cu_add(float *out, const float *a, const float *b, size_t n)
 {
-    k_add<<<blocks_for(n, 256), 256>>>(out, a, b, n);
+    k_add<<<kern__cuda_blocks_for(n, 256), 256>>>(out, a, b, n);
     LAUNCH_CHECK("add");
 }
 
@@ -305,7 +310,7 @@ static int cu_all_finite(const float *x, size_t n)
 {
     int h = 0;
     cuda_note(cudaMemset(g_flag, 0, sizeof(int)), "all_finite");
-    k_nonfinite<<<blocks_for(n, 256), 256>>>(g_flag, x, n);
+    k_nonfinite<<<kern__cuda_blocks_for(n, 256), 256>>>(g_flag, x, n);
     LAUNCH_CHECK("all_finite");
     cuda_note(cudaMemcpy(&h, g_flag, sizeof h, cudaMemcpyDeviceToHost), "all_finite");
     return !h && !g_failed;
@@ -368,7 +373,7 @@ static void cu_matmul_fwd(float *out, const float *inp, const float *w, const fl
                           int C, int OC)
 {
     if (bias) {
-        k_bias_rows<<<blocks_for((size_t)N * OC, 256), 256>>>(out, bias, N, OC);
+        k_bias_rows<<<kern__cuda_blocks_for((size_t)N * OC, 256), 256>>>(out, bias, N, OC);
         LAUNCH_CHECK("bias");
     }
     /* out^T (OC,N) = w (OC,C) . inp^T (C,N) */
@@ -430,25 +435,25 @@ __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, siz
 
 static void cu_relu_fwd(float *out, const float *inp, size_t n)
 {
-    k_relu_fwd<<<blocks_for(n, 256), 256>>>(out, inp, n);
+    k_relu_fwd<<<kern__cuda_blocks_for(n, 256), 256>>>(out, inp, n);
     LAUNCH_CHECK("relu_fwd");
 }
 
 static void cu_relu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    k_relu_bwd<<<blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
+    k_relu_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
     LAUNCH_CHECK("relu_bwd");
 }
 
 static void cu_gelu_fwd(float *out, const float *inp, size_t n)
 {
-    k_gelu_fwd<<<blocks_for(n, 256), 256>>>(out, inp, n);
+    k_gelu_fwd<<<kern__cuda_blocks_for(n, 256), 256>>>(out, inp, n);
     LAUNCH_CHECK("gelu_fwd");
 }
 
 static void cu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    k_gelu_bwd<<<blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
+    k_gelu_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
     LAUNCH_CHECK("gelu_bwd");
 }
 
@@ -600,7 +605,7 @@ static void cu_embed_fwd(float *out, const int *tok, const float *wte, const flo
                          int T, int C)
 {
     size_t n = (size_t)B * T * C;
-    k_embed_fwd<<<blocks_for(n, 256), 256>>>(out, tok, wte, wpe, T, C, n);
+    k_embed_fwd<<<kern__cuda_blocks_for(n, 256), 256>>>(out, tok, wte, wpe, T, C, n);
     LAUNCH_CHECK("embed_fwd");
 }
 
@@ -608,7 +613,7 @@ static void cu_embed_bwd(float *dwte, float *dwpe, const float *dout, const int 
                          int T, int C)
 {
     size_t n = (size_t)B * T * C;
-    k_embed_bwd<<<blocks_for(n, 256), 256>>>(dwte, dwpe, dout, tok, T, C, n);
+    k_embed_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dwte, dwpe, dout, tok, T, C, n);
     LAUNCH_CHECK("embed_bwd");
 }
 
@@ -774,7 +779,7 @@ static void cu_attention_fwd(float *out, float *preatt, float *att, const float 
         return;
     float *q = buf, *k = buf + n, *v = buf + 2 * n, *y = buf + 3 * n;
     long long sT = (long long)T * hs, sTT = (long long)T * T;
-    k_permute<<<blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
+    k_permute<<<kern__cuda_blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
     /* preatt (T,T) row-major per head = q (T,hs) k^T / sqrt(hs) */
     gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f / sqrtf((float)hs), k, hs, sT, q, hs,
                  sT, 0.0f, preatt, T, sTT, BH, "attention q.k");
@@ -782,7 +787,7 @@ static void cu_attention_fwd(float *out, float *preatt, float *att, const float 
     /* y (T,hs) = att (T,T) v (T,hs) */
     gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, hs, sT, att, T, sTT, 0.0f, y, hs,
                  sT, BH, "attention att.v");
-    k_unpermute<<<blocks_for(n, 256), 256>>>(out, y, B, T, NH, hs);
+    k_unpermute<<<kern__cuda_blocks_for(n, 256), 256>>>(out, y, B, T, NH, hs);
     LAUNCH_CHECK("attention_fwd");
 }
 
@@ -799,8 +804,8 @@ static void cu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const flo
     float *dq = buf + 4 * n, *dk = buf + 5 * n, *dv = buf + 6 * n;
     long long sT = (long long)T * hs, sTT = (long long)T * T;
     float sc = 1.0f / sqrtf((float)hs);
-    k_permute<<<blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
-    k_permute_dout<<<blocks_for(n, 256), 256>>>(dy, dout, B, T, NH, hs);
+    k_permute<<<kern__cuda_blocks_for(n, 256), 256>>>(q, k, v, qkv, B, T, NH, hs);
+    k_permute_dout<<<kern__cuda_blocks_for(n, 256), 256>>>(dy, dout, B, T, NH, hs);
     /* datt (T,T) = dy (T,hs) v^T */
     gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, hs, sT, dy, hs, sT, 0.0f, datt, T,
                  sTT, BH, "attention datt");
@@ -814,7 +819,7 @@ static void cu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const flo
     /* dk (T,hs) = dpre^T (T,T) q (T,hs) / sqrt(hs) */
     gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, sc, q, hs, sT, dpreatt, T, sTT, 0.0f, dk, hs,
                  sT, BH, "attention dk");
-    k_scatter_dqkv<<<blocks_for(n, 256), 256>>>(dqkv, dq, dk, dv, B, T, NH, hs);
+    k_scatter_dqkv<<<kern__cuda_blocks_for(n, 256), 256>>>(dqkv, dq, dk, dv, B, T, NH, hs);
     LAUNCH_CHECK("attention_bwd");
 }
 
@@ -870,69 +875,8 @@ static void cu_xent_bwd(float *dlogits, const float *probs, const int *targets, 
                         int N, int V)
 {
     size_t n = (size_t)N * V;
-    k_xent_bwd<<<blocks_for(n, 256), 256>>>(dlogits, probs, targets, dscale, V, n);
+    k_xent_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dlogits, probs, targets, dscale, V, n);
     LAUNCH_CHECK("xent_bwd");
-}
-
-/* ---- optimizers ----
- * The optimizer step must give the CPU's result bit for bit: in a
- * collaboration every member applies the same averaged gradient and the
- * peers compare parameter hashes after each step (docs/collaboration.md,
- * steps 9 and 11), so a CUDA peer among CPU peers must land on the same
- * bits. nvcc contracts a * b + c into one FMA (one rounding instead of two)
- * by default, and the CPU (C11, -ffp-contract=off, no FMA in the x86-64
- * baseline) rounds the product and the sum separately; so these kernels
- * spell out every operation with the round-to-nearest intrinsics, in the
- * order of adamw_r / adam_dir_r in kernels/cpu/kern_cpu.c. Division and
- * square root are IEEE-exact here as there (__fdiv_rn, __fsqrt_rn). */
-
-/* m, v <- Adam moments; returns the bias-corrected direction m^/(sqrt(v^)+eps) */
-__device__ __forceinline__ float adam_moments(float g, float *m, float *v, float b1, float b2,
-                                              float eps, float bc1, float bc2)
-{
-    float mi = __fadd_rn(__fmul_rn(b1, *m), __fmul_rn(1.0f - b1, g));
-    float vi = __fadd_rn(__fmul_rn(b2, *v), __fmul_rn(__fmul_rn(1.0f - b2, g), g));
-    *m = mi;
-    *v = vi;
-    float mh = __fdiv_rn(mi, bc1), vh = __fdiv_rn(vi, bc2);
-    return __fdiv_rn(mh, __fadd_rn(__fsqrt_rn(vh), eps));
-}
-
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                        float b1, float b2, float eps, float wd, float bc1, float bc2)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float d = adam_moments(g[i], &m[i], &v[i], b1, b2, eps, bc1, bc2);
-        float pi = p[i];
-        p[i] = __fsub_rn(pi, __fmul_rn(lr, __fadd_rn(d, __fmul_rn(wd, pi))));
-    }
-}
-
-__global__ void k_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
-                           float b1, float b2, float eps, float wd, float bc1, float bc2)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float d = adam_moments(g[i], &m[i], &v[i], b1, b2, eps, bc1, bc2);
-        u[i] = __fadd_rn(d, __fmul_rn(wd, p[i]));
-    }
-}
-
-static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                     float b2, float eps, float wd, int t)
-{
-    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
-    k_adamw<<<blocks_for(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
-    LAUNCH_CHECK("adamw");
-}
-
-static void cu_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
-                        float b1, float b2, float eps, float wd, int t)
-{
-    float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
-    k_adam_dir<<<blocks_for(n, 256), 256>>>(u, p, g, m, v, n, b1, b2, eps, wd, bc1, bc2);
-    LAUNCH_CHECK("adam_dir");
 }
 
 static const struct kern_backend CUDA_BACKEND = {
@@ -965,8 +909,8 @@ static const struct kern_backend CUDA_BACKEND = {
     cu_attention_bwd,
     cu_xent_fwd,
     cu_xent_bwd,
-    cu_adamw,
-    cu_adam_dir,
+    kern__cuda_adamw,
+    kern__cuda_adam_dir,
 };
 
 static int g_state; /* of kern__cuda_backend: 0 untried, 1 ready, <0 failed with that code */

@@ -1,0 +1,28 @@
+/* Private to the CUDA backend's .cu files (kern_cuda.cu and the ops split
+ * out of it, such as kern_cuda_optim.cu): the launch helpers they share and
+ * the ops kern_cuda.cu's struct kern_backend points at from the other files.
+ * Not for the rest of the tree, which sees the backend only through
+ * kern_backend.h. Declarations only, no CUDA types, so it also compiles with
+ * a plain C compiler. */
+#ifndef KERN_CUDA_INT_H
+#define KERN_CUDA_INT_H
+
+#include <stddef.h>
+
+/* Blocks of `threads` for a grid-stride loop over n elements: at least one,
+ * at most 65535 * 16 (kern_cuda.cu). */
+unsigned kern__cuda_blocks_for(size_t n, unsigned threads);
+
+/* Logs and latches a failed launch (cudaGetLastError) once; the backend's
+ * next sync/download/upload returns CM_EDEVICE (kern_cuda.cu). */
+void kern__cuda_launch_check(const char *what);
+#define LAUNCH_CHECK(what) kern__cuda_launch_check(what)
+
+/* kern_backend.h's adamw and adam_dir, bit for bit the CPU's
+ * (kern_cuda_optim.cu). */
+void kern__cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                      float b2, float eps, float wd, int t);
+void kern__cuda_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
+                         float b1, float b2, float eps, float wd, int t);
+
+#endif
