@@ -62,7 +62,8 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp);
 /* At start-up: removes upload temporaries no live upload holds and files
  * no checkpoint row names, in every run directory under dir. */
 int coord_checkpoints_sweep(PGconn *pg, const char *dir);
-/* Shared with api_expert_ckpt.c: fsync of a directory (0 or -1); the
+/* ckpt_store.c, shared by both kinds of checkpoint (its header has the
+ * upload mechanism): fsync of a directory (0 or -1); the
  * exclusive flock of a directory held from a row's insert to the last
  * unlink (an fd, or -1), released by coord__dir_unlock. */
 int coord__fsync_dir(const char *dir);

@@ -23,20 +23,16 @@
  * candidates above them; files no row references any more are deleted. */
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
+#include "coordinator/ckpt_store.h"
 #include "ckpt/ckpt.h"
 #include "cm_err.h"
 #include "cm_log.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define MAX_STEP (1LL << 62)   /* what the URL may say; the range check is below */
 #define STEP_LIMIT (1LL << 53) /* the highest step a report may carry */
@@ -47,8 +43,6 @@
 #define STEP_AHEAD 100
 /* Unvouched checkpoints one volunteer may hold in a run at once. */
 #define CANDIDATES_PER_USER 2
-/* Temporary files of uploads in progress, in the run's directory. */
-#define UPLOAD_PREFIX ".upload-"
 
 static int parse_step(const char *s, long long *out)
 {
@@ -60,16 +54,6 @@ static int parse_step(const char *s, long long *out)
     if (errno || *end || v < 0 || v > MAX_STEP)
         return 0;
     *out = v;
-    return 1;
-}
-
-static int hex64_valid(const char *s)
-{
-    if (!s || strlen(s) != 64)
-        return 0;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return 0;
     return 1;
 }
 
@@ -129,32 +113,15 @@ struct upload {
     char run_id[24];
     long long step;
     int trusted; /* an organizer's upload: vouched by its uploader */
-    char expect[65];
-    char dir[4096];
-    char tmp[4200];
-    int fd;
-    struct cm_ckpt_stream ver;
+    struct coord_upload up;
     enum upload_fault fault;
     int fault_rc;
-    uint64_t bytes, max_bytes, header_step;
+    uint64_t header_step;
 };
-
-/* Closes and removes the temporary file at once (a refused upload keeps
- * nothing on disk while the rest of its body is discarded). */
-static void upload_drop_tmp(struct upload *u)
-{
-    if (u->fd >= 0)
-        close(u->fd);
-    u->fd = -1;
-    if (u->tmp[0])
-        unlink(u->tmp);
-    u->tmp[0] = '\0';
-}
 
 static void upload_free(struct upload *u)
 {
-    upload_drop_tmp(u);
-    cm_ckpt_stream_cleanup(&u->ver);
+    coord_upload_cleanup(&u->up);
     free(u);
 }
 
@@ -188,7 +155,7 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
         return NULL;
     }
     const char *sha = coord_req_header(req, "X-Checkpoint-SHA256");
-    if (!hex64_valid(sha)) {
+    if (!coord_hex64_valid(sha)) {
         coord_resp_error(resp, 400, "invalid_request",
                          "send the file's SHA-256 as 64 lowercase hex digits in X-Checkpoint-SHA256");
         return NULL;
@@ -269,34 +236,14 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "out of memory");
         return NULL;
     }
-    u->fd = -1;
     u->srv = req->srv;
     u->step = step;
     u->trusted = trusted;
-    u->max_bytes = max;
     snprintf(u->run, sizeof u->run, "%s", req->params[0]);
     snprintf(u->run_id, sizeof u->run_id, "%s", run_id);
-    snprintf(u->expect, sizeof u->expect, "%s", sha);
-    snprintf(u->dir, sizeof u->dir, "%s/%s", cfg->checkpoint_dir, u->run);
-    if (cm_ckpt_stream_init(&u->ver, max) != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        upload_free(u);
-        return NULL;
-    }
-    if (mkdir(u->dir, 0700) != 0 && errno != EEXIST) {
-        CM_LOGE("ckpt", "mkdir %s: %s", u->dir, strerror(errno));
-        coord_resp_error(resp, 500, "internal", "cannot store checkpoints");
-        upload_free(u);
-        return NULL;
-    }
-    snprintf(u->tmp, sizeof u->tmp, "%s/" UPLOAD_PREFIX "XXXXXX", u->dir);
-    u->fd = mkostemp(u->tmp, O_CLOEXEC);
-    /* held while the upload lives: the start-up sweep skips a locked file */
-    if (u->fd < 0 || flock(u->fd, LOCK_EX | LOCK_NB) != 0) {
-        CM_LOGE("ckpt", "creating %s: %s", u->tmp, strerror(errno));
-        if (u->fd < 0)
-            u->tmp[0] = '\0';
-        coord_resp_error(resp, 500, "internal", "cannot store checkpoints");
+    char dir[4300];
+    snprintf(dir, sizeof dir, "%s/%s", cfg->checkpoint_dir, u->run);
+    if (!coord_upload_init(&u->up, sha, max, resp) || !coord_upload_open(&u->up, NULL, dir, resp)) {
         upload_free(u);
         return NULL;
     }
@@ -306,44 +253,22 @@ static void *ck_begin(struct coord_req *req, struct coord_resp *resp)
 static int ck_chunk(void *ctx, const char *data, size_t len)
 {
     struct upload *u = ctx;
-    if (u->bytes + len > u->max_bytes) {
-        u->fault = FAULT_TOO_BIG;
-        upload_drop_tmp(u);
-        return CM_ETOOBIG;
-    }
-    int rc = cm_ckpt_stream_update(&u->ver, data, len);
+    int too_big, rc = coord_upload_check_chunk(&u->up, data, len, &too_big);
     uint64_t declared = 0;
     if (rc != CM_OK) {
-        /* the header's total size (offset 16, docs/checkpoints.md) above
-           the limit is 413; every other refusal says the file is malformed */
-        for (int i = 0; i < 8 && u->ver.received >= CM_CKPT_HEADER_BYTES; i++)
-            declared |= (uint64_t)u->ver.head[16 + i] << (8 * i);
-        u->fault = rc == CM_ETOOBIG && declared > u->max_bytes ? FAULT_TOO_BIG : FAULT_FORMAT;
+        u->fault = too_big ? FAULT_TOO_BIG : FAULT_FORMAT;
         u->fault_rc = rc;
-        upload_drop_tmp(u);
         return rc;
     }
-    if (cm_ckpt_stream_header(&u->ver, &u->header_step, &declared) &&
+    if (cm_ckpt_stream_header(&u->up.ver, &u->header_step, &declared) &&
         u->header_step != (uint64_t)u->step) {
         u->fault = FAULT_STEP;
-        upload_drop_tmp(u);
+        coord_upload_drop_tmp(&u->up);
         return CM_EPARSE;
     }
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(u->fd, data + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            CM_LOGE("ckpt", "writing %s: %s", u->tmp, strerror(errno));
-            u->fault = FAULT_IO;
-            upload_drop_tmp(u);
-            return CM_EIO;
-        }
-        off += (size_t)w;
-    }
-    u->bytes += len;
-    return CM_OK;
+    if ((rc = coord_upload_write(&u->up, data, len)) != CM_OK)
+        u->fault = FAULT_IO;
+    return rc;
 }
 
 static void ck_abort(void *ctx)
@@ -370,56 +295,12 @@ COORD_DB_STMT(S_CK_PRUNE, 2,
 COORD_DB_STMT(S_CK_REFS, 2, "SELECT count(*) FROM checkpoints WHERE run_id = $1 AND sha256 = $2");
 COORD_DB_STMT(S_CK_VOUCHED, 1, "SELECT vouched FROM checkpoint_trust WHERE id = $1");
 
-int coord__fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
-/* The run directory's lock: held from the row's insert to the last unlink,
- * so a file is never removed while a row that names it is being written
- * (two uploads of the same content, a prune, the start-up sweep). flock
- * works across coordinators sharing --checkpoint-dir on one machine. */
-int coord__dir_lock(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
-}
-
-void coord__dir_unlock(int fd)
-{
-    if (fd >= 0)
-        close(fd); /* releases the flock */
-}
-
-/* Deletes <dir>/<sha>.ckpt unless a row of the run still names it. */
-static void unlink_unreferenced(struct coord_db_conn *db, const char *run_id, const char *dir,
-                                const char *sha)
-{
-    const char *q[] = {run_id, sha};
-    PGresult *r = coord_db_exec(db, &S_CK_REFS, q, NULL);
-    if (r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "0")) {
-        char path[4300];
-        snprintf(path, sizeof path, "%s/%s.ckpt", dir, sha);
-        unlink(path);
-    }
-    PQclear(r);
-}
-
 static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, int chunk_err)
 {
     struct upload *u = ctx;
     struct cm_ckpt_stream_info info;
-    char got[65], params[65], final[4300];
-    int lock = -1, rc;
+    char got[65], params[65];
+    int lock = -1;
     if (u->fault == FAULT_STEP) {
         coord_resp_error(resp, 422, "step_mismatch",
                          "the file's header says step %llu, the URL step %lld; nothing was stored",
@@ -437,42 +318,15 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
                          req->srv->cfg->checkpoint_max_mb);
         goto out;
     }
-    if (chunk_err != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "storing the upload failed: %s", cm_strerror(chunk_err));
-        goto out;
-    }
-    if (u->bytes == 0) {
-        coord_resp_error(resp, 400, "invalid_request", "the checkpoint is empty");
-        goto out;
-    }
-    if ((rc = cm_ckpt_stream_final(&u->ver, &info)) != CM_OK) {
-        coord_resp_error(resp, 422, "invalid_checkpoint",
-                         "not a valid checkpoint file (docs/checkpoints.md): %s; nothing was stored",
-                         rc == CM_EPARSE ? "shorter than its header declares" : cm_strerror(rc));
-        goto out;
-    }
-    cm_hex_encode(info.file_sha256, sizeof info.file_sha256, got);
-    cm_hex_encode(info.params_sha256, sizeof info.params_sha256, params);
-    if (strcmp(got, u->expect) != 0) {
-        coord_resp_error(resp, 422, "checksum_mismatch",
-                         "the upload's SHA-256 is %s, not the announced %s; nothing was stored", got,
-                         u->expect);
-        goto out;
-    }
-    snprintf(final, sizeof final, "%s/%s.ckpt", u->dir, got);
-    if (fsync(u->fd) != 0) {
-        coord_resp_error(resp, 500, "internal", "could not make the checkpoint durable");
-        goto out;
-    }
-    if (!coord_req_db(req, resp))
+    if (!coord_upload_verify(&u->up, chunk_err, resp, &info, got, params) || !coord_req_db(req, resp))
         goto out;
     char steps[24], size[24], uid[24], keep[24], id[24];
     snprintf(steps, sizeof steps, "%lld", u->step);
-    snprintf(size, sizeof size, "%" PRIu64, u->bytes);
+    snprintf(size, sizeof size, "%" PRIu64, u->up.bytes);
     snprintf(uid, sizeof uid, "%lld", (long long)req->user.id);
     snprintf(keep, sizeof keep, "%ld", req->srv->cfg->checkpoint_keep);
     const char *p[] = {u->run_id, steps, got, size, uid, params, u->trusted ? "t" : "f"};
-    if ((lock = coord__dir_lock(u->dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+    if ((lock = coord__dir_lock(u->up.dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
@@ -503,14 +357,11 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
                              u->step);
         goto out;
     }
-    close(u->fd);
-    u->fd = -1;
-    if (rename(u->tmp, final) != 0 || coord__fsync_dir(u->dir) != 0) {
+    if (coord_upload_rename(&u->up, got) != 0) {
         coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
-    u->tmp[0] = '\0'; /* now the content-addressed file */
     const char *pp[] = {u->run_id, keep};
     r = coord_db_exec(req->db, &S_CK_PRUNE, pp, NULL);
     json_t *pruned = json_array();
@@ -520,7 +371,7 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     if (!r || coord_db_cmd(req->db, "COMMIT") != CM_OK) {
         coord_db_cmd(req->db, "ROLLBACK");
         json_decref(pruned);
-        unlink_unreferenced(req->db, u->run_id, u->dir, got);
+        coord_ckpt_unlink_unreferenced(req->db, &S_CK_REFS, u->run_id, u->up.dir, got);
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
@@ -528,19 +379,19 @@ static void ck_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     size_t i;
     json_t *e;
     json_array_foreach(pruned, i, e)
-        unlink_unreferenced(req->db, u->run_id, u->dir, json_string_value(e));
+        coord_ckpt_unlink_unreferenced(req->db, &S_CK_REFS, u->run_id, u->up.dir, json_string_value(e));
     /* The reports that vouch for it may have arrived before it did. */
     const char *vp[] = {id};
     r = coord_db_exec(req->db, &S_CK_VOUCHED, vp, NULL);
     int vouched = r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
     PQclear(r);
     CM_LOGI("ckpt", "%s stored step %lld of run %s (%" PRIu64 " bytes, sha256 %.16s..., %s)",
-            req->user.username, u->step, u->run, u->bytes, got,
+            req->user.username, u->step, u->run, u->up.bytes, got,
             vouched ? "vouched" : "a candidate until its members vouch for it");
     coord_resp_json(resp, 201, json_pack("{s:s, s:I, s:s, s:s, s:I, s:b, s:o}", "run", u->run,
                                          "step", (json_int_t)u->step, "sha256", got,
                                          "params_sha256", params, "size_bytes",
-                                         (json_int_t)u->bytes, "vouched", vouched, "pruned", pruned));
+                                         (json_int_t)u->up.bytes, "vouched", vouched, "pruned", pruned));
 out:
     coord__dir_unlock(lock);
     upload_free(u);
@@ -628,90 +479,15 @@ void api_checkpoints_get(struct coord_req *req, struct coord_resp *resp)
     snprintf(sha, sizeof sha, "%s", PQgetvalue(r, 0, 1));
     PQclear(r);
     snprintf(path, sizeof path, "%s/%s/%s.ckpt", req->srv->cfg->checkpoint_dir, req->params[0], sha);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size != size) {
-        if (fd >= 0)
-            close(fd);
-        CM_LOGE("ckpt", "%s: missing or wrong size (is --checkpoint-dir shared by all coordinators?)", path);
-        coord_resp_error(resp, 503, "checkpoint_unavailable",
-                         "the checkpoint is recorded but its file is not on this coordinator");
-        return;
-    }
-    resp->has_fd = 1;
-    resp->fd = fd;
-    resp->fd_len = size;
-    resp->content_type = "application/octet-stream";
-    resp->status = 200;
-    snprintf(resp->hdr_name[0], sizeof resp->hdr_name[0], "X-Checkpoint-SHA256");
-    snprintf(resp->hdr_value[0], sizeof resp->hdr_value[0], "%s", sha);
-    snprintf(resp->hdr_name[1], sizeof resp->hdr_name[1], "X-Checkpoint-Step");
-    snprintf(resp->hdr_value[1], sizeof resp->hdr_value[1], "%lld", got_step);
+    coord_ckpt_serve(resp, path, sha, size, got_step);
 }
 
 /* --- start-up sweep ---------------------------------------------------------------- */
 
-/* Removes what uploads left behind in one run's directory: temporary files
- * nobody holds locked (their upload died with its process) and .ckpt files
- * no row of the run names (a crash between the rename and the commit, or a
- * run deleted since). Returns the number of files removed. */
-static int sweep_run(PGconn *pg, const char *dir, const char *run)
-{
-    char rdir[4200];
-    snprintf(rdir, sizeof rdir, "%s/%s", dir, run);
-    int lock = coord__dir_lock(rdir);
-    DIR *d = lock >= 0 ? opendir(rdir) : NULL;
-    if (!d) {
-        coord__dir_unlock(lock);
-        return 0;
-    }
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char path[4500];
-        snprintf(path, sizeof path, "%s/%s", rdir, e->d_name);
-        size_t n = strlen(e->d_name);
-        if (!strncmp(e->d_name, UPLOAD_PREFIX, strlen(UPLOAD_PREFIX))) {
-            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && unlink(path) == 0)
-                removed++;
-            if (fd >= 0)
-                close(fd);
-        } else if (n == 64 + 5 && !strcmp(e->d_name + 64, ".ckpt")) {
-            char sha[65];
-            memcpy(sha, e->d_name, 64);
-            sha[64] = '\0';
-            if (!hex64_valid(sha))
-                continue;
-            const char *p[] = {run, sha};
-            PGresult *r = PQexecParams(pg,
-                                       "SELECT count(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
-                                       "WHERE r.name = $1 AND c.sha256 = $2",
-                                       2, NULL, p, NULL, NULL, 0);
-            if (PQresultStatus(r) == PGRES_TUPLES_OK && !strcmp(PQgetvalue(r, 0, 0), "0") &&
-                unlink(path) == 0)
-                removed++;
-            PQclear(r);
-        }
-    }
-    closedir(d);
-    coord__dir_unlock(lock);
-    return removed;
-}
-
 int coord_checkpoints_sweep(PGconn *pg, const char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? CM_OK : CM_EIO;
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (cm_name_valid(e->d_name))
-            removed += sweep_run(pg, dir, e->d_name);
-    closedir(d);
-    if (removed)
-        CM_LOGI("ckpt", "removed %d checkpoint file%s left by interrupted or refused uploads", removed,
-                removed == 1 ? "" : "s");
-    return CM_OK;
+    return coord_ckpt_sweep(pg, dir, NULL,
+                            "SELECT count(*) FROM checkpoints c JOIN runs r ON r.id = c.run_id "
+                            "WHERE r.name = $1 AND c.sha256 = $2",
+                            "checkpoint");
 }

@@ -22,12 +22,13 @@
  * files the way reports vouch for the run's checkpoints; docs/architecture.md
  * ("Threat model") says what a malicious server can still do.
  *
- * Storage as in api_checkpoints.c: a locked temporary in
+ * Storage as in api_checkpoints.c, by the same code (ckpt_store.c): a locked temporary in
  * <checkpoint-dir>/<run>/experts/, fsync'ed, a row inserted and the file
  * renamed to <sha256>.ckpt under the directory's flock, the newest
  * EXPERT_KEEP rows per uid kept (files no row names are deleted);
  * coord_expert_ckpt_sweep removes what a crash left at start-up. */
 #include "coordinator/api.h"
+#include "coordinator/ckpt_store.h"
 #include "ckpt/ckpt.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
@@ -35,20 +36,13 @@
 #include "moe/moe_ckpt.h"
 #include "moe/moe_grid.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define EXPERT_KEEP 2                 /* newest checkpoints kept per uid */
 #define EXPERT_DIR "experts"          /* under the run's checkpoint directory */
-#define UPLOAD_PREFIX ".upload-"
 #define CKPT_EVERY_DEFAULT_S 60       /* model.experts.serve.checkpoint_every_s */
 
 /* The expert layout a run's config implies (agent/train/train_config.c
@@ -150,46 +144,23 @@ static int xrun_access(struct coord_req *req, struct coord_resp *resp, int write
     return 1;
 }
 
-static int hex64_valid(const char *s)
-{
-    if (!s || strlen(s) != 64)
-        return 0;
-    for (const char *p = s; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return 0;
-    return 1;
-}
-
 /* ---- upload ------------------------------------------------------------- */
 
 enum xfault { XF_NONE, XF_FORMAT, XF_SHAPE, XF_TOO_BIG, XF_IO };
 
 struct xupload {
     char run[CM_NAME_MAX + 1], run_id[24], uid[MOE_UID_TEXT_MAX];
-    char expect[65], dir[4300], tmp[4400];
-    int fd, C, F;
+    int C, F;
     double min_gap;  /* seconds between two stored uploads of the uid by this uploader */
-    struct cm_ckpt_stream ver;
+    struct coord_upload up;
     enum xfault fault;
     int fault_rc;
     char why[256];
-    uint64_t bytes, max_bytes;
 };
-
-static void xu_drop_tmp(struct xupload *u)
-{
-    if (u->fd >= 0)
-        close(u->fd);
-    u->fd = -1;
-    if (u->tmp[0])
-        unlink(u->tmp);
-    u->tmp[0] = '\0';
-}
 
 static void xu_free(struct xupload *u)
 {
-    xu_drop_tmp(u);
-    cm_ckpt_stream_cleanup(&u->ver);
+    coord_upload_cleanup(&u->up);
     free(u);
 }
 
@@ -208,7 +179,7 @@ static void *xc_begin(struct coord_req *req, struct coord_resp *resp)
     if (!xrun_access(req, resp, 1, 1, run_id, &x))
         return NULL;
     const char *sha = coord_req_header(req, "X-Checkpoint-SHA256");
-    if (!hex64_valid(sha)) {
+    if (!coord_hex64_valid(sha)) {
         coord_resp_error(resp, 400, "invalid_request",
                          "send the file's SHA-256 as 64 lowercase hex digits in X-Checkpoint-SHA256");
         return NULL;
@@ -251,36 +222,16 @@ static void *xc_begin(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "out of memory");
         return NULL;
     }
-    u->fd = -1;
     u->C = x.C;
     u->F = x.F;
-    u->max_bytes = max;
     u->min_gap = min_gap;
     snprintf(u->run, sizeof u->run, "%s", req->params[0]);
     snprintf(u->run_id, sizeof u->run_id, "%s", run_id);
     snprintf(u->uid, sizeof u->uid, "%s", req->params[1]);
-    snprintf(u->expect, sizeof u->expect, "%s", sha);
-    char rdir[4200];
+    char rdir[4200], dir[4300];
     snprintf(rdir, sizeof rdir, "%s/%s", cfg->checkpoint_dir, u->run);
-    snprintf(u->dir, sizeof u->dir, "%s/" EXPERT_DIR, rdir);
-    if (cm_ckpt_stream_init(&u->ver, max) != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        xu_free(u);
-        return NULL;
-    }
-    if ((mkdir(rdir, 0700) != 0 && errno != EEXIST) || (mkdir(u->dir, 0700) != 0 && errno != EEXIST)) {
-        CM_LOGE("ckpt", "mkdir %s: %s", u->dir, strerror(errno));
-        coord_resp_error(resp, 500, "internal", "cannot store checkpoints");
-        xu_free(u);
-        return NULL;
-    }
-    snprintf(u->tmp, sizeof u->tmp, "%s/" UPLOAD_PREFIX "XXXXXX", u->dir);
-    u->fd = mkostemp(u->tmp, O_CLOEXEC);
-    if (u->fd < 0 || flock(u->fd, LOCK_EX | LOCK_NB) != 0) {
-        CM_LOGE("ckpt", "creating %s: %s", u->tmp, strerror(errno));
-        if (u->fd < 0)
-            u->tmp[0] = '\0';
-        coord_resp_error(resp, 500, "internal", "cannot store checkpoints");
+    snprintf(dir, sizeof dir, "%s/" EXPERT_DIR, rdir);
+    if (!coord_upload_init(&u->up, sha, max, resp) || !coord_upload_open(&u->up, rdir, dir, resp)) {
         xu_free(u);
         return NULL;
     }
@@ -300,24 +251,17 @@ static int xc_chunk(void *ctx, const char *data, size_t len)
     struct xupload *u = ctx;
     if (u->fault)
         return CM_EPARSE;
-    if (u->bytes + len > u->max_bytes) {
-        u->fault = XF_TOO_BIG;
-        xu_drop_tmp(u);
-        return CM_ETOOBIG;
-    }
-    int had_header = u->ver.received >= CM_CKPT_HEADER_BYTES;
-    int rc = cm_ckpt_stream_update(&u->ver, data, len);
+    int had_header = u->up.ver.received >= CM_CKPT_HEADER_BYTES;
+    int too_big, rc = coord_upload_check_chunk(&u->up, data, len, &too_big);
     if (rc != CM_OK) {
-        u->fault = rc == CM_ETOOBIG && u->ver.received >= CM_CKPT_HEADER_BYTES &&
-                           le(u->ver.head + 16, 8) > u->max_bytes ? XF_TOO_BIG : XF_FORMAT;
+        u->fault = too_big ? XF_TOO_BIG : XF_FORMAT;
         u->fault_rc = rc;
-        xu_drop_tmp(u);
         return rc;
     }
-    if (!had_header && cm_ckpt_stream_header(&u->ver, NULL, NULL)) {
+    if (!had_header && cm_ckpt_stream_header(&u->up.ver, NULL, NULL)) {
         /* the layout's counts are in the header (docs/checkpoints.md): a
            wrong shape is refused before its body arrives */
-        const uint8_t *h = u->ver.head;
+        const uint8_t *h = u->up.ver.head;
         uint64_t n = moe_ckpt_nparams(u->C, u->F), np = le(h + 32, 8);
         uint32_t nopt = (uint32_t)le(h + 40, 4), rng = (uint32_t)le(h + 44, 4), cfg = (uint32_t)le(h + 48, 4);
         if (np != n || nopt != 2 || rng != 0 || cfg > MOE_CKPT_CONFIG_MAX) {
@@ -327,25 +271,13 @@ static int xc_chunk(void *ctx, const char *data, size_t len)
                      "RNG, a config of at most %d bytes", np, nopt, rng, cfg, u->C, u->F, n,
                      MOE_CKPT_CONFIG_MAX);
             u->fault = XF_SHAPE;
-            xu_drop_tmp(u);
+            coord_upload_drop_tmp(&u->up);
             return CM_EINVAL;
         }
     }
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(u->fd, data + off, len - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            CM_LOGE("ckpt", "writing %s: %s", u->tmp, strerror(errno));
-            u->fault = XF_IO;
-            xu_drop_tmp(u);
-            return CM_EIO;
-        }
-        off += (size_t)w;
-    }
-    u->bytes += len;
-    return CM_OK;
+    if ((rc = coord_upload_write(&u->up, data, len)) != CM_OK)
+        u->fault = XF_IO;
+    return rc;
 }
 
 static void xc_abort(void *ctx)
@@ -372,26 +304,13 @@ COORD_DB_STMT(S_XC_PRUNE, 3,
               "LIMIT $3) RETURNING d.sha256");
 COORD_DB_STMT(S_XC_REFS, 2, "SELECT count(*) FROM expert_checkpoints WHERE run_id = $1 AND sha256 = $2");
 
-static void xc_unlink_unreferenced(struct coord_db_conn *db, const char *run_id, const char *dir,
-                                   const char *sha)
-{
-    const char *q[] = {run_id, sha};
-    PGresult *r = coord_db_exec(db, &S_XC_REFS, q, NULL);
-    if (r && PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "0")) {
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s.ckpt", dir, sha);
-        unlink(path);
-    }
-    PQclear(r);
-}
-
 /* The values: the stream verified the format; the file is bounded by the
  * expert's size (a few MiB), so it is read back whole to check every
  * value and the config. */
 static int xc_check_values(struct xupload *u)
 {
     struct cm_ckpt c;
-    int rc = cm_ckpt_read(u->tmp, &c);
+    int rc = cm_ckpt_read(u->up.tmp, &c);
     if (rc != CM_OK) {
         snprintf(u->why, sizeof u->why, "reading it back: %s", cm_strerror(rc));
         return rc;
@@ -405,7 +324,7 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
 {
     struct xupload *u = ctx;
     struct cm_ckpt_stream_info info;
-    char got[65], params[65], final[4500];
+    char got[65], params[65];
     int lock = -1, rc;
     if (u->fault == XF_SHAPE) {
         coord_resp_error(resp, 422, "wrong_shape", "not a checkpoint of expert %s: %s; nothing was stored",
@@ -420,34 +339,11 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     }
     if (chunk_err == CM_ETOOBIG || u->fault == XF_TOO_BIG) {
         coord_resp_error(resp, 413, "body_too_large", "a checkpoint of expert %s is at most %" PRIu64 " bytes",
-                         u->uid, u->max_bytes);
+                         u->uid, u->up.max_bytes);
         goto out;
     }
-    if (chunk_err != CM_OK) {
-        coord_resp_error(resp, 500, "internal", "storing the upload failed: %s", cm_strerror(chunk_err));
+    if (!coord_upload_verify(&u->up, chunk_err, resp, &info, got, params))
         goto out;
-    }
-    if (u->bytes == 0) {
-        coord_resp_error(resp, 400, "invalid_request", "the checkpoint is empty");
-        goto out;
-    }
-    if ((rc = cm_ckpt_stream_final(&u->ver, &info)) != CM_OK) {
-        coord_resp_error(resp, 422, "invalid_checkpoint",
-                         "not a valid checkpoint file (docs/checkpoints.md): %s; nothing was stored",
-                         rc == CM_EPARSE ? "shorter than its header declares" : cm_strerror(rc));
-        goto out;
-    }
-    cm_hex_encode(info.file_sha256, sizeof info.file_sha256, got);
-    cm_hex_encode(info.params_sha256, sizeof info.params_sha256, params);
-    if (strcmp(got, u->expect) != 0) {
-        coord_resp_error(resp, 422, "checksum_mismatch",
-                         "the upload's SHA-256 is %s, not the announced %s; nothing was stored", got, u->expect);
-        goto out;
-    }
-    if (fsync(u->fd) != 0) {
-        coord_resp_error(resp, 500, "internal", "could not make the checkpoint durable");
-        goto out;
-    }
     if ((rc = xc_check_values(u)) != CM_OK) {
         coord_resp_error(resp, 422, rc == CM_EINVAL ? "wrong_shape" : "invalid_checkpoint",
                          "not a usable checkpoint of expert %s: %s; nothing was stored", u->uid, u->why);
@@ -455,17 +351,16 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     }
     if (!coord_req_db(req, resp))
         goto out;
-    snprintf(final, sizeof final, "%s/%s.ckpt", u->dir, got);
     char steps[24], size[24], by[24], keep[8], id[24];
     snprintf(steps, sizeof steps, "%" PRIu64, info.step);
-    snprintf(size, sizeof size, "%" PRIu64, u->bytes);
+    snprintf(size, sizeof size, "%" PRIu64, u->up.bytes);
     snprintf(by, sizeof by, "%lld", (long long)req->user.id);
     snprintf(keep, sizeof keep, "%d", EXPERT_KEEP);
     if (info.step > (uint64_t)INT64_MAX) {
         coord_resp_error(resp, 422, "invalid_checkpoint", "step %" PRIu64 " is out of range", info.step);
         goto out;
     }
-    if ((lock = coord__dir_lock(u->dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
+    if ((lock = coord__dir_lock(u->up.dir)) < 0 || coord_db_cmd(req->db, "BEGIN") != CM_OK) {
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
@@ -495,14 +390,11 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     }
     snprintf(id, sizeof id, "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    close(u->fd);
-    u->fd = -1;
-    if (rename(u->tmp, final) != 0 || coord__fsync_dir(u->dir) != 0) {
+    if (coord_upload_rename(&u->up, got) != 0) { /* a row names it once committed */
         coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "could not store the checkpoint");
         goto out;
     }
-    u->tmp[0] = '\0'; /* now the content-addressed file (a row names it once committed) */
     const char *pp[] = {u->run_id, u->uid, keep};
     r = coord_db_exec(req->db, &S_XC_PRUNE, pp, NULL);
     json_t *pruned = json_array();
@@ -513,19 +405,19 @@ static void xc_end(void *ctx, struct coord_req *req, struct coord_resp *resp, in
     if (!pruned_ok || coord_db_cmd(req->db, "COMMIT") != CM_OK) {
         coord_db_cmd(req->db, "ROLLBACK");
         json_decref(pruned);
-        xc_unlink_unreferenced(req->db, u->run_id, u->dir, got);
+        coord_ckpt_unlink_unreferenced(req->db, &S_XC_REFS, u->run_id, u->up.dir, got);
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
     size_t i;
     json_t *e;
     json_array_foreach(pruned, i, e)
-        xc_unlink_unreferenced(req->db, u->run_id, u->dir, json_string_value(e));
+        coord_ckpt_unlink_unreferenced(req->db, &S_XC_REFS, u->run_id, u->up.dir, json_string_value(e));
     CM_LOGI("ckpt", "%s stored expert %s of run %s at step %" PRIu64 " (%" PRIu64 " bytes, sha256 %.16s...)",
-            req->user.username, u->uid, u->run, info.step, u->bytes, got);
+            req->user.username, u->uid, u->run, info.step, u->up.bytes, got);
     coord_resp_json(resp, 201, json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:o}", "run", u->run, "uid", u->uid,
                                          "step", (json_int_t)info.step, "sha256", got, "params_sha256",
-                                         params, "size_bytes", (json_int_t)u->bytes, "pruned", pruned));
+                                         params, "size_bytes", (json_int_t)u->up.bytes, "pruned", pruned));
 out:
     coord__dir_unlock(lock);
     xu_free(u);
@@ -564,25 +456,7 @@ void api_expert_ckpt_get(struct coord_req *req, struct coord_resp *resp)
     PQclear(r);
     snprintf(path, sizeof path, "%s/%s/" EXPERT_DIR "/%s.ckpt", req->srv->cfg->checkpoint_dir, req->params[0],
              sha);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size != size) {
-        if (fd >= 0)
-            close(fd);
-        CM_LOGE("ckpt", "%s: missing or wrong size (is --checkpoint-dir shared by all coordinators?)", path);
-        coord_resp_error(resp, 503, "checkpoint_unavailable",
-                         "the checkpoint is recorded but its file is not on this coordinator");
-        return;
-    }
-    resp->has_fd = 1;
-    resp->fd = fd;
-    resp->fd_len = size;
-    resp->content_type = "application/octet-stream";
-    resp->status = 200;
-    snprintf(resp->hdr_name[0], sizeof resp->hdr_name[0], "X-Checkpoint-SHA256");
-    snprintf(resp->hdr_value[0], sizeof resp->hdr_value[0], "%s", sha);
-    snprintf(resp->hdr_name[1], sizeof resp->hdr_name[1], "X-Checkpoint-Step");
-    snprintf(resp->hdr_value[1], sizeof resp->hdr_value[1], "%lld", step);
+    coord_ckpt_serve(resp, path, sha, size, step);
 }
 
 COORD_DB_STMT(S_XC_LIST, 1,
@@ -618,62 +492,10 @@ void api_expert_ckpt_list(struct coord_req *req, struct coord_resp *resp)
 
 /* ---- start-up sweep ----------------------------------------------------- */
 
-static int sweep_experts(PGconn *pg, const char *dir, const char *run)
-{
-    char xdir[4300];
-    snprintf(xdir, sizeof xdir, "%s/%s/" EXPERT_DIR, dir, run);
-    int lock = coord__dir_lock(xdir);
-    DIR *d = lock >= 0 ? opendir(xdir) : NULL;
-    if (!d) {
-        coord__dir_unlock(lock);
-        return 0;
-    }
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char path[4600];
-        snprintf(path, sizeof path, "%s/%s", xdir, e->d_name);
-        size_t n = strlen(e->d_name);
-        if (!strncmp(e->d_name, UPLOAD_PREFIX, strlen(UPLOAD_PREFIX))) {
-            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && unlink(path) == 0)
-                removed++;
-            if (fd >= 0)
-                close(fd);
-        } else if (n == 64 + 5 && !strcmp(e->d_name + 64, ".ckpt")) {
-            char sha[65];
-            memcpy(sha, e->d_name, 64);
-            sha[64] = '\0';
-            if (!hex64_valid(sha))
-                continue;
-            const char *p[] = {run, sha};
-            PGresult *r = PQexecParams(pg,
-                                       "SELECT count(*) FROM expert_checkpoints c JOIN runs r ON r.id = c.run_id "
-                                       "WHERE r.name = $1 AND c.sha256 = $2",
-                                       2, NULL, p, NULL, NULL, 0);
-            if (PQresultStatus(r) == PGRES_TUPLES_OK && !strcmp(PQgetvalue(r, 0, 0), "0") && unlink(path) == 0)
-                removed++;
-            PQclear(r);
-        }
-    }
-    closedir(d);
-    coord__dir_unlock(lock);
-    return removed;
-}
-
 int coord_expert_ckpt_sweep(PGconn *pg, const char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return errno == ENOENT ? CM_OK : CM_EIO;
-    int removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (cm_name_valid(e->d_name))
-            removed += sweep_experts(pg, dir, e->d_name);
-    closedir(d);
-    if (removed)
-        CM_LOGI("ckpt", "removed %d expert checkpoint file%s left by interrupted or refused uploads", removed,
-                removed == 1 ? "" : "s");
-    return CM_OK;
+    return coord_ckpt_sweep(pg, dir, EXPERT_DIR,
+                            "SELECT count(*) FROM expert_checkpoints c JOIN runs r ON r.id = c.run_id "
+                            "WHERE r.name = $1 AND c.sha256 = $2",
+                            "expert checkpoint");
 }
