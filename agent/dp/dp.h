@@ -39,12 +39,21 @@ struct dp_opts {
         *compression, *step_log, *progress;
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
-        outcome_window_ms, stall_ms, expert_timeout_ms, max_inflight;
+        gather_margin_ms, outcome_window_ms, stall_ms, expert_timeout_ms, max_inflight;
     double max_upload_mbps, max_download_mbps, max_cpu_percent;
 };
 
 /* A failed round this long after the last one starts a new count. */
 #define DP_FAILING_FORGET_S 120.0
+
+/* A round's members are read --gather-margin-ms (default 150) after its
+ * window closed, or DP_GATHER_MARGIN_X times the slowest of our last
+ * DP_GATHER_PUTS announcements to the DHT when that is longer (the others'
+ * take about as long to land: a slow link or a loaded machine raises the
+ * margin by itself). dp_gather_margin. */
+#define DP_GATHER_MARGIN_X 3
+#define DP_GATHER_PUTS 8
+#define DP_GATHER_MARGIN_MAX_MS 5000
 
 struct dp_state {
     struct dp_opts o;
@@ -77,6 +86,9 @@ struct dp_state {
     struct collab_hold hold;    /* delayed updates: our waits for the peers behind our step
                                    (see dp_majority_behind), a bucket of DP_HOLD_S */
     double hold_warned;         /* mono of the last "stayed behind" warning */
+    int64_t put_ms[DP_GATHER_PUTS]; /* our last announcements' DHT puts (round thread) */
+    size_t n_puts;
+    int64_t margin_ms;          /* dp_gather_margin (atomic: the loop reads it too) */
     /* rounds in a row that averaged nothing (not steps), since when, why */
     int failing;
     double failing_since, failing_last;
@@ -125,6 +137,7 @@ struct dp_job {
     size_t group_senders;            /* most senders in a group of ours */
     size_t group_last;               /* members of our group in the last round */
     double global, t_wait, t_round;  /* seconds waited for it / it took (gather to outcome) */
+    int64_t margin_ms;               /* the gathering's margin (dp_gather_margin) */
     /* thread */
     pthread_t th;
     int threaded;
@@ -135,8 +148,6 @@ struct dp_job {
  * refilled at DP_HOLD_REFILL seconds per second not waiting. */
 #define DP_HOLD_S 10.0
 #define DP_HOLD_REFILL 0.1
-/* A round's members are read this long after its window closed. */
-#define DP_GATHER_MARGIN_MS 150
 /* Fresh progress of a peer accumulating / present at any step. */
 #define DP_ACTIVE_MS 5000
 #define DP_PRESENT_MS 10000
@@ -182,6 +193,11 @@ int dp_round_going(struct dp_state *s, const struct collab_progress *p, size_t n
                    int64_t now);
 int dp_pstep_held(const struct dp_state *s, const struct collab_progress *p, size_t n, int64_t pstep);
 int dp_round_open(struct dp_state *s, int64_t step);
+/* The gathering margin now (see DP_GATHER_MARGIN_X). */
+int64_t dp_gather_margin(const struct dp_state *s);
+/* Remembers that our announcement took `ms` to land, and moves the margin
+   (the round thread; dp_gather does it). */
+void dp_gather_note_put(struct dp_state *s, int64_t ms);
 
 /* round.c */
 void dp_run_round(struct dp_job *j);

@@ -68,6 +68,10 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"round-timeout-ms", CM_OPT_INT, J(round_timeout_ms), "60000", "MS", "deadline of one averaging round", 0},
     {"round-window-ms", CM_OPT_INT, J(round_window_ms), "300", "MS",
      "a round's members are the peers that announce within this window of the first", 0},
+    {"gather-margin-ms", CM_OPT_INT, J(gather_margin_ms), "150", "MS",
+     "a round's members are read this long after its window closed (at least 3x this peer's slowest recent "
+     "announcement to the DHT); raise it on links of long round trips",
+     0},
     {"outcome-window-ms", CM_OPT_INT, J(outcome_window_ms), "1500", "MS",
      "members agree on a round's averaged parts from the outcomes published within this window", 0},
     {"delayed-updates", CM_OPT_BOOL, J(delayed_updates), NULL, NULL,
@@ -280,9 +284,11 @@ static int check_opts(struct dp_state *s)
         return -1;
     }
     if (s->o.stall_ms < 500 || s->o.stall_ms > 600000 || s->o.round_timeout_ms < 1000 ||
-        s->o.outcome_window_ms < 50 || s->o.round_window_ms < 10) {
+        s->o.outcome_window_ms < 50 || s->o.round_window_ms < 10 || s->o.gather_margin_ms < 10 ||
+        s->o.gather_margin_ms > DP_GATHER_MARGIN_MAX_MS) {
         fprintf(stderr, "error: --stall-ms must be in [500, 600000], --round-timeout-ms >= 1000, "
-                        "--outcome-window-ms >= 50, --round-window-ms >= 10\n");
+                        "--outcome-window-ms >= 50, --round-window-ms >= 10, --gather-margin-ms in "
+                        "[10, %d]\n", DP_GATHER_MARGIN_MAX_MS);
         return -1;
     }
     const char *bad = NULL;

@@ -158,6 +158,23 @@ struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int 
     return a;
 }
 
+int64_t dp_gather_margin(const struct dp_state *s)
+{
+    int64_t m = __atomic_load_n(&s->margin_ms, __ATOMIC_ACQUIRE);
+    return m > 0 ? m : s->o.gather_margin_ms;
+}
+
+void dp_gather_note_put(struct dp_state *s, int64_t ms)
+{
+    s->put_ms[s->n_puts++ % DP_GATHER_PUTS] = ms;
+    int64_t worst = 0;
+    for (size_t k = 0; k < DP_GATHER_PUTS && k < s->n_puts; k++)
+        worst = s->put_ms[k] > worst ? s->put_ms[k] : worst;
+    int64_t m = DP_GATHER_MARGIN_X * worst;
+    m = m < s->o.gather_margin_ms ? s->o.gather_margin_ms : m > DP_GATHER_MARGIN_MAX_MS ? DP_GATHER_MARGIN_MAX_MS : m;
+    __atomic_store_n(&s->margin_ms, m, __ATOMIC_RELEASE);
+}
+
 /* Announces for the round of `step` and gathers its members: our round is
  * the window our announcement falls in (collab_round_members: a window
  * closes window_ms after its first announcement), and the members are read
@@ -181,13 +198,17 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
     me.sched_version = s->js ? dp_sched_version(s->js) : 0;
     snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->rt.my_addr);
     int rc = collab_announce_encode(&me, rec, sizeof rec);
+    double put_t0 = peer_mono_s();
     if (rc || (rc = peer_net_put(s->rt.net, key, rec, strlen(rec), 120000)) != CM_OK)
         return rc;
+    dp_gather_note_put(s, (int64_t)((peer_mono_s() - put_t0) * 1000) + 1);
+    /* one margin for the whole gathering (the margin moves with each put) */
+    int64_t margin = dp_gather_margin(s);
     struct collab_announce *a = NULL;
     size_t na = 0;
     int64_t close = me.t_ms + s->o.round_window_ms;
     for (;;) {
-        int final = dp_now(s) >= close + DP_GATHER_MARGIN_MS;
+        int final = dp_now(s) >= close + margin;
         struct peer_record *r = NULL;
         size_t nr = 0;
         if ((rc = peer_net_get(s->rt.net, key, &r, &nr)) != CM_OK) {
@@ -215,12 +236,12 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
         memcpy(tmp, a, na * sizeof *tmp);
         size_t nm = collab_round_members(tmp, na, s->o.round_window_ms, me.t_ms, &close);
         free(tmp);
-        if (final && dp_now(s) >= close + DP_GATHER_MARGIN_MS) {
+        if (final && dp_now(s) >= close + margin) {
             na = collab_round_members(a, na, s->o.round_window_ms, me.t_ms, &close);
             break;
         }
         (void)nm;
-        int64_t wait = close + DP_GATHER_MARGIN_MS - dp_now(s);
+        int64_t wait = close + margin - dp_now(s);
         usleep((useconds_t)(wait > 50 ? 50000 : wait > 0 ? wait * 1000 : 1000));
     }
     size_t k = 0;

@@ -271,6 +271,7 @@ static int round_members(struct dp_job *j)
 {
     struct dp_state *s = j->s;
     j->rc = dp_gather(s, j->step, j->samples, j->pull_only, &j->mem, &j->nmem);
+    j->margin_ms = dp_gather_margin(s);
     if (j->rc != CM_OK)
         return 1;
     size_t senders = 0;

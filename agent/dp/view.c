@@ -126,7 +126,7 @@ int dp_round_going(struct dp_state *s, const struct collab_progress *p, size_t n
               (p[i].step == step || (p[i].step == step + 1 && p[i].pstep == step));
     size_t na = 0;
     struct collab_announce *a = dp_read_announces(s, step, 0, INT64_MAX, 0, &na);
-    int going = a && collab_round_going(a, na, s->o.round_window_ms, DP_GATHER_MARGIN_MS, now, on);
+    int going = a && collab_round_going(a, na, s->o.round_window_ms, dp_gather_margin(s), now, on);
     free(a);
     return going;
 }

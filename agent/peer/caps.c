@@ -135,7 +135,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
- * up to 2 MiB or 2 s of quiet time each over the state hosts, within the volunteer's
+ * up to 2 MiB or 2 s (0.5 s in the first pass) of quiet time each over the state hosts, within the volunteer's
  * caps, two 32 KiB messages in flight (peer_net_probe), so a slow link
  * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
@@ -159,6 +159,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
 #define PROBE_TRIES 4 /* passes over the peers that were busy with another prober */
 #define PROBE_BYTES (2048u * 1024u)
 #define PROBE_BUDGET_MS 2000    /* of quiet time (see peer_net_probe) */
+#define PROBE_FIRST_BUDGET_MS 500 /* while we have no pair (docs/schedules.md) */
 #define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
 #define PROBE_EVERY_S 300
 #define PROBE_FIRST_S 20
@@ -263,6 +264,9 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
     /* A peer busy with another prober is tried again after the others,
        a few seconds later, up to PROBE_TRIES times. */
     uint8_t busy[PROBE_PEERS] = {0};
+    /* first readings soon (a bandwidth-bound collaboration has little
+       quiet time), then longer ones */
+    uint32_t budget = rt->probe_caps.n_pairs ? PROBE_BUDGET_MS : PROBE_FIRST_BUDGET_MS;
     for (int pass = 0; pass < PROBE_TRIES; pass++) {
         size_t again = 0;
         for (size_t k = 0; k < nb && c->n_pairs < PEER_CAPS_MAX_PAIRS; k++) {
@@ -270,7 +274,7 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
                 continue;
             busy[k] = 0;
             double mbps = 0;
-            int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, PROBE_BUDGET_MS,
+            int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, budget,
                                     PROBE_DEADLINE_MS, &rt->averaging, &rt->probe_stop, &mbps);
             if (rc == CM_OK && mbps > 0) {
                 memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);

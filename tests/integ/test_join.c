@@ -164,6 +164,7 @@ struct steps {
     int64_t t_first, t_last;     /* earliest and latest t_ms of the logged steps */
     double span_s;               /* (t_last - t_first) / 1000 */
     int mismatches, nan_losses, lines;
+    long margin_min, margin_max; /* the gatherings' margins (margin_ms), 0 = none seen */
 };
 
 /* Folds one --step-log file into `st`: every step's hash must equal what the
@@ -210,6 +211,11 @@ static long fold_steplog(const char *path, struct steps *st, const char *who)
                     st->samples[step] += w;
                 }
                 st->round_ms[step] = json_number_value(json_object_get(j, "round_ms"));
+                long m = (long)json_integer_value(json_object_get(j, "margin_ms"));
+                if (!st->margin_min || m < st->margin_min)
+                    st->margin_min = m;
+                if (m > st->margin_max)
+                    st->margin_max = m;
                 int mem = (int)json_integer_value(json_object_get(j, "members"));
                 if (mem > st->members[step])
                     st->members[step] = mem;
@@ -283,10 +289,12 @@ static pid_t spawn_agent(int i, const char *run, const char *log, const char *st
     /* on hosts of their own: what a volunteer types, no address flags */
     const char *argv[40] = {ct_bin("crowdtrain-agent"), "join", "--run", run, "--config-dir", g_dirs[i],
                             "--device", "cpu",
-                            /* one switch or loopback: announcements propagate in milliseconds */
-                            "--round-window-ms", "150", "--outcome-window-ms", "1000",
-                            "--stall-ms", "4000", "--step-log", steplog};
-    size_t n = 16;
+                            /* one switch or loopback: announcements propagate in
+                               milliseconds (the margin grows by itself when they do not:
+                               3x the agent's slowest recent announcement) */
+                            "--round-window-ms", "150", "--gather-margin-ms", "50",
+                            "--outcome-window-ms", "1000", "--stall-ms", "4000", "--step-log", steplog};
+    size_t n = 18;
     if (!g_hosts) {
         argv[n++] = "--listen-ip";
         argv[n++] = "127.0.0.1";
@@ -390,8 +398,10 @@ static void test_chaos(void **state)
         snprintf(who, sizeof who, "agent %d", i);
         first[i] = fold_steplog(steplogs[i], &st, who);
     }
-    printf("step logs: %d lines, %d hash mismatches, %d NaN losses\n", st.lines, st.mismatches,
-           st.nan_losses);
+    printf("step logs: %d lines, %d hash mismatches, %d NaN losses; gathering margins %ld-%ld ms\n",
+           st.lines, st.mismatches, st.nan_losses, st.margin_min, st.margin_max);
+    /* --gather-margin-ms 50 held, raised only by slow announcements */
+    assert_true(st.margin_min >= 50 && st.margin_max <= 5000);
     assert_int_equal(st.mismatches, 0);
     assert_int_equal(st.nan_losses, 0);
     for (long k = 1; k <= steps; k++)
