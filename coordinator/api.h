@@ -75,6 +75,8 @@ void coord__dir_unlock(int fd);
 extern const struct coord_stream_ops api_expert_ckpt_upload;
 void api_expert_ckpt_get(struct coord_req *req, struct coord_resp *resp);
 void api_expert_ckpt_list(struct coord_req *req, struct coord_resp *resp);
+/* GET /runs/{run}/experts/servers: who declares each expert now (the DHT). */
+void api_expert_servers(struct coord_req *req, struct coord_resp *resp);
 /* At start-up, as coord_checkpoints_sweep for <dir>/<run>/experts/. */
 int coord_expert_ckpt_sweep(PGconn *pg, const char *dir);
 

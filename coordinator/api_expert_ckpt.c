@@ -8,6 +8,7 @@
  *   PUT /api/v1/runs/{run}/experts/{uid}/checkpoint   streamed upload
  *   GET /api/v1/runs/{run}/experts/{uid}/checkpoint   the newest file
  *   GET /api/v1/runs/{run}/experts                    uids, newest of each
+ *   GET /api/v1/runs/{run}/experts/servers            who declares each uid now
  *
  * What an upload must be (before anything is stored): the run's model is
  * dmoe and uid is an expert of its grid (prefix, grid_dims, grid_size);
@@ -28,6 +29,7 @@
  * EXPERT_KEEP rows per uid kept (files no row names are deleted);
  * coord_expert_ckpt_sweep removes what a crash left at start-up. */
 #include "coordinator/api.h"
+#include "coordinator/backbone.h"
 #include "coordinator/ckpt_store.h"
 #include "ckpt/ckpt.h"
 #include "cm_crypto.h"
@@ -37,6 +39,8 @@
 #include "moe/moe_grid.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,6 +492,100 @@ void api_expert_ckpt_list(struct coord_req *req, struct coord_resp *resp)
     PQclear(r);
     coord_resp_json(resp, 200, json_pack("{s:s, s:s, s:o}", "run", req->params[0], "prefix", x.grid.name,
                                          "experts", a));
+}
+
+/* ---- live servers --------------------------------------------------------- */
+
+/* The last reads, so pages polling every few seconds cost one read per run
+ * per SERVERS_CACHE_S, not one each. */
+#define SERVERS_CACHE_S 3
+#define SERVERS_CACHE_N 8
+#define SERVERS_DEADLINE_MS 3000
+static struct {
+    char run[CM_NAME_MAX + 1];
+    double at;
+    json_t *body;
+} g_srv_cache[SERVERS_CACHE_N];
+static pthread_mutex_t g_srv_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void api_expert_servers(struct coord_req *req, struct coord_resp *resp)
+{
+    char run_id[24];
+    struct xrun x;
+    if (!xrun_access(req, resp, 0, 0, run_id, &x))
+        return;
+    const char *run = req->params[0];
+    double now = mono_now();
+    pthread_mutex_lock(&g_srv_mu);
+    for (int i = 0; i < SERVERS_CACHE_N; i++)
+        if (g_srv_cache[i].body && !strcmp(g_srv_cache[i].run, run) && now - g_srv_cache[i].at < SERVERS_CACHE_S) {
+            json_t *b = json_deep_copy(g_srv_cache[i].body);
+            pthread_mutex_unlock(&g_srv_mu);
+            coord_resp_json(resp, 200, b);
+            return;
+        }
+    pthread_mutex_unlock(&g_srv_mu);
+    json_t *ex = NULL;
+    int complete = 0;
+    int rc = coord_backbone_moe_servers(run, &x.grid, SERVERS_DEADLINE_MS, &ex, &complete);
+    if (rc == CM_ENOTFOUND) {
+        coord_resp_error(resp, 409, "no_backbone",
+                         "this coordinator runs no DHT node for run '%s' (the run is not open, or the "
+                         "DHT is off)", run);
+        return;
+    }
+    if (rc == CM_ERANGE) {
+        coord_resp_error(resp, 422, "grid_too_large",
+                         "run '%s' has more than %d leaf keys (grid of %d dimensions of %d): too many to read "
+                         "for one page", run, COORD_MOE_MAX_LEAVES, x.grid.dims, x.grid.size);
+        return;
+    }
+    if (rc != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "reading the DHT: %s", cm_strerror(rc));
+        return;
+    }
+    /* distinct servers, by key */
+    json_t *keys = json_object();
+    size_t i;
+    json_t *e;
+    json_array_foreach(ex, i, e) {
+        size_t k;
+        json_t *s;
+        json_array_foreach(json_object_get(e, "servers"), k, s)
+            json_object_set(keys, json_string_value(json_object_get(s, "peer")), json_true());
+    }
+    json_t *body = json_pack("{s:s, s:s, s:i, s:i, s:b, s:I, s:I, s:o}", "run", run, "prefix", x.grid.name,
+                             "grid_dims", x.grid.dims, "grid_size", x.grid.size, "complete", complete,
+                             "servers", (json_int_t)json_object_size(keys), "read_at", (json_int_t)time(NULL),
+                             "experts", ex);
+    json_decref(keys);
+    if (!body) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    pthread_mutex_lock(&g_srv_mu);
+    int slot = 0;
+    for (int k = 0; k < SERVERS_CACHE_N; k++) {
+        if (!strcmp(g_srv_cache[k].run, run)) {
+            slot = k;
+            break;
+        }
+        if (g_srv_cache[k].at < g_srv_cache[slot].at)
+            slot = k;
+    }
+    json_decref(g_srv_cache[slot].body);
+    snprintf(g_srv_cache[slot].run, sizeof g_srv_cache[slot].run, "%s", run);
+    g_srv_cache[slot].at = now;
+    g_srv_cache[slot].body = json_deep_copy(body);
+    pthread_mutex_unlock(&g_srv_mu);
+    coord_resp_json(resp, 200, body);
 }
 
 /* ---- start-up sweep ----------------------------------------------------- */

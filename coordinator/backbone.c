@@ -6,6 +6,7 @@
 #include "cm_log.h"
 #include "dht/dht_node.h"
 #include "dht/dht_types.h"
+#include "moe/moe_dht.h"
 #include "p2p/p2p_probe.h"
 
 #include <jansson.h>
@@ -391,6 +392,96 @@ int coord_backbone_dialback(const char *run, const struct sockaddr_storage *addr
     int rc = n ? dht_ping(n->node, addrs, naddrs, pub, timeout_ms, status, ms) : CM_ENOTFOUND;
     pthread_rwlock_unlock(&b->nodes_lock);
     return rc;
+}
+
+/* One leaf key's declarations appended to ex, uid by uid in grid order:
+ * {"uid", "servers": [...]}. */
+static void moe_leaf(struct dht_node *node, const char *run, const struct moe_grid *g, const struct moe_uid *pre,
+                     uint32_t deadline_ms, int64_t now_ms, json_t *ex, int *failed)
+{
+    struct moe_entry *e = NULL;
+    size_t n = 0;
+    int rc = moe_dht_get_prefix(node, run, g, pre, deadline_ms, &e, &n);
+    if (rc != CM_OK && rc != CM_ENOTFOUND) {
+        (*failed)++;
+        return;
+    }
+    for (int i = 0; i < g->size; i++) {
+        json_t *list = NULL;
+        for (size_t k = 0; k < n; k++) {
+            if (e[k].rec.kind != MOE_REC_LEAF || !moe_rec_has(&e[k].rec, i))
+                continue;
+            char peer[64];
+            cm_b64url_encode(e[k].rec.server.pub, 32, peer);
+            int64_t left = (e[k].expires_ms - now_ms + 999) / 1000;
+            if (!list)
+                list = json_array();
+            json_array_append_new(list, json_pack("{s:s, s:s, s:I}", "addr", e[k].rec.server.addr, "peer", peer,
+                                                  "expires_in_s", (json_int_t)(left > 0 ? left : 0)));
+        }
+        struct moe_uid u = *pre;
+        u.idx[u.n++] = (uint16_t)i;
+        char uid[MOE_UID_TEXT_MAX];
+        if (list && moe_uid_format(g, &u, uid, sizeof uid) == CM_OK)
+            json_array_append_new(ex, json_pack("{s:s, s:o}", "uid", uid, "servers", list));
+        else
+            json_decref(list);
+    }
+    free(e);
+}
+
+int coord_backbone_moe_servers(const char *run, const struct moe_grid *g, uint32_t deadline_ms, json_t **out,
+                               int *complete)
+{
+    *out = NULL;
+    *complete = 0;
+    struct coord_backbone *b = g_backbone;
+    if (!b)
+        return CM_ENOTFOUND;
+    /* the leaf keys: every prefix of dims - 1 indices */
+    long nkeys = 1;
+    for (int d = 0; d + 1 < g->dims; d++)
+        nkeys *= g->size;
+    if (nkeys > COORD_MOE_MAX_LEAVES)
+        return CM_ERANGE;
+    json_t *ex = json_array();
+    if (!ex)
+        return CM_ENOMEM;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    int failed = 0, rc = CM_OK;
+    long done = 0;
+    pthread_rwlock_rdlock(&b->nodes_lock);
+    struct bb_node *n = b->nodes;
+    while (n && strcmp(n->run, run) != 0)
+        n = n->next;
+    if (!n)
+        rc = CM_ENOTFOUND;
+    for (long k = 0; n && k < nkeys; k++) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        double left_ms = deadline_ms - ((double)ts.tv_sec + ts.tv_nsec / 1e9 - t0) * 1000;
+        if (left_ms < 50)
+            break;
+        struct moe_uid pre = {0};
+        long r = k;
+        for (int d = g->dims - 2; d >= 0; d--, r /= g->size)
+            pre.idx[d] = (uint16_t)(r % g->size);
+        pre.n = g->dims - 1;
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        moe_leaf(n->node, run, g, &pre, (uint32_t)(left_ms < 2000 ? left_ms : 2000),
+                 (int64_t)wall.tv_sec * 1000 + wall.tv_nsec / 1000000, ex, &failed);
+        done++;
+    }
+    pthread_rwlock_unlock(&b->nodes_lock);
+    if (rc != CM_OK) {
+        json_decref(ex);
+        return rc;
+    }
+    *complete = done == nkeys && !failed;
+    *out = ex;
+    return CM_OK;
 }
 
 int coord_backbone_start(struct coord_server *srv, struct coord_backbone **out)

@@ -36,6 +36,19 @@ int coord_backbone_dialback(const char *run, const struct sockaddr_storage *addr
                             const uint8_t pub[CM_ED25519_PUB_LEN], uint32_t timeout_ms, int *status,
                             uint32_t *ms);
 
+/* Which servers declare each expert of a dmoe run's grid now (docs/experts.md,
+ * "The experts page"): the run's backbone node reads every leaf key of the
+ * grid (moe_dht_get_prefix; up to COORD_MOE_MAX_LEAVES keys, each within
+ * what is left of deadline_ms, 2 s at most). *out: an array, in grid
+ * order, of {"uid", "servers": [{"addr", "peer" (base64url key),
+ * "expires_in_s"}]}, uids without a live declaration absent; *complete 0 when a read failed or the deadline cut
+ * the reads short. CM_ENOTFOUND: no node for the run here; CM_ERANGE: a
+ * grid of more leaf keys. Any thread; blocks. */
+#define COORD_MOE_MAX_LEAVES 256
+struct moe_grid;
+int coord_backbone_moe_servers(const char *run, const struct moe_grid *g, uint32_t deadline_ms, json_t **out,
+                               int *complete);
+
 /* The run's fresh backbone addresses ("host:port"), from every coordinator
  * of the database, as a JSON array (owned by the caller). Cached briefly. */
 json_t *coord_backbone_bootstrap(struct coord_req *req);

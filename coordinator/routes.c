@@ -72,5 +72,6 @@ const struct coord_route coord_routes[] = {
      &api_expert_ckpt_upload},
     {"GET", "/api/v1/runs/{}/experts/{}/checkpoint", api_expert_ckpt_get, COORD_ROLES_ANY, 0, 0},
     {"GET", "/api/v1/runs/{}/experts", api_expert_ckpt_list, COORD_ROLES_ANY, 0, 0},
+    {"GET", "/api/v1/runs/{}/experts/servers", api_expert_servers, COORD_ROLES_ANY, 0, 0},
 };
 const size_t coord_nroutes = sizeof coord_routes / sizeof coord_routes[0];

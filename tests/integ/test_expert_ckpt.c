@@ -212,6 +212,24 @@ static void test_expert_checkpoints(void **state)
     a = list("xm");
     assert_int_equal(json_array_size(a), 1); /* nothing stored */
     json_decref(a);
+    /* who serves what (the backbone's DHT): nobody here; the same access rules */
+    struct ct_resp sr;
+    ct_http(&g_c, "GET", "/api/v1/runs/xm/experts/servers", g_vol, NULL, &sr);
+    assert_int_equal(sr.status, 200);
+    assert_int_equal(json_array_size(json_object_get(sr.json, "experts")), 0);
+    assert_int_equal(json_integer_value(json_object_get(sr.json, "servers")), 0);
+    assert_true(json_is_true(json_object_get(sr.json, "complete")));
+    ct_resp_free(&sr);
+    ct_http(&g_c, "GET", "/api/v1/runs/mlp/experts/servers", g_vol, NULL, &sr);
+    assert_int_equal(sr.status, 422);
+    assert_string_equal(err_code(&sr), "not_dmoe");
+    ct_resp_free(&sr);
+    ct_http(&g_c, "GET", "/api/v1/runs/xm/experts/servers", g_out, NULL, &sr);
+    assert_int_equal(sr.status, 403);
+    ct_resp_free(&sr);
+    ct_http(&g_c, "GET", "/api/v1/runs/nosuch/experts/servers", g_vol, NULL, &sr);
+    assert_int_equal(sr.status, 404);
+    ct_resp_free(&sr);
     int nck, ntmp;
     count_files("xm", &nck, &ntmp);
     assert_int_equal(nck, 1);

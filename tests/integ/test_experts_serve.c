@@ -51,6 +51,41 @@ static pid_t start_server(int i, struct ct_moe_srv *info)
     return ct_moe_start_server(i, RUN, g_dirs[i], extra, g_logs[i], sizeof g_logs[i], &g_pid[i], info);
 }
 
+/* The coordinator's view (GET /runs/{run}/experts/servers, read from its
+ * backbone node): the same servers as v for every uid, in grid order,
+ * nuids of them with a server, nservers distinct servers. */
+static void check_servers_page(const struct ct_moe_view *v, int nuids, int nservers)
+{
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/" RUN "/experts/servers", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_true(json_is_true(json_object_get(r.json, "complete")));
+    assert_int_equal(json_integer_value(json_object_get(r.json, "servers")), nservers);
+    assert_int_equal(json_integer_value(json_object_get(r.json, "grid_size")), GRID);
+    json_t *ex = json_object_get(r.json, "experts");
+    assert_int_equal(json_array_size(ex), nuids);
+    int last = -1, seen = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ex, i, e) {
+        int cell = ct_moe_cell(json_string_value(json_object_get(e, "uid")));
+        int a = cell % GRID, b = cell / GRID; /* "ffn.a.b": grid order is a, then b */
+        assert_true(a * GRID + b > last);
+        last = a * GRID + b;
+        json_t *s = json_object_get(e, "servers");
+        assert_int_equal(json_array_size(s), v->count[cell]);
+        const char *addr = json_string_value(json_object_get(json_array_get(s, 0), "addr"));
+        assert_non_null(addr);
+        assert_string_equal(addr, v->addr[cell]);
+        json_int_t left = json_integer_value(json_object_get(json_array_get(s, 0), "expires_in_s"));
+        assert_true(left >= 1 && left <= TTL_S);
+        seen++;
+    }
+    assert_int_equal(seen, nuids);
+    ct_resp_free(&r);
+    printf("[the coordinator's experts page: %d uids, %d servers]\n", nuids, nservers);
+}
+
 static void test_serve_experts(void **state)
 {
     (void)state;
@@ -76,6 +111,7 @@ static void test_serve_experts(void **state)
         assert_string_equal(v.addr[ct_moe_cell(s1.uids[k])], s1.addr);
     }
     assert_string_not_equal(s0.addr, s1.addr);
+    check_servers_page(&v, 16, 2);
 
     /* a forward to one of server 1's experts */
     struct ct_moe_fwd *f = ct_moe_fwd_new();
@@ -111,6 +147,8 @@ static void test_serve_experts(void **state)
     printf("[server 0's declarations gone %.1f s after SIGKILL]\n", gone);
     assert_true(gone >= 0 && gone <= TTL_S + 1.0);
     assert_int_equal(ct_moe_servers_in(&v, s1.addr), 8); /* server 1 re-declares: its stay */
+    ct_moe_sleep_ms(3100); /* the coordinator's page caches its read 3 s */
+    check_servers_page(&v, 8, 1);
 
     /* SIGINT server 1: it withdraws at once and exits 0 */
     kill(g_pid[1], SIGINT);
