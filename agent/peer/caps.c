@@ -140,7 +140,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
  * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
  * another vertex of the same optimum, one that let the slow peers aggregate
- * and took 1.7x its prediction. A thread of its own does it (20-30 s after
+ * and took 1.7x its prediction. A thread of its own does it (10-20 s after
  * joining, again 40-60 s later, then every five minutes), so the probes
  * never hold the training loop.
  *
@@ -162,7 +162,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
 #define PROBE_FIRST_BUDGET_MS 500 /* while we have no pair (docs/schedules.md) */
 #define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
 #define PROBE_EVERY_S 300
-#define PROBE_FIRST_S 20
+#define PROBE_FIRST_S 10 /* 20 left short runs without a pair (test_schedule_follow) */
 #define PROBE_SECOND_S 40
 #define PROBE_JITTER_S 20
 
@@ -365,7 +365,7 @@ void *peer__probe_main(void *arg)
 {
     struct peer_rt *rt = arg;
     /* the net stage measured the link (or tried: again in a few seconds);
-       then every LINK_EVERY_S. Pairs: 20-30 s after joining, again 40-60 s
+       then every LINK_EVERY_S. Pairs: 10-20 s after joining, again 40-60 s
        later, then every five minutes. */
     double now = peer_mono_s();
     pthread_mutex_lock(&rt->probe_mu);
