@@ -4,7 +4,7 @@
 //
 //   node tests/browser/run.mjs SEED.json
 //
-// SEED.json (written by the C driver): url, ca, run, empty_run, chromium,
+// SEED.json (written by the C driver): url, ca, run, empty_run, moe_run, chromium,
 // screenshots, steps, total_steps, xss, revoke_reason, users.{organizer,
 // auditor, volunteer, volunteer2}.{username,password}, peers[] {username,
 // peer_public_key, pass, key_file, sps}, newcomer.
@@ -238,6 +238,35 @@ test('overview-not-averaging', async (page) => {
   r = await caps({ reachability: 'direct', address: '10.77.0.11' });
   assert.equal(r.status, 200, r.text);
   await page.waitForSelector('#not-averaging', { state: 'hidden', timeout: 20000 });
+});
+
+// A dmoe run gets an Experts tab; its page lists the 16 experts of the 4x4
+// grid, none served (no expert server runs here; the page's rows with
+// servers are the API's, tested by test_experts_serve). An MLP run has no
+// such tab and its experts page says so.
+test('experts-page', async (page) => {
+  await login(page, 'organizer');
+  await page.goto(`${seed.url}/#/run/${seed.moe_run}`);
+  await page.waitForSelector('ul.tabs a[href$="/experts"]');
+  await page.click('ul.tabs a[href$="/experts"]');
+  await page.waitForSelector('#experts-table tbody tr td code');
+  const rows = await rowsOf(page, '#experts-table');
+  assert.equal(rows.length, 16);
+  assert.equal(rows[0][0], 'ffn.0.0');
+  assert.equal(rows[15][0], 'ffn.3.3');
+  assert.ok(rows.every((r) => r[1] === 'nobody' && r[2] === '—'), `rows: ${JSON.stringify(rows)}`);
+  assert.equal(await page.textContent('#experts-served'), '0 of 16');
+  assert.equal(await page.textContent('#experts-servers'), '0');
+  assert.equal(await page.textContent('#experts-checkpointed'), '0');
+  await shot(page, 'experts');
+  await page.goto(`${seed.url}/#/run/${RUN}/experts`);
+  await page.waitForSelector('#experts .msg');
+  assert.equal(await page.textContent('#experts .msg'), 'This run has no mixture-of-experts layer.');
+  await page.goto(`${seed.url}/#/run/${RUN}`);
+  await page.waitForSelector('#run-status');
+  await page.waitForTimeout(300); /* the tab bar's own read of the run */
+  const tabs = await page.$$eval('ul.tabs a', (a) => a.map((x) => x.textContent));
+  assert.ok(!tabs.includes('Experts'), `tabs: ${tabs}`);
 });
 
 test('overview-empty-run', async (page) => {

@@ -269,6 +269,12 @@ static int setup(void **state)
     if (req("POST", "/api/v1/runs", g_org, body, NULL) != 201 ||
         req("POST", "/api/v1/runs", g_org,
             "{\"name\":\"empty-run\",\"target_batch_size\":64,\"model_summary\":\"nothing yet\"}",
+            NULL) != 201 ||
+        /* a run with a mixture-of-experts layer (4 x 4 grid) and no expert server yet */
+        req("POST", "/api/v1/runs", g_org,
+            "{\"name\":\"moe-demo\",\"target_batch_size\":256,\"model_summary\":\"DMoE 4x4\","
+            "\"config\":{\"model\":{\"type\":\"dmoe\",\"inputs\":784,\"hidden\":[128],\"classes\":10,"
+            "\"grid_dims\":2,\"grid_size\":4,\"k\":4,\"experts\":{\"hidden\":64}}}}",
             NULL) != 201)
         return -1;
     for (int u = 0; u < 3; u++) {
@@ -541,9 +547,9 @@ static int write_seed(const char *path)
     char shots[PATH_MAX + 32];
     snprintf(shots, sizeof shots, "%s/tests/screenshots", g_build);
     json_t *seed = json_pack(
-        "{s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:s,"
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:s,"
         " s:{s:{s:s, s:s}, s:{s:s, s:s}, s:{s:s, s:s}, s:{s:s, s:s}}, s:o, s:s}",
-        "url", g_c.url, "ca", g_c.ca, "run", RUN, "empty_run", "empty-run", "chromium",
+        "url", g_c.url, "ca", g_c.ca, "run", RUN, "empty_run", "empty-run", "moe_run", "moe-demo", "chromium",
         g_chromium, "screenshots", shots, "steps", STEPS, "total_steps", 400, "xss", XSS,
         "revoke_reason", "lost laptop " XSS, "users", "organizer", "username", "olivia",
         "password", PW, "auditor", "username", "audrey", "password", PW, "volunteer", "username",

@@ -4,6 +4,7 @@
 //   #/login                 log in (same sessions as the API)
 //   #/run/NAME              run overview: live loss curve, peers, throughput, ETA
 //   #/run/NAME/leaderboard  verified contributions per user
+//   #/run/NAME/experts      dmoe runs: who serves each expert, its checkpoints
 //   #/run/NAME/admin        organizers: allowlist, passes, peers and roles
 //   #/run/NAME/audit        organizers, auditors: contributions, filters, CSV
 //   #/me                    the logged-in user's devices, sessions, contribution
@@ -17,6 +18,7 @@ import * as runs from './pages/runs.js';
 import * as loginPage from './pages/login.js';
 import * as overview from './pages/overview.js';
 import * as leaderboard from './pages/leaderboard.js';
+import * as experts from './pages/experts.js';
 import * as runAdmin from './pages/run_admin.js';
 import * as audit from './pages/audit.js';
 import * as me from './pages/me.js';
@@ -28,6 +30,7 @@ const ROUTES = [
   [/^\/login$/, loginPage],
   [/^\/run\/([^/]+)$/, overview],
   [/^\/run\/([^/]+)\/leaderboard$/, leaderboard],
+  [/^\/run\/([^/]+)\/experts$/, experts],
   [/^\/run\/([^/]+)\/admin$/, runAdmin],
   [/^\/run\/([^/]+)\/audit$/, audit],
   [/^\/me$/, me],

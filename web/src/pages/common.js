@@ -1,20 +1,32 @@
 // Pieces shared by the pages: the run's tab bar (only the tabs the role may
 // use) and a poller that refreshes a page without reloading it.
 import { h, message } from '../dom.js';
-import { role } from '../api.js';
+import { api, role, seg, session } from '../api.js';
 
+// The tab bar; runs with a mixture-of-experts layer (their config, which
+// logged-in users may read, says model.type "dmoe") get an Experts tab.
 export function runTabs(run, active) {
   const r = role();
   const tabs = [['', 'Overview'], ['/leaderboard', 'Leaderboard']];
   if (r === 'organizer') tabs.push(['/admin', 'Allowlist & peers']);
   if (r === 'organizer' || r === 'auditor') tabs.push(['/audit', 'Audit']);
+  const tab = ([suffix, text]) => h('li', h('a', {
+    href: `#/run/${encodeURIComponent(run)}${suffix}`,
+    'aria-current': suffix === active ? 'page' : null,
+  }, text));
+  const ul = h('ul.tabs', tabs.map(tab));
+  const expertsTab = ['/experts', 'Experts'];
+  if (active === '/experts') ul.insertBefore(tab(expertsTab), ul.children[2] || null);
+  else if (session()) {
+    api.get(`/api/v1/runs/${seg(run)}`).then((x) => {
+      const m = x && x.config && x.config.model;
+      if (m && m.type === 'dmoe' && ul.isConnected) ul.insertBefore(tab(expertsTab), ul.children[2] || null);
+    }).catch(() => {});
+  }
   return h('div.run-head',
     h('p.crumb', h('a', { href: '#/' }, 'Runs'), ' / '),
     h('h1', { id: 'run-name' }, run),
-    h('ul.tabs', tabs.map(([suffix, text]) => h('li', h('a', {
-      href: `#/run/${encodeURIComponent(run)}${suffix}`,
-      'aria-current': suffix === active ? 'page' : null,
-    }, text)))));
+    ul);
 }
 
 // Calls fn now and every `ms` until the returned stop function runs. A
