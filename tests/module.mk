@@ -104,3 +104,13 @@ $(BENCH_EXPERTS_LATENCY): $(BUILD)/obj/tests/bench/bench_experts_latency.o $(HAR
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
 BENCHES += $(BENCH_EXPERTS_LATENCY)
+
+# DMoE convergence (2 trainers x 4 expert servers against train --local) and
+# failures (calls failing with p = 0.1, a server killed, its experts taken
+# over): the issue's accuracy goals. Long (10-20 min per run).
+BENCH_EXPERTS_CONVERGE := $(BUILD)/tests/bench/bench_experts_converge
+$(BENCH_EXPERTS_CONVERGE): $(BUILD)/obj/tests/bench/bench_experts_converge.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
+BENCHES += $(BENCH_EXPERTS_CONVERGE)

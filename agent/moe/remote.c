@@ -38,6 +38,7 @@ struct server {
 struct ban {
     uint8_t pub[32];
     int fails;        /* bans in a row */
+    int strikes;      /* CM_EINTERNAL answers in a row (MOE_REMOTE_STRIKES) */
     int64_t until;    /* banned before this (p2p_now_ms) */
 };
 
@@ -234,9 +235,11 @@ int moe_remote_banned(struct moe_remote *r, const uint8_t pub[32])
     return on;
 }
 
-/* A failed call: ban its server for ban_min << (bans in a row), at most
- * ban_max. Several failures of one server in one batch are one ban. */
-static void ban_server(struct moe_remote *r, const uint8_t pub[32], int64_t now)
+/* A failed call with status st: ban its server for ban_min << (bans in a
+ * row), at most ban_max, unless the server answered CM_EINTERNAL fewer
+ * than MOE_REMOTE_STRIKES times in a row (remote.h). Several failures of
+ * one server in one batch are one ban. */
+static void ban_server(struct moe_remote *r, const uint8_t pub[32], int st, int64_t now)
 {
     struct ban *b = ban_find(r, pub);
     if (!b) {
@@ -254,6 +257,9 @@ static void ban_server(struct moe_remote *r, const uint8_t pub[32], int64_t now)
     }
     if (b->until > now)
         return;
+    if (st == CM_EINTERNAL && ++b->strikes < MOE_REMOTE_STRIKES)
+        return;
+    b->strikes = 0;
     uint64_t ms = r->c.ban_min_ms;
     for (int i = 0; i < b->fails && ms < r->c.ban_max_ms; i++)
         ms *= 2;
@@ -272,6 +278,8 @@ static void ban_server(struct moe_remote *r, const uint8_t pub[32], int64_t now)
 static void unban_server(struct moe_remote *r, const uint8_t pub[32], int64_t now)
 {
     struct ban *b = ban_find(r, pub);
+    if (b)
+        b->strikes = 0;
     if (b && b->until <= now)
         b->fails = 0;
 }
@@ -658,7 +666,7 @@ static int run_calls(struct rctx *x, const struct kern_dmoe_route *rt, int bwd,
         r->st.timeouts += st == CM_ETIMEOUT;
         r->st.nonfinite += st == CM_ENUMERIC;
         if (c && op->want[e] != 3)
-            ban_server(r, x->srv[c->srv].s.pub, now);
+            ban_server(r, x->srv[c->srv].s.pub, st, now);
     }
     op_unref(op);
     pthread_mutex_unlock(&r->mu);

@@ -196,6 +196,8 @@ static struct kern_optim_config optim(void)
 static const struct kern_dmoe_config mcfg = {
     .in_dim = IN, .ntrunk = 1, .trunk = {CW}, .grid_d = GD, .grid_m = GM, .k = GK, .nclass = NCLS};
 
+static double g_fail_p; /* the servers' injected failures (setup_flaky) */
+
 static int setup(void **state)
 {
     struct env *e = calloc(1, sizeof *e);
@@ -215,6 +217,7 @@ static int setup(void **state)
     sc.max_batch = 64;
     sc.max_wait_ms = 1;
     sc.optim = optim();
+    sc.fail_p = g_fail_p;
     for (int i = 0; i < NSRV; i++) {
         assert_int_equal(moe_server_new(&sc, &e->s.loop, &e->srv[i]), 0);
         for (int c = 0; c < GM * GM; c++)
@@ -502,6 +505,50 @@ static void test_stopped_server_backoff(void **state)
     assert_int_equal(st.bans, 2);
 }
 
+/* Servers failing 10 % of their calls (CM_EINTERNAL, seed 002 §4.2):
+ * they stay in use, strikes in a row are rare; against the same batches
+ * without failures, the trainer still calls about as many experts (when
+ * the first failure banned, it called a fifth of them). */
+static int setup_flaky(void **state)
+{
+    g_fail_p = 0.1;
+    int rc = setup(state);
+    g_fail_p = 0;
+    return rc;
+}
+
+static void flaky_batches(struct env *e, struct moe_remote_stats *st)
+{
+    struct kern_eval ev;
+    for (uint32_t b = 0; b < 30; b++)
+        fwd_bwd(e->mr, 500 + b, &ev);
+    moe_remote_get_stats(e->rem, st);
+}
+
+static uint64_t g_clean_calls;
+
+static void test_clean_calls(void **state)
+{
+    struct moe_remote_stats st;
+    flaky_batches(*state, &st);
+    assert_int_equal(st.failures, 0);
+    g_clean_calls = st.calls;
+}
+
+static void test_flaky_servers_stay(void **state)
+{
+    struct moe_remote_stats st;
+    flaky_batches(*state, &st);
+    printf("30 batches: %llu calls (%llu without failures), %llu failed, %llu bans\n",
+           (unsigned long long)st.calls, (unsigned long long)g_clean_calls, (unsigned long long)st.failures,
+           (unsigned long long)st.bans);
+    assert_true(g_clean_calls > 0);
+    assert_true(st.failures > 0);                       /* the failures happened */
+    assert_true(st.failures * 20 < st.calls * 3);       /* ~10 %, not more */
+    assert_true(st.calls * 10 >= g_clean_calls * 8);    /* and the experts stayed in use */
+    assert_true(st.bans <= 3);
+}
+
 /* ---- the loop on its own thread, run() through a uv_async ---- */
 
 struct tloop {
@@ -692,6 +739,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_nan_server_banned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hanging_server_banned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stopped_server_backoff, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_clean_calls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flaky_servers_stay, setup_flaky, teardown),
         cmocka_unit_test_setup_teardown(test_threaded_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_async_contexts, setup, teardown),
     };
