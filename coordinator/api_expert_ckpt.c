@@ -30,6 +30,7 @@
  * coord_expert_ckpt_sweep removes what a crash left at start-up. */
 #include "coordinator/api.h"
 #include "coordinator/backbone.h"
+#include "coordinator/run_cache.h"
 #include "coordinator/ckpt_store.h"
 #include "ckpt/ckpt.h"
 #include "cm_crypto.h"
@@ -39,7 +40,6 @@
 #include "moe/moe_grid.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -496,24 +496,9 @@ void api_expert_ckpt_list(struct coord_req *req, struct coord_resp *resp)
 
 /* ---- live servers --------------------------------------------------------- */
 
-/* The last reads, so pages polling every few seconds cost one read per run
- * per SERVERS_CACHE_S, not one each. */
-#define SERVERS_CACHE_S 3
-#define SERVERS_CACHE_N 8
+/* Pages poll every few seconds: one DHT read per run per 3 s. */
+static struct coord_run_cache g_servers = COORD_RUN_CACHE_INIT(3);
 #define SERVERS_DEADLINE_MS 3000
-static struct {
-    char run[CM_NAME_MAX + 1];
-    double at;
-    json_t *body;
-} g_srv_cache[SERVERS_CACHE_N];
-static pthread_mutex_t g_srv_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 void api_expert_servers(struct coord_req *req, struct coord_resp *resp)
 {
@@ -522,16 +507,8 @@ void api_expert_servers(struct coord_req *req, struct coord_resp *resp)
     if (!xrun_access(req, resp, 0, 0, run_id, &x))
         return;
     const char *run = req->params[0];
-    double now = mono_now();
-    pthread_mutex_lock(&g_srv_mu);
-    for (int i = 0; i < SERVERS_CACHE_N; i++)
-        if (g_srv_cache[i].body && !strcmp(g_srv_cache[i].run, run) && now - g_srv_cache[i].at < SERVERS_CACHE_S) {
-            json_t *b = json_deep_copy(g_srv_cache[i].body);
-            pthread_mutex_unlock(&g_srv_mu);
-            coord_resp_json(resp, 200, b);
-            return;
-        }
-    pthread_mutex_unlock(&g_srv_mu);
+    if (coord_run_cache_serve(&g_servers, run, resp))
+        return;
     json_t *ex = NULL;
     int complete = 0;
     int rc = coord_backbone_moe_servers(run, &x.grid, SERVERS_DEADLINE_MS, &ex, &complete);
@@ -570,21 +547,7 @@ void api_expert_servers(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "out of memory");
         return;
     }
-    pthread_mutex_lock(&g_srv_mu);
-    int slot = 0;
-    for (int k = 0; k < SERVERS_CACHE_N; k++) {
-        if (!strcmp(g_srv_cache[k].run, run)) {
-            slot = k;
-            break;
-        }
-        if (g_srv_cache[k].at < g_srv_cache[slot].at)
-            slot = k;
-    }
-    json_decref(g_srv_cache[slot].body);
-    snprintf(g_srv_cache[slot].run, sizeof g_srv_cache[slot].run, "%s", run);
-    g_srv_cache[slot].at = now;
-    g_srv_cache[slot].body = json_deep_copy(body);
-    pthread_mutex_unlock(&g_srv_mu);
+    coord_run_cache_store(&g_servers, run, body);
     coord_resp_json(resp, 200, body);
 }
 

@@ -15,6 +15,7 @@
  * (devices) across runs and their own sessions, and a run's leaderboard of
  * verified contributions. docs/dashboard.md describes them. */
 #include "coordinator/api.h"
+#include "coordinator/run_cache.h"
 #include "cm_err.h"
 #include "cm_log.h"
 
@@ -281,57 +282,11 @@ COORD_DB_STMT(S_LEADER_RUN, 1, "SELECT 1 FROM runs WHERE name = $1");
 /* Every logged-in volunteer's page polls the leaderboard, and the totals are
  * an aggregate over all of the run's reports: answers are kept for a few
  * seconds per run so that polling browsers cost one query per run per TTL. */
-#define LEADER_TTL_S 5
-#define LEADER_SLOTS 16
-static struct {
-    char run[CM_NAME_MAX + 1];
-    time_t at;
-    char *body;
-    size_t len;
-} g_leaders[LEADER_SLOTS];
-static pthread_mutex_t g_leaders_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int leaders_cached(const char *run, struct coord_resp *resp)
-{
-    time_t now = time(NULL);
-    int hit = 0;
-    pthread_mutex_lock(&g_leaders_mu);
-    for (int i = 0; i < LEADER_SLOTS && !hit; i++)
-        if (g_leaders[i].body && !strcmp(g_leaders[i].run, run) &&
-            now - g_leaders[i].at < LEADER_TTL_S) {
-            coord_resp_raw(resp, 200, "application/json", g_leaders[i].body, g_leaders[i].len);
-            hit = 1;
-        }
-    pthread_mutex_unlock(&g_leaders_mu);
-    return hit;
-}
-
-static void leaders_store(const char *run, json_t *doc)
-{
-    char *body = json_dumps(doc, JSON_COMPACT);
-    if (!body)
-        return;
-    pthread_mutex_lock(&g_leaders_mu);
-    int slot = 0;
-    for (int i = 0; i < LEADER_SLOTS; i++) {
-        if (!strcmp(g_leaders[i].run, run)) {
-            slot = i;
-            break;
-        }
-        if (g_leaders[i].at < g_leaders[slot].at)
-            slot = i;
-    }
-    free(g_leaders[slot].body);
-    snprintf(g_leaders[slot].run, sizeof g_leaders[slot].run, "%s", run);
-    g_leaders[slot].at = time(NULL);
-    g_leaders[slot].body = body;
-    g_leaders[slot].len = strlen(body);
-    pthread_mutex_unlock(&g_leaders_mu);
-}
+static struct coord_run_cache g_leaders = COORD_RUN_CACHE_INIT(5);
 
 void api_leaderboard(struct coord_req *req, struct coord_resp *resp)
 {
-    if (!api_name_param(req, resp, 0, "run") || leaders_cached(req->params[0], resp) ||
+    if (!api_name_param(req, resp, 0, "run") || coord_run_cache_serve(&g_leaders, req->params[0], resp) ||
         !coord_req_db(req, resp))
         return;
     const char *p[] = {req->params[0]};
@@ -368,6 +323,6 @@ void api_leaderboard(struct coord_req *req, struct coord_resp *resp)
     json_t *doc = json_pack("{s:s, s:i, s:I, s:o}", "run", req->params[0], "active_window_s", 600,
                             "generated_at", (json_int_t)time(NULL), "users", a);
     if (doc)
-        leaders_store(req->params[0], doc);
+        coord_run_cache_store(&g_leaders, req->params[0], doc);
     coord_resp_json(resp, 200, doc);
 }

@@ -3,6 +3,18 @@
 import { h, message } from '../dom.js';
 import { api, role, seg, session } from '../api.js';
 
+// GET /runs/{run}, one request per run for the pages and the tab bar
+// rendered together (kept 2 s, so a change shows on the next page; a failed one is not kept).
+const runCache = new Map();
+export function runInfo(run) {
+  const hit = runCache.get(run);
+  if (hit && Date.now() - hit.at < 2000) return hit.p;
+  const p = api.get(`/api/v1/runs/${seg(run)}`);
+  runCache.set(run, { at: Date.now(), p });
+  p.catch(() => runCache.delete(run));
+  return p;
+}
+
 // The tab bar; runs with a mixture-of-experts layer (their config, which
 // logged-in users may read, says model.type "dmoe") get an Experts tab.
 export function runTabs(run, active) {
@@ -18,7 +30,7 @@ export function runTabs(run, active) {
   const expertsTab = ['/experts', 'Experts'];
   if (active === '/experts') ul.insertBefore(tab(expertsTab), ul.children[2] || null);
   else if (session()) {
-    api.get(`/api/v1/runs/${seg(run)}`).then((x) => {
+    runInfo(run).then((x) => {
       const m = x && x.config && x.config.model;
       if (m && m.type === 'dmoe' && ul.isConnected) ul.insertBefore(tab(expertsTab), ul.children[2] || null);
     }).catch(() => {});

@@ -7,7 +7,7 @@
 // /api/v1/runs/{run}/experts/servers and /experts (docs/experts.md).
 import { h, table, fmtNum, fmtTime, shortKey, fill, message } from '../dom.js';
 import { api, seg, session } from '../api.js';
-import { runTabs, poll, errorBox } from './common.js';
+import { runTabs, runInfo, poll, errorBox } from './common.js';
 
 export const REFRESH_MS = 5000;
 
@@ -38,7 +38,7 @@ export function render(main, [run]) {
   let stop = null;
   let gone = false;
   // the run's config says whether it has experts (no request the API would refuse)
-  api.get(`/api/v1/runs/${seg(run)}`).then((x) => {
+  runInfo(run).then((x) => {
     const m = x && x.config && x.config.model;
     if (gone) return;
     if (!m || m.type !== 'dmoe') fill(box, message('info', 'This run has no mixture-of-experts layer.'));

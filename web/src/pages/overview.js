@@ -6,7 +6,7 @@
 import { h, fmtNum, fmtDuration, fmtTime, fill } from '../dom.js';
 import { api, seg } from '../api.js';
 import { lineChart } from '../chart.js';
-import { runTabs, poll, errorBox } from './common.js';
+import { runTabs, runInfo, poll, errorBox } from './common.js';
 
 export const REFRESH_MS = 4000;
 
@@ -41,7 +41,7 @@ export function render(main, [run]) {
   const status = h('p.updated', { id: 'updated' });
   main.appendChild(status);
 
-  api.get(`/api/v1/runs/${seg(run)}`).then((r) => {
+  runInfo(run).then((r) => {
     fill(info,
       h('p', h(`span.badge.${r.status}`, { id: 'run-status' }, r.status), ' ',
         h('span', { id: 'run-model' }, r.model_summary), ' · target batch ', fmtNum(r.target_batch_size),
