@@ -18,3 +18,11 @@ $(BENCH_TABLE1): $(BUILD)/obj/tests/bench/bench_table1.o $(BUILD)/lib/libct_harn
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_harness.a $(BUILD)/lib/libct_common.a $(LDLIBS)
+
+# DT-FM's pipeline scheduler on the seed's five network scenarios (`make bench`).
+BENCH_DTFM := $(BUILD)/tests/bench/bench_dtfm
+BENCHES += $(BENCH_DTFM)
+$(BENCH_DTFM): $(BUILD)/obj/tests/bench/bench_dtfm.o $(BUILD)/lib/libct_common.a
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(BUILD)/lib/libct_common.a $(LDLIBS)
