@@ -228,6 +228,13 @@ int kern_tfm_stages_split(const struct kern_tfm_config *c, int S, struct kern_tf
 /* Parameters a stage holds, without allocating (0 for an invalid stage). */
 size_t kern_tfm_stage_param_count(const struct kern_tfm_config *c, const struct kern_tfm_stage *st);
 
+/* Device memory a stage needs for up to max_batch rows, as kern_tfm_mem_need
+ * for the whole model (params, grads, act = every buffer kern_tfm_stage_new
+ * allocates, scratch, reserve; optim left 0). All zero for an invalid
+ * stage. */
+void kern_tfm_stage_mem_need(const struct kern_tfm_config *c, const struct kern_tfm_stage *st,
+                             int max_batch, struct kern_mem_need *n);
+
 /* Creates a stage model: parameters as described above, activations for up
  * to max_batch rows of c->max_T positions. m->kind is KERN_MODEL_GPT_STAGE.
  * CM_EINVAL when kern_tfm_stage_check refuses (ask it for the reason).
@@ -257,8 +264,9 @@ int kern_tfm_stage_get(const struct kern_model *m, struct kern_tfm_stage *st);
  * stage holds ONE micro-batch in flight, so a schedule runs forward and
  * backward of a micro-batch before the next forward on the same stage (or
  * uses one stage model per micro-batch in flight). CM_EINVAL for sizes
- * above what the model was built for, tokens or targets out of range, or a
- * NULL/non-NULL pointer that does not fit the stage; nothing changes then. */
+ * above what the model was built for, tokens or targets out of range, a
+ * non-finite x_in (a peer's garbage), or a NULL/non-NULL pointer that does
+ * not fit the stage; nothing changes then. */
 int kern_tfm_stage_forward(struct kern_model *m, const struct kern_batch *b, const float *x_in,
                            float *x_out, struct kern_eval *ev);
 
@@ -272,8 +280,8 @@ int kern_tfm_stage_forward(struct kern_model *m, const struct kern_batch *b, con
  *   dx_in:      receives d loss / d x_in (B,T,C) host for the previous
  *               stage; NULL for the first stage.
  * A last stage whose batch had no targets adds nothing and sends zeros.
- * CM_EINVAL before any forward or for pointers that do not fit the stage
- * (nothing changes). */
+ * CM_EINVAL before any forward, for a non-finite dx_out or for pointers
+ * that do not fit the stage (nothing changes). */
 int kern_tfm_stage_backward(struct kern_model *m, const float *dx_out, float grad_scale,
                             float *dx_in);
 

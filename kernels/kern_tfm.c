@@ -168,8 +168,8 @@ void kern__tfm_act_alloc(const struct kern_backend *be, struct kern__tfm_act *a,
 
 void kern__tfm_act_release(const struct kern_backend *be, struct kern__tfm_act *a)
 {
-    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,      a->atty,     a->preatt, a->att,
-                     a->res2, a->ln2,     a->ln2_mean, a->ln2_rstd, a->fch,      a->fchg,   a->res3};
+    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,  a->atty, a->preatt, a->att,
+                     a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fchg, a->res3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->release(bufs[i]);
 }

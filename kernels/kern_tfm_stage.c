@@ -14,6 +14,7 @@
  *
  * Shapes: B batch, T positions, C model width, F MLP width, NH heads,
  * V vocabulary, N = B*T rows. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,36 @@ size_t kern_tfm_stage_param_count(const struct kern_tfm_config *c, const struct 
     return n;
 }
 
+void kern_tfm_stage_mem_need(const struct kern_tfm_config *c, const struct kern_tfm_stage *st,
+                             int max_batch, struct kern_mem_need *n)
+{
+    memset(n, 0, sizeof *n);
+    size_t np = kern_tfm_stage_param_count(c, st);
+    if (np == 0 || max_batch < 1)
+        return;
+    /* as kern_tfm_stage_new, buffer by buffer */
+    size_t N = (size_t)max_batch * c->max_T, C = c->d_model, F = c->d_ff, V = c->vocab;
+    size_t att = (size_t)max_batch * c->n_head * c->max_T * c->max_T;
+    size_t layer = 5 * N * C + 4 * N + 3 * N * C + 2 * att + 2 * N * F; /* kern__tfm_act */
+    size_t act = (size_t)st->n_layers * layer;
+    act += 4 * N * C + 3 * N * C + 2 * att + 2 * N * F; /* kern__tfm_scratch */
+    act += N * C;                                       /* x0 */
+    size_t ints = 0;
+    if (st->has_embed)
+        ints += N;                                      /* tok */
+    if (st->has_head) {
+        /* lnf, its stats, logits, probs, losses, dlogits */
+        act += N * C + 2 * N + 2 * N * V + N + N * V;
+        ints += N;                                      /* tgt */
+    }
+    n->params = n->grads = np * sizeof(float);
+    n->act = act * sizeof(float) + ints * sizeof(int);
+    /* the CUDA backend's own buffers, as kern_tfm_mem_need */
+    n->scratch = 7 * N * C * sizeof(float) + (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) +
+                 sizeof(int);
+    n->reserve = KERN_GPU_RESERVE;
+}
+
 /* Initializes the stage's parameters (host, m->nparams) as kern_tfm_new
  * initializes the whole model: walk the whole model's table in order, fill
  * the tensors this stage holds (looked up by name: both copies of wte get
@@ -194,8 +225,8 @@ static void stage_destroy(struct kern_model *m)
         for (int i = 0; i < g->st.n_layers; i++)
             kern__tfm_act_release(be, &g->act[i]);
     kern__tfm_scratch_release(be, &g->s);
-    float *bufs[] = {g->x0,     g->lnf,   g->lnf_mean, g->lnf_rstd, g->logits,
-                     g->probs,  g->losses, g->dlogits};
+    float *bufs[] = {g->x0,    g->lnf,   g->lnf_mean, g->lnf_rstd,
+                     g->logits, g->probs, g->losses,  g->dlogits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->release(bufs[i]);
     be->release(g->tok);
@@ -216,6 +247,17 @@ static const float *stage_xl(const struct stage *g)
 static const float *stage_res(const struct stage *g, int i)
 {
     return i == 0 ? g->x0 : g->act[i - 1].res3;
+}
+
+/* Activations and their gradients come from another agent: a NaN or an
+ * infinity would spread through every parameter of this stage, so it is
+ * refused before anything changes (as kern_expert.c does). */
+static int all_finite_host(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
 }
 
 static struct stage *stage_of(const struct kern_model *m)
@@ -251,6 +293,8 @@ static int stage_forward(struct kern_model *m, const struct kern_batch *b, const
     if ((st->has_embed && !b->tokens) || (st->has_head && !b->targets))
         return CM_EINVAL;
     size_t N = (size_t)B * T;
+    if (x_in && !all_finite_host(x_in, N * C))
+        return CM_EINVAL;
     int count = 0;
     for (size_t i = 0; i < N; i++) {
         if (st->has_embed && (b->tokens[i] < 0 || b->tokens[i] >= V))
@@ -286,7 +330,9 @@ static int stage_forward(struct kern_model *m, const struct kern_batch *b, const
         be->matmul_fwd(g->logits, g->lnf, P + g->wte, NULL, (int)N, C, V);
         be->xent_fwd(g->losses, g->probs, g->logits, g->tgt, (int)N, V);
         struct kern_eval tmp = {0};
-        if ((rc = kern__score(be, g->losses, acc ? g->probs : NULL, b->targets, (int)N, V, ev ? ev : &tmp)))
+        rc = kern__score(be, g->losses, acc ? g->probs : NULL, b->targets, (int)N, V,
+                         ev ? ev : &tmp);
+        if (rc)
             return rc;
     } else if ((rc = be->download(x_out, xl, sizeof(float) * N * C))) {
         return rc;
@@ -317,6 +363,8 @@ int kern_tfm_stage_backward(struct kern_model *m, const float *dx_out, float gra
     const struct kern_tfm_config *c = &g->c;
     int B = g->B, T = g->T, C = c->d_model, V = c->vocab;
     size_t N = (size_t)B * T;
+    if (dx_out && !all_finite_host(dx_out, N * C))
+        return CM_EINVAL;
     const float *P = m->params;
     float *G = m->grads;
     struct kern__tfm_scratch *s = &g->s;

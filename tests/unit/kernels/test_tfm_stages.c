@@ -480,6 +480,16 @@ static void test_bad_calls(void **state)
     assert_int_equal(kern_tfm_stage_backward(p.m[2], x1, 1.0f, d), CM_EINVAL);  /* dx_out */
     assert_int_equal(kern_tfm_stage_backward(p.m[2], NULL, 1.0f, NULL), CM_EINVAL); /* dx_in */
     assert_int_equal(kern_tfm_stage_backward(p.m[0], NULL, 1.0f, NULL), CM_EINVAL);
+    /* a peer's garbage: non-finite activations or gradients */
+    float keep = x2[7];
+    x2[7] = NAN;
+    assert_int_equal(kern_tfm_stage_forward(p.m[2], &b, x2, NULL, NULL), CM_EINVAL);
+    assert_int_equal(kern_tfm_stage_backward(p.m[1], x2, 1.0f, x1), CM_EINVAL);
+    x2[7] = INFINITY;
+    assert_int_equal(kern_tfm_stage_backward(p.m[1], x2, 1.0f, x1), CM_EINVAL);
+    x2[7] = keep;
+    for (size_t i = 0; i < p.m[1]->nparams; i++)
+        assert_true(p.m[1]->grads[i] == 0.0f);
     for (size_t i = 0; i < p.m[2]->nparams; i++)
         assert_true(p.m[2]->grads[i] == 0.0f);
     assert_int_equal(kern_tfm_stage_backward(p.m[2], NULL, 1.0f, d), CM_OK);
@@ -502,6 +512,44 @@ static void test_bad_calls(void **state)
     pipe_free(&p);
 }
 
+/* kern_tfm_stage_mem_need against the bytes kern_tfm_stage_new really
+ * allocates (what the agent's GPU check sizes a stage with). */
+static size_t g_alloc_bytes;
+static int counting_alloc(size_t bytes, void **out)
+{
+    g_alloc_bytes += bytes;
+    return kern_backend_cpu()->alloc(bytes, out);
+}
+
+static void test_mem_need(void **state)
+{
+    (void)state;
+    struct kern_backend counting = *kern_backend_cpu();
+    counting.alloc = counting_alloc;
+    const struct kern_tfm_stage st[] = {{0, 0, 1, 0}, {0, 1, 1, 0}, {1, 2, 0, 0},
+                                        {3, 1, 0, 1}, {4, 0, 0, 1}, {0, L, 1, 1}};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        struct kern_model *m = NULL;
+        struct kern_mem_need n;
+        g_alloc_bytes = 0;
+        assert_int_equal(kern_tfm_stage_new(&counting, &CFG, &st[i], B, SEED, &m), CM_OK);
+        kern_tfm_stage_mem_need(&CFG, &st[i], B, &n);
+        assert_int_equal(n.params, m->nparams * sizeof(float));
+        assert_int_equal(n.params + n.grads + n.act, g_alloc_bytes);
+        assert_true(n.scratch > 0);
+        kern_model_free(m);
+    }
+    /* the stage holding everything needs what the whole model needs */
+    struct kern_mem_need whole, one;
+    kern_tfm_mem_need(&CFG, B, &whole);
+    kern_tfm_stage_mem_need(&CFG, &st[5], B, &one);
+    assert_int_equal(one.params, whole.params);
+    assert_int_equal(one.act, whole.act);
+    struct kern_tfm_stage bad = {1, 1, 1, 0};
+    kern_tfm_stage_mem_need(&CFG, &bad, B, &one);
+    assert_int_equal(one.params + one.act + one.scratch, 0);
+}
+
 int main(void)
 {
     kern_cpu_set_threads(2);
@@ -514,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_no_targets),
         cmocka_unit_test(test_bad_stages),
         cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_mem_need),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
