@@ -5,6 +5,7 @@
 #define KERN_INTERNAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kern_model.h"
 
@@ -25,6 +26,9 @@ int kern__model_alloc(struct kern_model *m, struct kern__tensor_list *l);
 
 /* Fills host buffer x (n) with N(0, std) or U(-a, a). */
 void kern__init_normal(float *x, size_t n, float std, uint64_t *rng);
+/* Advances rng past n draws of kern_rng_u64 (each kern_rng_uniform is one,
+ * each kern_rng_normal two), as if they had been made. */
+void kern__rng_skip(uint64_t *rng, uint64_t n);
 void kern__init_uniform(float *x, size_t n, float a, uint64_t *rng);
 
 /* Allocates n floats (or ints) on the backend, adding to *err on failure so a

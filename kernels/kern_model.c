@@ -18,6 +18,11 @@ uint64_t kern_rng_u64(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* splitmix64 adds the same constant to its state on every draw, so skipping
+ * n draws is one multiply-add (mod 2^64) and yields the state the n draws
+ * would have left. */
+void kern__rng_skip(uint64_t *s, uint64_t n) { *s += n * 0x9e3779b97f4a7c15ULL; }
+
 float kern_rng_uniform(uint64_t *s) { return (float)(kern_rng_u64(s) >> 40) / 16777216.0f; }
 
 float kern_rng_normal(uint64_t *s)

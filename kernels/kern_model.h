@@ -17,6 +17,9 @@
  *     parameter sharing and a masked-language-model head (ALBERT, Lan et al.
  *     2020 §3.1, as used by DeDLOC: seed 000_02cc6b5d62a616fc.txt §4.2-4.3).
  *     Both use pre-LayerNorm blocks and tanh-GELU.
+ *   - Pipeline stage of a GPT model (kern_tfm_stage_new, below): a range
+ *     of its layers, with the embeddings in the first stage and the head
+ *     and loss in the last (issue 19; seed 003_f3537b728458fcc1.txt §2).
  *   - Feed-forward expert block (kern_expert.h), for mixture-of-experts.
  *   - DMoE classifier (kern_dmoe.h): MLP trunk, one decentralized
  *     mixture-of-experts layer with product-key gating, classifier head
@@ -40,7 +43,15 @@ struct kern_tensor {
     int decay;     /* 1 when weight decay applies (matrices, embeddings) */
 };
 
-enum kern_model_kind { KERN_MODEL_MLP = 0, KERN_MODEL_GPT, KERN_MODEL_ALBERT, KERN_MODEL_DMOE };
+/* KERN_MODEL_GPT_STAGE: a pipeline stage of a GPT model (kern_tfm_stage_new);
+ * never a config's kind. */
+enum kern_model_kind {
+    KERN_MODEL_MLP = 0,
+    KERN_MODEL_GPT,
+    KERN_MODEL_ALBERT,
+    KERN_MODEL_DMOE,
+    KERN_MODEL_GPT_STAGE
+};
 
 /* One batch, in host memory. MLP: x (B,in_dim), targets (B), T = 0.
  * Transformers: tokens (B,T), targets (B,T); target -1 = no loss here. */
@@ -154,6 +165,125 @@ int kern_model_get_grads(const struct kern_model *m, float *host);
 const struct kern_tensor *kern_model_tensor(const struct kern_model *m, const char *name);
 
 void kern_model_free(struct kern_model *m);
+
+/* ---- pipeline stages of a GPT model (issue 19) ----
+ *
+ * Pipeline parallelism splits the layers of a model into S stages that run
+ * on different agents, each handling "a consecutive sequence of layers"
+ * (seed 003_f3537b728458fcc1.txt §2); stage j receives activations from
+ * stage j-1 in forward and gradients of activations from stage j+1 in
+ * backward (§3.5). A stage holds:
+ *   - the blocks of layers [first_layer, first_layer + n_layers);
+ *   - with has_embed (the first stage, first_layer 0): the token and
+ *     position embeddings "wte" and "wpe";
+ *   - with has_head (the last stage, ending at n_layer): the final
+ *     LayerNorm "ln_f.*" and the output head, which in GPT is the token
+ *     embedding again (logits = x @ wte^T): that stage holds its own "wte".
+ * Tensor names, shapes and weight-decay flags are those of kern_tfm_new's
+ * model, and a stage's table is the whole model's table restricted to what
+ * the stage holds, in the same order (checkpoints and LAMB's per-tensor
+ * logic work per stage; a single stage with everything is laid out exactly
+ * like the whole model).
+ *
+ * Tied embedding: when the first and the last stage are different models,
+ * each holds a copy of "wte" (same name, same initial values). The whole
+ * model's gradient of wte is the SUM of the two copies' gradients: after
+ * every backward, the two stages must add each other's wte gradient (as
+ * Megatron-LM all-reduces the embedding gradient between its first and last
+ * pipeline stage) and then apply the identical update to both copies, so
+ * they stay equal. The kernels do not do this exchange; the pipeline driver
+ * does.
+ *
+ * Initialization: a stage's parameters EQUAL the same-named tensors of
+ * kern_tfm_new(be, c, ., seed) (the draws of the tensors it does not hold
+ * are skipped, not omitted), so S stages start exactly where the
+ * single-process model starts.
+ *
+ * Only GPT: ALBERT's cross-layer sharing ties every layer's parameters
+ * together (and a GPT config with share_layers is refused for the same
+ * reason). */
+struct kern_tfm_stage {
+    int first_layer; /* 0..n_layer-1, or n_layer for a head-only stage */
+    int n_layers;    /* 0 only for a stage with the embedding or the head */
+    int has_embed;   /* 1: holds wte, wpe; requires first_layer == 0 */
+    int has_head;    /* 1: holds ln_f and wte; requires first_layer + n_layers == n_layer */
+};
+
+/* Checks one stage against a config; CM_EINVAL with a static message in
+ * *why. */
+int kern_tfm_stage_check(const struct kern_tfm_config *c, const struct kern_tfm_stage *st,
+                         const char **why);
+
+/* Checks a whole split of S stages (1 <= S): each stage valid, the embedding
+ * in stage 0 only, the head in stage S-1 only, and the layer ranges
+ * consecutive, without gaps or overlaps, covering [0, n_layer). */
+int kern_tfm_stages_check(const struct kern_tfm_config *c, const struct kern_tfm_stage *st, int S,
+                          const char **why);
+
+/* Fills st[0..S-1] with an even split of the n_layer layers (the first
+ * n_layer % S stages get one more), embedding in the first, head in the
+ * last. CM_EINVAL unless 1 <= S <= n_layer and c is a valid GPT config. */
+int kern_tfm_stages_split(const struct kern_tfm_config *c, int S, struct kern_tfm_stage *st);
+
+/* Parameters a stage holds, without allocating (0 for an invalid stage). */
+size_t kern_tfm_stage_param_count(const struct kern_tfm_config *c, const struct kern_tfm_stage *st);
+
+/* Device memory a stage needs for up to max_batch rows, as kern_tfm_mem_need
+ * for the whole model (params, grads, act = every buffer kern_tfm_stage_new
+ * allocates, scratch, reserve; optim left 0). All zero for an invalid
+ * stage. */
+void kern_tfm_stage_mem_need(const struct kern_tfm_config *c, const struct kern_tfm_stage *st,
+                             int max_batch, struct kern_mem_need *n);
+
+/* Creates a stage model: parameters as described above, activations for up
+ * to max_batch rows of c->max_T positions. m->kind is KERN_MODEL_GPT_STAGE.
+ * CM_EINVAL when kern_tfm_stage_check refuses (ask it for the reason).
+ * *out is owned by the caller; free with kern_model_free. The generic
+ * kern_model_fwd_bwd and kern_model_eval work on a stage that has both the
+ * embedding and the head (it is the whole model); on other stages they
+ * return CM_EINVAL. */
+int kern_tfm_stage_new(const struct kern_backend *be, const struct kern_tfm_config *c,
+                       const struct kern_tfm_stage *st, int max_batch, uint64_t seed,
+                       struct kern_model **out);
+
+/* The stage of a model made by kern_tfm_stage_new; CM_EINVAL for others. */
+int kern_tfm_stage_get(const struct kern_model *m, struct kern_tfm_stage *st);
+
+/* Forward of one micro-batch through a stage. Activations travel as HOST
+ * memory (B,T,C) floats, row-major: they cross the network between agents
+ * anyway, and the stage keeps its own device copy of x_in for backward.
+ *   b:     B and T always; tokens (B,T) when the stage has the embedding;
+ *          targets (B,T) (-1 = no loss) when it has the head; the other
+ *          fields are not read.
+ *   x_in:  the previous stage's output; NULL for the first stage.
+ *   x_out: receives this stage's output; NULL for the last stage.
+ *   ev:    optional; the last stage adds loss_sum and count (correct is not
+ *          counted: that would copy all probabilities to the host), other
+ *          stages leave it untouched.
+ * Saves what backward needs, overwriting the previous micro-batch's: a
+ * stage holds ONE micro-batch in flight, so a schedule runs forward and
+ * backward of a micro-batch before the next forward on the same stage (or
+ * uses one stage model per micro-batch in flight). CM_EINVAL for sizes
+ * above what the model was built for, tokens or targets out of range, a
+ * non-finite x_in (a peer's garbage), or a NULL/non-NULL pointer that does
+ * not fit the stage; nothing changes then. */
+int kern_tfm_stage_forward(struct kern_model *m, const struct kern_batch *b, const float *x_in,
+                           float *x_out, struct kern_eval *ev);
+
+/* Backward of the micro-batch of the last forward: grads += d loss/d params,
+ * where loss = grad_scale * mean over the rows with a target (as
+ * kern_model_fwd_bwd).
+ *   dx_out:     (B,T,C) host, d loss / d x_out from the next stage; NULL for
+ *               the last stage, which starts from its own loss.
+ *   grad_scale: read by the last stage only; the dx_out other stages get
+ *               already carries it.
+ *   dx_in:      receives d loss / d x_in (B,T,C) host for the previous
+ *               stage; NULL for the first stage.
+ * A last stage whose batch had no targets adds nothing and sends zeros.
+ * CM_EINVAL before any forward, for a non-finite dx_out or for pointers
+ * that do not fit the stage (nothing changes). */
+int kern_tfm_stage_backward(struct kern_model *m, const float *dx_out, float grad_scale,
+                            float *dx_in);
 
 /* Masked-LM corruption for ALBERT (BERT recipe): each position is chosen with
  * probability p (0.15); chosen positions get target = original token and are

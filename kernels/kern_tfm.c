@@ -14,6 +14,10 @@
  *      loss of ALBERT is not implemented. Pre-LN rather than BERT's post-LN:
  *      it trains stably without the warm-up tricks post-LN needs.
  *
+ * The block (forward, backward, tensor names, initialization) lives here and
+ * is shared through kern_tfm_int.h with kern_tfm_stage.c, which runs a range
+ * of a GPT model's layers as one pipeline stage.
+ *
  * Shapes: B batch, T positions, C model width, E embedding width, F MLP
  * width, NH heads, V vocabulary, N = B*T rows. */
 #include <math.h>
@@ -24,38 +28,22 @@
 #include "cm_err.h"
 #include "kern_internal.h"
 #include "kern_model.h"
-
-/* Offsets of one block's parameters in the flat buffer. */
-struct blk {
-    size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fc2w, fc2b;
-};
-
-/* Activations of one layer, saved for backward. */
-struct act {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C) (N) (N) */
-    float *qkv;                       /* (N,3C) */
-    float *atty;                      /* (N,C) */
-    float *preatt, *att;              /* (B,NH,T,T) */
-    float *res2;                      /* (N,C) */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fchg;                /* (N,F) */
-    float *res3;                      /* (N,C) */
-};
+#include "kern_tfm_int.h"
 
 struct tfm {
     struct kern_tfm_config c;
     size_t wte, wpe, projw, projb, lnfw, lnfb, headw, headb, hlnw, hlnb, decb;
     int nblk;
-    struct blk *blk;
-    struct act *act;
+    struct kern__tfm_blk *blk;
+    struct kern__tfm_act *act;
+    struct kern__tfm_scratch s;      /* tmp (N,C) and the block backward's scratch */
     float *enc;                      /* (N,E) */
     float *x0;                       /* (N,C) (ALBERT; GPT uses enc) */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *h, *hg, *hn, *hn_mean, *hn_rstd; /* ALBERT head (N,E) */
     float *logits, *probs, *losses;  /* (N,V) (N,V) (N) */
-    float *tmp;                      /* (N,C) */
-    /* backward scratch */
-    float *dres, *dln, *datty, *dqkv, *dpreatt, *datt, *dfch, *dfchg, *dlogits, *dh, *dhg, *denc;
+    /* head backward scratch */
+    float *dlogits, *dh, *dhg, *denc;
     int *tok, *tgt;
 };
 
@@ -132,6 +120,157 @@ void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct ke
     n->reserve = KERN_GPU_RESERVE;
 }
 
+/* ---- the block, shared with kern_tfm_stage.c (kern_tfm_int.h) ---- */
+
+int kern__tfm_blk_add(struct kern__tensor_list *tl, struct kern__tfm_blk *k, int l, int C, int F)
+{
+    int rc = 0;
+    char n[KERN_TENSOR_NAME_MAX];
+#define BADD(suffix, decay, off, nd, a, b)                                   \
+    if (!rc) {                                                               \
+        snprintf(n, sizeof n, "blocks.%d.%s", l, suffix);                    \
+        rc = kern__tensor_add(tl, n, decay, off, nd, a, b, 0, 0);            \
+    }
+    BADD("ln1.weight", 0, &k->ln1w, 1, C, 0);
+    BADD("ln1.bias", 0, &k->ln1b, 1, C, 0);
+    BADD("attn.qkv.weight", 1, &k->qkvw, 2, 3 * C, C);
+    BADD("attn.qkv.bias", 0, &k->qkvb, 1, 3 * C, 0);
+    BADD("attn.proj.weight", 1, &k->projw, 2, C, C);
+    BADD("attn.proj.bias", 0, &k->projb, 1, C, 0);
+    BADD("ln2.weight", 0, &k->ln2w, 1, C, 0);
+    BADD("ln2.bias", 0, &k->ln2b, 1, C, 0);
+    BADD("mlp.fc.weight", 1, &k->fcw, 2, F, C);
+    BADD("mlp.fc.bias", 0, &k->fcb, 1, F, 0);
+    BADD("mlp.proj.weight", 1, &k->fc2w, 2, C, F);
+    BADD("mlp.proj.bias", 0, &k->fc2b, 1, C, 0);
+#undef BADD
+    return rc;
+}
+
+void kern__tfm_act_alloc(const struct kern_backend *be, struct kern__tfm_act *a, size_t N, size_t C,
+                         size_t F, size_t att, int *err)
+{
+    a->ln1 = kern__alloc_f(be, N * C, err);
+    a->ln1_mean = kern__alloc_f(be, N, err);
+    a->ln1_rstd = kern__alloc_f(be, N, err);
+    a->qkv = kern__alloc_f(be, N * 3 * C, err);
+    a->atty = kern__alloc_f(be, N * C, err);
+    a->preatt = kern__alloc_f(be, att, err);
+    a->att = kern__alloc_f(be, att, err);
+    a->res2 = kern__alloc_f(be, N * C, err);
+    a->ln2 = kern__alloc_f(be, N * C, err);
+    a->ln2_mean = kern__alloc_f(be, N, err);
+    a->ln2_rstd = kern__alloc_f(be, N, err);
+    a->fch = kern__alloc_f(be, N * F, err);
+    a->fchg = kern__alloc_f(be, N * F, err);
+    a->res3 = kern__alloc_f(be, N * C, err);
+}
+
+void kern__tfm_act_release(const struct kern_backend *be, struct kern__tfm_act *a)
+{
+    float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv,  a->atty, a->preatt, a->att,
+                     a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fchg, a->res3};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->release(bufs[i]);
+}
+
+void kern__tfm_scratch_alloc(const struct kern_backend *be, struct kern__tfm_scratch *s, size_t N,
+                             size_t C, size_t F, size_t att, int *err)
+{
+    s->tmp = kern__alloc_f(be, N * C, err);
+    s->dres = kern__alloc_f(be, N * C, err);
+    s->dln = kern__alloc_f(be, N * C, err);
+    s->datty = kern__alloc_f(be, N * C, err);
+    s->dqkv = kern__alloc_f(be, N * 3 * C, err);
+    s->dpreatt = kern__alloc_f(be, att, err);
+    s->datt = kern__alloc_f(be, att, err);
+    s->dfch = kern__alloc_f(be, N * F, err);
+    s->dfchg = kern__alloc_f(be, N * F, err);
+}
+
+void kern__tfm_scratch_release(const struct kern_backend *be, struct kern__tfm_scratch *s)
+{
+    float *bufs[] = {s->tmp,     s->dres, s->dln,  s->datty, s->dqkv,
+                     s->dpreatt, s->datt, s->dfch, s->dfchg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->release(bufs[i]);
+}
+
+void kern__tfm_blk_fwd(const struct kern_backend *be, const float *P, const struct kern__tfm_blk *k,
+                       struct kern__tfm_act *a, const float *res, struct kern__tfm_scratch *s,
+                       const struct kern__tfm_dims *d)
+{
+    int N = d->B * d->T, C = d->C, F = d->F;
+    size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, P + k->ln1w, P + k->ln1b, N, C);
+    be->matmul_fwd(a->qkv, a->ln1, P + k->qkvw, P + k->qkvb, N, C, 3 * C);
+    be->attention_fwd(a->atty, a->preatt, a->att, a->qkv, d->B, d->T, C, d->NH, d->causal);
+    be->matmul_fwd(s->tmp, a->atty, P + k->projw, P + k->projb, N, C, C);
+    be->add(a->res2, res, s->tmp, NC);
+    be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P + k->ln2w, P + k->ln2b, N, C);
+    be->matmul_fwd(a->fch, a->ln2, P + k->fcw, P + k->fcb, N, C, F);
+    be->gelu_fwd(a->fchg, a->fch, NF);
+    be->matmul_fwd(s->tmp, a->fchg, P + k->fc2w, P + k->fc2b, N, F, C);
+    be->add(a->res3, a->res2, s->tmp, NC);
+}
+
+void kern__tfm_blk_bwd(const struct kern_backend *be, const float *P, float *G,
+                       const struct kern__tfm_blk *k, const struct kern__tfm_act *a,
+                       const float *res, struct kern__tfm_scratch *s,
+                       const struct kern__tfm_dims *d)
+{
+    int N = d->B * d->T, C = d->C, F = d->F;
+    size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    /* dres = d/d res3: flows to res2 unchanged and into the MLP branch */
+    be->fill(s->dfchg, 0.0f, NF);
+    be->matmul_bwd(s->dfchg, G + k->fc2w, G + k->fc2b, s->dres, a->fchg, P + k->fc2w, N, F, C);
+    be->fill(s->dfch, 0.0f, NF);
+    be->gelu_bwd(s->dfch, a->fch, s->dfchg, NF);
+    be->fill(s->dln, 0.0f, NC);
+    be->matmul_bwd(s->dln, G + k->fcw, G + k->fcb, s->dfch, a->ln2, P + k->fcw, N, C, F);
+    be->layernorm_bwd(s->dres, G + k->ln2w, G + k->ln2b, s->dln, a->res2, P + k->ln2w, a->ln2_mean,
+                      a->ln2_rstd, N, C);
+    /* dres = d/d res2 */
+    be->fill(s->datty, 0.0f, NC);
+    be->matmul_bwd(s->datty, G + k->projw, G + k->projb, s->dres, a->atty, P + k->projw, N, C, C);
+    be->fill(s->dqkv, 0.0f, NC * 3);
+    be->attention_bwd(s->dqkv, s->dpreatt, s->datt, s->datty, a->qkv, a->att, d->B, d->T, C, d->NH,
+                      d->causal);
+    be->fill(s->dln, 0.0f, NC);
+    be->matmul_bwd(s->dln, G + k->qkvw, G + k->qkvb, s->dqkv, a->ln1, P + k->qkvw, N, C, 3 * C);
+    be->layernorm_bwd(s->dres, G + k->ln1w, G + k->ln1b, s->dln, res, P + k->ln1w, a->ln1_mean,
+                      a->ln1_rstd, N, C);
+    /* dres = d/d res (the block's input) */
+}
+
+void kern__tfm_init_tensor(const struct kern_tensor *ts, float *x, int n_layer, uint64_t *rng)
+{
+    /* GPT-2 initialization: N(0, 0.02), residual projections scaled by
+     * 1/sqrt(2L); LayerNorm weight 1, biases 0. */
+    float resid = 0.02f / sqrtf(2.0f * n_layer);
+    const char *nm = ts->name;
+    size_t ln = strlen(nm);
+    int is_bias = ln > 4 && !strcmp(nm + ln - 4, "bias");
+    int is_ln = strstr(nm, "ln") != NULL;
+    float std = 0.0f;
+    if (is_bias || is_ln) {
+        if (x)
+            for (size_t j = 0; j < ts->numel; j++)
+                x[j] = is_bias ? 0.0f : 1.0f;
+        return;
+    }
+    if (strstr(nm, "proj.weight") && strncmp(nm, "emb_", 4))
+        std = resid;
+    else
+        std = 0.02f;
+    if (x)
+        kern__init_normal(x, ts->numel, std, rng);
+    else
+        kern__rng_skip(rng, 2 * (uint64_t)ts->numel); /* kern_rng_normal draws twice */
+}
+
+/* ---- the whole model ---- */
+
 static void tfm_destroy(struct kern_model *m)
 {
     struct tfm *t = m->impl;
@@ -139,18 +278,12 @@ static void tfm_destroy(struct kern_model *m)
         return;
     const struct kern_backend *be = m->be;
     if (t->act)
-        for (int l = 0; l < t->c.n_layer; l++) {
-            struct act *a = &t->act[l];
-            float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->preatt,
-                             a->att, a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, a->fch,
-                             a->fchg, a->res3};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-                be->release(bufs[i]);
-        }
-    float *bufs[] = {t->enc, t->x0, t->lnf, t->lnf_mean, t->lnf_rstd, t->h, t->hg, t->hn,
-                     t->hn_mean, t->hn_rstd, t->logits, t->probs, t->losses, t->tmp, t->dres,
-                     t->dln, t->datty, t->dqkv, t->dpreatt, t->datt, t->dfch, t->dfchg,
-                     t->dlogits, t->dh, t->dhg, t->denc};
+        for (int l = 0; l < t->c.n_layer; l++)
+            kern__tfm_act_release(be, &t->act[l]);
+    kern__tfm_scratch_release(be, &t->s);
+    float *bufs[] = {t->enc,    t->x0,      t->lnf,    t->lnf_mean, t->lnf_rstd, t->h,
+                     t->hg,     t->hn,      t->hn_mean, t->hn_rstd, t->logits,   t->probs,
+                     t->losses, t->dlogits, t->dh,     t->dhg,      t->denc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->release(bufs[i]);
     be->release(t->tok);
@@ -167,8 +300,8 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
     struct tfm *t = m->impl;
     const struct kern_backend *be = m->be;
     const struct kern_tfm_config *c = &t->c;
-    int B = bt->B, T = bt->T, C = c->d_model, E = c->d_embed, F = c->d_ff, V = c->vocab;
-    int NH = c->n_head, L = c->n_layer;
+    int B = bt->B, T = bt->T, C = c->d_model, E = c->d_embed, V = c->vocab;
+    int L = c->n_layer;
     if (B < 1 || B > m->max_batch || T < 1 || T > m->max_T || !bt->tokens || !bt->targets)
         return CM_EINVAL;
     size_t N = (size_t)B * T;
@@ -184,6 +317,8 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         return rc;
     const float *P = m->params;
     float *G = m->grads;
+    struct kern__tfm_scratch *s = &t->s;
+    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, c->kind == KERN_MODEL_GPT};
 
     /* ---- forward ---- */
     be->embed_fwd(t->enc, t->tok, P + t->wte, P + t->wpe, B, T, E);
@@ -193,22 +328,8 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         x0 = t->x0;
     }
     for (int l = 0; l < L; l++) {
-        const struct blk *k = &t->blk[c->share_layers ? 0 : l];
-        struct act *a = &t->act[l];
         const float *res = l == 0 ? x0 : t->act[l - 1].res3;
-        be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, P + k->ln1w, P + k->ln1b,
-                          (int)N, C);
-        be->matmul_fwd(a->qkv, a->ln1, P + k->qkvw, P + k->qkvb, (int)N, C, 3 * C);
-        be->attention_fwd(a->atty, a->preatt, a->att, a->qkv, B, T, C, NH,
-                          c->kind == KERN_MODEL_GPT);
-        be->matmul_fwd(t->tmp, a->atty, P + k->projw, P + k->projb, (int)N, C, C);
-        be->add(a->res2, res, t->tmp, N * C);
-        be->layernorm_fwd(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, P + k->ln2w, P + k->ln2b,
-                          (int)N, C);
-        be->matmul_fwd(a->fch, a->ln2, P + k->fcw, P + k->fcb, (int)N, C, F);
-        be->gelu_fwd(a->fchg, a->fch, N * F);
-        be->matmul_fwd(t->tmp, a->fchg, P + k->fc2w, P + k->fc2b, (int)N, F, C);
-        be->add(a->res3, a->res2, t->tmp, N * C);
+        kern__tfm_blk_fwd(be, P, &t->blk[c->share_layers ? 0 : l], &t->act[l], res, s, &d);
     }
     const float *xl = t->act[L - 1].res3;
     be->layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd, xl, P + t->lnfw, P + t->lnfb, (int)N, C);
@@ -230,7 +351,7 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
     /* ---- backward ---- */
     be->fill(t->dlogits, 0.0f, N * V);
     be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
-    be->fill(t->dln, 0.0f, N * C);
+    be->fill(s->dln, 0.0f, N * C);
     if (albert(t)) {
         be->fill(t->dhg, 0.0f, N * E);
         be->fill(t->dh, 0.0f, N * E);
@@ -241,49 +362,25 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         be->layernorm_bwd(t->denc, G + t->hlnw, G + t->hlnb, t->dhg, t->hg, P + t->hlnw,
                           t->hn_mean, t->hn_rstd, (int)N, E);
         be->gelu_bwd(t->dh, t->h, t->denc, N * E);
-        be->matmul_bwd(t->dln, G + t->headw, G + t->headb, t->dh, t->lnf, P + t->headw, (int)N,
+        be->matmul_bwd(s->dln, G + t->headw, G + t->headb, t->dh, t->lnf, P + t->headw, (int)N,
                        C, E);
     } else {
-        be->matmul_bwd(t->dln, G + t->wte, NULL, t->dlogits, t->lnf, P + t->wte, (int)N, C, V);
+        be->matmul_bwd(s->dln, G + t->wte, NULL, t->dlogits, t->lnf, P + t->wte, (int)N, C, V);
     }
-    be->fill(t->dres, 0.0f, N * C);
-    be->layernorm_bwd(t->dres, G + t->lnfw, G + t->lnfb, t->dln, xl, P + t->lnfw, t->lnf_mean,
+    be->fill(s->dres, 0.0f, N * C);
+    be->layernorm_bwd(s->dres, G + t->lnfw, G + t->lnfb, s->dln, xl, P + t->lnfw, t->lnf_mean,
                       t->lnf_rstd, (int)N, C);
     for (int l = L - 1; l >= 0; l--) {
-        const struct blk *k = &t->blk[c->share_layers ? 0 : l];
-        struct act *a = &t->act[l];
         const float *res = l == 0 ? x0 : t->act[l - 1].res3;
-        /* dres = d/d res3: flows to res2 unchanged and into the MLP branch */
-        be->fill(t->dfchg, 0.0f, N * F);
-        be->matmul_bwd(t->dfchg, G + k->fc2w, G + k->fc2b, t->dres, a->fchg, P + k->fc2w, (int)N,
-                       F, C);
-        be->fill(t->dfch, 0.0f, N * F);
-        be->gelu_bwd(t->dfch, a->fch, t->dfchg, N * F);
-        be->fill(t->dln, 0.0f, N * C);
-        be->matmul_bwd(t->dln, G + k->fcw, G + k->fcb, t->dfch, a->ln2, P + k->fcw, (int)N, C, F);
-        be->layernorm_bwd(t->dres, G + k->ln2w, G + k->ln2b, t->dln, a->res2, P + k->ln2w,
-                          a->ln2_mean, a->ln2_rstd, (int)N, C);
-        /* dres = d/d res2 */
-        be->fill(t->datty, 0.0f, N * C);
-        be->matmul_bwd(t->datty, G + k->projw, G + k->projb, t->dres, a->atty, P + k->projw,
-                       (int)N, C, C);
-        be->fill(t->dqkv, 0.0f, N * 3 * C);
-        be->attention_bwd(t->dqkv, t->dpreatt, t->datt, t->datty, a->qkv, a->att, B, T, C, NH,
-                          c->kind == KERN_MODEL_GPT);
-        be->fill(t->dln, 0.0f, N * C);
-        be->matmul_bwd(t->dln, G + k->qkvw, G + k->qkvb, t->dqkv, a->ln1, P + k->qkvw, (int)N, C,
-                       3 * C);
-        be->layernorm_bwd(t->dres, G + k->ln1w, G + k->ln1b, t->dln, res, P + k->ln1w,
-                          a->ln1_mean, a->ln1_rstd, (int)N, C);
-        /* dres = d/d res (input of layer l) */
+        kern__tfm_blk_bwd(be, P, G, &t->blk[c->share_layers ? 0 : l], &t->act[l], res, s, &d);
     }
     if (albert(t)) {
         be->fill(t->denc, 0.0f, N * E);
-        be->matmul_bwd(t->denc, G + t->projw, G + t->projb, t->dres, t->enc, P + t->projw,
+        be->matmul_bwd(t->denc, G + t->projw, G + t->projb, s->dres, t->enc, P + t->projw,
                        (int)N, E, C);
         be->embed_bwd(G + t->wte, G + t->wpe, t->denc, t->tok, B, T, E);
     } else {
-        be->embed_bwd(G + t->wte, G + t->wpe, t->dres, t->tok, B, T, E);
+        be->embed_bwd(G + t->wte, G + t->wpe, s->dres, t->tok, B, T, E);
     }
     return CM_OK;
 }
@@ -304,26 +401,8 @@ static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
         ADD("emb_proj.weight", 1, &t->projw, 2, C, E);
         ADD("emb_proj.bias", 0, &t->projb, 1, C, 0);
     }
-    for (int l = 0; l < t->nblk && !rc; l++) {
-        struct blk *k = &t->blk[l];
-        char n[KERN_TENSOR_NAME_MAX];
-#define BADD(suffix, decay, off, nd, a, b)                  \
-    snprintf(n, sizeof n, "blocks.%d.%s", l, suffix);       \
-    ADD(n, decay, off, nd, a, b)
-        BADD("ln1.weight", 0, &k->ln1w, 1, C, 0);
-        BADD("ln1.bias", 0, &k->ln1b, 1, C, 0);
-        BADD("attn.qkv.weight", 1, &k->qkvw, 2, 3 * C, C);
-        BADD("attn.qkv.bias", 0, &k->qkvb, 1, 3 * C, 0);
-        BADD("attn.proj.weight", 1, &k->projw, 2, C, C);
-        BADD("attn.proj.bias", 0, &k->projb, 1, C, 0);
-        BADD("ln2.weight", 0, &k->ln2w, 1, C, 0);
-        BADD("ln2.bias", 0, &k->ln2b, 1, C, 0);
-        BADD("mlp.fc.weight", 1, &k->fcw, 2, F, C);
-        BADD("mlp.fc.bias", 0, &k->fcb, 1, F, 0);
-        BADD("mlp.proj.weight", 1, &k->fc2w, 2, C, F);
-        BADD("mlp.proj.bias", 0, &k->fc2b, 1, C, 0);
-#undef BADD
-    }
+    for (int l = 0; l < t->nblk && !rc; l++)
+        rc = kern__tfm_blk_add(tl, &t->blk[l], l, C, F);
     ADD("ln_f.weight", 0, &t->lnfw, 1, C, 0);
     ADD("ln_f.bias", 0, &t->lnfb, 1, C, 0);
     if (albert(t)) {
@@ -337,28 +416,15 @@ static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
     return rc;
 }
 
-static void tfm_init(const struct tfm *t, const struct kern_model *m, float *h, uint64_t *rng)
+int kern__tfm_table(const struct kern_tfm_config *c, struct kern__tensor_list *tl)
 {
-    /* GPT-2 initialization: N(0, 0.02), residual projections scaled by
-     * 1/sqrt(2L); LayerNorm weight 1, biases 0. */
-    float resid = 0.02f / sqrtf(2.0f * t->c.n_layer);
-    for (int i = 0; i < m->ntensors; i++) {
-        const struct kern_tensor *ts = &m->tensors[i];
-        float *x = h + ts->off;
-        const char *nm = ts->name;
-        size_t ln = strlen(nm);
-        int is_bias = ln > 4 && !strcmp(nm + ln - 4, "bias");
-        int is_ln = strstr(nm, "ln") != NULL;
-        if (is_bias)
-            memset(x, 0, ts->numel * sizeof(float));
-        else if (is_ln)
-            for (size_t j = 0; j < ts->numel; j++)
-                x[j] = 1.0f;
-        else if (strstr(nm, "proj.weight") && strncmp(nm, "emb_", 4))
-            kern__init_normal(x, ts->numel, resid, rng);
-        else
-            kern__init_normal(x, ts->numel, 0.02f, rng);
-    }
+    struct tfm t = {.c = *c, .nblk = c->share_layers ? 1 : c->n_layer};
+    t.blk = calloc((size_t)t.nblk, sizeof *t.blk);
+    if (!t.blk)
+        return CM_ENOMEM;
+    int rc = tfm_layout(&t, tl);
+    free(t.blk);
+    return rc;
 }
 
 int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c, int max_batch,
@@ -400,7 +466,8 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
         goto fail;
     }
     uint64_t rng = seed;
-    tfm_init(t, m, host, &rng);
+    for (int i = 0; i < m->ntensors; i++)
+        kern__tfm_init_tensor(&m->tensors[i], host + m->tensors[i].off, c->n_layer, &rng);
     if ((rc = kern_model_set_params(m, host)))
         goto fail;
     free(host);
@@ -409,23 +476,8 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
     size_t N = (size_t)max_batch * c->max_T, C = c->d_model, E = c->d_embed, F = c->d_ff;
     size_t V = c->vocab, att = (size_t)max_batch * c->n_head * c->max_T * c->max_T;
     int err = 0;
-    for (int l = 0; l < c->n_layer; l++) {
-        struct act *a = &t->act[l];
-        a->ln1 = kern__alloc_f(be, N * C, &err);
-        a->ln1_mean = kern__alloc_f(be, N, &err);
-        a->ln1_rstd = kern__alloc_f(be, N, &err);
-        a->qkv = kern__alloc_f(be, N * 3 * C, &err);
-        a->atty = kern__alloc_f(be, N * C, &err);
-        a->preatt = kern__alloc_f(be, att, &err);
-        a->att = kern__alloc_f(be, att, &err);
-        a->res2 = kern__alloc_f(be, N * C, &err);
-        a->ln2 = kern__alloc_f(be, N * C, &err);
-        a->ln2_mean = kern__alloc_f(be, N, &err);
-        a->ln2_rstd = kern__alloc_f(be, N, &err);
-        a->fch = kern__alloc_f(be, N * F, &err);
-        a->fchg = kern__alloc_f(be, N * F, &err);
-        a->res3 = kern__alloc_f(be, N * C, &err);
-    }
+    for (int l = 0; l < c->n_layer; l++)
+        kern__tfm_act_alloc(be, &t->act[l], N, C, F, att, &err);
     t->enc = kern__alloc_f(be, N * E, &err);
     if (c->kind == KERN_MODEL_ALBERT) {
         t->x0 = kern__alloc_f(be, N * C, &err);
@@ -444,15 +496,7 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
     t->logits = kern__alloc_f(be, N * V, &err);
     t->probs = kern__alloc_f(be, N * V, &err);
     t->losses = kern__alloc_f(be, N, &err);
-    t->tmp = kern__alloc_f(be, N * C, &err);
-    t->dres = kern__alloc_f(be, N * C, &err);
-    t->dln = kern__alloc_f(be, N * C, &err);
-    t->datty = kern__alloc_f(be, N * C, &err);
-    t->dqkv = kern__alloc_f(be, N * 3 * C, &err);
-    t->dpreatt = kern__alloc_f(be, att, &err);
-    t->datt = kern__alloc_f(be, att, &err);
-    t->dfch = kern__alloc_f(be, N * F, &err);
-    t->dfchg = kern__alloc_f(be, N * F, &err);
+    kern__tfm_scratch_alloc(be, &t->s, N, C, F, att, &err);
     t->dlogits = kern__alloc_f(be, N * V, &err);
     t->tok = kern__alloc_i(be, N, &err);
     t->tgt = kern__alloc_i(be, N, &err);
