@@ -39,6 +39,8 @@ struct dht__lookup {
     struct dht_record *recs;
     size_t nrec, caprec;
     int sources, value_hop;
+    int need;      /* get: sources that are enough (1..VALUE_SOURCES_ENOUGH) */
+    int delivered; /* get: the callback ran; answers still in flight are drained */
     struct dht_record store_rec;
     int has_store_rec, store_inflight, stored, store_phase;
     uv_timer_t start_timer;
@@ -174,10 +176,11 @@ static void lookup_freed(uv_handle_t *h)
     node_maybe_release(n);
 }
 
-static void lookup_finish(struct dht__lookup *lk)
+/* Builds the result and runs the callback; the records are freed after. */
+static void lookup_deliver(struct dht__lookup *lk)
 {
     struct dht_node *n = lk->n;
-    lk->finished = 1;
+    lk->delivered = 1;
     struct dht_result res = {0};
     struct dht_contact closest[DHT_K];
     size_t nc = 0;
@@ -218,6 +221,16 @@ static void lookup_finish(struct dht__lookup *lk)
         dht_record_cleanup(&lk->recs[i]);
     free(lk->recs);
     lk->recs = NULL;
+    lk->nrec = lk->caprec = 0;
+}
+
+/* Delivers (once) and frees: only when no request refers to it any more. */
+static void lookup_finish(struct dht__lookup *lk)
+{
+    struct dht_node *n = lk->n;
+    lk->finished = 1;
+    if (!lk->delivered)
+        lookup_deliver(lk);
     if (lk->has_store_rec)
         dht_record_cleanup(&lk->store_rec);
     if (lk->prev)
@@ -306,7 +319,9 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
     lk->inflight--;
     int hop = c ? c->hop : 1;
     int ok = 0;
-    if (status == CM_OK && from) {
+    if (status == CM_OK && from && lk->delivered) {
+        ok = 1; /* a get that already answered: the node is alive, its records are not needed */
+    } else if (status == CM_OK && from) {
         if (lk->kind == LK_VALUE) {
             struct dht_msg_values v;
             if (dht_msg_parse_values(body, len, &v) == CM_OK) {
@@ -360,15 +375,29 @@ static void lookup_pump(struct dht__lookup *lk)
     struct dht_node *n = lk->n;
     if (lk->finished || lk->store_phase)
         return;
-    int enough = lk->kind == LK_VALUE && lk->sources >= VALUE_SOURCES_ENOUGH;
+    /* A get answers as soon as it has enough sources: its caller does not
+     * wait for the requests still in flight, which are drained (the
+     * routing table still learns from them) before the lookup is freed. */
+    if (lk->delivered) {
+        if (lk->inflight == 0)
+            lookup_finish(lk);
+        return;
+    }
+    int enough = lk->kind == LK_VALUE && lk->sources >= lk->need;
+    if (enough) {
+        lookup_deliver(lk);
+        if (lk->inflight == 0)
+            lookup_finish(lk);
+        return;
+    }
     /* Once a get has found the value, it keeps no more requests in flight
      * than sources it still needs: the answers pending are from the same
      * neighbourhood and most likely hold it too. Topping up to alpha after
      * each answer would leave requests in flight when the last source
      * arrives, and the get would wait a whole round trip more for them. */
     int cap = DHT_ALPHA;
-    if (lk->kind == LK_VALUE && lk->sources > 0 && VALUE_SOURCES_ENOUGH - lk->sources < cap)
-        cap = VALUE_SOURCES_ENOUGH - lk->sources;
+    if (lk->kind == LK_VALUE && lk->sources > 0 && lk->need - lk->sources < cap)
+        cap = lk->need - lk->sources;
     if (!n->closing && !enough) {
         uint8_t *body = NULL;
         size_t blen = 0;
@@ -433,6 +462,7 @@ static int lookup_new(struct dht_node *n, enum lk_kind kind, const uint8_t targe
     memcpy(lk->target, target, DHT_ID_LEN);
     lk->cb = cb;
     lk->arg = arg;
+    lk->need = VALUE_SOURCES_ENOUGH;
     /* Seed with up to 3k known contacts, not just k: when the k closest we
      * know have all died, the lookup still has live ones to ask (FAILED
      * candidates drop out of the k-window). Contacts that failed their last
@@ -471,9 +501,10 @@ int dht_find_node_async(struct dht_node *n, const uint8_t target[DHT_ID_LEN], dh
     return lookup_new(n, LK_NODE, target, cb, arg, NULL);
 }
 
-int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
+int dht_get_async_n(struct dht_node *n, const void *key, size_t klen, int sources, dht_cb cb,
+                    void *arg)
 {
-    if (!key || klen == 0)
+    if (!key || klen == 0 || sources < 1 || sources > VALUE_SOURCES_ENOUGH)
         return CM_EINVAL;
     uint8_t id[DHT_ID_LEN];
     dht_key_id(key, klen, id);
@@ -481,6 +512,7 @@ int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, v
     int rc = lookup_new(n, LK_VALUE, id, cb, arg, &lk);
     if (rc)
         return rc;
+    lk->need = sources;
     /* Our own store counts as one source (hop 0). */
     const struct dht_record *mine[DHT_MAX_VALUE_RECORDS];
     size_t m = dht_store_get(&n->store, id, p2p_now_ms(), mine, DHT_MAX_VALUE_RECORDS);
@@ -491,6 +523,11 @@ int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, v
         lk->value_hop = 0;
     }
     return CM_OK;
+}
+
+int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
+{
+    return dht_get_async_n(n, key, klen, VALUE_SOURCES_ENOUGH, cb, arg);
 }
 
 static int store_record_async(struct dht_node *n, const struct dht_record *r, dht_cb cb,
