@@ -39,7 +39,7 @@ struct dht__lookup {
     struct dht_record *recs;
     size_t nrec, caprec;
     int sources, value_hop;
-    int need;      /* get: sources that are enough (1..VALUE_SOURCES_ENOUGH) */
+    int need;      /* get: sources that are enough (VALUE_SOURCES_ENOUGH) */
     int delivered; /* get: the callback ran; answers still in flight are drained */
     struct dht_record store_rec;
     int has_store_rec, store_inflight, stored, store_phase;
@@ -501,10 +501,9 @@ int dht_find_node_async(struct dht_node *n, const uint8_t target[DHT_ID_LEN], dh
     return lookup_new(n, LK_NODE, target, cb, arg, NULL);
 }
 
-int dht_get_async_n(struct dht_node *n, const void *key, size_t klen, int sources, dht_cb cb,
-                    void *arg)
+int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
 {
-    if (!key || klen == 0 || sources < 1 || sources > VALUE_SOURCES_ENOUGH)
+    if (!key || klen == 0)
         return CM_EINVAL;
     uint8_t id[DHT_ID_LEN];
     dht_key_id(key, klen, id);
@@ -512,7 +511,6 @@ int dht_get_async_n(struct dht_node *n, const void *key, size_t klen, int source
     int rc = lookup_new(n, LK_VALUE, id, cb, arg, &lk);
     if (rc)
         return rc;
-    lk->need = sources;
     /* Our own store counts as one source (hop 0). */
     const struct dht_record *mine[DHT_MAX_VALUE_RECORDS];
     size_t m = dht_store_get(&n->store, id, p2p_now_ms(), mine, DHT_MAX_VALUE_RECORDS);
@@ -523,11 +521,6 @@ int dht_get_async_n(struct dht_node *n, const void *key, size_t klen, int source
         lk->value_hop = 0;
     }
     return CM_OK;
-}
-
-int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
-{
-    return dht_get_async_n(n, key, klen, VALUE_SOURCES_ENOUGH, cb, arg);
 }
 
 static int store_record_async(struct dht_node *n, const struct dht_record *r, dht_cb cb,

@@ -117,12 +117,6 @@ int dht_put_async(struct dht_node *n, const void *key, size_t klen, const void *
 /* Finds the live records of key: the plain value with the latest
  * expiration and every dictionary entry (newest per author and subkey). */
 int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg);
-/* As dht_get_async, but answers once `sources` nodes (1..3; our own store
- * counts) returned the key's records. 3 (dht_get_async) merges the newest
- * entries of three replicas; 1 saves the round trip the other two usually
- * cost, and may miss an entry that one replica has not received yet. */
-int dht_get_async_n(struct dht_node *n, const void *key, size_t klen, int sources, dht_cb cb,
-                    void *arg);
 /* Runs one refresh / republish pass now (normally timer driven). */
 void dht_node_refresh_now(struct dht_node *n);
 void dht_node_republish_now(struct dht_node *n);
