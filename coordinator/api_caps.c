@@ -20,6 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A measured round trip above this is a bad report (a minute). */
+#define API_CAP_MAX_RTT_MS 60000.0
+
 static int num_field(json_t *o, const char *k, double lo, double hi, int lo_open, double *out,
                      struct coord_resp *resp, const char *where)
 {
@@ -75,6 +78,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
         {"mbps", CM_J_NUMBER, 1, 1, 0},
+        {"rtt_ms", CM_J_NUMBER, 0, 1, 0},
     };
     if (!api_name_param(req, resp, 0, "run") ||
         !coord_req_check(req, resp, F, sizeof F / sizeof F[0]))
@@ -106,7 +110,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         uint8_t other[CM_ED25519_PUB_LEN];
         double mbps;
         snprintf(where, sizeof where, "pairs[%zu].", i);
-        if (!json_is_object(e) || cm_json_check(e, PAIR, 2, err, sizeof err) != CM_OK) {
+        if (!json_is_object(e) || cm_json_check(e, PAIR, sizeof PAIR / sizeof PAIR[0], err, sizeof err) != CM_OK) {
             coord_resp_error(resp, 400, "invalid_request", "%s %s", where,
                              json_is_object(e) ? err : "expected an object");
             json_decref(pairs);
@@ -123,7 +127,17 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
             json_decref(pairs);
             return;
         }
-        json_array_append_new(pairs, json_pack("{s:s, s:f}", "peer", ok, "mbps", mbps));
+        json_t *pe = json_pack("{s:s, s:f}", "peer", ok, "mbps", mbps);
+        double rtt;
+        if (json_object_get(e, "rtt_ms") &&
+            !num_field(e, "rtt_ms", 0, API_CAP_MAX_RTT_MS, 1, &rtt, resp, where)) {
+            json_decref(pe);
+            json_decref(pairs);
+            return;
+        }
+        if (json_object_get(e, "rtt_ms"))
+            json_object_set_new(pe, "rtt_ms", json_real(rtt));
+        json_array_append_new(pairs, pe);
     }
     json_t *report = json_pack("{s:f, s:f, s:f, s:b, s:o}", "samples_per_s", s, "upload_mbps", up,
                                "download_mbps", down, "accepts_inbound",

@@ -341,6 +341,18 @@ static int test_hooks(struct dp_state *s, int64_t *skew_ms)
         fprintf(stderr, "warning: CROWDTRAIN_TEST_CLOCK_SKEW_MS=%lld: this peer's clock is set wrong "
                         "(a test of the clock correction)\n", v);
     }
+    const char *lat = getenv("CROWDTRAIN_TEST_LATENCY_MS");
+    if (lat && *lat) {
+        char *end;
+        long v = strtol(lat, &end, 10);
+        if (*end || v < 0 || v > 10000) {
+            fprintf(stderr, "error: CROWDTRAIN_TEST_LATENCY_MS must be an integer from 0 to 10000\n");
+            return -1;
+        }
+        s->rt.cfg.latency_ms = (uint32_t)v;
+        fprintf(stderr, "warning: CROWDTRAIN_TEST_LATENCY_MS=%ld: every frame this peer sends waits %ld ms "
+                        "(latency emulation for tests)\n", v, v);
+    }
     const char *corrupt = getenv("CROWDTRAIN_TEST_CORRUPT_GRADIENTS");
     if (corrupt && *corrupt) {
         s->corrupt = !strcmp(corrupt, "nan") ? 1 : !strcmp(corrupt, "huge") ? 2 : 0;

@@ -28,9 +28,10 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
     for (size_t i = 0; pairs && i < c->n_pairs; i++) {
         char o64[64];
         cm_b64url_encode(c->pairs[i].pub, CM_ED25519_PUB_LEN, o64);
-        json_array_append_new(pairs,
-                              json_pack("{s:s, s:f}", "peer_public_key", o64, "mbps",
-                                        c->pairs[i].mbps));
+        json_t *e = json_pack("{s:s, s:f}", "peer_public_key", o64, "mbps", c->pairs[i].mbps);
+        if (e && c->pairs[i].rtt_ms > 0)
+            json_object_set_new(e, "rtt_ms", json_real(c->pairs[i].rtt_ms));
+        json_array_append_new(pairs, e);
     }
     json_t *body = pairs ? json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64,
                                      "samples_per_s", c->sps, "upload_mbps", c->up_mbps,
@@ -158,6 +159,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
 #define PROBE_PEERS 3
 #define PROBE_TRIES 4 /* passes over the peers that were busy with another prober */
 #define PROBE_BYTES (2048u * 1024u)
+#define PROBE_RTT_PINGS 3 /* the smallest of these is the pair's round trip */
 #define PROBE_BUDGET_MS 2000    /* of quiet time (see peer_net_probe) */
 #define PROBE_FIRST_BUDGET_MS 500 /* while we have no pair (docs/schedules.md) */
 #define PROBE_DEADLINE_MS 60000 /* to find that much quiet time */
@@ -277,7 +279,14 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
             int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, budget,
                                     PROBE_DEADLINE_MS, &rt->averaging, &rt->probe_stop, &mbps);
             if (rc == CM_OK && mbps > 0) {
+                /* the pair's round trip too (issue 17, "Measured links";
+                   the pipeline scheduler's delay, docs/pipelines.md): a few
+                   Pings on the connection the probe opened */
+                double rtt = 0;
+                if (peer_net_rtt(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_RTT_PINGS, &rtt) != CM_OK)
+                    rtt = 0;
                 memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
+                c->pairs[c->n_pairs].rtt_ms = rtt;
                 c->pairs[c->n_pairs++].mbps = pair_best(rt, p[best[k]].pub, mbps);
                 /* reported as they come (a probe may wait long for quiet
                    time), unless that would report fewer pairs than before */

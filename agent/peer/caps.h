@@ -26,6 +26,7 @@ struct peer_caps {
     struct {
         uint8_t pub[CM_ED25519_PUB_LEN];
         double mbps;            /* measured throughput from this peer to that one */
+        double rtt_ms;          /* measured round trip (peer_net_rtt); 0: not measured */
     } pairs[PEER_CAPS_MAX_PAIRS];
 };
 

@@ -326,6 +326,8 @@ static void *thread_main(void *arg)
     cc.auth.coord_keys = c->coord_keys;
     cc.auth.n_coord_keys = c->n_coord_keys;
     int rc = p2p_ctx_new(&cc, &n->ctx);
+    if (!rc && c->latency_ms)
+        p2p_ctx_set_latency(n->ctx, c->latency_ms);
     if (!rc) {
         struct dht_config dc = {0};
         dc.key = c->key;
@@ -860,6 +862,42 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
                    const int *stop, double *mbps)
 {
     return probe_run(n, addr, pub, 0, 32u * 1024u, 2, 0, bytes, budget_ms, deadline_ms, busy, stop, mbps);
+}
+
+static double mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+int peer_net_rtt(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int count,
+                 double *rtt_ms)
+{
+    struct sockaddr_storage sa;
+    *rtt_ms = 0;
+    if (p2p_addr_parse(addr, &sa) != CM_OK || count < 1 || count > 16)
+        return CM_EINVAL;
+    double best = -1;
+    int rc = CM_OK;
+    /* one more than counted: the first may open the connection (a TCP and
+       session handshake), which is not the path's round trip */
+    for (int i = 0; i <= count; i++) {
+        uint8_t *r = NULL;
+        size_t rl = 0;
+        double t0 = mono_ms();
+        rc = net_request(n, &sa, pub, P2P_MSG_PING, NULL, 0, PEER_RTT_TIMEOUT_MS, &r, &rl);
+        double dt = mono_ms() - t0;
+        free(r);
+        if (rc != CM_OK)
+            break;
+        if (i > 0 && (best < 0 || dt < best))
+            best = dt;
+    }
+    if (best < 0)
+        return rc != CM_OK ? rc : CM_ETIMEOUT;
+    *rtt_ms = best;
+    return CM_OK;
 }
 
 int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int down,

@@ -31,6 +31,9 @@ struct peer_net_config {
        the loop thread; NULL: refused (CM_EPROTO). */
     p2p_request_cb on_other;
     void *on_other_arg;
+    /* Emulated one-way delay added to every frame this agent sends (a test
+       and benchmark knob: netem is not available, docs/p2p.md); 0: none. */
+    uint32_t latency_ms;
 };
 
 struct peer_net;
@@ -132,6 +135,13 @@ int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED
 int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int down,
                         size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
                         const int *stop, double *mbps);
+/* The round trip to the peer at addr: the smallest of `count` (1..16)
+ * Pings after one that may open the connection, in milliseconds, as the
+ * transport delivers them (the peer's loop and our job queue included). */
+#define PEER_RTT_TIMEOUT_MS 2000
+int peer_net_rtt(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int count,
+                 double *rtt_ms);
+
 /* The key of the peer at addr (a Ping, which needs none), for probes of
  * a bootstrap address. */
 int peer_net_key_of(struct peer_net *n, const char *addr, uint8_t pub[CM_ED25519_PUB_LEN]);

@@ -83,6 +83,7 @@ struct peer_rt_config {
     int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
                                  clear it before that stage starts */
     int64_t test_skew_ms;     /* a wrong clock, for tests of the clock correction */
+    uint32_t latency_ms;      /* emulated one-way delay of every frame sent (tests; 0: none) */
     const volatile sig_atomic_t *interrupted; /* Ctrl-C count, may be NULL */
     /* Called before each stage starts (progress, tests); may be NULL. */
     void (*on_stage)(void *arg, enum peer_stage st);

@@ -181,6 +181,16 @@ static void test_capabilities_checked(void **state)
         "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
         "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
         "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":-5}]}",
+        /* a pair's round trip: positive, at most a minute, a number */
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+        "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":5,\"rtt_ms\":0}]}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+        "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":5,\"rtt_ms\":60001}]}",
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+        "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":5,\"rtt_ms\":\"fast\"}]}",
         "{\"peer_public_key\":\"short\",\"samples_per_s\":1,\"upload_mbps\":10,"
         "\"download_mbps\":100,\"accepts_inbound\":true%s}",
     };
@@ -210,6 +220,19 @@ static void test_capabilities_checked(void **state)
     free(big);
     /* Nothing of the above was stored. */
     assert_int_equal(scalar("SELECT count(*) FROM capabilities"), 0);
+    /* A measured round trip is kept with its pair (the pipeline scheduler's
+       delay, docs/pipelines.md); then the report goes, for the tests below. */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+             "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+             "\"%s\",\"mbps\":5,\"rtt_ms\":42.5},{\"peer_public_key\":\"%s\",\"mbps\":7}]}",
+             g_pk[0], g_pk[1], g_pk[2]);
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, 200, NULL);
+    assert_int_equal(scalar("SELECT (10 * (p->>'rtt_ms')::float8)::bigint FROM capabilities c, "
+                            "jsonb_array_elements(c.report->'pairs') p WHERE p ? 'rtt_ms'"),
+                     425);
+    assert_int_equal(scalar("SELECT count(*) FROM capabilities c, jsonb_array_elements(c.report->'pairs') p"), 2);
+    assert_int_equal(scalar("WITH d AS (DELETE FROM capabilities RETURNING 1) SELECT count(*) FROM d"), 1);
 }
 
 /* Verifies a served schedule as a peer would: signature with a published

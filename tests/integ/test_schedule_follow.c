@@ -479,9 +479,24 @@ static void test_agents_follow_schedule(void **state)
                 printf("pair: %.3f Mbit/s from a peer capped at %ld\n", (double)(v / 100000) / 1000, v % 100000);
         }
     }
+    /* and each pair's round trip (a few Pings after its probe): on one
+       machine's namespaces well under a second, never absent everywhere */
+    long with_rtt = -1, rtt_us = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM capabilities c, "
+                                  "jsonb_array_elements(c.report->'pairs') p " IN_RUN("c.run_id")
+                                  "AND (p->>'rtt_ms')::float8 > 0 AND (p->>'rtt_ms')::float8 < 1000",
+                                  &with_rtt), 0);
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT coalesce((1000 * percentile_cont(0.5) WITHIN GROUP "
+                                  "(ORDER BY (p->>'rtt_ms')::float8))::bigint, -1) FROM capabilities c, "
+                                  "jsonb_array_elements(c.report->'pairs') p " IN_RUN("c.run_id"),
+                                  &rtt_us), 0);
     printf("capability reports with measured pairs: %ld of %d; pairs above the caps: %ld; fast-to-fast "
-           "pairs measured above the slow cap: %ld\n", with_pairs, NAGENTS, over, fast_ok);
+           "pairs measured above the slow cap: %ld; pairs with a round trip: %ld (median %.2f ms)\n",
+           with_pairs, NAGENTS, over, fast_ok, with_rtt, (double)rtt_us / 1000);
     assert_true(with_pairs >= 2);
+    assert_true(with_rtt >= 1);
     assert_int_equal(over, 0);
 }
 

@@ -219,6 +219,44 @@ static void test_ctrl_c_between_chunks(void **state)
     assert_false(exists(f->part));
 }
 
+/* peer_net_rtt (issue 17, "Measured links"): the round trip on loopback is
+ * short; with a host that delays every frame it sends by 60 ms
+ * (peer_net_config.latency_ms, the latency emulation) its Pongs are late by
+ * that much, and the measurement sees it. The lower bound is exact (an
+ * emulated delay cannot be skipped); the upper ones leave room for a busy
+ * machine. */
+static void test_round_trip(void **state)
+{
+    struct fixture *f = *state;
+    uint8_t host_pub[CM_ED25519_PUB_LEN];
+    memcpy(host_pub, f->host_id.key.pub, CM_ED25519_PUB_LEN);
+    double rtt = -1;
+    assert_int_equal(peer_net_rtt(f->fetcher, f->addr, host_pub, 3, &rtt), CM_OK);
+    printf("loopback round trip %.3f ms\n", rtt);
+    assert_true(rtt > 0 && rtt < 1000);
+    assert_int_equal(peer_net_rtt(f->fetcher, "not an address", host_pub, 3, &rtt), CM_EINVAL);
+    assert_int_equal(peer_net_rtt(f->fetcher, f->addr, host_pub, 0, &rtt), CM_EINVAL);
+
+    struct p2p_tk_peer slow_id;
+    assert_int_equal(p2p_tk_peer_new(&f->tk, "s", "3", 600, &slow_id), 0);
+    struct peer_net_config sc = f->host_cfg;
+    sc.key = &slow_id.key;
+    sc.token = slow_id.token;
+    sc.latency_ms = 60;
+    struct peer_net *slow;
+    assert_int_equal(peer_net_start(&sc, &slow), CM_OK);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)peer_net_state_port(slow));
+    assert_int_equal(peer_net_rtt(f->fetcher, addr, slow_id.key.pub, 3, &rtt), CM_OK);
+    printf("round trip to a host that delays its frames by 60 ms: %.3f ms\n", rtt);
+    assert_true(rtt >= 60 && rtt < 1060);
+    /* a peer that is not there: an error, no reading */
+    peer_net_stop(slow);
+    assert_true(peer_net_rtt(f->fetcher, addr, slow_id.key.pub, 1, &rtt) != CM_OK);
+    assert_true(rtt == 0);
+    p2p_tk_peer_cleanup(&slow_id);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +265,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_ready_gives_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ctrl_c_while_preparing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ctrl_c_between_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
