@@ -56,7 +56,7 @@
 #define PIPE_LOCK_CLASS 0x919e1 /* advisory lock class of pipeline solves */
 #define PIPE_RANDOM_SAMPLES 20  /* random assignments averaged for the baseline */
 #define PIPE_MAX_SPARES 256     /* spares listed in the payload */
-#define PIPE_MAX_BYTES 1e15     /* activation_bytes, gradient_bytes */
+#define PIPE_MAX_BYTES 1e15     /* activation_bytes, gradient_bytes: below this (dtfm's bound) */
 #define PIPE_MAX_PARAMS 1e12    /* model_parameters */
 #define PIPE_MAX_SEED 9007199254740991LL /* 2^53 - 1: exact in every JSON reader */
 #define PIPE_ACT_ELEM_BYTES 4   /* activations cross stages in fp32 */
@@ -69,14 +69,14 @@ static int cfg_fail(char *err, size_t cap, const char *fmt, const char *field)
     return -1;
 }
 
-/* A positive number no larger than hi (NaN and infinities are not JSON, so
- * Jansson never hands them over; the bound keeps products finite). */
+/* A positive number below hi (NaN and infinities are not JSON, so Jansson
+ * never hands them over; the bound keeps products finite). */
 static int pos_number(const json_t *v, double hi, double *out)
 {
     if (!json_is_number(v))
         return 0;
     double x = json_number_value(v);
-    if (!(x > 0) || x > hi)
+    if (!(x > 0) || x >= hi)
         return 0;
     *out = x;
     return 1;
@@ -151,17 +151,22 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
     }
     const json_t *a = json_object_get(p, "activation_bytes");
     if (a && !pos_number(a, PIPE_MAX_BYTES, &out->act_bytes))
-        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15]",
+        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
                         "config.pipeline.activation_bytes");
     if (!a && !(out->act_bytes = derived_activation_bytes(config, batch, out->replicas)))
         return cfg_fail(err, cap,
                         "field '%s': required unless config.model is a gpt or albert model "
                         "with integer context and d_model",
                         "config.pipeline.activation_bytes");
+    if (!a && out->act_bytes >= PIPE_MAX_BYTES)
+        return cfg_fail(err, cap,
+                        "field '%s': the model's micro-batch activations come to 1e15 bytes or "
+                        "more; set it",
+                        "config.pipeline.activation_bytes");
     const json_t *g = json_object_get(p, "gradient_bytes");
     double params = 0;
     if (g && !pos_number(g, PIPE_MAX_BYTES, &out->grad_bytes))
-        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15]",
+        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
                         "config.pipeline.gradient_bytes");
     if (!g) {
         /* One stage's fp32 gradients when the layers are split evenly. */

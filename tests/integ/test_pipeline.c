@@ -173,6 +173,9 @@ static void test_config_validated(void **state)
          "config.pipeline.activation_bytes"},
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":-1,\"gradient_bytes\":1}}",
          "config.pipeline.activation_bytes"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1e15,"
+         "\"gradient_bytes\":1}}",
+         "config.pipeline.activation_bytes"},
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1}}",
          "config.pipeline.gradient_bytes"},
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":0}}",
