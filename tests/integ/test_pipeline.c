@@ -10,12 +10,16 @@
  * baseline and is the layout worked out by hand below; unchanged inputs
  * keep the version, a faster fifth peer is in the next one (5 s after the
  * last solve), and changed figures of the same peers are solved again 30 s
- * after it, starting from the previous partition. */
+ * after it, starting from the previous partition; while another
+ * coordinator holds the run's solve, a GET serves what is stored or answers
+ * 503 rather than waiting. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <libpq-fe.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -132,9 +136,9 @@ static int region(int p)
 
 /* A capability report: 1000 Mbit/s measured to the peers of its region,
  * 10 Mbit/s to the others (of A-E). */
-static void report(int i, double samples)
+static void report_to(const char *run, int i, double samples)
 {
-    char body[2048];
+    char body[2048], path[128];
     int o = snprintf(body, sizeof body,
                      "{\"peer_public_key\":\"%s\",\"samples_per_s\":%g,\"upload_mbps\":1000,"
                      "\"download_mbps\":1000,\"accepts_inbound\":true,\"pairs\":[",
@@ -148,7 +152,13 @@ static void report(int i, double samples)
         first = 0;
     }
     snprintf(body + o, sizeof body - (size_t)o, "]}");
-    expect("POST", "/api/v1/runs/pipe/capabilities", g_vol, body, 200, NULL, NULL);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
+    expect("POST", path, g_vol, body, 200, NULL, NULL);
+}
+
+static void report(int i, double samples)
+{
+    report_to("pipe", i, samples);
 }
 
 static void test_config_validated(void **state)
@@ -447,6 +457,64 @@ static void test_stable_then_faster_peer(void **state)
                      1);
 }
 
+/* The advisory lock class of pipeline solves (coordinator/api_pipeline.c). */
+#define PIPE_LOCK_SQL(run)                                                                         \
+    "SELECT pg_advisory_lock(596449, (SELECT id FROM runs WHERE name = '" run "')::int)"
+
+static void pg_ok(PGconn *pg, const char *sql)
+{
+    PGresult *r = PQexec(pg, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK && PQresultStatus(r) != PGRES_COMMAND_OK)
+        fail_msg("%s: %s", sql, PQerrorMessage(pg));
+    PQclear(r);
+}
+
+/* Another coordinator solving the run (its advisory lock held, here by
+ * the test's own session): a GET does not wait for that solve on a
+ * database connection. It serves the stored assignment, or, when the run
+ * has none yet, answers 503 solving; once the lock is free it solves. */
+static void test_other_solver(void **state)
+{
+    (void)state;
+    PGconn *pg = PQconnectdb(g_pg.url);
+    assert_int_equal(PQstatus(pg), CONNECTION_OK);
+    pg_ok(pg, PIPE_LOCK_SQL("pipe"));
+    report(E, 220);
+    assert_int_equal(ct_pg_exec(&g_pg, "UPDATE pipelines SET created_at = created_at - "
+                                       "interval '40 seconds'"),
+                     0);
+    struct served sv;
+    fetch_verified(&sv);
+    assert_int_equal(sv.version, 3);
+    assert_false(sv.solved_now);
+    json_decref(sv.p);
+
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"pipe2\",\"target_batch_size\":64,\"config\":" PIPE_CONFIG
+                         "}"),
+                     201);
+    assert_int_equal(req("PUT", "/api/v1/runs/pipe2/allowlist/vol", g_org, NULL), 201);
+    for (int i = A; i <= D; i++) {
+        char body[1024];
+        assert_int_equal(ct_pass_body("pipe2", "vol", &g_peer[i], body, sizeof body), 0);
+        assert_int_equal(req("POST", "/api/v1/runs/pipe2/passes", g_vol, body), 201);
+        report_to("pipe2", i, 100);
+    }
+    pg_ok(pg, PIPE_LOCK_SQL("pipe2"));
+    expect("GET", "/api/v1/runs/pipe2/pipeline", NULL, NULL, 503, "solving", NULL);
+    assert_int_equal(scalar("SELECT count(*) FROM pipelines p JOIN runs r ON r.id = p.run_id "
+                            "WHERE r.name = 'pipe2'"),
+                     0);
+
+    pg_ok(pg, "SELECT pg_advisory_unlock_all()");
+    fetch_verified(&sv);
+    assert_int_equal(sv.version, 4);
+    assert_true(sv.solved_now);
+    json_decref(sv.p);
+    expect("GET", "/api/v1/runs/pipe2/pipeline", NULL, NULL, 200, NULL, NULL);
+    PQfinish(pg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -454,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_not_pipeline_and_too_few),
         cmocka_unit_test(test_two_regions),
         cmocka_unit_test(test_stable_then_faster_peer),
+        cmocka_unit_test(test_other_solver),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
