@@ -457,6 +457,44 @@ static void test_stable_then_faster_peer(void **state)
                      1);
 }
 
+/* Allowlists vol on run, and A-D get passes and report to it. */
+static void join_four(const char *run)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/vol", run);
+    assert_int_equal(req("PUT", path, g_org, NULL), 201);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
+    for (int i = A; i <= D; i++) {
+        char body[1024];
+        assert_int_equal(ct_pass_body(run, "vol", &g_peer[i], body, sizeof body), 0);
+        assert_int_equal(req("POST", path, g_vol, body), 201);
+        report_to(run, i, 100);
+    }
+}
+
+/* The sizes a config leaves out come from its model (docs/pipelines.md):
+ * activations ceil(B / D) x context x d_model x 4 bytes, gradients
+ * model_parameters x 4 / S. */
+static void test_defaults_from_model(void **state)
+{
+    (void)state;
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"gpt22\",\"target_batch_size\":63,\"config\":{"
+                         "\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,"
+                         "\"context\":128,\"layers\":4,\"heads\":4,\"d_model\":64},"
+                         "\"pipeline\":{\"stages\":2,\"replicas\":2}}}"),
+                     201);
+    join_four("gpt22");
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/gpt22/pipeline", NULL, NULL, &r);
+    if (r.status != 200)
+        fail_msg("GET gpt22 pipeline: %ld %s", r.status, r.body ? r.body : "");
+    json_t *p = json_object_get(r.json, "pipeline");
+    assert_true(num(p, "activation_bytes") == 32.0 * 128 * 64 * 4); /* ceil(63 / 2) = 32 */
+    assert_true(num(p, "gradient_bytes") == 2e6);
+    ct_resp_free(&r);
+}
+
 /* The advisory lock class of pipeline solves (coordinator/api_pipeline.c). */
 #define PIPE_LOCK_SQL(run)                                                                         \
     "SELECT pg_advisory_lock(596449, (SELECT id FROM runs WHERE name = '" run "')::int)"
@@ -493,13 +531,7 @@ static void test_other_solver(void **state)
                          "{\"name\":\"pipe2\",\"target_batch_size\":64,\"config\":" PIPE_CONFIG
                          "}"),
                      201);
-    assert_int_equal(req("PUT", "/api/v1/runs/pipe2/allowlist/vol", g_org, NULL), 201);
-    for (int i = A; i <= D; i++) {
-        char body[1024];
-        assert_int_equal(ct_pass_body("pipe2", "vol", &g_peer[i], body, sizeof body), 0);
-        assert_int_equal(req("POST", "/api/v1/runs/pipe2/passes", g_vol, body), 201);
-        report_to("pipe2", i, 100);
-    }
+    join_four("pipe2");
     pg_ok(pg, PIPE_LOCK_SQL("pipe2"));
     expect("GET", "/api/v1/runs/pipe2/pipeline", NULL, NULL, 503, "solving", NULL);
     assert_int_equal(scalar("SELECT count(*) FROM pipelines p JOIN runs r ON r.id = p.run_id "
@@ -523,6 +555,7 @@ int main(void)
         cmocka_unit_test(test_two_regions),
         cmocka_unit_test(test_stable_then_faster_peer),
         cmocka_unit_test(test_other_solver),
+        cmocka_unit_test(test_defaults_from_model),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
