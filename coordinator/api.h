@@ -88,6 +88,15 @@ void api_schedules_get(struct coord_req *req, struct coord_resp *resp);
  * solved once); 0, or nonzero when the queue is full. */
 int api_sched_enqueue(struct coord_server *srv, const char *run, double delay_ms);
 
+/* api_pipeline.c: DT-FM pipeline schedules (seed 003 §3; docs/pipelines.md) */
+#define API_PIPE_MAX_DEVICES 256 /* stages x replicas a coordinator solves for in a request */
+void api_pipeline_get(struct coord_req *req, struct coord_resp *resp);
+/* CM_OK when config has no "pipeline" object or a valid one (target_batch:
+ * the run's, for the derived activation size; <= 0 when unknown); else
+ * CM_EINVAL with a message naming the field in err. */
+int api_pipeline_config_check(const json_t *config, long long target_batch, char *err,
+                              size_t cap);
+
 /* api_caps.c: capability reports and the live peers (organizers, auditors) */
 #define API_CAP_TTL_S 120   /* a capability report is live this long */
 #define API_SETTLE_MS 5000  /* a report queues a background solve this much later */

@@ -83,6 +83,19 @@ static int valid_status(const char *s)
     return s && (!strcmp(s, "open") || !strcmp(s, "paused") || !strcmp(s, "finished"));
 }
 
+/* The parts of a run's config the coordinator itself acts on are checked
+ * before anything is stored (the rest is the agents' recipe, which they
+ * validate): config.pipeline (api_pipeline.c). */
+static int config_valid(const json_t *cfg, long long target_batch, struct coord_resp *resp)
+{
+    char err[320];
+    if (cfg && api_pipeline_config_check(cfg, target_batch, err, sizeof err) != CM_OK) {
+        coord_resp_error(resp, 400, "invalid_request", "%s", err);
+        return 0;
+    }
+    return 1;
+}
+
 static const struct cm_json_field RUN_FIELDS[] = {
     {"name", CM_J_STRING, 1, 1, CM_NAME_MAX},
     {"target_batch_size", CM_J_INT, 1, 1, MAX_TARGET_BATCH},
@@ -125,6 +138,8 @@ void api_runs_create(struct coord_req *req, struct coord_resp *resp)
         return;
     }
     json_t *cfg = json_object_get(j, "config");
+    if (!config_valid(cfg, json_integer_value(json_object_get(j, "target_batch_size")), resp))
+        return;
     char *cfg_s = cfg ? json_dumps(cfg, JSON_COMPACT) : strdup("{}");
     char tbs[24], uid[24];
     snprintf(tbs, sizeof tbs, "%lld",
@@ -194,6 +209,8 @@ void api_runs_update(struct coord_req *req, struct coord_resp *resp)
     if (t)
         snprintf(tbs, sizeof tbs, "%lld", (long long)json_integer_value(t));
     json_t *cfg = json_object_get(j, "config");
+    if (!config_valid(cfg, t ? json_integer_value(t) : 0, resp))
+        return;
     char *cfg_s = cfg ? json_dumps(cfg, JSON_COMPACT) : NULL;
     const char *p[] = {req->params[0], status, json_string_value(json_object_get(j, "description")),
                        json_string_value(json_object_get(j, "model_summary")), t ? tbs : NULL,

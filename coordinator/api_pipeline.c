@@ -1,0 +1,863 @@
+/* Pipeline schedules served by the coordinator (seed 003_f3537b728458fcc1.txt
+ * §3, DT-FM; issue 19; docs/pipelines.md, docs/protocol.md "Pipeline
+ * schedules"): which live peer runs which stage of which pipeline replica.
+ *
+ *  GET /api/v1/runs/{run}/pipeline  public: the newest signed assignment of
+ *      a run whose config has a "pipeline" object. The S x D devices are
+ *      chosen from the live capability reports (api_caps.c), the pairwise
+ *      bandwidths built from them, the partition into per-stage
+ *      data-parallel groups searched by common/sched/dtfm (the hybrid
+ *      genetic algorithm of seed 003 §3.4, warm-started from the previous
+ *      partition), and the best pipeline structure for it (§3.3) becomes
+ *      the assignment. It is signed with this coordinator's key, stored in
+ *      `pipelines` and served until the inputs change (after a short
+ *      hysteresis) or its validity nears its end.
+ *
+ * Solves run in the request (this slice): a few seconds up to 64 devices,
+ * but 10-26 s at the 256-device bound even with the shortened search
+ * (search_generations); moving them to a background thread as api_sched.c
+ * does is the next step. Inputs that only changed their figures wait 30 s
+ * before a re-solve, so a big run does not solve on every GET. A
+ * transaction-level advisory lock per run makes one coordinator solve;
+ * another that finds the lock taken serves what is stored, or asks the
+ * caller to retry, rather than holding a database connection through a
+ * solve.
+ *
+ * Also here: the validation of config.pipeline that api_runs.c applies when
+ * a run is created or its config replaced. */
+#include "coordinator/api.h"
+#include "cm_err.h"
+#include "cm_log.h"
+#include "sched/dtfm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PIPE_FORMAT "crowdtrain-pipeline/1"
+#define PIPE_VALID_S 600     /* validity window of an assignment */
+#define PIPE_REFRESH_S 300   /* re-solve when less validity than this is left */
+/* At most one solve per run per this many seconds after the last when the
+ * chosen devices changed (a peer that joined waits idle, one that left
+ * stalls its pipeline) ... */
+#define PIPE_MEMBERS_HYSTERESIS_S 5
+/* ... or per this many when only their figures did (throughputs measured
+ * again: with many peers they always differ a little, and a large solve
+ * costs seconds in the request). As api_sched.c does. */
+#define PIPE_HYSTERESIS_S 30
+/* The search's generations: dtfm's default (200) up to this many devices;
+ * fewer above, so that an in-request solve stays within seconds where it
+ * can (a 256-device solve's first generation alone takes seconds). */
+#define PIPE_FULL_SEARCH_DEVICES 64
+#define PIPE_GENERATIONS 200
+#define PIPE_MIN_GENERATIONS 20
+#define PIPE_LOCK_CLASS 0x919e1 /* advisory lock class of pipeline solves */
+#define PIPE_RANDOM_SAMPLES 20  /* random assignments averaged for the baseline */
+#define PIPE_MAX_SPARES 256     /* spares listed in the payload */
+#define PIPE_MAX_BYTES 1e15     /* activation_bytes, gradient_bytes: below this (dtfm's bound) */
+#define PIPE_MAX_PARAMS 1e12    /* model_parameters */
+#define PIPE_MAX_SEED 9007199254740991LL /* 2^53 - 1: exact in every JSON reader */
+#define PIPE_ACT_ELEM_BYTES 4   /* activations cross stages in fp32 */
+
+/* ---- config.pipeline ---- */
+
+static int cfg_fail(char *err, size_t cap, const char *fmt, const char *field)
+{
+    snprintf(err, cap, fmt, field);
+    return -1;
+}
+
+/* A positive number below hi (NaN and infinities are not JSON, so Jansson
+ * never hands them over; the bound keeps products finite). */
+static int pos_number(const json_t *v, double hi, double *out)
+{
+    if (!json_is_number(v))
+        return 0;
+    double x = json_number_value(v);
+    if (!(x > 0) || x >= hi)
+        return 0;
+    *out = x;
+    return 1;
+}
+
+/* The model's parameter count, as api_sched.c reads it. */
+static int model_parameters(const json_t *config, double *out)
+{
+    const json_t *v = json_object_get(config, "model_parameters");
+    if (!v)
+        v = json_object_get(json_object_get(config, "collaboration"), "model_parameters");
+    return pos_number(v, PIPE_MAX_PARAMS, out);
+}
+
+/* Activations of one micro-batch crossing a stage boundary, from a
+ * transformer's shape (agent/train/train_config.c: model.context,
+ * model.d_model): every token's hidden vector, in fp32. The paper's
+ * micro-batch i is replica i's share of the step (seed 003 §2: tasklet
+ * t_ij is stage j of micro-batch i), ceil(B / D) samples; agents that cut
+ * it finer for overlap send the same bytes in total. Other models have no
+ * single boundary width: their configs must say. 0 when not derivable. */
+static double derived_activation_bytes(const json_t *config, double batch, unsigned replicas)
+{
+    const json_t *m = json_object_get(config, "model");
+    const char *type = json_string_value(json_object_get(m, "type"));
+    const json_t *ctx = json_object_get(m, "context"), *dm = json_object_get(m, "d_model");
+    if (!type || (strcmp(type, "gpt") != 0 && strcmp(type, "albert") != 0) ||
+        !json_is_integer(ctx) || !json_is_integer(dm) || json_integer_value(ctx) < 1 ||
+        json_integer_value(ctx) > (1 << 20) || json_integer_value(dm) < 1 ||
+        json_integer_value(dm) > (1 << 20))
+        return 0;
+    double mb = ceil(batch / replicas);
+    return mb * (double)json_integer_value(ctx) * (double)json_integer_value(dm) *
+           PIPE_ACT_ELEM_BYTES;
+}
+
+struct pipe_cfg {
+    unsigned stages, replicas;
+    double act_bytes, grad_bytes;
+    uint64_t seed;
+};
+
+/* 1: a pipeline run, *out filled; 0: no "pipeline" object; -1: invalid,
+ * err names the field. batch: the run's target batch size (samples per
+ * step), for the derived activation size. */
+static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *out, char *err,
+                          size_t cap)
+{
+    const json_t *p = json_object_get(config, "pipeline");
+    if (!p)
+        return 0;
+    if (!json_is_object(p))
+        return cfg_fail(err, cap, "field '%s': an object {\"stages\", \"replicas\", ...}",
+                        "config.pipeline");
+    memset(out, 0, sizeof *out);
+    const json_t *s = json_object_get(p, "stages"), *d = json_object_get(p, "replicas");
+    if (!json_is_integer(s) || json_integer_value(s) < 1 ||
+        json_integer_value(s) > DTFM_MAX_STAGES)
+        return cfg_fail(err, cap, "field '%s': an integer from 1 to 64", "config.pipeline.stages");
+    if (!json_is_integer(d) || json_integer_value(d) < 1 ||
+        json_integer_value(d) > DTFM_MAX_REPLICAS)
+        return cfg_fail(err, cap, "field '%s': an integer from 1 to 64",
+                        "config.pipeline.replicas");
+    out->stages = (unsigned)json_integer_value(s);
+    out->replicas = (unsigned)json_integer_value(d);
+    if (out->stages * out->replicas > API_PIPE_MAX_DEVICES) {
+        snprintf(err, cap,
+                 "fields 'config.pipeline.stages' x 'config.pipeline.replicas': at most %d "
+                 "devices (%u x %u asked)",
+                 API_PIPE_MAX_DEVICES, out->stages, out->replicas);
+        return -1;
+    }
+    const json_t *a = json_object_get(p, "activation_bytes");
+    if (a && !pos_number(a, PIPE_MAX_BYTES, &out->act_bytes))
+        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
+                        "config.pipeline.activation_bytes");
+    if (!a && !(out->act_bytes = derived_activation_bytes(config, batch, out->replicas)))
+        return cfg_fail(err, cap,
+                        "field '%s': required unless config.model is a gpt or albert model "
+                        "with integer context and d_model",
+                        "config.pipeline.activation_bytes");
+    if (!a && out->act_bytes >= PIPE_MAX_BYTES)
+        return cfg_fail(err, cap,
+                        "field '%s': the model's micro-batch activations come to 1e15 bytes or "
+                        "more; set it",
+                        "config.pipeline.activation_bytes");
+    const json_t *g = json_object_get(p, "gradient_bytes");
+    double params = 0;
+    if (g && !pos_number(g, PIPE_MAX_BYTES, &out->grad_bytes))
+        return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
+                        "config.pipeline.gradient_bytes");
+    if (!g) {
+        /* One stage's fp32 gradients when the layers are split evenly. */
+        if (!model_parameters(config, &params))
+            return cfg_fail(err, cap,
+                            "field '%s': required unless config.model_parameters (or "
+                            "config.collaboration.model_parameters) is a number in [1, 1e12]",
+                            "config.pipeline.gradient_bytes");
+        out->grad_bytes = params * 4 / out->stages;
+    }
+    const json_t *sd = json_object_get(p, "seed");
+    out->seed = 1;
+    if (sd) {
+        if (!json_is_integer(sd) || json_integer_value(sd) < 0 ||
+            json_integer_value(sd) > PIPE_MAX_SEED)
+            return cfg_fail(err, cap, "field '%s': an integer from 0 to 2^53 - 1",
+                            "config.pipeline.seed");
+        out->seed = (uint64_t)json_integer_value(sd);
+    }
+    return 1;
+}
+
+int api_pipeline_config_check(const json_t *config, long long target_batch, char *err,
+                              size_t cap)
+{
+    struct pipe_cfg c;
+    return pipe_cfg_parse(config, target_batch > 0 ? (double)target_batch : 1, &c, err, cap) < 0
+               ? CM_EINVAL
+               : CM_OK;
+}
+
+/* ---- the newest stored assignment ---- */
+
+COORD_DB_STMT(S_RUN, 1, "SELECT id, target_batch_size, config::text FROM runs WHERE name = $1");
+/* Live as for averaging schedules (api_sched.c): an unexpired report whose
+ * pass is still valid. */
+COORD_DB_STMT(S_LIVE, 1,
+              "SELECT encode(c.peer_public_key, 'hex'), c.report::text FROM capabilities c "
+              "JOIN passes p ON p.id = c.pass_id AND p.revoked_at IS NULL "
+              "AND p.expires_at > now() "
+              "WHERE c.run_id = $1 AND c.expires_at > now() ORDER BY c.peer_public_key");
+COORD_DB_STMT(S_NEWEST, 1,
+              "SELECT version, inputs_sha256, extract(epoch from created_at)::bigint, "
+              "extract(epoch from valid_from)::bigint, extract(epoch from valid_until)::bigint, "
+              "payload, encode(signature, 'hex'), kid, solve_ms FROM pipelines "
+              "WHERE run_id = $1 ORDER BY version DESC LIMIT 1");
+COORD_DB_STMT(S_TRYLOCK, 2, "SELECT pg_try_advisory_xact_lock($1::int, $2::int)");
+COORD_DB_STMT(S_INSERT, 11,
+              "INSERT INTO pipelines (run_id, version, kid, valid_from, valid_until, inputs, "
+              "inputs_sha256, result, solve_ms, payload, signature, created_at) VALUES ($1, $2, "
+              "$3, to_timestamp($4), to_timestamp($5), $6::jsonb, $7, $8::jsonb, $9, $10, "
+              "decode($11, 'hex'), to_timestamp($4))");
+
+struct newest {
+    int have;
+    long long version, created, from, until;
+    char sha[65];
+    char kid[CM_KID_LEN + 1];
+    char *payload; /* owned */
+    char sig_hex[2 * CM_ED25519_SIG_LEN + 1];
+    double solve_ms;
+};
+
+static int newest_load(struct coord_req *req, const char *run_id, struct newest *nw)
+{
+    free(nw->payload);
+    memset(nw, 0, sizeof *nw);
+    const char *p[] = {run_id};
+    PGresult *r = coord_db_exec(req->db, &S_NEWEST, p, NULL);
+    if (!r)
+        return CM_EDB;
+    if (PQntuples(r) == 1) {
+        nw->have = 1;
+        nw->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        snprintf(nw->sha, sizeof nw->sha, "%s", PQgetvalue(r, 0, 1));
+        nw->created = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+        nw->from = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+        nw->until = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
+        nw->payload = strdup(PQgetvalue(r, 0, 5));
+        snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", PQgetvalue(r, 0, 6));
+        snprintf(nw->kid, sizeof nw->kid, "%s", PQgetvalue(r, 0, 7));
+        nw->solve_ms = strtod(PQgetvalue(r, 0, 8), NULL);
+    }
+    PQclear(r);
+    return nw->have && !nw->payload ? CM_ENOMEM : CM_OK;
+}
+
+static void respond(struct coord_req *req, struct coord_resp *resp, const struct newest *nw,
+                    int fresh)
+{
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    size_t n = 0, plen = strlen(nw->payload);
+    char sig64[128], pub[64] = "";
+    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1);
+    json_t *doc = json_loads(nw->payload, 0, NULL);
+    if (!p64 || !doc ||
+        cm_hex_decode(nw->sig_hex, strlen(nw->sig_hex), sig, sizeof sig, &n) != CM_OK ||
+        n != sizeof sig) {
+        free(p64);
+        json_decref(doc);
+        coord_resp_error(resp, 500, "internal", "stored pipeline schedule is unreadable");
+        return;
+    }
+    cm_b64url_encode(nw->payload, plen, p64);
+    cm_b64url_encode(sig, sizeof sig, sig64);
+    /* The signer's published key; one signed by another coordinator names its kid. */
+    if (!strcmp(nw->kid, req->srv->kid))
+        cm_b64url_encode(req->srv->signing_key.pub, CM_ED25519_PUB_LEN, pub);
+    json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:o}", "run",
+                          req->params[0], "version", (json_int_t)nw->version, "kid", nw->kid,
+                          "payload", p64, "signature", sig64, "valid_from",
+                          (json_int_t)nw->from, "valid_until", (json_int_t)nw->until,
+                          "created_at", (json_int_t)nw->created, "solve_ms", nw->solve_ms,
+                          "solved_now", fresh, "pipeline", doc);
+    free(p64);
+    if (o && pub[0])
+        json_object_set_new(o, "coordinator_public_key", json_string(pub));
+    if (!o) {
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return;
+    }
+    coord_resp_json(resp, 200, o);
+}
+
+/* ---- the live inputs ---- */
+
+struct device {
+    uint8_t key[CM_ED25519_PUB_LEN];
+    char k64[48];
+    double samples, up, down;
+    json_t *pairs; /* borrowed from the report: [{"peer", "mbps"}] */
+};
+
+struct inputs {
+    size_t nlive, n, nspare; /* live reports; chosen; eligible but not chosen */
+    struct device *dev;      /* nlive: chosen first (by key), then spares */
+    json_t **reports;        /* nlive, owned */
+    json_t *doc;             /* canonical inputs document */
+    char sha[65];
+};
+
+static void inputs_free(struct inputs *in)
+{
+    for (size_t i = 0; in->reports && i < in->nlive; i++)
+        json_decref(in->reports[i]);
+    free(in->reports);
+    free(in->dev);
+    json_decref(in->doc);
+    memset(in, 0, sizeof *in);
+}
+
+/* Who gets a slot first: the fastest, then the lowest key (deterministic). */
+static int by_speed(const void *a, const void *b)
+{
+    const struct device *x = a, *y = b;
+    if (x->samples != y->samples)
+        return x->samples > y->samples ? -1 : 1;
+    return memcmp(x->key, y->key, CM_ED25519_PUB_LEN);
+}
+
+static int by_key(const void *a, const void *b)
+{
+    return memcmp(((const struct device *)a)->key, ((const struct device *)b)->key,
+                  CM_ED25519_PUB_LEN);
+}
+
+/* Index of key among the chosen devices, or -1. */
+static int chosen_index(const struct inputs *in, const uint8_t key[CM_ED25519_PUB_LEN])
+{
+    for (size_t i = 0; i < in->n; i++)
+        if (!memcmp(in->dev[i].key, key, CM_ED25519_PUB_LEN))
+            return (int)i;
+    return -1;
+}
+
+/* Reads the live reports and chooses the devices. Devices that cannot
+ * compute (samples_per_s 0, DeDLOC's auxiliary peers) cannot run a stage and
+ * are left out. 0 with resp set on failure (409 not_enough_peers among them). */
+static int inputs_load(struct coord_req *req, struct coord_resp *resp, const char *run_id,
+                       const struct pipe_cfg *pc, double batch, struct inputs *in)
+{
+    memset(in, 0, sizeof *in);
+    const char *p[] = {run_id};
+    PGresult *r = coord_db_exec(req->db, &S_LIVE, p, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return 0;
+    }
+    size_t live = (size_t)PQntuples(r), m = 0;
+    in->dev = calloc(live ? live : 1, sizeof *in->dev);
+    in->reports = calloc(live ? live : 1, sizeof *in->reports);
+    int ok = in->dev && in->reports;
+    for (size_t i = 0; ok && i < live; i++) {
+        const char *hex = PQgetvalue(r, (int)i, 0);
+        json_t *rep = json_loads(PQgetvalue(r, (int)i, 1), 0, NULL);
+        struct device *d = &in->dev[m];
+        size_t kn = 0;
+        if (!rep || cm_hex_decode(hex, strlen(hex), d->key, sizeof d->key, &kn) != CM_OK ||
+            kn != sizeof d->key) {
+            json_decref(rep);
+            ok = 0;
+            break;
+        }
+        in->reports[in->nlive++] = rep;
+        d->samples = json_number_value(json_object_get(rep, "samples_per_s"));
+        if (!(d->samples > 0))
+            continue; /* cannot compute: not eligible */
+        d->up = json_number_value(json_object_get(rep, "upload_mbps"));
+        d->down = json_number_value(json_object_get(rep, "download_mbps"));
+        d->pairs = json_object_get(rep, "pairs");
+        cm_b64url_encode(d->key, CM_ED25519_PUB_LEN, d->k64);
+        m++;
+    }
+    PQclear(r);
+    if (!ok) {
+        inputs_free(in);
+        coord_resp_error(resp, 500, "internal", "could not read the capability reports");
+        return 0;
+    }
+    size_t need = (size_t)pc->stages * pc->replicas;
+    if (m < need) {
+        coord_resp_error(resp, 409, "not_enough_peers",
+                         "needs %zu devices, %zu live (%u stages x %u replicas; %zu live "
+                         "reports, %zu of them from peers that cannot compute)",
+                         need, m, pc->stages, pc->replicas, in->nlive, in->nlive - m);
+        inputs_free(in);
+        return 0;
+    }
+    qsort(in->dev, m, sizeof *in->dev, by_speed);
+    in->n = need;
+    in->nspare = m - need;
+    qsort(in->dev, need, sizeof *in->dev, by_key); /* device order = key order */
+
+    /* The canonical document of what the solve depends on: equal documents,
+     * equal assignment (dtfm is deterministic per seed). Spares are in by
+     * key only, so that the listed spares stay current. */
+    json_t *devs = json_array(), *spares = json_array();
+    for (size_t i = 0; devs && i < in->n; i++) {
+        const struct device *d = &in->dev[i];
+        json_t *pairs = json_array(), *e;
+        size_t k;
+        json_array_foreach(d->pairs, k, e) {
+            uint8_t other[CM_ED25519_PUB_LEN];
+            const char *o64 = json_string_value(json_object_get(e, "peer"));
+            double mbps = json_number_value(json_object_get(e, "mbps"));
+            if (api_key_param(o64, other) && chosen_index(in, other) >= 0)
+                json_array_append_new(pairs,
+                                      json_pack("{s:s, s:f}", "peer", o64, "mbps", mbps));
+        }
+        json_array_append_new(devs, json_pack("{s:s, s:f, s:f, s:f, s:o}", "peer_public_key",
+                                              d->k64, "samples_per_s", d->samples,
+                                              "upload_mbps", d->up, "download_mbps", d->down,
+                                              "pairs", pairs));
+    }
+    for (size_t i = in->n; spares && i < in->n + in->nspare && i - in->n < PIPE_MAX_SPARES; i++)
+        json_array_append_new(spares, json_string(in->dev[i].k64));
+    in->doc = json_pack("{s:{s:i, s:i, s:f, s:f, s:I, s:f}, s:o, s:o}", "run", "stages",
+                        (int)pc->stages, "replicas", (int)pc->replicas, "activation_bytes",
+                        pc->act_bytes, "gradient_bytes", pc->grad_bytes, "seed",
+                        (json_int_t)pc->seed, "target_batch_size", batch, "devices", devs,
+                        "spares", spares);
+    char *txt = in->doc ? json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS |
+                                                  JSON_REAL_PRECISION(17))
+                        : NULL;
+    if (!txt) {
+        inputs_free(in);
+        coord_resp_error(resp, 500, "internal", "out of memory");
+        return 0;
+    }
+    uint8_t h[CM_SHA256_LEN];
+    cm_sha256(txt, strlen(txt), h);
+    cm_hex_encode(h, sizeof h, in->sha);
+    free(txt);
+    return 1;
+}
+
+/* Whether the newest assignment uses exactly the chosen devices (the
+ * same keys in its assignment, in any slots). */
+static int same_devices(const struct newest *nw, const struct inputs *in)
+{
+    json_t *root = nw->have ? json_loads(nw->payload, 0, NULL) : NULL;
+    json_t *asg = json_object_get(root, "assignment"), *row;
+    size_t i, count = 0;
+    int same = json_is_array(asg);
+    json_array_foreach(asg, i, row) {
+        size_t j;
+        json_t *k;
+        same = same && json_is_array(row);
+        json_array_foreach(row, j, k) {
+            uint8_t key[CM_ED25519_PUB_LEN];
+            same = same && api_key_param(json_string_value(k), key) && chosen_index(in, key) >= 0;
+            count++;
+        }
+    }
+    json_decref(root);
+    return same && count == in->n;
+}
+
+/* Serve the stored one, or solve again? */
+static int newest_good(const struct newest *nw, const struct inputs *in, long long now)
+{
+    if (!nw->have || nw->until - now < PIPE_REFRESH_S)
+        return 0;
+    if (!strcmp(nw->sha, in->sha))
+        return 1;
+    long long wait = same_devices(nw, in) ? PIPE_HYSTERESIS_S : PIPE_MEMBERS_HYSTERESIS_S;
+    return now - nw->created < wait; /* inputs changed, but solved moments ago */
+}
+
+/* ---- solving ---- */
+
+/* Measured throughput from a to b (Mbit/s) in a's report, or 0. */
+static double measured(const struct device *a, const struct device *b)
+{
+    size_t k;
+    json_t *e;
+    json_array_foreach(a->pairs, k, e) {
+        const char *peer = json_string_value(json_object_get(e, "peer"));
+        if (peer && !strcmp(peer, b->k64))
+            return json_number_value(json_object_get(e, "mbps"));
+    }
+    return 0;
+}
+
+/* The previous partition (group[d] = stage of chosen device d) when the
+ * previous assignment used exactly the chosen devices, so a re-solve keeps
+ * what still holds (seed 003 §3.4, the GA's first population). 1 when
+ * warm is filled. */
+static int warm_from(const struct newest *nw, const struct inputs *in, const struct pipe_cfg *pc,
+                     uint16_t *warm)
+{
+    json_t *root = nw->have ? json_loads(nw->payload, 0, NULL) : NULL;
+    json_t *asg = json_object_get(root, "assignment");
+    int ok = json_is_array(asg) && json_array_size(asg) == pc->replicas &&
+             json_integer_value(json_object_get(root, "stages")) == pc->stages;
+    char *seen = calloc(in->n, 1);
+    ok = ok && seen;
+    for (size_t i = 0; ok && i < pc->replicas; i++) {
+        json_t *row = json_array_get(asg, i);
+        ok = json_is_array(row) && json_array_size(row) == pc->stages;
+        for (size_t j = 0; ok && j < pc->stages; j++) {
+            uint8_t k[CM_ED25519_PUB_LEN];
+            int d = api_key_param(json_string_value(json_array_get(row, j)), k)
+                        ? chosen_index(in, k)
+                        : -1;
+            ok = d >= 0 && !seen[d];
+            if (ok) {
+                seen[d] = 1;
+                warm[d] = (uint16_t)j;
+            }
+        }
+    }
+    free(seen);
+    json_decref(root);
+    return ok;
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Generations for n devices: the default up to PIPE_FULL_SEARCH_DEVICES,
+ * then shrinking with n^2 (a generation's cost grows at least that fast),
+ * never below PIPE_MIN_GENERATIONS. Deterministic, so the same inputs and
+ * seed still give the same assignment. On this 2-core machine (make
+ * bench-like runs of dtfm_search): 64 devices, 200 generations 3-5 s;
+ * 128 devices, 50 generations 6-12 s; 256 devices, 20 generations 10-26 s
+ * (against 48-122 s with 200), for a cost 2-3 % above the 200-generation
+ * one on random bandwidth matrices. */
+static unsigned search_generations(size_t n)
+{
+    if (n <= PIPE_FULL_SEARCH_DEVICES)
+        return PIPE_GENERATIONS;
+    double g = PIPE_GENERATIONS * (double)PIPE_FULL_SEARCH_DEVICES * PIPE_FULL_SEARCH_DEVICES /
+               ((double)n * (double)n);
+    return g < PIPE_MIN_GENERATIONS ? PIPE_MIN_GENERATIONS : (unsigned)g;
+}
+
+struct solved {
+    uint32_t *assign; /* replicas x stages */
+    uint16_t *group;
+    struct dtfm_cost cost;
+    double random_mean_s, solve_ms;
+    unsigned generations;
+    struct dtfm_search_stats stats;
+    int warm;
+};
+
+/* Builds the problem from the chosen devices and solves it. pair (i, j):
+ * the throughput either peer measured to the other (i's own measurement
+ * first), else min(upload_i, download_j). Capability reports carry no
+ * latency, so every delay (alpha) is 0: the costs are bandwidth terms only. */
+static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batch,
+                 const struct newest *nw, struct solved *out, const char **why)
+{
+    size_t n = in->n;
+    double t0 = mono_ms();
+    double *delay = calloc(n * n, sizeof *delay), *bw = calloc(n * n, sizeof *bw);
+    double *work = calloc(pc->stages, sizeof *work), *speed = calloc(n, sizeof *speed);
+    out->assign = calloc(n, sizeof *out->assign);
+    out->group = calloc(n, sizeof *out->group);
+    uint16_t *warm = calloc(n, sizeof *warm);
+    struct dtfm_model *m = NULL;
+    int rc = CM_ENOMEM;
+    *why = "out of memory";
+    if (!delay || !bw || !work || !speed || !out->assign || !out->group || !warm)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        speed[i] = in->dev[i].samples;
+        for (size_t j = 0; j < n; j++) {
+            if (i == j)
+                continue;
+            double mb = measured(&in->dev[i], &in->dev[j]);
+            if (!(mb > 0))
+                mb = measured(&in->dev[j], &in->dev[i]);
+            if (!(mb > 0))
+                mb = fmin(in->dev[i].up, in->dev[j].down);
+            bw[i * n + j] = mb * 1e6;
+        }
+    }
+    /* Compute term (dtfm.h): a stage holds 1/S of the layers and each
+     * replica B/D samples of the step; samples_per_s is a device's
+     * whole-model throughput, so a stage takes B / (D S) / samples_per_s. */
+    for (size_t j = 0; j < pc->stages; j++)
+        work[j] = batch / ((double)pc->replicas * pc->stages);
+    struct dtfm_problem prob = {pc->stages, pc->replicas, delay, bw, pc->act_bytes,
+                                pc->grad_bytes, work, speed};
+    if ((rc = dtfm_model_new(&prob, &m, why)) != CM_OK)
+        goto done;
+    out->warm = warm_from(nw, in, pc, warm) && dtfm_partition_check(m, warm) == CM_OK;
+    out->generations = search_generations(n);
+    struct dtfm_search_opts o = {pc->seed, DTFM_LOCAL_PAPER, 0, out->generations,
+                                 out->warm ? warm : NULL};
+    struct dtfm_cost searched;
+    if ((rc = dtfm_search(m, &o, out->group, &searched, &out->stats)) != CM_OK ||
+        (rc = dtfm_cost_partition(m, out->group, &out->cost, out->assign)) != CM_OK) {
+        *why = "the pipeline search failed";
+        goto done;
+    }
+    /* The ablation baseline of seed 003 §4.2, for the organizer's eye. */
+    uint64_t rng = pc->seed ^ 0x9e3779b97f4a7c15ULL;
+    uint32_t *ra = calloc(n, sizeof *ra);
+    double sum = 0;
+    if (!ra) {
+        rc = CM_ENOMEM;
+        *why = "out of memory";
+        goto done;
+    }
+    for (int k = 0; k < PIPE_RANDOM_SAMPLES; k++) {
+        struct dtfm_cost c;
+        dtfm_random_assignment(m, &rng, ra);
+        if (dtfm_cost_assignment(m, ra, &c) == CM_OK)
+            sum += c.total;
+    }
+    out->random_mean_s = sum / PIPE_RANDOM_SAMPLES;
+    free(ra);
+    rc = CM_OK;
+done:
+    dtfm_model_free(m);
+    free(delay);
+    free(bw);
+    free(work);
+    free(speed);
+    free(warm);
+    out->solve_ms = mono_ms() - t0;
+    return rc;
+}
+
+/* The signed payload (docs/protocol.md, "Pipeline schedules"): fields in
+ * this order, compact, as Jansson writes it. Peers verify the bytes; they
+ * never re-serialize. */
+static char *payload_build(const char *run, long long version, long long now, const char *kid,
+                           const struct pipe_cfg *pc, const struct inputs *in,
+                           const struct solved *sv)
+{
+    json_t *asg = json_array(), *spares = json_array();
+    for (size_t i = 0; asg && i < pc->replicas; i++) {
+        json_t *row = json_array();
+        for (size_t j = 0; row && j < pc->stages; j++)
+            json_array_append_new(row, json_string(in->dev[sv->assign[i * pc->stages + j]].k64));
+        json_array_append_new(asg, row);
+    }
+    for (size_t i = in->n; spares && i < in->n + in->nspare && i - in->n < PIPE_MAX_SPARES; i++)
+        json_array_append_new(spares, json_string(in->dev[i].k64));
+    json_t *o = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:i, s:i, s:f, s:f, s:o, s:o, "
+        "s:{s:f, s:f, s:f, s:f}, s:f}",
+        "format", PIPE_FORMAT, "run", run, "version", (json_int_t)version, "issued_at",
+        (json_int_t)now, "valid_from", (json_int_t)now, "valid_until",
+        (json_int_t)(now + PIPE_VALID_S), "kid", kid, "stages", (int)pc->stages, "replicas",
+        (int)pc->replicas, "activation_bytes", pc->act_bytes, "gradient_bytes", pc->grad_bytes,
+        "assignment", asg, "spares", spares, "predicted", "total_s", sv->cost.total, "dp_s",
+        sv->cost.dp, "pp_s", sv->cost.pp, "compute_s", sv->cost.compute, "random_mean_s",
+        sv->random_mean_s);
+    char *txt = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(o);
+    return txt;
+}
+
+/* Signed bytes = "crowdtrain-pipeline/1" "\n" || payload: the prefix keeps
+ * these signatures apart from averaging schedules' and passes' under the
+ * same key (docs/protocol.md). */
+static int pipe_sign(const struct cm_ed25519 *key, const char *payload, size_t len,
+                     uint8_t sig[CM_ED25519_SIG_LEN])
+{
+    static const char prefix[] = PIPE_FORMAT "\n";
+    size_t pl = sizeof prefix - 1;
+    char *b = malloc(pl + len);
+    if (!b)
+        return CM_ENOMEM;
+    memcpy(b, prefix, pl);
+    memcpy(b + pl, payload, len);
+    int rc = cm_ed25519_sign(key, b, pl + len, sig);
+    free(b);
+    return rc;
+}
+
+/* Solves, signs and stores a new assignment; fills nw with it. Runs in the
+ * caller's transaction, under the run's advisory lock. */
+static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
+                           const struct pipe_cfg *pc, double batch, const struct inputs *in,
+                           struct newest *nw)
+{
+    struct solved sv = {0};
+    const char *why = "";
+    int rc = solve(in, pc, batch, nw, &sv, &why);
+    if (rc != CM_OK) {
+        free(sv.assign);
+        free(sv.group);
+        if (rc == CM_EINVAL)
+            coord_resp_error(resp, 409, "cannot_schedule", "no pipeline for these peers: %s", why);
+        else
+            coord_resp_error(resp, 500, "internal", "the pipeline solver failed: %s", why);
+        return 0;
+    }
+    long long now = (long long)time(NULL), version = nw->have ? nw->version + 1 : 1;
+    char *payload = payload_build(req->params[0], version, now, req->srv->kid, pc, in, &sv);
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    json_t *part = json_array();
+    for (size_t d = 0; part && d < in->n; d++)
+        json_array_append_new(part, json_integer(sv.group[d]));
+    json_t *result = json_pack("{s:o, s:b, s:i, s:I, s:i, s:f, s:f}", "partition", part,
+                               "warm_start", sv.warm, "generations", (int)sv.generations,
+                               "evaluations", (json_int_t)sv.stats.evaluations,
+                               "improvements", (int)sv.stats.improvements, "random_mean_s",
+                               sv.random_mean_s, "total_s", sv.cost.total);
+    char *inputs_txt = json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS);
+    char *result_txt = result ? json_dumps(result, JSON_COMPACT) : NULL;
+    json_decref(result);
+    int ok = payload && inputs_txt && result_txt &&
+             pipe_sign(&req->srv->signing_key, payload, strlen(payload), sig) == CM_OK;
+    if (ok) {
+        char ver[24], from[24], until[24], ms[32], sighex[2 * CM_ED25519_SIG_LEN + 1];
+        snprintf(ver, sizeof ver, "%lld", version);
+        snprintf(from, sizeof from, "%lld", now);
+        snprintf(until, sizeof until, "%lld", now + PIPE_VALID_S);
+        snprintf(ms, sizeof ms, "%.3f", sv.solve_ms);
+        cm_hex_encode(sig, sizeof sig, sighex);
+        const char *p[] = {run_id, ver, req->srv->kid, from, until, inputs_txt, in->sha,
+                           result_txt, ms, payload, sighex};
+        PGresult *r = coord_db_exec(req->db, &S_INSERT, p, NULL);
+        ok = r != NULL;
+        if (r)
+            PQclear(r);
+        if (ok) {
+            free(nw->payload);
+            memset(nw, 0, sizeof *nw);
+            nw->have = 1;
+            nw->version = version;
+            nw->created = nw->from = now;
+            nw->until = now + PIPE_VALID_S;
+            snprintf(nw->sha, sizeof nw->sha, "%s", in->sha);
+            snprintf(nw->kid, sizeof nw->kid, "%s", req->srv->kid);
+            snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", sighex);
+            nw->solve_ms = sv.solve_ms;
+            nw->payload = payload;
+            payload = NULL;
+            CM_LOGI("pipe", "run %s: pipeline v%lld, %u x %u devices, %.3f s predicted (random "
+                    "%.3f s), %s, %.1f ms",
+                    req->params[0], version, pc->stages, pc->replicas, sv.cost.total,
+                    sv.random_mean_s, sv.warm ? "warm" : "cold", sv.solve_ms);
+        }
+    }
+    free(payload);
+    free(inputs_txt);
+    free(result_txt);
+    free(sv.assign);
+    free(sv.group);
+    if (!ok)
+        coord_resp_error(resp, 500, "internal", "could not sign or store the pipeline schedule");
+    return ok;
+}
+
+/* ---- GET /pipeline ---- */
+
+void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
+{
+    if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
+        return;
+    const char *p[] = {req->params[0]};
+    PGresult *r = coord_db_exec(req->db, &S_RUN, p, NULL);
+    if (!r) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (PQntuples(r) != 1) {
+        PQclear(r);
+        coord_resp_error(resp, 404, "not_found", "no such run");
+        return;
+    }
+    char run_id[24], err[256] = "";
+    snprintf(run_id, sizeof run_id, "%s", PQgetvalue(r, 0, 0));
+    double batch = strtod(PQgetvalue(r, 0, 1), NULL);
+    json_t *config = json_loads(PQgetvalue(r, 0, 2), 0, NULL);
+    PQclear(r);
+    struct pipe_cfg pc;
+    int kind = pipe_cfg_parse(config, batch, &pc, err, sizeof err);
+    json_decref(config);
+    if (kind == 0) {
+        coord_resp_error(resp, 422, "not_pipeline",
+                         "run '%s' is not a pipeline run (its config has no \"pipeline\" object)",
+                         req->params[0]);
+        return;
+    }
+    if (kind < 0) { /* a config stored before it was validated */
+        coord_resp_error(resp, 409, "invalid_pipeline_config", "run '%s': %s", req->params[0],
+                         err);
+        return;
+    }
+    struct inputs in;
+    if (!inputs_load(req, resp, run_id, &pc, batch, &in))
+        return;
+    struct newest nw = {0};
+    long long now = (long long)time(NULL);
+    if (newest_load(req, run_id, &nw) != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    if (newest_good(&nw, &in, now)) {
+        respond(req, resp, &nw, 0);
+        goto out;
+    }
+    /* One solver per run across coordinators. One that finds the lock taken
+     * does not wait a solve out on a database connection: it serves the
+     * valid assignment it has, or asks the caller to come back. */
+    char cls[16], obj[24];
+    snprintf(cls, sizeof cls, "%d", PIPE_LOCK_CLASS);
+    snprintf(obj, sizeof obj, "%lld", strtoll(run_id, NULL, 10) & 0x7fffffff);
+    const char *lp[] = {cls, obj};
+    if (coord_db_cmd(req->db, "BEGIN") != CM_OK ||
+        !(r = coord_db_exec(req->db, &S_TRYLOCK, lp, NULL))) {
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    int locked = PQntuples(r) == 1 && !strcmp(PQgetvalue(r, 0, 0), "t");
+    PQclear(r);
+    if (!locked) {
+        coord_db_cmd(req->db, "ROLLBACK");
+        if (nw.have && nw.until > now) {
+            respond(req, resp, &nw, 0);
+        } else {
+            snprintf(resp->retry_after, sizeof resp->retry_after, "2");
+            coord_resp_error(resp, 503, "solving",
+                             "another coordinator is solving run '%s''s pipeline; retry shortly",
+                             req->params[0]);
+        }
+        goto out;
+    }
+    now = (long long)time(NULL);
+    if (newest_load(req, run_id, &nw) != CM_OK) {
+        coord_db_cmd(req->db, "ROLLBACK");
+        coord_resp_error(resp, 500, "internal", "database error");
+        goto out;
+    }
+    int fresh = 0;
+    if (!newest_good(&nw, &in, now)) {
+        if (!solve_and_store(req, resp, run_id, &pc, batch, &in, &nw)) {
+            coord_db_cmd(req->db, "ROLLBACK");
+            goto out;
+        }
+        fresh = 1;
+    }
+    if (coord_db_cmd(req->db, "COMMIT") != CM_OK) {
+        coord_resp_error(resp, 500, "internal", "could not store the pipeline schedule");
+        goto out;
+    }
+    respond(req, resp, &nw, fresh);
+out:
+    free(nw.payload);
+    inputs_free(&in);
+}
