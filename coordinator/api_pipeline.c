@@ -412,9 +412,13 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
             uint8_t other[CM_ED25519_PUB_LEN];
             const char *o64 = json_string_value(json_object_get(e, "peer"));
             double mbps = json_number_value(json_object_get(e, "mbps"));
-            if (api_key_param(o64, other) && chosen_index(in, other) >= 0)
-                json_array_append_new(pairs,
-                                      json_pack("{s:s, s:f}", "peer", o64, "mbps", mbps));
+            json_t *rtt = json_object_get(e, "rtt_ms");
+            if (api_key_param(o64, other) && chosen_index(in, other) >= 0) {
+                json_t *pe = json_pack("{s:s, s:f}", "peer", o64, "mbps", mbps);
+                if (pe && json_is_number(rtt))
+                    json_object_set_new(pe, "rtt_ms", json_real(json_number_value(rtt)));
+                json_array_append_new(pairs, pe);
+            }
         }
         json_array_append_new(devs, json_pack("{s:s, s:f, s:f, s:f, s:o}", "peer_public_key",
                                               d->k64, "samples_per_s", d->samples,
@@ -478,17 +482,23 @@ static int newest_good(const struct newest *nw, const struct inputs *in, long lo
 
 /* ---- solving ---- */
 
-/* Measured throughput from a to b (Mbit/s) in a's report, or 0. */
-static double measured(const struct device *a, const struct device *b)
+/* A field of a's measured pair to b ("mbps", or "rtt_ms" the round trip)
+ * in a's report, or 0. */
+static double measured_field(const struct device *a, const struct device *b, const char *field)
 {
     size_t k;
     json_t *e;
     json_array_foreach(a->pairs, k, e) {
         const char *peer = json_string_value(json_object_get(e, "peer"));
         if (peer && !strcmp(peer, b->k64))
-            return json_number_value(json_object_get(e, "mbps"));
+            return json_number_value(json_object_get(e, field));
     }
     return 0;
+}
+
+static double measured(const struct device *a, const struct device *b)
+{
+    return measured_field(a, b, "mbps");
 }
 
 /* The previous partition (group[d] = stage of chosen device d) when the
@@ -560,8 +570,8 @@ struct solved {
 
 /* Builds the problem from the chosen devices and solves it. pair (i, j):
  * the throughput either peer measured to the other (i's own measurement
- * first), else min(upload_i, download_j). Capability reports carry no
- * latency, so every delay (alpha) is 0: the costs are bandwidth terms only. */
+ * first), else min(upload_i, download_j); the delay (alpha) is half the
+ * round trip either measured (capability reports' rtt_ms), else 0. */
 static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batch,
                  const struct newest *nw, struct solved *out, const char **why)
 {
@@ -588,6 +598,11 @@ static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batc
             if (!(mb > 0))
                 mb = fmin(in->dev[i].up, in->dev[j].down);
             bw[i * n + j] = mb * 1e6;
+            /* alpha: half the measured round trip (either side's), else 0 */
+            double rtt = measured_field(&in->dev[i], &in->dev[j], "rtt_ms");
+            if (!(rtt > 0))
+                rtt = measured_field(&in->dev[j], &in->dev[i], "rtt_ms");
+            delay[i * n + j] = rtt > 0 ? rtt / 2e3 : 0;
         }
     }
     /* Compute term (dtfm.h): a stage holds 1/S of the layers and each

@@ -134,8 +134,8 @@ static int region(int p)
     return p == C || p == D ? 2 : 1;
 }
 
-/* A capability report: 1000 Mbit/s measured to the peers of its region,
- * 10 Mbit/s to the others (of A-E). */
+/* A capability report: 1000 Mbit/s and a 2 ms round trip measured to the
+ * peers of its region, 10 Mbit/s and 100 ms to the others (of A-E). */
 static void report_to(const char *run, int i, double samples)
 {
     char body[2048], path[128];
@@ -147,8 +147,9 @@ static void report_to(const char *run, int i, double samples)
     for (int j = A; j <= E; j++) {
         if (j == i)
             continue;
-        o += snprintf(body + o, sizeof body - (size_t)o, "%s{\"peer_public_key\":\"%s\",\"mbps\":%d}",
-                      first ? "" : ",", g_pk[j], region(i) == region(j) ? 1000 : 10);
+        o += snprintf(body + o, sizeof body - (size_t)o,
+                      "%s{\"peer_public_key\":\"%s\",\"mbps\":%d,\"rtt_ms\":%d}", first ? "" : ",",
+                      g_pk[j], region(i) == region(j) ? 1000 : 10, region(i) == region(j) ? 2 : 100);
         first = 0;
     }
     snprintf(body + o, sizeof body - (size_t)o, "]}");
@@ -340,16 +341,17 @@ static double num(const json_t *o, const char *k)
     return json_number_value(json_object_get(o, k));
 }
 
-/* By hand, with dtfm.h's formulas (delays 0: reports carry no latency).
- * c_DP = 1e8 bytes, D = 2: one data-parallel pair costs 2 x 8e8 / 2 / beta;
- * c_PP = 1e6 bytes: one pipeline hop 2 x 8e6 / beta.
+/* By hand, with dtfm.h's formulas; the delay alpha is half the reported
+ * round trip: 1 ms inside a region, 50 ms across.
+ * c_DP = 1e8 bytes, D = 2: one data-parallel pair costs 2 (alpha + 8e8 / 2 / beta);
+ * c_PP = 1e6 bytes: one pipeline hop 2 (alpha + 8e6 / beta).
  *  - each region a data-parallel group (a stage), pipelines cross regions:
- *    dp = 8e8 / 1e9 = 0.8 s, pp = 1.6e7 / 1e7 = 1.6 s;
+ *    dp = 2 (0.001 + 0.4) = 0.802 s, pp = 2 (0.05 + 0.8) = 1.7 s;
  *  - each region a pipeline, stages' groups cross regions:
- *    dp = 8e8 / 1e7 = 80 s, pp = 1.6e7 / 1e9 = 0.016 s;
+ *    dp = 2 (0.05 + 40) = 80.1 s, pp = 2 (0.001 + 0.008) = 0.018 s;
  * (the third partition, {A, D} / {B, C}, is as bad as the second.) Compute:
  * 64 samples / (2 replicas x 2 stages) / 100 samples/s = 0.16 s either way.
- * So the first: 2.56 s against 80.176 s. */
+ * So the first: 2.662 s against 80.278 s. */
 static void test_two_regions(void **state)
 {
     (void)state;
@@ -366,10 +368,10 @@ static void test_two_regions(void **state)
         assert_int_not_equal(region(slot[i][0]), region(slot[i][1]));
     assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
     const json_t *pr = json_object_get(sv.p, "predicted");
-    assert_true(fabs(num(pr, "dp_s") - 0.8) < 1e-9);
-    assert_true(fabs(num(pr, "pp_s") - 1.6) < 1e-9);
+    assert_true(fabs(num(pr, "dp_s") - 0.802) < 1e-9);
+    assert_true(fabs(num(pr, "pp_s") - 1.7) < 1e-9);
     assert_true(fabs(num(pr, "compute_s") - 0.16) < 1e-9);
-    assert_true(fabs(num(pr, "total_s") - 2.56) < 1e-9);
+    assert_true(fabs(num(pr, "total_s") - 2.662) < 1e-9);
     assert_true(num(pr, "total_s") < num(sv.p, "random_mean_s"));
     assert_true(fabs(num(sv.p, "activation_bytes") - 1e6) < 1e-3);
     assert_true(fabs(num(sv.p, "gradient_bytes") - 1e8) < 1e-3);
