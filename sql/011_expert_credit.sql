@@ -65,7 +65,13 @@ k AS (
            AS known
     FROM a),
 s AS (
-  SELECT k.*, sum(k.attested) FILTER (WHERE k.known) OVER (PARTITION BY k.report_id) AS report_sum
+  -- The window is per report; the report's run, step, time and trainer are
+  -- in the partition too (they do not change it) so that a filter on them
+  -- reaches the scan: PostgreSQL pushes quals below a window only when they
+  -- name partitioning columns.
+  SELECT k.*, sum(k.attested) FILTER (WHERE k.known)
+                OVER (PARTITION BY k.run, k.run_id, k.step, k.received_at, k.trainer, k.report_id)
+                AS report_sum
     FROM k)
 SELECT report_id, run, run_id, step, trainer_username, trainer, server, attested, received_at,
        report_verified, known, cap, report_sum,
