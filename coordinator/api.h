@@ -127,6 +127,13 @@ void api_contrib_flags(struct coord_req *req, struct coord_resp *resp);
 void api_me_contrib(struct coord_req *req, struct coord_resp *resp);
 void api_run_curve(struct coord_req *req, struct coord_resp *resp);
 void api_run_stats(struct coord_req *req, struct coord_resp *resp);
+/* api_contrib_experts.c: expert servers' credit added to those documents
+ * (expert_samples, expert_samples_clipped on every row; rows for server
+ * owners without reports appended). p: run, from, to, step_from, step_to
+ * as for the totals. CM_OK or CM_EDB (req->db must be open). */
+int api_contrib_experts_list(struct coord_req *req, const char *const p[5], json_t *users,
+                             json_t *peers, json_t *totals);
+int api_contrib_experts_me(struct coord_req *req, const char *uid, json_t *runs);
 
 /* Validates a {} path parameter that names a run or user; sets 404/400. */
 int api_name_param(struct coord_req *req, struct coord_resp *resp, int i, const char *what);

@@ -22,11 +22,21 @@
 #define COORD_REPORT_GROUP_MAX 64
 #define COORD_REPORT_REASON_MAX 15
 #define COORD_REPORT_SAMPLES_MAX 1e9
+/* Expert servers a trainer attests for in one report (docs/accounting.md,
+ * "Expert servers"). */
+#define COORD_REPORT_EXPERTS_MAX 64
 /* A step further than this beyond the run's highest corroborated step (or
  * newest checkpoint) is refused: it cannot have happened yet. */
 #define COORD_REPORT_STEP_AHEAD 1000
 
 struct coord_report_member {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    double samples;
+};
+
+/* An attestation: samples the expert server with this key answered for the
+ * reporter since its previous report. */
+struct coord_report_expert {
     uint8_t pub[CM_ED25519_PUB_LEN];
     double samples;
 };
@@ -55,11 +65,14 @@ struct coord_report {
     struct coord_report_member members[COORD_REPORT_MEMBERS_MAX];
     size_t n_excluded;
     struct coord_report_excl excluded[COORD_REPORT_MEMBERS_MAX];
+    /* Optional "experts" (a trainer of a dmoe run): distinct server keys. */
+    size_t n_experts;
+    struct coord_report_expert experts[COORD_REPORT_EXPERTS_MAX];
 };
 
 /* Parses the payload bytes of a report (docs/accounting.md): one JSON
  * object, strict schema, bounded sizes, finite in-range numbers, distinct
- * member keys. CM_OK, or CM_EPARSE with a sentence for the client in err. */
+ * member and expert server keys. CM_OK, or CM_EPARSE with a sentence for the client in err. */
 int coord_report_parse(const void *buf, size_t len, struct coord_report *out, char *err,
                        size_t cap);
 /* Its two halves: the agents' form read directly (1: accepted, *out set;

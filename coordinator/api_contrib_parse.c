@@ -1,7 +1,7 @@
 /* The pure, strict parser of a contribution report's payload
  * (docs/accounting.md, "Reports"; docs/protocol.md, "Contribution reports").
  * Network input: every field typed and bounded, unknown fields refused,
- * numbers finite and in range, member keys distinct. No I/O, no globals, so
+ * numbers finite and in range, member and expert server keys distinct. No I/O, no globals, so
  * tests/fuzz/fuzz_report.c drives it alone. */
 #include "coordinator/api_contrib.h"
 #include "cm_err.h"
@@ -101,6 +101,30 @@ static int parse_members(const json_t *m, struct coord_report *r, char *err, siz
     return CM_OK;
 }
 
+/* "experts": {server key: samples}, like "members" (the JSON parser has
+ * already refused duplicate keys). */
+static int parse_experts(const json_t *m, struct coord_report *r, char *err, size_t cap)
+{
+    if (json_object_size(m) > COORD_REPORT_EXPERTS_MAX)
+        return fail(err, cap, "field 'experts': at most %d entries", COORD_REPORT_EXPERTS_MAX);
+    const char *k;
+    const json_t *v;
+    r->n_experts = 0;
+    json_object_foreach((json_t *)m, k, v)
+    {
+        struct coord_report_expert *e = &r->experts[r->n_experts];
+        double x = json_number_value(v);
+        if (!key_decode(k, e->pub))
+            return fail(err, cap, "field 'experts': keys are base64url 32-byte server public keys");
+        if (!json_is_number(v) || !isfinite(x) || x < 0 || x > COORD_REPORT_SAMPLES_MAX)
+            return fail(err, cap, "field 'experts': sample counts are numbers from 0 to %g",
+                        COORD_REPORT_SAMPLES_MAX);
+        e->samples = x;
+        r->n_experts++;
+    }
+    return CM_OK;
+}
+
 static int parse_excluded(const json_t *a, struct coord_report *r, char *err, size_t cap)
 {
     if (json_array_size(a) > COORD_REPORT_MEMBERS_MAX)
@@ -154,6 +178,7 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
         {"members", CM_J_OBJECT, 1, 1, 0},
         {"excluded", CM_J_ARRAY, 1, 1, 0},
         {"t", CM_J_INT, 1, 0, (int64_t)1 << 40},
+        {"experts", CM_J_OBJECT, 0, 1, 0},
     };
     memset(out, 0, sizeof *out);
     if (err && cap)
@@ -222,6 +247,9 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
     }
     if ((rc = parse_members(json_object_get(j, "members"), out, err, cap)) ||
         (rc = parse_excluded(json_object_get(j, "excluded"), out, err, cap)))
+        goto out;
+    if (json_object_get(j, "experts") &&
+        (rc = parse_experts(json_object_get(j, "experts"), out, err, cap)))
         goto out;
 out:
     json_decref(j);
@@ -335,20 +363,25 @@ static int num(struct cur *c, double *d, long long *i, int *is_int)
 
 enum {
     K_FORMAT, K_RUN, K_PEER, K_STEP, K_GROUP, K_ROUND, K_SAMPLES, K_COMPUTE, K_LOSS, K_SPS,
-    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_PARAMS, K_COUNT
+    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_PARAMS, K_EXPERTS, K_COUNT
 };
 static const char *const KEYS[K_COUNT] = {
     "format", "run", "peer", "step", "group", "round", "samples", "compute_s",
-    "loss", "sps", "round_ms", "parts", "parts_averaged", "members", "excluded", "t", "params"};
+    "loss", "sps", "round_ms", "parts", "parts_averaged", "members", "excluded", "t", "params",
+    "experts"};
 
 static int in(double x, double lo, double hi)
 {
     return isfinite(x) && x >= lo && x <= hi;
 }
 
-static int fast_members(struct cur *c, struct coord_report *r)
+/* {key: number, ...} with distinct base64url keys and values in [0, 1e9]:
+ * "members" and "experts". */
+static int fast_samples(struct cur *c, size_t max, struct coord_report_member *out, size_t *n_out)
 {
     char keys[COORD_REPORT_MEMBERS_MAX][44];
+    size_t n = 0;
+    *n_out = 0;
     if (!lit(c, '{'))
         return 0;
     ws(c);
@@ -357,28 +390,49 @@ static int fast_members(struct cur *c, struct coord_report *r)
         return 1;
     }
     for (;;) {
-        if (r->n_members == COORD_REPORT_MEMBERS_MAX)
+        if (n == max)
             return 0;
-        char *k = keys[r->n_members];
-        size_t n;
+        char *k = keys[n];
+        size_t kn;
         double d;
         long long i;
         int is_int;
-        if (!str(c, k, sizeof keys[0], &n) || !lit(c, ':') || !num(c, &d, &i, &is_int))
+        if (!str(c, k, sizeof keys[0], &kn) || !lit(c, ':') || !num(c, &d, &i, &is_int))
             return 0;
-        for (size_t j = 0; j < r->n_members; j++)
+        for (size_t j = 0; j < n; j++)
             if (!strcmp(keys[j], k))
                 return 0; /* a duplicate key: the generic parser refuses it */
-        struct coord_report_member *m = &r->members[r->n_members];
+        struct coord_report_member *m = &out[n];
         if (!key_decode(k, m->pub) || !in(d, 0, COORD_REPORT_SAMPLES_MAX))
             return 0;
         m->samples = d;
-        r->n_members++;
+        *n_out = ++n;
         if (lit(c, '}'))
             return 1;
         if (!lit(c, ','))
             return 0;
     }
+}
+
+static int fast_members(struct cur *c, struct coord_report *r)
+{
+    return fast_samples(c, COORD_REPORT_MEMBERS_MAX, r->members, &r->n_members);
+}
+
+static int fast_experts(struct cur *c, struct coord_report *r)
+{
+    _Static_assert(COORD_REPORT_EXPERTS_MAX <= COORD_REPORT_MEMBERS_MAX,
+                   "fast_samples holds at most COORD_REPORT_MEMBERS_MAX keys");
+    struct coord_report_member m[COORD_REPORT_EXPERTS_MAX];
+    size_t n = 0;
+    if (!fast_samples(c, COORD_REPORT_EXPERTS_MAX, m, &n))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(r->experts[i].pub, m[i].pub, sizeof m[i].pub);
+        r->experts[i].samples = m[i].samples;
+    }
+    r->n_experts = n;
+    return 1;
 }
 
 static int fast_excluded(struct cur *c, struct coord_report *r)
@@ -496,6 +550,10 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
             if (!fast_excluded(&c, r))
                 return 0;
             break;
+        case K_EXPERTS:
+            if (!fast_experts(&c, r))
+                return 0;
+            break;
         case K_STEP:
         case K_PARTS:
         case K_PA:
@@ -514,7 +572,7 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
             return 0;
     }
     ws(&c);
-    if (c.p != c.e || (seen | (1u << K_LOSS) | (1u << K_PARAMS)) != (1u << K_COUNT) - 1)
+    if (c.p != c.e || (seen | (1u << K_LOSS) | (1u << K_PARAMS) | (1u << K_EXPERTS)) != (1u << K_COUNT) - 1)
         return 0;
     if (int_v[K_STEP] < 0 || int_v[K_STEP] > (1LL << 53) || int_v[K_PARTS] < 0 ||
         int_v[K_PARTS] > 4096 || int_v[K_PA] < 0 || int_v[K_PA] > 4096 ||

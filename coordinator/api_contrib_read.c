@@ -285,17 +285,26 @@ void api_contrib_list(struct coord_req *req, struct coord_resp *resp)
         }
     }
     PQclear(r);
+    if (api_contrib_experts_list(req, p, users, peers, totals) != CM_OK) {
+        json_decref(users);
+        json_decref(peers);
+        json_decref(totals);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
     if (csv) {
         static const char *const PEER_COLS[] = {
             "username", "peer_public_key", "reports", "steps", "claimed_samples",
-            "verified_samples", "compute_s", "flagged_reports", "first_at", "last_at"};
+            "verified_samples", "compute_s", "flagged_reports", "first_at", "last_at",
+            "expert_samples", "expert_samples_clipped"};
         static const char *const USER_COLS[] = {
             "username", "peers", "reports", "steps", "claimed_samples",
-            "verified_samples", "compute_s", "flagged_reports", "first_at", "last_at"};
+            "verified_samples", "compute_s", "flagged_reports", "first_at", "last_at",
+            "expert_samples", "expert_samples_clipped"};
         if (by && !strcmp(by, "user"))
-            csv_respond(resp, USER_COLS, 10, users);
+            csv_respond(resp, USER_COLS, 12, users);
         else
-            csv_respond(resp, PEER_COLS, 10, peers);
+            csv_respond(resp, PEER_COLS, 12, peers);
         json_decref(users);
         json_decref(peers);
         json_decref(totals);
@@ -403,6 +412,9 @@ void api_contrib_steps(struct coord_req *req, struct coord_resp *resp)
     "(SELECT u.username FROM passes p JOIN users u ON u.id = p.user_id WHERE p.run_id = " \
     "(SELECT id FROM rr) AND p.peer_public_key = " k " ORDER BY p.id DESC LIMIT 1)"
 
+/* xa: a trainer's expert attestations that a cap clipped (per report) or
+ * that named no pass holder of the run (docs/accounting.md, "Expert
+ * servers"). */
 COORD_DB_STMT(S_FLAG_PEERS, 1,
               "WITH rr AS (SELECT id FROM runs WHERE name = $1), "
               "ex AS (SELECT subject AS pk, count(*) AS n, count(DISTINCT reporter) AS nb, max(at) AS last "
@@ -411,13 +423,20 @@ COORD_DB_STMT(S_FLAG_PEERS, 1,
               "  FROM contrib_claims WHERE run_id = (SELECT id FROM rr) AND inflated GROUP BY 1), "
               "cf AS (SELECT peer_public_key AS pk, count(*) AS n, max(received_at) AS last "
               "  FROM contrib_conflicts WHERE run_id = (SELECT id FROM rr) GROUP BY 1), "
-              "k AS (SELECT pk FROM ex UNION SELECT pk FROM inf UNION SELECT pk FROM cf) "
+              "xa AS (SELECT trainer AS pk, count(DISTINCT report_id) FILTER (WHERE clipped_report) AS nc, "
+              "  coalesce(sum(clipped), 0) AS sc, count(*) FILTER (WHERE NOT known) AS ni, "
+              "  max(received_at) AS last FROM contrib_expert_attestations "
+              "  WHERE run_id = (SELECT id FROM rr) AND (clipped_report OR NOT known) GROUP BY 1), "
+              "k AS (SELECT pk FROM ex UNION SELECT pk FROM inf UNION SELECT pk FROM cf "
+              "  UNION SELECT pk FROM xa) "
               "SELECT encode(k.pk, 'hex'), " KEY_USER("k.pk") ", coalesce(ex.n, 0), coalesce(ex.nb, 0), "
               "coalesce(inf.n, 0), coalesce(cf.n, 0), "
-              "extract(epoch from greatest(ex.last, inf.last, cf.last))::bigint "
+              "extract(epoch from greatest(ex.last, inf.last, cf.last, xa.last))::bigint, "
+              "coalesce(xa.nc, 0), coalesce(xa.sc, 0), coalesce(xa.ni, 0) "
               "FROM k LEFT JOIN ex ON ex.pk = k.pk LEFT JOIN inf ON inf.pk = k.pk "
-              "LEFT JOIN cf ON cf.pk = k.pk "
-              "ORDER BY coalesce(ex.n, 0) + coalesce(inf.n, 0) + coalesce(cf.n, 0) DESC, 1");
+              "LEFT JOIN cf ON cf.pk = k.pk LEFT JOIN xa ON xa.pk = k.pk "
+              "ORDER BY coalesce(ex.n, 0) + coalesce(inf.n, 0) + coalesce(cf.n, 0) "
+              "  + coalesce(xa.nc, 0) + coalesce(xa.ni, 0) DESC, 1");
 
 COORD_DB_STMT(S_FLAG_EXCL, 1,
               "WITH rr AS (SELECT id FROM runs WHERE name = $1) "
@@ -444,10 +463,13 @@ void api_contrib_flags(struct coord_req *req, struct coord_resp *resp)
         char k[48];
         key_b64(PQgetvalue(r, i, 0), k);
         json_array_append_new(
-            peers, json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I}", "peer_public_key", k,
-                             "username", str_or_null(r, i, 1), "excluded_reports", lng(r, i, 2),
-                             "excluded_by", lng(r, i, 3), "inflated_claims", lng(r, i, 4),
-                             "conflicting_duplicates", lng(r, i, 5), "last_at", lng(r, i, 6)));
+            peers, json_pack("{s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I}",
+                             "peer_public_key", k, "username", str_or_null(r, i, 1),
+                             "excluded_reports", lng(r, i, 2), "excluded_by", lng(r, i, 3),
+                             "inflated_claims", lng(r, i, 4), "conflicting_duplicates",
+                             lng(r, i, 5), "last_at", lng(r, i, 6), "clipped_expert_reports",
+                             lng(r, i, 7), "clipped_expert_samples", dbl(r, i, 8),
+                             "ignored_expert_attestations", lng(r, i, 9)));
     }
     PQclear(r);
     if (!(r = run_query(req, resp, &S_FLAG_EXCL, p))) {
@@ -505,6 +527,11 @@ void api_me_contrib(struct coord_req *req, struct coord_resp *resp)
         }
     }
     PQclear(r);
+    if (api_contrib_experts_me(req, uid, runs) != CM_OK) {
+        json_decref(runs);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
     coord_resp_json(resp, 200,
                     json_pack("{s:s, s:o}", "username", req->user.username, "runs", runs));
 }

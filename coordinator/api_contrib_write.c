@@ -11,6 +11,9 @@
  *     expired, bound to this key and run) and whose step is within
  *     COORD_REPORT_STEP_AHEAD of the run's highest corroborated step;
  *     (run, step, peer) already present: nothing (ON CONFLICT DO NOTHING);
+ *     a trainer's attestations of expert servers go into the same row
+ *     (contrib_reports.experts; sql/011_expert_credit.sql credits them on
+ *     read), so they cost no statement of their own;
  *  2. folds what each newly stored report saw of the other members into
  *     contrib_seen (min, max, observers), and stores its exclusions;
  *  3. classifies the reports not inserted: the same payload already stored
@@ -49,7 +52,7 @@ static int g_started;
 #define ROWS_COLS                                                                                \
     "i int, pass bigint, run text, step bigint, pk text, round text, grp text, samples float8, " \
     "compute_s float8, loss float8, sps float8, round_ms float8, parts int, pa int, nm int, "    \
-    "nx int, payload text, sig text, sha text, params text"
+    "nx int, payload text, sig text, sha text, params text, experts jsonb"
 
 /* Each row finds its pass by primary key (LATERAL ... OFFSET 0 keeps it a
  * per-row index lookup: planned as a join, the pass table was scanned by
@@ -69,10 +72,10 @@ COORD_DB_STMT(S_INSERT, 1,
               "  FROM runs r WHERE r.id IN (SELECT DISTINCT run_id FROM v)) "
               "INSERT INTO contrib_reports (run_id, step, peer_public_key, user_id, pass_id, round_id, "
               "group_id, samples, compute_s, loss, sps, round_ms, parts, parts_averaged, n_members, "
-              "n_excluded, payload, signature, payload_sha256, params_sha256) "
+              "n_excluded, payload, signature, payload_sha256, params_sha256, experts) "
               "SELECT v.run_id, v.step, v.ppk, v.user_id, v.pass, decode(v.round, 'hex'), "
               "v.grp, v.samples, v.compute_s, v.loss, v.sps, v.round_ms, v.parts, v.pa, v.nm, v.nx, "
-              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex'), decode(v.params, 'hex') "
+              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex'), decode(v.params, 'hex'), v.experts "
               "FROM v JOIN lim ON lim.id = v.run_id AND lim.name = v.run "
               "WHERE v.step <= lim.top AND (lim.status = 'open' OR "
               "  (lim.status = 'finished' AND v.step <= lim.seen_top)) ORDER BY v.run_id, v.step, v.ppk "
@@ -277,6 +280,19 @@ static void row_text(struct sb *b, size_t i, const struct coord_report_job *j)
     if (r->has_params) {
         sb_lit(b, ",\"params\":");
         sb_hex(b, r->params, sizeof r->params);
+    }
+    /* The attestations of expert servers, keyed by hex like every key in
+     * the database; a report without them writes nothing here (NULL). */
+    if (r->n_experts) {
+        sb_lit(b, ",\"experts\":{");
+        for (size_t e = 0; e < r->n_experts; e++) {
+            if (e)
+                sb_lit(b, ",");
+            sb_hex(b, r->experts[e].pub, sizeof r->experts[e].pub);
+            sb_lit(b, ":");
+            sb_num(b, r->experts[e].samples);
+        }
+        sb_lit(b, "}");
     }
     sb_lit(b, "}");
 }

@@ -265,18 +265,25 @@ void api_me_sessions(struct coord_req *req, struct coord_resp *resp)
  * they are active now. Any logged-in user may read it: it names people by
  * username and shows only verified totals; claimed samples, flags and
  * per-device keys stay with organizers and auditors
- * (GET /api/v1/runs/{run}/contributions). Read from the view
- * contrib_user_totals (sql/005_contributions.sql, docs/accounting.md). */
+ * (GET /api/v1/runs/{run}/contributions). Read from the views
+ * contrib_user_totals (sql/005_contributions.sql) and, for the samples a
+ * volunteer's expert servers answered for trainers, contrib_expert_user_totals
+ * (sql/011_expert_credit.sql; docs/accounting.md, "Expert servers"). */
 #define LEADER_ACTIVE "interval '10 minutes'"
 
 COORD_DB_STMT(S_LEADERS, 1,
-              "SELECT t.username, t.peers, t.steps, t.verified_samples, t.compute_s, "
-              "extract(epoch from t.first_at)::bigint, extract(epoch from t.last_at)::bigint, "
+              "WITH t AS (SELECT * FROM contrib_user_totals WHERE run = $1), "
+              "x AS (SELECT * FROM contrib_expert_user_totals WHERE run = $1) "
+              "SELECT coalesce(t.username, x.username), coalesce(t.peers, 0), coalesce(t.steps, 0), "
+              "coalesce(t.verified_samples, 0), coalesce(t.compute_s, 0), "
+              "extract(epoch from least(t.first_at, x.first_at))::bigint, "
+              "extract(epoch from greatest(t.last_at, x.last_at))::bigint, "
               "(SELECT count(DISTINCT c.peer_public_key) FROM contrib_reports c "
               " JOIN users u ON u.id = c.user_id WHERE c.run_id = r.id AND u.username = t.username "
-              " AND c.received_at > now() - " LEADER_ACTIVE ") "
-              "FROM runs r JOIN contrib_user_totals t ON t.run = r.name WHERE r.name = $1 "
-              "ORDER BY t.verified_samples DESC, t.username LIMIT 1000");
+              " AND c.received_at > now() - " LEADER_ACTIVE "), "
+              "coalesce(x.expert_samples, 0) "
+              "FROM runs r, t FULL JOIN x ON x.username = t.username WHERE r.name = $1 "
+              "ORDER BY 4 DESC, 9 DESC, 1 LIMIT 1000");
 COORD_DB_STMT(S_LEADER_RUN, 1, "SELECT 1 FROM runs WHERE name = $1");
 
 /* Every logged-in volunteer's page polls the leaderboard, and the totals are
@@ -309,11 +316,12 @@ void api_leaderboard(struct coord_req *req, struct coord_resp *resp)
     for (int i = 0; i < PQntuples(r); i++) {
         long long active = strtoll(PQgetvalue(r, i, 7), NULL, 10);
         json_array_append_new(
-            a, json_pack("{s:s, s:I, s:I, s:f, s:f, s:I, s:I, s:I, s:b}", "username",
+            a, json_pack("{s:s, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:I, s:b}", "username",
                          PQgetvalue(r, i, 0), "devices",
                          (json_int_t)strtoll(PQgetvalue(r, i, 1), NULL, 10), "steps",
                          (json_int_t)strtoll(PQgetvalue(r, i, 2), NULL, 10), "verified_samples",
-                         strtod(PQgetvalue(r, i, 3), NULL), "compute_s",
+                         strtod(PQgetvalue(r, i, 3), NULL), "expert_samples",
+                         strtod(PQgetvalue(r, i, 8), NULL), "compute_s",
                          strtod(PQgetvalue(r, i, 4), NULL), "first_at",
                          (json_int_t)strtoll(PQgetvalue(r, i, 5), NULL, 10), "last_at",
                          (json_int_t)strtoll(PQgetvalue(r, i, 6), NULL, 10), "active_devices",

@@ -45,6 +45,8 @@ $(BUILD)/tests/integ/%: $(BUILD)/obj/tests/integ/%.o $(HARNESS_LIB) $(COMMON_LIB
 # agent's encoder (agent/peer/report.c), so they link the agent library.
 INTEG_LIBS_test_contrib = $(AGENT_LIB)
 $(BUILD)/tests/integ/test_contrib: $(AGENT_LIB)
+INTEG_LIBS_test_expert_credit = $(AGENT_LIB)
+$(BUILD)/tests/integ/test_expert_credit: $(AGENT_LIB)
 INTEG_LIBS_test_peer_runtime = $(AGENT_LIB)
 $(BUILD)/tests/integ/test_experts_serve: $(AGENT_LIB) $(KERNELS_LIB)
 INTEG_LIBS_test_experts_serve = $(AGENT_LIB) $(KERNELS_LIB)

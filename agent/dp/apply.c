@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent/peer/report.h"
 #include "agent/train/steplog.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -117,11 +118,16 @@ static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, d
                          size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
                          const struct ar_member *am, size_t nmem, const char *params_hex)
 {
-    if (!s->rt.rep || s->o.aggregate_only || !(samples > 0)) /* nothing contributed */
-        return;
     struct peer_report *r = calloc(1, sizeof *r);
     if (!r)
         return;
+    /* the expert servers' samples since the last report: taken (reset) at
+       every round, reported or not, so each is attested at most once */
+    dp_experts_attest(s, r, samples);
+    if (!s->rt.rep || s->o.aggregate_only || !(samples > 0)) { /* nothing contributed */
+        free(r);
+        return;
+    }
     r->step = step;
     snprintf(r->group, sizeof r->group, "all");
     memcpy(r->round_id, rid, sizeof r->round_id);

@@ -275,6 +275,11 @@ void dp_print_line(const struct dp_state *s, long step, double samples, double s
 void dp_experts_attach(struct dp_state *s);
 int dp_experts_line(struct dp_state *s, char *out, size_t cap, int consume);
 int dp_experts_json(struct dp_state *s, char *out, size_t cap);
+struct peer_report;
+/* The expert servers' samples since the previous report into rep->experts
+ * (the 64 largest, at most k x samples in all: moe_remote_take_served;
+ * docs/accounting.md, "Expert servers"); nothing without remote experts. */
+void dp_experts_attest(struct dp_state *s, struct peer_report *rep, double samples);
 /* status_note.c: the status file of `crowdtrain-agent status` (agent/status.h),
    from the progress line and at exit */
 void dp_status_note(const struct dp_state *s, long step, double samples, double sps, int pull_only,

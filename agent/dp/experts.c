@@ -1,13 +1,15 @@
 /* A DMoE model's remote experts in the data-parallel role (docs/experts.md,
  * "Trainers"): attaching them to the net once it is up, and their figures
  * per step for the progress line and the step log (calls, failures,
- * timeouts, mean latency since the last step's line). Seed
+ * timeouts, mean latency since the last step's line), and the samples each
+ * expert server answered, attested in the contribution report. Seed
  * 002_2b00836ea4b30f79.txt §3.3: the trainer's expert calls. */
 #include <stdio.h>
 #include <string.h>
 
 #include "agent/dp/dp.h"
 #include "agent/moe/remote.h"
+#include "agent/peer/report.h"
 
 void dp_experts_attach(struct dp_state *s)
 {
@@ -80,4 +82,22 @@ int dp_experts_json(struct dp_state *s, char *out, size_t cap)
     moe_remote_get_stats(s->tr.remote, &s->moe_prev);
     s->moe_dropped = 0;
     return 1;
+}
+
+void dp_experts_attest(struct dp_state *s, struct peer_report *rep, double samples)
+{
+    rep->n_experts = 0;
+    if (!s->tr.remote)
+        return;
+    struct moe_remote_served sv[PEER_REPORT_EXPERTS_MAX];
+    /* the coordinator credits at most k x the report's samples */
+    double budget = samples > 0 ? samples * (double)s->tcfg.dmoe.k : 0;
+    size_t n = moe_remote_take_served(s->tr.remote, sv, PEER_REPORT_EXPERTS_MAX,
+                                      budget < 1e15 ? (uint64_t)budget : (uint64_t)1e15);
+    for (size_t i = 0; i < n; i++) {
+        if (!sv[i].samples || sv[i].samples > 1000000000ull)
+            continue; /* nothing to attest; beyond the report's bound (never in practice) */
+        memcpy(rep->experts[rep->n_experts].pub, sv[i].pub, 32);
+        rep->experts[rep->n_experts++].samples = (double)sv[i].samples;
+    }
 }

@@ -70,6 +70,8 @@ struct moe_remote {
     struct ban *bans;
     size_t nbans, capbans;
     uint64_t fid;     /* the last forward id handed out (under mu) */
+    struct moe_remote_served *served; /* since the last take (under mu), unsorted */
+    size_t nserved, capserved;
     struct rctx main; /* moe_remote_experts */
     struct rctx **more; /* moe_remote_add_context, owned */
     size_t nmore;
@@ -192,7 +194,74 @@ void moe_remote_free(struct moe_remote *r)
     }
     free(r->more);
     free(r->bans);
+    free(r->served);
     free(r);
+}
+
+/* Counts n samples answered by server pub; r->mu held. */
+static void served_add(struct moe_remote *r, const uint8_t pub[32], uint64_t n)
+{
+    for (size_t i = 0; i < r->nserved; i++)
+        if (!memcmp(r->served[i].pub, pub, 32)) {
+            r->served[i].samples += n;
+            return;
+        }
+    if (r->nserved == r->capserved) {
+        size_t cap = r->capserved ? 2 * r->capserved : 16;
+        if (cap > MOE_REMOTE_SERVED_MAX)
+            cap = MOE_REMOTE_SERVED_MAX;
+        struct moe_remote_served *q =
+            r->nserved < cap ? realloc(r->served, cap * sizeof *q) : NULL;
+        if (!q)
+            return; /* full (or no memory): not counted until the next take */
+        r->served = q;
+        r->capserved = cap;
+    }
+    memcpy(r->served[r->nserved].pub, pub, 32);
+    r->served[r->nserved++].samples = n;
+}
+
+static int served_cmp(const void *a, const void *b)
+{
+    const struct moe_remote_served *x = a, *y = b;
+    if (x->samples != y->samples)
+        return x->samples > y->samples ? -1 : 1;
+    return memcmp(x->pub, y->pub, 32);
+}
+
+size_t moe_remote_take_served(struct moe_remote *r, struct moe_remote_served *out, size_t max,
+                              uint64_t budget)
+{
+    pthread_mutex_lock(&r->mu);
+    qsort(r->served, r->nserved, sizeof *r->served, served_cmp);
+    size_t n = r->nserved < max ? r->nserved : max;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += r->served[i].samples;
+    /* scaled down proportionally when over the budget (floor: never above) */
+    double f = sum > budget ? (double)budget / (double)sum : 1.0;
+    size_t kept = 0;
+    /* the rest is at most budget plus the floors' rounding (< 1 per server) */
+    uint64_t carry = 0, carry_max = budget > UINT64_MAX - n ? UINT64_MAX : budget + n;
+    for (size_t i = 0; i < n; i++) {
+        struct moe_remote_served *e = &r->served[i];
+        uint64_t take = f < 1.0 ? (uint64_t)((double)e->samples * f) : e->samples;
+        if (take > e->samples)
+            take = e->samples;
+        out[i] = *e;
+        out[i].samples = take;
+        uint64_t rest = e->samples - take;
+        if (rest && carry < carry_max) {
+            if (rest > carry_max - carry)
+                rest = carry_max - carry;
+            carry += rest;
+            r->served[kept] = *e;
+            r->served[kept++].samples = rest;
+        }
+    }
+    r->nserved = kept;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 void moe_remote_set_compute_lock(struct moe_remote *r, pthread_mutex_t *compute)
@@ -660,6 +729,9 @@ static int run_calls(struct rctx *x, const struct kern_dmoe_route *rt, int bwd,
             r->st.latency_ms += op->lat[e];
             if (c)
                 unban_server(r, x->srv[c->srv].s.pub, now);
+            /* credit: a completed forward+backward pair, one per row */
+            if (c && bwd)
+                served_add(r, x->srv[c->srv].s.pub, (uint64_t)(rt->start[e + 1] - rt->start[e]));
             continue;
         }
         r->st.failures++;

@@ -98,6 +98,20 @@ struct moe_remote_stats {
 
 struct moe_remote;
 
+/* Samples one expert server answered for this trainer: rows of BACKWARD
+ * calls that succeeded, i.e. of forward+backward pairs completed (a sample
+ * routed to two experts of one server counts twice: two expert calls).
+ * What a trainer attests in its contribution report (docs/accounting.md,
+ * "Expert servers"). Forward-only calls (evaluation) and pairs whose
+ * backward failed do not count: the server did not train on them. */
+struct moe_remote_served {
+    uint8_t pub[32];
+    uint64_t samples;
+};
+/* At most this many distinct servers are counted between two takes (later
+ * ones are not counted until the next take). */
+#define MOE_REMOTE_SERVED_MAX 4096
+
 int moe_remote_new(const struct moe_remote_config *c, struct moe_remote **out);
 /* Runner copied; NULL detaches (select/forward/backward then return
  * CM_ESTATE). Attach and detach only while no call is in progress. */
@@ -112,6 +126,18 @@ int moe_remote_add_context(struct moe_remote *r, struct kern_dmoe_experts *out);
  * select/forward/backward; they release it for their network waits. Set
  * before any call is in progress. */
 void moe_remote_set_compute_lock(struct moe_remote *r, pthread_mutex_t *compute);
+/* Moves the per-server counts since the previous take into out: the `max`
+ * largest (ties: by key), largest first; returns how many. At most
+ * `budget` samples in all are taken (a report attests at most k x its own
+ * samples, docs/accounting.md): when the counts exceed it, each taken
+ * count is scaled down and the rest stays for the next take, up to
+ * about `budget` more (a micro-batch whose backward finished after the round
+ * closed is attested with the next report instead of being clipped).
+ * Everything else is reset, the servers beyond `max` included.
+ * Thread-safe (calls complete on the loop thread and are counted by the
+ * waiting trainer thread under the remote's lock). */
+size_t moe_remote_take_served(struct moe_remote *r, struct moe_remote_served *out, size_t max,
+                              uint64_t budget);
 /* 1 while the server with this key is banned. */
 int moe_remote_banned(struct moe_remote *r, const uint8_t pub[32]);
 /* The server key of expert uid (d coordinates) in the last select of the

@@ -85,7 +85,7 @@ int peer_report_encode(const struct peer_report *r, const char *run, const uint8
         !in(r->samples, 0, 1e9) || !in(r->compute_s, 0, 86400) || !in(r->sps, 0, 1e9) ||
         !in(r->round_ms, 0, 3.6e6) || r->parts < 0 || r->parts > 4096 || r->parts_averaged < 0 ||
         r->parts_averaged > r->parts || r->n_members > PEER_REPORT_MEMBERS_MAX ||
-        r->n_excluded > PEER_REPORT_MEMBERS_MAX || t < 0)
+        r->n_excluded > PEER_REPORT_MEMBERS_MAX || r->n_experts > PEER_REPORT_EXPERTS_MAX || t < 0)
         return CM_EINVAL;
     for (size_t i = 0; i < r->n_members; i++) {
         if (!in(r->members[i].samples, 0, 1e9))
@@ -99,6 +99,13 @@ int peer_report_encode(const struct peer_report *r, const char *run, const uint8
             return CM_EINVAL;
         for (size_t j = 0; j < i; j++)
             if (!memcmp(r->excluded[i].pub, r->excluded[j].pub, 32))
+                return CM_EINVAL;
+    }
+    for (size_t i = 0; i < r->n_experts; i++) {
+        if (!in(r->experts[i].samples, 0, 1e9))
+            return CM_EINVAL;
+        for (size_t j = 0; j < i; j++)
+            if (!memcmp(r->experts[i].pub, r->experts[j].pub, 32))
                 return CM_EINVAL;
     }
     char k[48], round[65];
@@ -129,7 +136,18 @@ int peer_report_encode(const struct peer_report *r, const char *run, const uint8
         cm_b64url_encode(r->excluded[i].pub, 32, k);
         put(&w, "%s{\"peer\":\"%s\",\"reason\":\"%.15s\"}", i ? "," : "", k, r->excluded[i].reason);
     }
-    put(&w, "],\"t\":%lld}", (long long)t);
+    put(&w, "]");
+    /* Optional: coordinators before it refuse the field, so it is written
+     * only when there is something to attest. */
+    if (r->n_experts) {
+        put(&w, ",\"experts\":{");
+        for (size_t i = 0; i < r->n_experts; i++) {
+            cm_b64url_encode(r->experts[i].pub, 32, k);
+            put(&w, "%s\"%s\":%.17g", i ? "," : "", k, r->experts[i].samples);
+        }
+        put(&w, "}");
+    }
+    put(&w, ",\"t\":%lld}", (long long)t);
     if (w.over || w.len > PEER_REPORT_PAYLOAD_MAX)
         return CM_ETOOBIG;
     *len = w.len;

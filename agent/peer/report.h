@@ -16,12 +16,20 @@
 #include "cm_crypto.h"
 
 #define PEER_REPORT_MEMBERS_MAX 64
+#define PEER_REPORT_EXPERTS_MAX 64
 #define PEER_REPORT_PAYLOAD_MAX (32 * 1024)
 #define PEER_REPORT_FORMAT "crowdtrain-report/1"
 
 struct peer_report_member {
     uint8_t pub[32];
     double samples;
+};
+/* A trainer's attestation for an expert server (docs/accounting.md, "Expert
+ * servers"): samples whose forward and backward that server answered for
+ * this trainer since its previous report. */
+struct peer_report_expert {
+    uint8_t pub[32];
+    double samples; /* 0 .. 1e9 */
 };
 struct peer_report_excl {
     uint8_t pub[32];
@@ -43,6 +51,10 @@ struct peer_report {
     struct peer_report_member members[64];
     size_t n_excluded;
     struct peer_report_excl excluded[64];
+    /* written as "experts" when n_experts > 0 (a trainer of a dmoe run);
+       distinct keys, at most PEER_REPORT_EXPERTS_MAX (keep the largest) */
+    size_t n_experts;
+    struct peer_report_expert experts[PEER_REPORT_EXPERTS_MAX];
 };
 
 /* Writes the canonical payload JSON (fields in the documented order,

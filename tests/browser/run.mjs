@@ -294,6 +294,7 @@ test('leaderboard', async (page) => {
   api.json.users.forEach((u, i) => {
     assert.equal(rows[i][1], u.username);
     assert.equal(rows[i][3], fmt(u.verified_samples));
+    assert.equal(rows[i][5], fmt(u.expert_samples)); // samples their expert servers answered
   });
   assert.equal(rows[0][1], 'bob');
   assert.equal(await page.$$eval('#leaderboard-table .user.me', (e) => e.map((x) => x.textContent).join()), 'bob');

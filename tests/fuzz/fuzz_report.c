@@ -2,7 +2,8 @@
  * (coordinator/api_contrib_parse.c: coord_report_parse), the bytes an agent
  * signs and the coordinator parses after checking the signature. Every
  * rejection must explain itself; every accepted report must be within the
- * documented bounds, and carries a parameter hash only when it said one. */
+ * documented bounds, and carries a parameter hash only when it said one,
+ * and at most 64 distinct expert server attestations. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,5 +31,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < r.n_members; i++)
         if (!(r.members[i].samples >= 0 && r.members[i].samples <= COORD_REPORT_SAMPLES_MAX))
             __builtin_trap();
+    /* expert server attestations: bounded, in range, distinct keys */
+    if (r.n_experts > COORD_REPORT_EXPERTS_MAX)
+        __builtin_trap();
+    for (size_t i = 0; i < r.n_experts; i++) {
+        if (!(r.experts[i].samples >= 0 && r.experts[i].samples <= COORD_REPORT_SAMPLES_MAX))
+            __builtin_trap();
+        for (size_t j = 0; j < i; j++)
+            if (!memcmp(r.experts[i].pub, r.experts[j].pub, 32))
+                __builtin_trap();
+    }
     return 0;
 }

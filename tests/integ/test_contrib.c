@@ -578,12 +578,13 @@ static void test_csv_equals_api(void **state)
     assert_non_null(r.body);
     char *save = NULL, *line = strtok_r(r.body, "\r\n", &save);
     assert_string_equal(line, "username,peer_public_key,reports,steps,claimed_samples,"
-                              "verified_samples,compute_s,flagged_reports,first_at,last_at");
+                              "verified_samples,compute_s,flagged_reports,first_at,last_at,"
+                              "expert_samples,expert_samples_clipped");
     json_t *peers = json_object_get(j, "peers");
     size_t rows = 0;
     while ((line = strtok_r(NULL, "\r\n", &save))) {
         char *f[16];
-        assert_int_equal(split(line, f, 16), 10);
+        assert_int_equal(split(line, f, 16), 12);
         json_t *p = json_array_get(peers, rows++);
         assert_non_null(p);
         for (int k = 0; k < 2; k++) {
@@ -599,6 +600,8 @@ static void test_csv_equals_api(void **state)
         assert_true(strtod(f[6], NULL) == num(p, "compute_s"));
         assert_int_equal(strtoll(f[7], NULL, 10),
                          json_integer_value(json_object_get(p, "flagged_reports")));
+        assert_true(strtod(f[10], NULL) == num(p, "expert_samples"));
+        assert_true(strtod(f[11], NULL) == num(p, "expert_samples_clipped"));
     }
     assert_int_equal(rows, json_array_size(peers));
     assert_true(rows >= 5);

@@ -9,7 +9,10 @@
  * the trunk, gate and head with DeDLOC rounds. Asserts, from the trainers'
  * --step-log files: rounds held both trainers, the loss fell, most steps'
  * expert calls were answered (the servers processed the trainers' samples:
- * an answered call is one a server computed), no loss was NaN.
+ * an answered call is one a server computed), no loss was NaN; and from
+ * the coordinator's accounting (docs/accounting.md, "Expert servers"):
+ * each server's owner was credited expert samples by the trainers'
+ * attestations, at most k x the trainers' verified samples in all.
  *
  * Skips (loudly) without PostgreSQL, without the Fashion-MNIST package, or
  * while `crowdtrain-agent serve-experts` does not exist in this build (it is
@@ -227,6 +230,34 @@ static void test_experts_train(void **state)
         assert_true(f.experts_ok * 4 >= f.with_calls * 3); /* most steps' calls answered */
         assert_true(f.with_calls * 2 >= f.lines);
     }
+    /* The servers' credit: vol0 and vol1 trained, vol2 and vol3 served. */
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/" RUN "/contributions", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    double trained = 0, served = 0, clipped = 0;
+    size_t i;
+    json_t *u;
+    json_array_foreach(json_object_get(r.json, "users"), i, u)
+    {
+        const char *name = json_string_value(json_object_get(u, "username"));
+        double es = json_number_value(json_object_get(u, "expert_samples"));
+        double vs = json_number_value(json_object_get(u, "verified_samples"));
+        clipped += json_number_value(json_object_get(u, "expert_samples_clipped"));
+        printf("%s: verified samples %.0f, expert samples %.0f\n", name, vs, es);
+        if (!strcmp(name, "vol2") || !strcmp(name, "vol3"))
+            assert_true(es > 0);
+        else
+            assert_true(es == 0);
+        trained += vs;
+        served += es;
+    }
+    ct_resp_free(&r);
+    printf("expert samples %.0f (clipped %.0f) for %.0f verified training samples, top-4\n", served,
+           clipped, trained);
+    /* top-4: each trained sample is at most 4 expert samples (the cap), and
+       with most calls answered, well over half of that */
+    assert_true(served <= 4 * trained);
+    assert_true(served * 2 >= 4 * trained);
 }
 
 int main(void)

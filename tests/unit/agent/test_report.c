@@ -70,6 +70,7 @@ static void test_encode_fields(void **state)
     assert_true(json_number_value(json_object_get(j, "round_ms")) == 120.25);
     assert_int_equal(json_integer_value(json_object_get(j, "parts_averaged")), 3);
     assert_null(json_object_get(j, "params")); /* only when known */
+    assert_null(json_object_get(j, "experts")); /* only with attestations */
     json_t *m = json_object_get(j, "members");
     assert_int_equal(json_object_size(m), 2);
     r.members[1].pub[0] = 2;
@@ -97,6 +98,62 @@ static void test_encode_fields(void **state)
     assert_string_equal(json_string_value(json_object_get(j, "params")),
                         "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf");
     json_decref(j);
+}
+
+/* A trainer's attestations for expert servers (docs/accounting.md, "Expert
+ * servers"): after "excluded", before "t", distinct keys, bounded. */
+static void test_encode_experts(void **state)
+{
+    (void)state;
+    struct peer_report r;
+    sample(&r);
+    uint8_t pub[32] = {9};
+    char buf[PEER_REPORT_PAYLOAD_MAX + 1];
+    size_t len = 0;
+    r.n_experts = 2;
+    r.experts[0].pub[0] = 7;
+    r.experts[0].samples = 128;
+    r.experts[1].pub[0] = 8;
+    r.experts[1].samples = 0.1;
+    assert_int_equal(peer_report_encode(&r, "fmnist", pub, 5, buf, sizeof buf, &len), CM_OK);
+    json_error_t e;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &e);
+    assert_non_null(j);
+    json_t *x = json_object_get(j, "experts");
+    assert_true(json_is_object(x));
+    assert_int_equal(json_object_size(x), 2);
+    char k[48];
+    cm_b64url_encode(r.experts[1].pub, 32, k);
+    assert_true(json_number_value(json_object_get(x, k)) == 0.1);
+    json_decref(j);
+    assert_non_null(strstr(buf, "}],\"experts\":{\""));
+    assert_non_null(strstr(buf, "},\"t\":5}"));
+    /* out of bounds */
+    r.experts[1].samples = -1;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    r.experts[1].samples = NAN;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    r.experts[1].samples = 2e9;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    r.experts[1].samples = 1;
+    r.experts[1].pub[0] = 7; /* same server twice */
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    r.n_experts = PEER_REPORT_EXPERTS_MAX + 1;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_EINVAL);
+    /* the largest report fits the payload bound: 64 members, exclusions and servers */
+    sample(&r);
+    r.n_members = r.n_excluded = r.n_experts = 64;
+    for (int i = 0; i < 64; i++) {
+        memset(r.members[i].pub, 0xff, 32);
+        r.members[i].pub[0] = (uint8_t)i;
+        r.members[i].samples = 123456789.123456789;
+        memcpy(r.excluded[i].pub, r.members[i].pub, 32);
+        strcpy(r.excluded[i].reason, "abcdefghijklmno");
+        memcpy(r.experts[i].pub, r.members[i].pub, 32);
+        r.experts[i].samples = 987654321.987654321;
+    }
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+    assert_true(len <= PEER_REPORT_PAYLOAD_MAX);
 }
 
 static void test_encode_refuses_out_of_bounds(void **state)
@@ -204,6 +261,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode_fields),
+        cmocka_unit_test(test_encode_experts),
         cmocka_unit_test(test_encode_refuses_out_of_bounds),
         cmocka_unit_test(test_sign_verifies),
         cmocka_unit_test(test_reporter_bounded_and_nonblocking),

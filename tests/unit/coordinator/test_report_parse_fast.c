@@ -65,6 +65,14 @@ static void test_agent_forms(void **state)
     assert_int_equal(g_fast.params[0], 0x00);
     assert_int_equal(g_fast.params[1], 0x11);
     assert_int_equal(g_fast.params[31], 0xff);
+    /* a trainer's attestations for expert servers (docs/accounting.md, "Expert servers") */
+    same_as_json(HEAD "\"step\":4," REST "\"members\":{},\"excluded\":[],\"experts\":{\"" K2
+                      "\":128,\"" K3 "\":0.5},\"t\":1}");
+    assert_int_equal(g_fast.n_experts, 2);
+    assert_int_equal(g_fast.experts[0].pub[0], 2);
+    assert_true(g_fast.experts[0].samples == 128 && g_fast.experts[1].samples == 0.5);
+    same_as_json(HEAD "\"experts\":{},\"step\":4," REST "\"members\":{},\"excluded\":[],\"t\":1}");
+    assert_int_equal(g_fast.n_experts, 0);
 }
 
 static void test_left_to_json(void **state)
@@ -90,6 +98,14 @@ static void test_left_to_json(void **state)
         HEAD "\"step\":1," REST "\"params\":\"" ROUND "\",\"params\":\"" ROUND "\",\"members\":{},"
              "\"excluded\":[],\"t\":1}",
         HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}x",
+        /* malformed attestations (indices 16-21) */
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":[],\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":{\"x\":1},\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":{\"" K2 "\":-1},\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":{\"" K2 "\":2e9},\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":{\"" K2 "\":\"1\"},\"t\":1}",
+        HEAD "\"step\":1," REST "\"members\":{},\"excluded\":[],\"experts\":{\"" K2 "\":1,\"" K2
+             "\":1},\"t\":1}",
         /* valid JSON, but not the agents' form: escapes, non-ASCII */
         "{\"format\":\"crowdtrain-report\\u002f1\",\"run\":\"r1\",\"peer\":\"" K1 "\","
         "\"step\":1," REST "\"members\":{},\"excluded\":[],\"t\":1}",
@@ -103,7 +119,7 @@ static void test_left_to_json(void **state)
             fail_msg("taken directly: %s", other[i]);
     /* the escaped form is still a valid report, through the generic parser */
     char err[256];
-    assert_int_equal(coord_report_parse(other[16], strlen(other[16]), &g_json, err, sizeof err),
+    assert_int_equal(coord_report_parse(other[22], strlen(other[22]), &g_json, err, sizeof err),
                      CM_OK);
     assert_int_equal(coord_report_parse(other[0], strlen(other[0]), &g_json, err, sizeof err),
                      CM_EPARSE);
@@ -111,6 +127,13 @@ static void test_left_to_json(void **state)
         assert_int_equal(coord_report_parse(other[i], strlen(other[i]), &g_json, err, sizeof err),
                          CM_EPARSE);
     assert_true(err[0] != '\0');
+    for (size_t i = 16; i <= 21; i++) { /* refused, and the message names the field */
+        assert_int_equal(coord_report_parse(other[i], strlen(other[i]), &g_json, err, sizeof err),
+                         CM_EPARSE);
+        /* a duplicate key is the JSON reader's refusal: "duplicate object key" */
+        if (!strstr(err, i == 21 ? "duplicate" : "experts"))
+            fail_msg("%s: '%s'", other[i], err);
+    }
 }
 
 int main(void)

@@ -420,6 +420,45 @@ static void test_matches_local(void **state)
         updates += ss.updates;
     }
     assert_int_equal(updates, (uint64_t)ds.calls_bwd);
+    /* what the trainer attests (docs/accounting.md, "Expert servers"): one
+       sample per answered forward+backward pair, per server, reset by a take */
+    struct moe_remote_served sv[NSRV + 2];
+    size_t nsv = moe_remote_take_served(e->rem, sv, NSRV + 2, UINT64_MAX);
+    uint64_t total = 0;
+    for (size_t i = 0; i < nsv; i++) {
+        int known = 0;
+        for (int k = 0; k < NSRV; k++)
+            known |= !memcmp(sv[i].pub, e->sp[k].key.pub, 32);
+        assert_true(known);
+        assert_true(i == 0 || sv[i].samples <= sv[i - 1].samples); /* largest first */
+        total += sv[i].samples;
+    }
+    assert_int_equal(total, 3 * NB * GK);
+    assert_int_equal(moe_remote_take_served(e->rem, sv, NSRV + 2, UINT64_MAX), 0);
+    /* a forward alone (evaluation) counts nothing */
+    float x[NB * IN];
+    int y[NB];
+    batch(x, y, 200);
+    struct kern_batch kb = {.B = NB, .x = x, .targets = y};
+    struct kern_eval ev = {0};
+    assert_int_equal(kern_model_eval(e->mr, &kb, &ev), CM_OK);
+    assert_int_equal(moe_remote_take_served(e->rem, sv, NSRV + 2, UINT64_MAX), 0);
+    /* over the budget: scaled down, the rest carried to the next take; only the largest max */
+    fwd_bwd(e->mr, 300, &er);
+    nsv = moe_remote_take_served(e->rem, sv, NSRV + 2, NB * GK / 2);
+    total = 0;
+    for (size_t i = 0; i < nsv; i++)
+        total += sv[i].samples;
+    assert_true(total <= NB * GK / 2 && total + nsv >= NB * GK / 2);
+    uint64_t first = total;
+    nsv = moe_remote_take_served(e->rem, sv, NSRV + 2, UINT64_MAX);
+    total = 0;
+    for (size_t i = 0; i < nsv; i++)
+        total += sv[i].samples;
+    assert_int_equal(first + total, NB * GK);
+    fwd_bwd(e->mr, 301, &er);
+    assert_int_equal(moe_remote_take_served(e->rem, sv, 1, UINT64_MAX), 1);
+    assert_int_equal(moe_remote_take_served(e->rem, sv, NSRV + 2, UINT64_MAX), 0);
     free(gr);
     free(gl);
 }

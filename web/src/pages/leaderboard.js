@@ -35,7 +35,7 @@ export function render(main, [run]) {
     const top = r.users.slice(0, TOP);
     chart.update(top.map((u) => u.username), top.map((u) => u.verified_samples));
     const total = r.users.reduce((a, u) => a + u.verified_samples, 0);
-    fill(box, table(['#', 'volunteer', 'devices', 'verified samples', 'share', 'compute', 'steps', 'last report'],
+    fill(box, table(['#', 'volunteer', 'devices', 'verified samples', 'share', 'expert samples', 'compute', 'steps', 'last report'],
       r.users.map((u, i) => [
         String(i + 1),
         h(`span.user${u.active ? '' : '.inactive'}${u.username === me ? '.me' : ''}`, u.username),
@@ -44,6 +44,8 @@ export function render(main, [run]) {
           u.devices > 12 ? ` +${u.devices - 12}` : null),
         fmtNum(u.verified_samples),
         total > 0 ? `${(100 * u.verified_samples / total).toFixed(1)} %` : '—',
+        // samples this volunteer's expert servers answered for trainers (verified)
+        fmtNum(u.expert_samples || 0),
         fmtDuration(u.compute_s), fmtNum(u.steps), fmtTime(u.last_at),
       ]), 'no contributions yet', { id: 'leaderboard-table' }));
   }, 10000, status);
