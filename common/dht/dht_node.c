@@ -26,6 +26,7 @@ enum lk_kind { LK_NODE, LK_VALUE, LK_STORE };
 struct cand {
     struct dht_contact c;
     uint8_t state, hop;
+    uint8_t had; /* get: it returned the key's records */
 };
 
 struct dht__lookup {
@@ -150,6 +151,7 @@ static void add_cand(struct dht__lookup *lk, const struct dht_contact *c, int ho
     }
     lk->cand[pos].c = *c;
     lk->cand[pos].state = CAND_NEW;
+    lk->cand[pos].had = 0;
     lk->cand[pos].hop = (uint8_t)(hop > 255 ? 255 : hop);
     if (lk->ncand < MAX_CAND)
         lk->ncand++;
@@ -176,6 +178,48 @@ static void lookup_freed(uv_handle_t *h)
     node_maybe_release(n);
 }
 
+/* ---- holder hints ------------------------------------------------------
+ * A get walks from our routing table towards the key, one round trip per
+ * hop (about two at 1,000 nodes, bench_moe_beam). The nodes that returned
+ * the key's records are kept for DHT_HINT_TTL_MS, and the next get of the
+ * same key asks them first: they are the key's closest nodes, so they head
+ * the candidates and a repeated get (a trainer's beam search reads the same
+ * prefixes every batch, docs/experts.md) takes one round trip. The records
+ * are read fresh every time; only the route is remembered. A holder that
+ * died costs a failed request, and the lookup goes on from the table. */
+
+static struct dht__hint *hint_slot(struct dht_node *n, const uint8_t *key)
+{
+    size_t h = ((size_t)key[0] << 8 | key[1]) % DHT_HINT_SLOTS;
+    return n->hints ? &n->hints[h] : NULL;
+}
+
+static void hint_save(struct dht__lookup *lk)
+{
+    struct dht_node *n = lk->n;
+    if (!n->hints && !(n->hints = calloc(DHT_HINT_SLOTS, sizeof *n->hints)))
+        return;
+    struct dht__hint *h = hint_slot(n, lk->target);
+    uint8_t k = 0;
+    for (size_t i = 0; i < lk->ncand && k < DHT_HINT_HOLDERS; i++)
+        if (lk->cand[i].had)
+            h->c[k++] = lk->cand[i].c;
+    if (!k)
+        return;
+    memcpy(h->key, lk->target, DHT_ID_LEN);
+    h->n = k;
+    h->expires_ms = p2p_now_ms() + DHT_HINT_TTL_MS;
+}
+
+static void hint_use(struct dht__lookup *lk)
+{
+    struct dht__hint *h = hint_slot(lk->n, lk->target);
+    if (!h || !h->n || h->expires_ms <= p2p_now_ms() || memcmp(h->key, lk->target, DHT_ID_LEN))
+        return;
+    for (uint8_t i = 0; i < h->n; i++)
+        add_cand(lk, &h->c[i], 1);
+}
+
 /* Builds the result and runs the callback; the records are freed after. */
 static void lookup_deliver(struct dht__lookup *lk)
 {
@@ -200,6 +244,8 @@ static void lookup_deliver(struct dht__lookup *lk)
         res.hops = hops;
         break;
     case LK_VALUE:
+        if (lk->nrec && lk->sources > 0)
+            hint_save(lk);
         res.status = lk->nrec ? CM_OK : CM_ENOTFOUND;
         res.rec = lk->recs;
         res.nrec = lk->nrec;
@@ -340,6 +386,8 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
                     if (lk->sources == 0 || hop < lk->value_hop)
                         lk->value_hop = hop;
                     lk->sources++;
+                    if (c)
+                        c->had = 1;
                 }
                 for (size_t i = 0; i < v.nodes.n; i++)
                     add_cand(lk, &v.nodes.c[i], hop + 1);
@@ -511,6 +559,7 @@ int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, v
     int rc = lookup_new(n, LK_VALUE, id, cb, arg, &lk);
     if (rc)
         return rc;
+    hint_use(lk);
     /* Our own store counts as one source (hop 0). */
     const struct dht_record *mine[DHT_MAX_VALUE_RECORDS];
     size_t m = dht_store_get(&n->store, id, p2p_now_ms(), mine, DHT_MAX_VALUE_RECORDS);
@@ -917,6 +966,8 @@ static void node_maybe_release(struct dht_node *n)
         return;
     dht_table_cleanup(&n->table);
     dht_store_cleanup(&n->store);
+    free(n->hints);
+    n->hints = NULL;
     for (struct dht__own *o = n->own, *x; o; o = x) {
         x = o->next;
         dht_record_cleanup(&o->rec);

@@ -18,6 +18,18 @@ struct dht__own {
 struct dht__lookup;
 struct dht__job;
 
+/* Where a key's records were found last time (dht_node.c, "holder
+ * hints"): the next get of that key asks those nodes first. */
+#define DHT_HINT_SLOTS 1024
+#define DHT_HINT_HOLDERS 3
+#define DHT_HINT_TTL_MS 60000
+struct dht__hint {
+    uint8_t key[DHT_ID_LEN];
+    struct dht_contact c[DHT_HINT_HOLDERS];
+    uint8_t n;
+    int64_t expires_ms;
+};
+
 struct dht_node {
     struct p2p_ctx *ctx;
     struct p2p_host *host;
@@ -27,6 +39,7 @@ struct dht_node {
     struct dht_store store;
     struct dht__own *own;
     struct dht__lookup *lookups;
+    struct dht__hint *hints; /* DHT_HINT_SLOTS, allocated at the first get that found records */
     size_t lookup_handles; /* lookups whose timer handle is not closed yet */
     uint32_t rpc_timeout_ms, refresh_ms, republish_ms;
     p2p_request_cb on_other; /* cfg: message types that are not the DHT's */
