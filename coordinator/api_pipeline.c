@@ -26,6 +26,7 @@
  * Also here: the validation of config.pipeline that api_runs.c applies when
  * a run is created or its config replaced. */
 #include "coordinator/api.h"
+#include "coordinator/signed_doc.h"
 #include "cm_err.h"
 #include "cm_log.h"
 #include "sched/dtfm.h"
@@ -220,77 +221,6 @@ COORD_DB_STMT(S_INSERT, 11,
               "$3, to_timestamp($4), to_timestamp($5), $6::jsonb, $7, $8::jsonb, $9, $10, "
               "decode($11, 'hex'), to_timestamp($4))");
 
-struct newest {
-    int have;
-    long long version, created, from, until;
-    char sha[65];
-    char kid[CM_KID_LEN + 1];
-    char *payload; /* owned */
-    char sig_hex[2 * CM_ED25519_SIG_LEN + 1];
-    double solve_ms;
-};
-
-static int newest_load(struct coord_req *req, const char *run_id, struct newest *nw)
-{
-    free(nw->payload);
-    memset(nw, 0, sizeof *nw);
-    const char *p[] = {run_id};
-    PGresult *r = coord_db_exec(req->db, &S_NEWEST, p, NULL);
-    if (!r)
-        return CM_EDB;
-    if (PQntuples(r) == 1) {
-        nw->have = 1;
-        nw->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-        snprintf(nw->sha, sizeof nw->sha, "%s", PQgetvalue(r, 0, 1));
-        nw->created = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        nw->from = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
-        nw->until = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
-        nw->payload = strdup(PQgetvalue(r, 0, 5));
-        snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", PQgetvalue(r, 0, 6));
-        snprintf(nw->kid, sizeof nw->kid, "%s", PQgetvalue(r, 0, 7));
-        nw->solve_ms = strtod(PQgetvalue(r, 0, 8), NULL);
-    }
-    PQclear(r);
-    return nw->have && !nw->payload ? CM_ENOMEM : CM_OK;
-}
-
-static void respond(struct coord_req *req, struct coord_resp *resp, const struct newest *nw,
-                    int fresh)
-{
-    uint8_t sig[CM_ED25519_SIG_LEN];
-    size_t n = 0, plen = strlen(nw->payload);
-    char sig64[128], pub[64] = "";
-    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1);
-    json_t *doc = json_loads(nw->payload, 0, NULL);
-    if (!p64 || !doc ||
-        cm_hex_decode(nw->sig_hex, strlen(nw->sig_hex), sig, sizeof sig, &n) != CM_OK ||
-        n != sizeof sig) {
-        free(p64);
-        json_decref(doc);
-        coord_resp_error(resp, 500, "internal", "stored pipeline schedule is unreadable");
-        return;
-    }
-    cm_b64url_encode(nw->payload, plen, p64);
-    cm_b64url_encode(sig, sizeof sig, sig64);
-    /* The signer's published key; one signed by another coordinator names its kid. */
-    if (!strcmp(nw->kid, req->srv->kid))
-        cm_b64url_encode(req->srv->signing_key.pub, CM_ED25519_PUB_LEN, pub);
-    json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:o}", "run",
-                          req->params[0], "version", (json_int_t)nw->version, "kid", nw->kid,
-                          "payload", p64, "signature", sig64, "valid_from",
-                          (json_int_t)nw->from, "valid_until", (json_int_t)nw->until,
-                          "created_at", (json_int_t)nw->created, "solve_ms", nw->solve_ms,
-                          "solved_now", fresh, "pipeline", doc);
-    free(p64);
-    if (o && pub[0])
-        json_object_set_new(o, "coordinator_public_key", json_string(pub));
-    if (!o) {
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        return;
-    }
-    coord_resp_json(resp, 200, o);
-}
-
 /* ---- the live inputs ---- */
 
 struct device {
@@ -432,24 +362,17 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
                         pc->act_bytes, "gradient_bytes", pc->grad_bytes, "seed",
                         (json_int_t)pc->seed, "target_batch_size", batch, "devices", devs,
                         "spares", spares);
-    char *txt = in->doc ? json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS |
-                                                  JSON_REAL_PRECISION(17))
-                        : NULL;
-    if (!txt) {
+    if (coord_doc_digest(in->doc, in->sha) != CM_OK) {
         inputs_free(in);
         coord_resp_error(resp, 500, "internal", "out of memory");
         return 0;
     }
-    uint8_t h[CM_SHA256_LEN];
-    cm_sha256(txt, strlen(txt), h);
-    cm_hex_encode(h, sizeof h, in->sha);
-    free(txt);
     return 1;
 }
 
 /* Whether the newest assignment uses exactly the chosen devices (the
  * same keys in its assignment, in any slots). */
-static int same_devices(const struct newest *nw, const struct inputs *in)
+static int same_devices(const struct coord_newest *nw, const struct inputs *in)
 {
     json_t *root = nw->have ? json_loads(nw->payload, 0, NULL) : NULL;
     json_t *asg = json_object_get(root, "assignment"), *row;
@@ -470,7 +393,7 @@ static int same_devices(const struct newest *nw, const struct inputs *in)
 }
 
 /* Serve the stored one, or solve again? */
-static int newest_good(const struct newest *nw, const struct inputs *in, long long now)
+static int newest_good(const struct coord_newest *nw, const struct inputs *in, long long now)
 {
     if (!nw->have || nw->until - now < PIPE_REFRESH_S)
         return 0;
@@ -505,7 +428,7 @@ static double measured(const struct device *a, const struct device *b)
  * previous assignment used exactly the chosen devices, so a re-solve keeps
  * what still holds (seed 003 §3.4, the GA's first population). 1 when
  * warm is filled. */
-static int warm_from(const struct newest *nw, const struct inputs *in, const struct pipe_cfg *pc,
+static int warm_from(const struct coord_newest *nw, const struct inputs *in, const struct pipe_cfg *pc,
                      uint16_t *warm)
 {
     json_t *root = nw->have ? json_loads(nw->payload, 0, NULL) : NULL;
@@ -573,7 +496,7 @@ struct solved {
  * first), else min(upload_i, download_j); the delay (alpha) is half the
  * round trip either measured (capability reports' rtt_ms), else 0. */
 static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batch,
-                 const struct newest *nw, struct solved *out, const char **why)
+                 const struct coord_newest *nw, struct solved *out, const char **why)
 {
     size_t n = in->n;
     double t0 = mono_ms();
@@ -706,7 +629,7 @@ static int pipe_sign(const struct cm_ed25519 *key, const char *payload, size_t l
  * caller's transaction, under the run's advisory lock. */
 static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
                            const struct pipe_cfg *pc, double batch, const struct inputs *in,
-                           struct newest *nw)
+                           struct coord_newest *nw)
 {
     struct solved sv = {0};
     const char *why = "";
@@ -817,14 +740,14 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
     struct inputs in;
     if (!inputs_load(req, resp, run_id, &pc, batch, &in))
         return;
-    struct newest nw = {0};
+    struct coord_newest nw = {0};
     long long now = (long long)time(NULL);
-    if (newest_load(req, run_id, &nw) != CM_OK) {
+    if (coord_newest_load(req, &S_NEWEST, run_id, &nw) != CM_OK) {
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
     if (newest_good(&nw, &in, now)) {
-        respond(req, resp, &nw, 0);
+        coord_newest_respond(req, resp, &nw, 0, "pipeline", "pipeline schedule");
         goto out;
     }
     /* One solver per run across coordinators. One that finds the lock taken
@@ -844,7 +767,7 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
     if (!locked) {
         coord_db_cmd(req->db, "ROLLBACK");
         if (nw.have && nw.until > now) {
-            respond(req, resp, &nw, 0);
+            coord_newest_respond(req, resp, &nw, 0, "pipeline", "pipeline schedule");
         } else {
             snprintf(resp->retry_after, sizeof resp->retry_after, "2");
             coord_resp_error(resp, 503, "solving",
@@ -854,7 +777,7 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
         goto out;
     }
     now = (long long)time(NULL);
-    if (newest_load(req, run_id, &nw) != CM_OK) {
+    if (coord_newest_load(req, &S_NEWEST, run_id, &nw) != CM_OK) {
         coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
@@ -871,8 +794,8 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
         coord_resp_error(resp, 500, "internal", "could not store the pipeline schedule");
         goto out;
     }
-    respond(req, resp, &nw, fresh);
+    coord_newest_respond(req, resp, &nw, fresh, "pipeline", "pipeline schedule");
 out:
-    free(nw.payload);
+    coord_newest_clear(&nw);
     inputs_free(&in);
 }

@@ -22,6 +22,7 @@
  *
  * The signed bytes are documented in docs/protocol.md ("Schedules"). */
 #include "coordinator/api.h"
+#include "coordinator/signed_doc.h"
 #include "coordinator/auth.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -91,80 +92,6 @@ COORD_DB_STMT(S_INSERT, 12,
               "to_timestamp($4), to_timestamp($5), $6::jsonb, $7, $8::jsonb, $9, $10, "
               "decode($11, 'hex'), to_timestamp($12))");
 
-struct newest {
-    int have;
-    long long version, created, from, until;
-    char sha[65];
-    char kid[CM_KID_LEN + 1];
-    char *payload; /* owned */
-    char sig_hex[2 * CM_ED25519_SIG_LEN + 1];
-    double solve_ms;
-};
-
-static int newest_load(struct coord_req *req, const char *run_id, struct newest *nw)
-{
-    free(nw->payload);
-    memset(nw, 0, sizeof *nw);
-    const char *p[] = {run_id};
-    PGresult *r = coord_db_exec(req->db, &S_NEWEST, p, NULL);
-    if (!r)
-        return CM_EDB;
-    if (PQntuples(r) == 1) {
-        nw->have = 1;
-        nw->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-        snprintf(nw->sha, sizeof nw->sha, "%s", PQgetvalue(r, 0, 1));
-        nw->created = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        nw->from = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
-        nw->until = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
-        nw->payload = strdup(PQgetvalue(r, 0, 5));
-        snprintf(nw->sig_hex, sizeof nw->sig_hex, "%s", PQgetvalue(r, 0, 6));
-        snprintf(nw->kid, sizeof nw->kid, "%s", PQgetvalue(r, 0, 7));
-        nw->solve_ms = strtod(PQgetvalue(r, 0, 8), NULL);
-    }
-    PQclear(r);
-    return nw->have && !nw->payload ? CM_ENOMEM : CM_OK;
-}
-
-
-static void respond(struct coord_req *req, struct coord_resp *resp, const struct newest *nw,
-                    int fresh)
-{
-    uint8_t sig[CM_ED25519_SIG_LEN];
-    size_t n = 0;
-    char sig64[128], pub[64];
-    size_t plen = strlen(nw->payload);
-    char *p64 = malloc(cm_b64url_encoded_len(plen) + 1);
-    json_t *sched = json_loads(nw->payload, 0, NULL);
-    if (!p64 || !sched ||
-        cm_hex_decode(nw->sig_hex, strlen(nw->sig_hex), sig, sizeof sig, &n) != CM_OK ||
-        n != sizeof sig) {
-        free(p64);
-        json_decref(sched);
-        coord_resp_error(resp, 500, "internal", "stored schedule is unreadable");
-        return;
-    }
-    cm_b64url_encode(nw->payload, plen, p64);
-    cm_b64url_encode(sig, sizeof sig, sig64);
-    /* The published key of the signer; a schedule from another coordinator names its kid. */
-    pub[0] = 0;
-    if (!strcmp(nw->kid, req->srv->kid))
-        cm_b64url_encode(req->srv->signing_key.pub, CM_ED25519_PUB_LEN, pub);
-    json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:o}", "run",
-                          req->params[0], "version", (json_int_t)nw->version, "kid", nw->kid,
-                          "payload", p64, "signature", sig64, "valid_from",
-                          (json_int_t)nw->from, "valid_until", (json_int_t)nw->until,
-                          "created_at", (json_int_t)nw->created, "solve_ms", nw->solve_ms,
-                          "solved_now", fresh, "schedule", sched);
-    free(p64);
-    if (o && pub[0])
-        json_object_set_new(o, "coordinator_public_key", json_string(pub));
-    if (!o) {
-        coord_resp_error(resp, 500, "internal", "out of memory");
-        return;
-    }
-    coord_resp_json(resp, 200, o);
-}
-
 /* The solver's inputs, read from the live reports, ordered by peer key so
  * that equal inputs give an equal problem (and an equal digest). */
 struct inputs {
@@ -205,7 +132,7 @@ static int find_key(const struct sched_peer *peers, size_t n, const uint8_t key[
  * says otherwise, so a change of the set of peers (the newest payload lists
  * them by key) waits MEMBERS_HYSTERESIS_S; changed figures of the same peers
  * (throughputs measured again) HYSTERESIS_S. */
-static long long hysteresis_s(const struct newest *nw, const struct inputs *in)
+static long long hysteresis_s(const struct coord_newest *nw, const struct inputs *in)
 {
     json_t *root = nw->payload ? json_loads(nw->payload, 0, NULL) : NULL;
     json_t *arr = json_object_get(root, "peers");
@@ -225,7 +152,7 @@ static long long hysteresis_s(const struct newest *nw, const struct inputs *in)
 
 /* Serve it as is, or solve again? in: the live inputs (NULL or none: there
  * is nothing to solve from). */
-static int newest_good(const struct newest *nw, const struct inputs *in, long long now)
+static int newest_good(const struct coord_newest *nw, const struct inputs *in, long long now)
 {
     if (!nw->have || nw->until - now < REFRESH_S)
         return 0;
@@ -303,18 +230,11 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
         return 0;
     }
     in->doc = json_pack("{s:o, s:o}", "run", params, "peers", list);
-    char *txt = in->doc ? json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS |
-                                                  JSON_REAL_PRECISION(17))
-                        : NULL;
-    if (!txt) {
+    if (coord_doc_digest(in->doc, in->sha) != CM_OK) {
         inputs_free(in);
         coord_resp_error(resp, 500, "internal", "out of memory");
         return 0;
     }
-    uint8_t h[CM_SHA256_LEN];
-    cm_sha256(txt, strlen(txt), h);
-    cm_hex_encode(h, sizeof h, in->sha);
-    free(txt);
     return 1;
 }
 
@@ -375,7 +295,7 @@ static json_t *result_doc(const struct inputs *in, const struct sched_solution *
 static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const char *run_id,
                            const struct inputs *in, double batch, double grad_mbit, int lp_roles,
                            unsigned fixed_m,
-                           struct newest *nw)
+                           struct coord_newest *nw)
 {
     if (in->n > COORD_SCHED_MAX_PEERS) {
         coord_resp_error(resp, 409, "too_many_peers",
@@ -662,10 +582,10 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     }
     PQclear(r);
 
-    struct newest nw = {0};
+    struct coord_newest nw = {0};
     struct inputs in = {0};
     long long now = (long long)time(NULL);
-    if (newest_load(req, run_id, &nw) != CM_OK) {
+    if (coord_newest_load(req, &S_NEWEST, run_id, &nw) != CM_OK) {
         coord_resp_error(resp, 500, "internal", "database error");
         return;
     }
@@ -674,7 +594,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         if (background)
             ;
         else if (valid)
-            respond(req, resp, &nw, 0);
+            coord_newest_respond(req, resp, &nw, 0, "schedule", "schedule");
         else
             coord_resp_error(resp, 409, "run_not_schedulable",
                              "run '%s' needs config.collaboration.model_parameters (a "
@@ -682,7 +602,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
                              "gradient_bits (8, 16 or 32), compute_roles (\"all\" or "
                              "\"lp\") and group_size (an integer from 2 to %d) to be scheduled",
                              req->params[0], SCHED_MAX_PEERS);
-        free(nw.payload);
+        coord_newest_clear(&nw);
         return;
     }
     json_t *run_doc = json_pack("{s:s, s:f, s:f, s:f, s:s}", "name", req->params[0],
@@ -691,7 +611,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     if (run_doc && fixed_m)
         json_object_set_new(run_doc, "group_size", json_integer(fixed_m));
     if (!inputs_load(req, run_id, run_doc, &in, resp)) {
-        free(nw.payload);
+        coord_newest_clear(&nw);
         return;
     }
     if (newest_good(&nw, &in, now) || (!in.n && valid)) {
@@ -700,7 +620,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
             api_sched_enqueue(req->srv, req->params[0],
                           1e3 * (double)(nw.created + hysteresis_s(&nw, &in) - now) + 100);
         if (!background)
-            respond(req, resp, &nw, 0);
+            coord_newest_respond(req, resp, &nw, 0, "schedule", "schedule");
         goto out;
     }
     if (!in.n) {
@@ -712,7 +632,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     }
     /* Stale but still valid: serve it, solve in the background. */
     if (!background && valid && api_sched_enqueue(req->srv, req->params[0], 0)) {
-        respond(req, resp, &nw, 0);
+        coord_newest_respond(req, resp, &nw, 0, "schedule", "schedule");
         goto out;
     }
     /* One solver per run across coordinators: wait for the lock, then look again. */
@@ -728,7 +648,7 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
     }
     PQclear(r);
     now = (long long)time(NULL);
-    if (newest_load(req, run_id, &nw) != CM_OK) {
+    if (coord_newest_load(req, &S_NEWEST, run_id, &nw) != CM_OK) {
         coord_db_cmd(req->db, "ROLLBACK");
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
@@ -747,9 +667,9 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         goto out;
     }
     if (!background)
-        respond(req, resp, &nw, fresh);
+        coord_newest_respond(req, resp, &nw, fresh, "schedule", "schedule");
 out:
-    free(nw.payload);
+    coord_newest_clear(&nw);
     inputs_free(&in);
 }
 

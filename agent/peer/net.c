@@ -641,7 +641,8 @@ static int net_request(struct peer_net *n, const struct sockaddr_storage *addr, 
     memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
     j->type = type;
     j->timeout_ms = timeout_ms;
-    memcpy(j->value, body, len);
+    if (len)
+        memcpy(j->value, body, len);
     j->len = len;
     int rc = submit(n, j);
     pthread_mutex_lock(&n->mu);
