@@ -3,6 +3,7 @@
  * callback) and wakes its waiter. A job is reference-counted between the
  * waiter and the loop, so neither frees it under the other. */
 #include "agent/peer/net.h"
+#include "agent/peer/net_int.h"
 #include "agent/peer/state_msg.h"
 #include "cm_err.h"
 #include "cm_log.h"
@@ -18,60 +19,6 @@
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
-
-#define JOB_GRACE_MS 120000 /* an upper bound no operation reaches: they have their own deadlines */
-
-enum job_kind { JOB_PUT, JOB_GET, JOB_ROUND, JOB_BOOT, JOB_TOKEN, JOB_REQ, JOB_CALL };
-
-struct job {
-    struct job *next;
-    enum job_kind kind;
-    int refs, done, rc;
-    char key[256];
-    uint8_t *value;
-    size_t len;
-    int64_t expires_ms;
-    struct sockaddr_storage *addrs;
-    size_t naddrs;
-    struct peer_record *recs;
-    size_t nrecs;
-    struct ar_round_config round;
-    struct peer_round_summary sum;
-    struct peer_net *net;
-    uint8_t peer_pub[CM_ED25519_PUB_LEN]; /* JOB_REQ; with no_key, the responder's */
-    int no_key;                           /* JOB_REQ: a Ping to learn the key */
-    uint32_t type, timeout_ms;
-    uint8_t *resp;
-    size_t resp_len;
-    void (*fn)(void *arg, struct peer_net *n); /* JOB_CALL */
-    void *fn_arg;
-};
-
-struct peer_net {
-    uv_loop_t loop;
-    uv_async_t async;
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct job *jobs;
-    int stopping, ready, start_rc;
-    struct p2p_ctx *ctx;
-    struct dht_node *dht;
-    struct ar_engine *ar;
-    uint16_t ar_port;
-    struct p2p_host *st_host; /* state transfer: serves snapshots, fetches */
-    uint16_t st_port;
-    uint16_t dht_port; /* 0 in client mode */
-    struct p2p_probe_hold probe; /* the peer probing us now (loop thread only) */
-    p2p_request_cb on_other;  /* the role's message types on the state host (cfg) */
-    void *on_other_arg;
-    pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
-    uint8_t *st_bytes;
-    size_t st_len;
-    int64_t st_step, st_wanted;
-    uint8_t st_sha[CM_SHA256_LEN];
-    const struct peer_net_config *cfg; /* during start only */
-};
 
 void peer_records_free(struct peer_record *r, size_t n)
 {
@@ -388,7 +335,7 @@ static void *thread_main(void *arg)
 
 /* Queues a job for the loop; CM_ECLOSED when stopping (the caller still
  * releases it). */
-static int enqueue(struct peer_net *n, struct job *j)
+int net__enqueue(struct peer_net *n, struct job *j)
 {
     j->net = n;
     j->refs = 2;
@@ -406,7 +353,7 @@ static int enqueue(struct peer_net *n, struct job *j)
 }
 
 /* Waits for a queued job (bounded: its operation has its own deadline). */
-static int wait_job(struct peer_net *n, struct job *j)
+int net__wait_job(struct peer_net *n, struct job *j)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -422,11 +369,11 @@ static int wait_job(struct peer_net *n, struct job *j)
 
 static int submit(struct peer_net *n, struct job *j)
 {
-    int rc = enqueue(n, j);
-    return rc ? rc : wait_job(n, j);
+    int rc = net__enqueue(n, j);
+    return rc ? rc : net__wait_job(n, j);
 }
 
-static void release(struct peer_net *n, struct job *j)
+void net__release(struct peer_net *n, struct job *j)
 {
     pthread_mutex_lock(&n->mu);
     job_unref(j);
@@ -480,7 +427,7 @@ int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
             else
                 CM_LOGW("join", "ignoring bad bootstrap address '%s'", cfg->bootstrap[i]);
         int rc = submit(n, j);
-        release(n, j);
+        net__release(n, j);
         if (rc != CM_OK)
             CM_LOGW("join", "DHT bootstrap: %s (continuing; peers may reach us)", cm_strerror(rc));
     }
@@ -532,7 +479,7 @@ int peer_net_put(struct peer_net *n, const char *key, const void *value, size_t 
     j->len = len;
     j->expires_ms = p2p_now_ms() + ttl_ms;
     int rc = submit(n, j);
-    release(n, j);
+    net__release(n, j);
     return rc;
 }
 
@@ -586,7 +533,7 @@ int peer_net_set_token(struct peer_net *n, const char *token)
     }
     j->kind = JOB_TOKEN;
     int rc = submit(n, j);
-    release(n, j);
+    net__release(n, j);
     return rc;
 }
 
@@ -625,7 +572,7 @@ int64_t peer_net_state_wanted(const struct peer_net *n)
 }
 
 /* One request on the state host, blocking; *resp is heap. */
-static int net_request(struct peer_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
+int net__request(struct peer_net *n, const struct sockaddr_storage *addr, const uint8_t *pub,
                        uint32_t type, const uint8_t *body, size_t len, uint32_t timeout_ms,
                        uint8_t **resp, size_t *resp_len)
 {
@@ -690,223 +637,7 @@ static int state_request(struct peer_net *n, const struct sockaddr_storage *addr
     uint8_t req[PEER_STATE_REQ_LEN];
     struct peer_state_req q = {min_step, off, PEER_STATE_CHUNK};
     peer_state_req_encode(&q, req);
-    return net_request(n, addr, pub, PEER_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
-}
-
-#define PROBE_WINDOW_MAX 64
-
-/* A probe in either direction (pull: the peer sends, P2P_MSG_PROBE_PULL),
- * with up to `window` messages of msg bytes in flight; `adaptive`: starting
- * with 2 and growing to about 50 ms of the rate measured so far, so a slow
- * link never holds seconds of probe queued in front of the collaboration's
- * messages (a 2 Mbit/s uploader with 2 MiB in flight held its DHT records
- * back 8 s and missed its rounds), and a fast one still fills. */
-static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int pull,
-                     size_t msg, size_t window, int adaptive, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
-                     const int *busy, const int *stop, double *mbps)
-{
-    struct sockaddr_storage sa;
-    *mbps = 0;
-    if (p2p_addr_parse(addr, &sa) != CM_OK || bytes == 0 || bytes > 512u * PEER_PROBE_CHUNK || window < 1 ||
-        window > PROBE_WINDOW_MAX || msg < 1 || msg > PEER_PROBE_CHUNK)
-        return CM_EINVAL;
-    /* one small request first, so the connection (and its handshake) is
-       not part of the measurement */
-    uint8_t one[4] = {0}, *r = NULL;
-    size_t rl = 0;
-    if (pull)
-        p2p_probe_pull_encode(1, one);
-    int rc = net_request(n, &sa, pub, pull ? P2P_MSG_PROBE_PULL : PEER_MSG_PROBE, one, pull ? 4 : 1, 10000, &r,
-                         &rl);
-    free(r);
-    if (rc != CM_OK)
-        return rc;
-    /* Then messages of `msg` bytes, `cur` in flight (the round trip is
-       hidden behind the next one): two for pair probes, and for link probes
-       from two up to about 50 ms of the rate so far, so what a capped link
-       holds queued stays small and the collaboration's own messages are not
-       held up for seconds behind a probe on a slow link.
-
-       Only quiet time counts. While *busy (this peer averages or moves
-       state), the link carries the collaboration's traffic and a probe
-       would read what is left of it: no new chunk goes out, the chunks in
-       flight are not counted, and the probe waits. Each quiet spell starts
-       with the link idle, so its first PROBE_SETTLE_MS go out in a burst
-       (a token bucket's, a shaper's, the socket buffers'): a spell's
-       measured segment leaves them out (quiet spells of 0.5 s read a 40
-       Mbit/s cap as 71 Mbit/s with the burst in) and ends with the spell's
-       last acknowledgement. Pair probes (two chunks in flight, often in
-       the short quiet spells of a busy collaboration) start the segment
-       when the first chunk sent PROBE_SETTLE_MS or more into the spell is
-       handed to the transport, and count it: starting at an
-       acknowledgement would let a late one (the peer's loop busy for a
-       moment, then two answers at once) shorten the segment, and a 4
-       Mbit/s cap once read 6.7 Mbit/s that way; from a send, the segment is
-       never shorter than the transfers it counts, so the reading errs low,
-       by at most the one chunk queued ahead. Link probes (up to 64 in
-       flight, where that queue is long, in one long quiet spell at
-       start-up) start at the first acknowledgement after PROBE_SETTLE_MS
-       and count what is acknowledged after it. The rate is the bytes of the
-       segments over their time. The probe ends when `bytes` are counted, budget_ms of segments
-       are measured, or deadline_ms have passed (no reading when nothing was
-       measured). */
-    const int64_t PROBE_SETTLE_MS = 150;
-    struct job *win[PROBE_WINDOW_MAX] = {0}; /* in flight, oldest at win[h] */
-    int dirty[PROBE_WINDOW_MAX] = {0};       /* sent, or acknowledged, outside the quiet spell */
-    int64_t sent_at[PROBE_WINDOW_MAX] = {0}; /* when each was handed to the transport */
-    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = adaptive ? 2 : window, acked = 0;
-    int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
-    for (;;) {
-        int64_t now = p2p_now_ms();
-        int quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
-        if (!quiet) {
-            /* the spell ended: close its segment, taint what is in flight */
-            if (seg_t0 >= 0 && seg_t1 > seg_t0) {
-                counted += seg_bytes;
-                measured += seg_t1 - seg_t0;
-            }
-            spell_t0 = seg_t0 = seg_t1 = -1;
-            seg_bytes = 0;
-            for (size_t k = 0; k < window; k++)
-                dirty[k] = 1;
-        }
-        int more = rc == CM_OK && !(stop && __atomic_load_n(stop, __ATOMIC_ACQUIRE)) &&
-                   counted + seg_bytes < bytes &&
-                   measured + (seg_t0 >= 0 ? now - seg_t0 : 0) < (int64_t)budget_ms &&
-                   now - t_start < (int64_t)deadline_ms;
-        while (quiet && more && nin < cur) {
-            struct job *j = calloc(1, sizeof *j);
-            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, pull ? 4 : msg))) {
-                if (j)
-                    free(j->addrs);
-                free(j);
-                rc = CM_ENOMEM;
-                break;
-            }
-            j->kind = JOB_REQ;
-            *j->addrs = sa;
-            memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-            j->type = pull ? P2P_MSG_PROBE_PULL : PEER_MSG_PROBE;
-            j->timeout_ms = 10000;
-            j->len = pull ? 4 : msg;
-            if (pull)
-                p2p_probe_pull_encode((uint32_t)msg, j->value);
-            if ((rc = enqueue(n, j)) != CM_OK) {
-                release(n, j);
-                break;
-            }
-            size_t at = (h + nin++) % window;
-            win[at] = j;
-            dirty[at] = 0;
-            sent_at[at] = p2p_now_ms();
-            if (spell_t0 < 0)
-                spell_t0 = sent_at[at];
-        }
-        if (nin == 0) {
-            if (!more)
-                break;
-            usleep(20000); /* busy: wait for a quiet spell */
-            continue;
-        }
-        struct job *j = win[h];
-        int64_t j_sent = sent_at[h];
-        int jr = wait_job(n, j);
-        /* bytes that crossed the link: ours, or the peer's answer */
-        size_t len = pull ? (jr == CM_OK ? j->resp_len : 0) : j->len;
-        if (pull && jr == CM_OK && len != msg)
-            jr = CM_EPROTO;
-        release(n, j);
-        win[h] = NULL;
-        int was_dirty = dirty[h] || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
-        h = (h + 1) % window;
-        nin--;
-        if (jr != CM_OK) {
-            /* CM_EBUSY: another prober took the host while we were busy
-               (its hold is PEER_PROBE_HOLD_MS); what we measured stands */
-            rc = jr;
-            continue; /* drain the other one */
-        }
-        int64_t t = p2p_now_ms();
-        acked += len;
-        if (adaptive && t - t_start >= 50) {
-            double per_ms = (double)acked / (double)(t - t_start);
-            size_t want = (size_t)(per_ms * 50 / (double)msg) + 1;
-            cur = want < 2 ? 2 : want > window ? window : want;
-        }
-        if (!was_dirty && spell_t0 >= 0) {
-            if (seg_t0 >= 0) {
-                seg_bytes += len;
-                seg_t1 = t;
-            } else if (!adaptive && j_sent - spell_t0 >= PROBE_SETTLE_MS) {
-                seg_t0 = j_sent; /* pair probes: from this chunk's send, counted */
-                seg_bytes += len;
-                seg_t1 = t;
-            } else if (adaptive && t - spell_t0 >= PROBE_SETTLE_MS) {
-                seg_t0 = t; /* link probes: from this acknowledgement, not counted */
-            }
-        }
-    }
-    if (seg_t0 >= 0 && seg_t1 > seg_t0) {
-        counted += seg_bytes;
-        measured += seg_t1 - seg_t0;
-    }
-    if (rc != CM_OK && !(rc == CM_EBUSY && counted > 0 && measured > 0))
-        return rc;
-    if (counted == 0 || measured <= 0)
-        return CM_ETIMEOUT; /* never quiet long enough to measure */
-    *mbps = (double)counted * 8 / 1e6 / ((double)measured / 1000.0);
-    return CM_OK;
-}
-
-int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
-                   const int *stop, double *mbps)
-{
-    return probe_run(n, addr, pub, 0, 32u * 1024u, 2, 0, bytes, budget_ms, deadline_ms, busy, stop, mbps);
-}
-
-static double mono_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-int peer_net_rtt(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int count,
-                 double *rtt_ms)
-{
-    struct sockaddr_storage sa;
-    *rtt_ms = 0;
-    if (p2p_addr_parse(addr, &sa) != CM_OK || count < 1 || count > 16)
-        return CM_EINVAL;
-    double best = -1;
-    int rc = CM_OK;
-    /* one more than counted: the first may open the connection (a TCP and
-       session handshake), which is not the path's round trip */
-    for (int i = 0; i <= count; i++) {
-        uint8_t *r = NULL;
-        size_t rl = 0;
-        double t0 = mono_ms();
-        rc = net_request(n, &sa, pub, P2P_MSG_PING, NULL, 0, PEER_RTT_TIMEOUT_MS, &r, &rl);
-        double dt = mono_ms() - t0;
-        free(r);
-        if (rc != CM_OK)
-            break;
-        if (i > 0 && (best < 0 || dt < best))
-            best = dt;
-    }
-    if (best < 0)
-        return rc != CM_OK ? rc : CM_ETIMEOUT;
-    *rtt_ms = best;
-    return CM_OK;
-}
-
-int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int down,
-                        size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
-                        const int *stop, double *mbps)
-{
-    return probe_run(n, addr, pub, down, 32u * 1024u, PROBE_WINDOW_MAX, 1, bytes, budget_ms, deadline_ms, busy,
-                     stop, mbps);
+    return net__request(n, addr, pub, PEER_MSG_STATE, req, sizeof req, 10000, resp, resp_len);
 }
 
 int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
@@ -1019,7 +750,7 @@ int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n),
     j->fn = fn;
     j->fn_arg = arg;
     int rc = submit(n, j);
-    release(n, j);
+    net__release(n, j);
     return rc;
 }
 
