@@ -60,4 +60,8 @@ struct dht_node {
     int ready, start_rc, stopping;
 };
 
+/* A peer that talked to us (as a request's sender or an answer's): into
+ * the routing table when it listens. */
+void dht__seen_peer(struct dht_node *n, const struct p2p_peer *p);
+
 #endif
