@@ -48,6 +48,9 @@ int api_peer_key_block(struct coord_req *req, const uint8_t pk[CM_ED25519_PUB_LE
                        int *newly, int *passes);
 /* 1 when run params[0] exists, else 0 with 404 (or 500) set. Needs req->db. */
 int api_run_known(struct coord_req *req, struct coord_resp *resp);
+/* The one row stmt ($1 = run params[0]) returns for the run (the caller
+ * PQclears it), or NULL with 404 (no row) or 500 set. Needs req->db. */
+PGresult *api_run_row(struct coord_req *req, struct coord_resp *resp, struct coord_db_stmt *stmt);
 /* Whether the caller holds a valid pass of run params[0] for peer key pk
  * (and is allowlisted, the run open); 1 with the ids, else 0 with the
  * error response set (404, 403 not_allowlisted or no_pass, 409). Needs

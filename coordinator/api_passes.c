@@ -348,19 +348,27 @@ COORD_DB_STMT(S_PASSES, 2,
               "ORDER BY p.id DESC LIMIT 10000");
 COORD_DB_STMT(S_RUN_EXISTS, 1, "SELECT 1 FROM runs WHERE name = $1");
 
-int api_run_known(struct coord_req *req, struct coord_resp *resp)
+PGresult *api_run_row(struct coord_req *req, struct coord_resp *resp, struct coord_db_stmt *stmt)
 {
     const char *p[] = {req->params[0]};
-    PGresult *r = coord_db_exec(req->db, &S_RUN_EXISTS, p, NULL);
+    PGresult *r = coord_db_exec(req->db, stmt, p, NULL);
     if (!r) {
         coord_resp_error(resp, 500, "internal", "database error");
-        return 0;
+        return NULL;
     }
-    int ok = PQntuples(r) == 1;
-    PQclear(r);
-    if (!ok)
+    if (PQntuples(r) != 1) {
+        PQclear(r);
         coord_resp_error(resp, 404, "not_found", "no such run");
-    return ok;
+        return NULL;
+    }
+    return r;
+}
+
+int api_run_known(struct coord_req *req, struct coord_resp *resp)
+{
+    PGresult *r = api_run_row(req, resp, &S_RUN_EXISTS);
+    PQclear(r);
+    return r != NULL;
 }
 
 COORD_DB_STMT(S_PEER_PASS, 4,

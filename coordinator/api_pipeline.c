@@ -707,17 +707,9 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
 {
     if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
         return;
-    const char *p[] = {req->params[0]};
-    PGresult *r = coord_db_exec(req->db, &S_RUN, p, NULL);
-    if (!r) {
-        coord_resp_error(resp, 500, "internal", "database error");
+    PGresult *r = api_run_row(req, resp, &S_RUN);
+    if (!r)
         return;
-    }
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        coord_resp_error(resp, 404, "not_found", "no such run");
-        return;
-    }
     char run_id[24], err[256] = "";
     snprintf(run_id, sizeof run_id, "%s", PQgetvalue(r, 0, 0));
     double batch = strtod(PQgetvalue(r, 0, 1), NULL);

@@ -63,17 +63,9 @@ void api_runs_get(struct coord_req *req, struct coord_resp *resp)
 {
     if (!api_name_param(req, resp, 0, "run") || !coord_req_db(req, resp))
         return;
-    const char *p[] = {req->params[0]};
-    PGresult *r = coord_db_exec(req->db, &S_RUN, p, NULL);
-    if (!r) {
-        coord_resp_error(resp, 500, "internal", "database error");
+    PGresult *r = api_run_row(req, resp, &S_RUN);
+    if (!r)
         return;
-    }
-    if (PQntuples(r) != 1) {
-        PQclear(r);
-        coord_resp_error(resp, 404, "not_found", "no such run");
-        return;
-    }
     coord_resp_json(resp, 200, run_json(r, 0, req->authenticated));
     PQclear(r);
 }
