@@ -150,8 +150,10 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
  * a fraction of it (tests/integ/test_schedule_follow.c saw 0.6-2.2 Mbit/s on
  * 4 Mbit/s links, the LP then planned around links that were not there and
  * predicted rounds 10-20 % slower than they ran). So a probe counts only
- * the time no round or state transfer of this peer is running
- * (rt->averaging; rounds are synchronous, so mostly nobody's is), a state
+ * the time no round or state transfer of this peer nor of the probed one
+ * is running (rt->averaging here, the host's answer byte there: a fast
+ * peer ends its rounds before a slow one, and its probes took the slow
+ * one's link in the rest of its round), a state
  * host serves one prober at a time (busy ones are tried again later), the
  * start is jittered, and each pair is reported at the best of its last
  * PEER_PROBE_KEEP readings: contention comes and goes, a path's bottleneck

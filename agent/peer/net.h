@@ -34,6 +34,11 @@ struct peer_net_config {
     /* Emulated one-way delay added to every frame this agent sends (a test
        and benchmark knob: netem is not available, docs/p2p.md); 0: none. */
     uint32_t latency_ms;
+    /* > 0 while this peer averages or moves state (atomic; the runtime's
+       link-busy count, outlives the net): a throughput probe reaching us
+       then is answered "busy" so the prober waits (docs/protocol.md,
+       "Throughput probe"); NULL: never busy. */
+    const int *link_busy;
 };
 
 struct peer_net;

@@ -73,9 +73,24 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
     int64_t sent_at[PROBE_WINDOW_MAX] = {0}; /* when each was handed to the transport */
     size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = adaptive ? 2 : window, acked = 0;
     int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
+    /* The other side's quiet counts too (push probes: a state host answers
+       1 while it averages or moves state, docs/protocol.md). While it is
+       busy, or not yet known to be quiet at the start of each spell of
+       ours, only 1-byte polls go out, PROBE_POLL_MS apart, none counted,
+       until one is answered 0 (or empty: the backbone's). Without this a
+       fast peer done with its round probed a slow one still in it: the
+       slow peer's round took up to the two chunks longer (64 KiB at 4
+       Mbit/s: 130 ms) and the probe read what the round left of the link. */
+    const int64_t PROBE_POLL_MS = 50;
+    int far_busy = !pull;
+    int64_t poll_at = 0;
+    int poll[PROBE_WINDOW_MAX] = {0}; /* a poll, not a chunk */
     for (;;) {
         int64_t now = p2p_now_ms();
-        int quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
+        int own_quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
+        if (!own_quiet && !pull)
+            far_busy = 1; /* ask again when our round is over */
+        int quiet = own_quiet && !far_busy;
         if (!quiet) {
             /* the spell ended: close its segment, taint what is in flight */
             if (seg_t0 >= 0 && seg_t1 > seg_t0) {
@@ -115,14 +130,39 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             size_t at = (h + nin++) % window;
             win[at] = j;
             dirty[at] = 0;
+            poll[at] = 0;
             sent_at[at] = p2p_now_ms();
             if (spell_t0 < 0)
                 spell_t0 = sent_at[at];
         }
+        if (own_quiet && far_busy && more && nin == 0 && now >= poll_at && rc == CM_OK) {
+            struct job *j = calloc(1, sizeof *j);
+            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, 1))) {
+                if (j)
+                    free(j->addrs);
+                free(j);
+                rc = CM_ENOMEM;
+                break;
+            }
+            j->kind = JOB_REQ;
+            *j->addrs = sa;
+            memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
+            j->type = PEER_MSG_PROBE;
+            j->timeout_ms = 10000;
+            j->len = 1;
+            if ((rc = net__enqueue(n, j)) != CM_OK) {
+                net__release(n, j);
+                break;
+            }
+            size_t at = (h + nin++) % window;
+            win[at] = j;
+            dirty[at] = poll[at] = 1;
+            sent_at[at] = p2p_now_ms();
+        }
         if (nin == 0) {
             if (!more)
                 break;
-            usleep(20000); /* busy: wait for a quiet spell */
+            usleep(own_quiet ? 10000 : 20000); /* busy: wait for a quiet spell */
             continue;
         }
         struct job *j = win[h];
@@ -132,9 +172,17 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
         size_t len = pull ? (jr == CM_OK ? j->resp_len : 0) : j->len;
         if (pull && jr == CM_OK && len != msg)
             jr = CM_EPROTO;
+        int said_busy = !pull && jr == CM_OK && j->resp_len >= 1 && j->resp[0] == 1;
         net__release(n, j);
         win[h] = NULL;
-        int was_dirty = dirty[h] || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
+        int was_poll = poll[h];
+        int was_dirty = dirty[h] || said_busy || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
+        if (said_busy) {
+            far_busy = 1; /* the next pass closes the spell and taints the rest */
+            poll_at = p2p_now_ms() + PROBE_POLL_MS;
+        } else if (was_poll && jr == CM_OK) {
+            far_busy = 0;
+        }
         h = (h + 1) % window;
         nin--;
         if (jr != CM_OK) {
@@ -143,6 +191,8 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             rc = jr;
             continue; /* drain the other one */
         }
+        if (was_poll)
+            continue;
         int64_t t = p2p_now_ms();
         acked += len;
         if (adaptive && t - t_start >= 50) {

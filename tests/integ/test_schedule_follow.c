@@ -440,8 +440,17 @@ static void test_agents_follow_schedule(void **state)
     printf("measured round (slowest member, median) %.0f ms; LP %.0f ms; ratio %.2f (median of "
            "per-step ratios); even all-reduce would need %.0f ms\n",
            mm, pred, med, ar_ms);
-    assert_true(med <= MAX_RATIO);
-    assert_true(med >= 0.8); /* the caps do hold */
+    if (!(med <= MAX_RATIO && med >= 0.8)) { /* >= 0.8: the caps do hold */
+        /* the figures in the failure line itself (a CI log keeps little
+           more than it): the slowest member's round of each step */
+        char steps[MAXSTEPS * 8] = "";
+        size_t at = 0;
+        for (size_t i = 0; i < n && at + 8 < sizeof steps; i++)
+            at += (size_t)snprintf(steps + at, sizeof steps - at, " %.0f", meas[i]);
+        fail_msg("measured / predicted round %.2f (median over %zu steps, LP %.0f ms), outside "
+                 "[0.8, %.1f]; slowest member's round_ms per step:%s",
+                 med, n, pred, MAX_RATIO, steps);
+    }
     /* The agents measured pairwise throughput to other peers and reported
        it: every pair within what the caps allow (the slower side's cap,
        plus the token buckets' burst), the fast peers' pairs faster than the
