@@ -326,11 +326,12 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         snprintf(line, sizeof line,
                  "{\"step\":%lld,\"hash\":\"%s\",\"loss\":%s,\"samples\":%.0f,\"global_samples\":%.0f,"
                  "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
-                 "\"round_ms\":%.1f,\"round_s\":%.3f,\"margin_ms\":%lld,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
+                 "\"round_ms\":%.1f,\"sent_kb\":%.1f,\"received_kb\":%.1f,\"round_s\":%.3f,\"margin_ms\":%lld,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
                  "\"group_rounds\":%zu,\"group_size\":%zu,\"group_senders\":%zu,\"group_last\":%zu"
                  "%s,\"t_ms\":%lld}",
                  (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
-                 __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, j->t_round,
+                 __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, (double)j->sum.bytes_sent / 1024,
+                 (double)j->sum.bytes_received / 1024, j->t_round,
                  (long long)j->margin_ms, j->compute_s, j->t_wait, (long long)j->sched_v, j->group_rounds, j->group_size,
                  j->group_senders, j->group_last, ex, (long long)dp_now(s));
         agent_steplog_write(s->steplog, line);

@@ -114,8 +114,9 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
 
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
  * message PEER_MSG_PROBE carries up to PEER_PROBE_CHUNK bytes the peer's
- * state host reads and drops. peer_net_probe sends up to `bytes` in such
- * messages, two in flight, and returns the rate in Mbit/s of what was
+ * state host reads and drops. peer_net_probe sends up to `bytes` in 8 KiB
+ * messages, in flight from two up to the pair's round trip (rtt_ms, 0:
+ * unknown) + 20 ms of the rate so far, and returns the rate in Mbit/s of what was
  * acknowledged, counting only the time when *busy (if given) was 0: while
  * it is set, the probe sends nothing and waits. It measures at most
  * budget_ms of such quiet time and gives up after deadline_ms (CM_ETIMEOUT
@@ -128,8 +129,8 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
 #define PEER_PROBE_CHUNK P2P_PROBE_CHUNK
 #define PEER_PROBE_HOLD_MS P2P_PROBE_HOLD_MS
 int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
-                   const int *stop, double *mbps);
+                   double rtt_ms, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
+                   const int *busy, const int *stop, double *mbps);
 
 /* The link's own rate (docs/schedules.md, "Measured links"): like
  * peer_net_probe, against a host with a fat link (the coordinator's DHT

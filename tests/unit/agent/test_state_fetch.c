@@ -296,7 +296,7 @@ static void test_probe_waits_for_busy_host(void **state)
     snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)peer_net_state_port(host));
 
     double mbps = -1;
-    assert_int_equal(peer_net_probe(f->fetcher, addr, busy_id.key.pub, 1u << 20, 300, 1500, NULL, NULL, &mbps),
+    assert_int_equal(peer_net_probe(f->fetcher, addr, busy_id.key.pub, 0, 1u << 20, 300, 1500, NULL, NULL, &mbps),
                      CM_ETIMEOUT);
     assert_true(mbps == 0);
 
@@ -306,7 +306,7 @@ static void test_probe_waits_for_busy_host(void **state)
     assert_int_equal(pthread_create(&th, NULL, unbusy_main, &u), 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = peer_net_probe(f->fetcher, addr, busy_id.key.pub, 1u << 20, 500, 10000, NULL, NULL, &mbps);
+    int rc = peer_net_probe(f->fetcher, addr, busy_id.key.pub, 0, 1u << 20, 500, 10000, NULL, NULL, &mbps);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_join(th, NULL);
     double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
