@@ -54,6 +54,12 @@ struct dp_opts {
 #define DP_GATHER_MARGIN_X 3
 #define DP_GATHER_PUTS 8
 #define DP_GATHER_MARGIN_MAX_MS 5000
+/* The gathering marks the link busy for the probes this long before its
+ * members are read (the all-reduce starts then): a pair probe's chunks in
+ * flight at that moment went out ahead of the round's (two 32 KiB at 4
+ * Mbit/s: 130 ms, and 4 Mbit/s peers' rounds were ~190 ms longer in the
+ * steps they probed). */
+#define DP_PROBE_GUARD_MS 250
 
 struct dp_state {
     struct dp_opts o;
@@ -89,6 +95,7 @@ struct dp_state {
     int64_t put_ms[DP_GATHER_PUTS]; /* our last announcements' DHT puts (round thread) */
     size_t n_puts;
     int64_t margin_ms;          /* dp_gather_margin (atomic: the loop reads it too) */
+    int link_marked;            /* the round thread holds a peer_rt_link_busy (round.c) */
     /* rounds in a row that averaged nothing (not steps), since when, why */
     int failing;
     double failing_since, failing_last;

@@ -241,6 +241,10 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
             break;
         }
         (void)nm;
+        if (!s->link_marked && dp_now(s) >= close + margin - DP_PROBE_GUARD_MS) {
+            peer_rt_link_busy(&s->rt, 1); /* dp.h, DP_PROBE_GUARD_MS; released by round.c */
+            s->link_marked = 1;
+        }
         int64_t wait = close + margin - dp_now(s);
         usleep((useconds_t)(wait > 50 ? 50000 : wait > 0 ? wait * 1000 : 1000));
     }

@@ -137,9 +137,8 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
 /* Pairwise throughput to a sample of peers (up to 3, chosen by
  * SHA-256(our key || theirs), so different peers probe different ones):
  * up to 2 MiB or 2 s (0.5 s in the first pass) of quiet time each over the state hosts, within the volunteer's
- * caps, 8 KiB messages, in flight the pair's round trip + 20 ms of its
- * rate (peer_net_probe), so a slow link holds little queued behind the
- * probe when the next round starts. Shorter probes (600 ms, best of 3)
+ * caps, two 32 KiB messages in flight (peer_net_probe), so a slow link
+ * holds little queued behind the probe. Shorter probes (600 ms, best of 3)
  * read slow links high by the token bucket's burst, and the LP then picked
  * another vertex of the same optimum, one that let the slow peers aggregate
  * and took 1.7x its prediction. A thread of its own does it (10-20 s after
@@ -151,10 +150,8 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
  * a fraction of it (tests/integ/test_schedule_follow.c saw 0.6-2.2 Mbit/s on
  * 4 Mbit/s links, the LP then planned around links that were not there and
  * predicted rounds 10-20 % slower than they ran). So a probe counts only
- * the time no round or state transfer of this peer nor of the probed one
- * is running (rt->averaging here, the host's answer byte there: a fast
- * peer ends its rounds before a slow one, and its probes took the slow
- * one's link in the rest of its round), a state
+ * the time no round or state transfer of this peer is running
+ * (rt->averaging; rounds are synchronous, so mostly nobody's is), a state
  * host serves one prober at a time (busy ones are tried again later), the
  * start is jittered, and each pair is reported at the best of its last
  * PEER_PROBE_KEEP readings: contention comes and goes, a path's bottleneck
@@ -279,16 +276,15 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
                 continue;
             busy[k] = 0;
             double mbps = 0;
-            /* the pair's round trip first (issue 17, "Measured links"; the
-               pipeline scheduler's delay, docs/pipelines.md): a few Pings,
-               which also open the connection; the probe keeps about that
-               much in flight */
-            double rtt = 0;
-            if (peer_net_rtt(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_RTT_PINGS, &rtt) != CM_OK)
-                rtt = 0;
-            int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, rtt, PROBE_BYTES, budget,
+            int rc = peer_net_probe(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_BYTES, budget,
                                     PROBE_DEADLINE_MS, &rt->averaging, &rt->probe_stop, &mbps);
             if (rc == CM_OK && mbps > 0) {
+                /* the pair's round trip too (issue 17, "Measured links";
+                   the pipeline scheduler's delay, docs/pipelines.md): a few
+                   Pings on the connection the probe opened */
+                double rtt = 0;
+                if (peer_net_rtt(rt->net, p[best[k]].st, p[best[k]].pub, PROBE_RTT_PINGS, &rtt) != CM_OK)
+                    rtt = 0;
                 memcpy(c->pairs[c->n_pairs].pub, p[best[k]].pub, CM_ED25519_PUB_LEN);
                 c->pairs[c->n_pairs].rtt_ms = rtt;
                 c->pairs[c->n_pairs++].mbps = pair_best(rt, p[best[k]].pub, mbps);

@@ -214,21 +214,7 @@ static int on_state_request(void *arg, struct p2p_host *h, const struct p2p_peer
             return CM_ETOOBIG;
         /* One prober at a time: two probes sharing our link would each read
            a part of it and report a bottleneck that is not there. */
-        int rc = p2p_probe_admit(&n->probe, from->pub, p2p_now_ms());
-        if (rc != CM_OK)
-            return rc;
-        /* One byte: 1 while we average or move state. The prober then sends
-           nothing more until we answer 0: its chunks would take our link
-           from the round (a fast peer done with its round, probing a slow
-           one still in it, made the slow one's rounds up to a chunk pair
-           longer) and read only what the round leaves of it. */
-        uint8_t *b = malloc(1);
-        if (!b)
-            return CM_ENOMEM;
-        b[0] = n->link_busy && __atomic_load_n(n->link_busy, __ATOMIC_ACQUIRE) > 0;
-        *resp = b;
-        *resp_len = 1;
-        return CM_OK;
+        return p2p_probe_admit(&n->probe, from->pub, p2p_now_ms());
     }
     struct peer_state_req q;
     if (type != PEER_MSG_STATE)
@@ -410,7 +396,6 @@ int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
     n->cfg = cfg;
     n->on_other = cfg->on_other;
     n->on_other_arg = cfg->on_other_arg;
-    n->link_busy = cfg->link_busy;
     if (pthread_create(&n->th, NULL, thread_main, n)) {
         uv_loop_close(&n->loop);
         free(n);

@@ -34,11 +34,6 @@ struct peer_net_config {
     /* Emulated one-way delay added to every frame this agent sends (a test
        and benchmark knob: netem is not available, docs/p2p.md); 0: none. */
     uint32_t latency_ms;
-    /* > 0 while this peer averages or moves state (atomic; the runtime's
-       link-busy count, outlives the net): a throughput probe reaching us
-       then is answered "busy" so the prober waits (docs/protocol.md,
-       "Throughput probe"); NULL: never busy. */
-    const int *link_busy;
 };
 
 struct peer_net;
@@ -114,9 +109,8 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
 
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
  * message PEER_MSG_PROBE carries up to PEER_PROBE_CHUNK bytes the peer's
- * state host reads and drops. peer_net_probe sends up to `bytes` in 8 KiB
- * messages, in flight from two up to the pair's round trip (rtt_ms, 0:
- * unknown) + 20 ms of the rate so far, and returns the rate in Mbit/s of what was
+ * state host reads and drops. peer_net_probe sends up to `bytes` in such
+ * messages, two in flight, and returns the rate in Mbit/s of what was
  * acknowledged, counting only the time when *busy (if given) was 0: while
  * it is set, the probe sends nothing and waits. It measures at most
  * budget_ms of such quiet time and gives up after deadline_ms (CM_ETIMEOUT
@@ -129,8 +123,8 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
 #define PEER_PROBE_CHUNK P2P_PROBE_CHUNK
 #define PEER_PROBE_HOLD_MS P2P_PROBE_HOLD_MS
 int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   double rtt_ms, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
-                   const int *busy, const int *stop, double *mbps);
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                   const int *stop, double *mbps);
 
 /* The link's own rate (docs/schedules.md, "Measured links"): like
  * peer_net_probe, against a host with a fat link (the coordinator's DHT

@@ -56,7 +56,6 @@ struct peer_net {
     struct p2p_probe_hold probe; /* the peer probing us now (loop thread only) */
     p2p_request_cb on_other;  /* the role's message types on the state host (cfg) */
     void *on_other_arg;
-    const int *link_busy;     /* cfg->link_busy */
     pthread_mutex_t st_mu;    /* guards the snapshot below (loop and training threads) */
     uint8_t *st_bytes;
     size_t st_len;

@@ -13,15 +13,13 @@
 #define PROBE_WINDOW_MAX 64
 
 /* A probe in either direction (pull: the peer sends, P2P_MSG_PROBE_PULL),
- * with up to `window` messages of msg bytes in flight; grow_ms > 0: starting
- * with 2 and growing to about grow_ms of the rate measured so far, so a slow
+ * with up to `window` messages of msg bytes in flight; `adaptive`: starting
+ * with 2 and growing to about 50 ms of the rate measured so far, so a slow
  * link never holds seconds of probe queued in front of the collaboration's
  * messages (a 2 Mbit/s uploader with 2 MiB in flight held its DHT records
- * back 8 s and missed its rounds), and a fast one still fills; `adaptive`:
- * a link probe (one long quiet spell, segments from an acknowledgement). */
+ * back 8 s and missed its rounds), and a fast one still fills. */
 static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN], int pull,
-                     size_t msg, size_t window, int adaptive, uint32_t grow_ms, size_t bytes, uint32_t budget_ms,
-                     uint32_t deadline_ms,
+                     size_t msg, size_t window, int adaptive, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
                      const int *busy, const int *stop, double *mbps)
 {
     struct sockaddr_storage sa;
@@ -73,26 +71,11 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
     struct job *win[PROBE_WINDOW_MAX] = {0}; /* in flight, oldest at win[h] */
     int dirty[PROBE_WINDOW_MAX] = {0};       /* sent, or acknowledged, outside the quiet spell */
     int64_t sent_at[PROBE_WINDOW_MAX] = {0}; /* when each was handed to the transport */
-    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = grow_ms ? 2 : window, acked = 0, spell_acked = 0;
+    size_t counted = 0, seg_bytes = 0, h = 0, nin = 0, cur = adaptive ? 2 : window, acked = 0;
     int64_t t_start = p2p_now_ms(), spell_t0 = -1, seg_t0 = -1, seg_t1 = -1, measured = 0;
-    /* The other side's quiet counts too (push probes: a state host answers
-       1 while it averages or moves state, docs/protocol.md). While it is
-       busy, or not yet known to be quiet at the start of each spell of
-       ours, only 1-byte polls go out, PROBE_POLL_MS apart, none counted,
-       until one is answered 0 (or empty: the backbone's). Without this a
-       fast peer done with its round probed a slow one still in it: the
-       slow peer's round took up to the two chunks longer (64 KiB at 4
-       Mbit/s: 130 ms) and the probe read what the round left of the link. */
-    const int64_t PROBE_POLL_MS = 50;
-    int far_busy = !pull;
-    int64_t poll_at = 0;
-    int poll[PROBE_WINDOW_MAX] = {0}; /* a poll, not a chunk */
     for (;;) {
         int64_t now = p2p_now_ms();
-        int own_quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
-        if (!own_quiet && !pull)
-            far_busy = 1; /* ask again when our round is over */
-        int quiet = own_quiet && !far_busy;
+        int quiet = !busy || !__atomic_load_n(busy, __ATOMIC_ACQUIRE);
         if (!quiet) {
             /* the spell ended: close its segment, taint what is in flight */
             if (seg_t0 >= 0 && seg_t1 > seg_t0) {
@@ -100,7 +83,7 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
                 measured += seg_t1 - seg_t0;
             }
             spell_t0 = seg_t0 = seg_t1 = -1;
-            seg_bytes = spell_acked = 0;
+            seg_bytes = 0;
             for (size_t k = 0; k < window; k++)
                 dirty[k] = 1;
         }
@@ -132,39 +115,14 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             size_t at = (h + nin++) % window;
             win[at] = j;
             dirty[at] = 0;
-            poll[at] = 0;
             sent_at[at] = p2p_now_ms();
             if (spell_t0 < 0)
                 spell_t0 = sent_at[at];
         }
-        if (own_quiet && far_busy && more && nin == 0 && now >= poll_at && rc == CM_OK) {
-            struct job *j = calloc(1, sizeof *j);
-            if (!j || !(j->addrs = malloc(sizeof *j->addrs)) || !(j->value = calloc(1, 1))) {
-                if (j)
-                    free(j->addrs);
-                free(j);
-                rc = CM_ENOMEM;
-                break;
-            }
-            j->kind = JOB_REQ;
-            *j->addrs = sa;
-            memcpy(j->peer_pub, pub, CM_ED25519_PUB_LEN);
-            j->type = PEER_MSG_PROBE;
-            j->timeout_ms = 10000;
-            j->len = 1;
-            if ((rc = net__enqueue(n, j)) != CM_OK) {
-                net__release(n, j);
-                break;
-            }
-            size_t at = (h + nin++) % window;
-            win[at] = j;
-            dirty[at] = poll[at] = 1;
-            sent_at[at] = p2p_now_ms();
-        }
         if (nin == 0) {
             if (!more)
                 break;
-            usleep(own_quiet ? 10000 : 20000); /* busy: wait for a quiet spell */
+            usleep(20000); /* busy: wait for a quiet spell */
             continue;
         }
         struct job *j = win[h];
@@ -174,17 +132,9 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
         size_t len = pull ? (jr == CM_OK ? j->resp_len : 0) : j->len;
         if (pull && jr == CM_OK && len != msg)
             jr = CM_EPROTO;
-        int said_busy = !pull && jr == CM_OK && j->resp_len >= 1 && j->resp[0] == 1;
         net__release(n, j);
         win[h] = NULL;
-        int was_poll = poll[h];
-        int was_dirty = dirty[h] || said_busy || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
-        if (said_busy) {
-            far_busy = 1; /* the next pass closes the spell and taints the rest */
-            poll_at = p2p_now_ms() + PROBE_POLL_MS;
-        } else if (was_poll && jr == CM_OK) {
-            far_busy = 0;
-        }
+        int was_dirty = dirty[h] || (busy && __atomic_load_n(busy, __ATOMIC_ACQUIRE));
         h = (h + 1) % window;
         nin--;
         if (jr != CM_OK) {
@@ -193,17 +143,11 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
             rc = jr;
             continue; /* drain the other one */
         }
-        if (was_poll)
-            continue;
         int64_t t = p2p_now_ms();
         acked += len;
-        spell_acked += len;
-        /* in flight: about grow_ms of the rate so far (link probes: since
-           the start, one long quiet spell; pair probes: in this spell) */
-        int64_t since = adaptive ? t_start : spell_t0;
-        if (grow_ms && since >= 0 && t - since >= 20) {
-            double per_ms = (double)(adaptive ? acked : spell_acked) / (double)(t - since);
-            size_t want = (size_t)(per_ms * grow_ms / (double)msg) + 1;
+        if (adaptive && t - t_start >= 50) {
+            double per_ms = (double)acked / (double)(t - t_start);
+            size_t want = (size_t)(per_ms * 50 / (double)msg) + 1;
             cur = want < 2 ? 2 : want > window ? window : want;
         }
         if (!was_dirty && spell_t0 >= 0) {
@@ -232,17 +176,10 @@ static int probe_run(struct peer_net *n, const char *addr, const uint8_t pub[CM_
 }
 
 int peer_net_probe(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
-                   double rtt_ms, size_t bytes, uint32_t budget_ms, uint32_t deadline_ms,
-                   const int *busy, const int *stop, double *mbps)
+                   size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
+                   const int *stop, double *mbps)
 {
-    /* 8 KiB messages, in flight about the round trip + 20 ms of the rate:
-       what is in flight when our next round starts goes out ahead of the
-       round's own bytes (two 32 KiB chunks held a 4 Mbit/s peer's rounds
-       130 ms longer, 2 of every 5 steps while it probed), and the window
-       still covers the path's round trip on the Internet */
-    double g = rtt_ms > 0 && rtt_ms < 2000 ? rtt_ms + 20 : 20;
-    return probe_run(n, addr, pub, 0, 8u * 1024u, PROBE_WINDOW_MAX, 0, (uint32_t)g, bytes, budget_ms, deadline_ms,
-                     busy, stop, mbps);
+    return probe_run(n, addr, pub, 0, 32u * 1024u, 2, 0, bytes, budget_ms, deadline_ms, busy, stop, mbps);
 }
 
 static double mono_ms(void)
@@ -285,7 +222,7 @@ int peer_net_link_probe(struct peer_net *n, const char *addr, const uint8_t pub[
                         size_t bytes, uint32_t budget_ms, uint32_t deadline_ms, const int *busy,
                         const int *stop, double *mbps)
 {
-    return probe_run(n, addr, pub, down, 32u * 1024u, PROBE_WINDOW_MAX, 1, 50, bytes, budget_ms, deadline_ms, busy,
+    return probe_run(n, addr, pub, down, 32u * 1024u, PROBE_WINDOW_MAX, 1, bytes, budget_ms, deadline_ms, busy,
                      stop, mbps);
 }
 

@@ -301,7 +301,6 @@ static int net_up(struct peer_rt *rt, const char *listen)
     nc.max_upload_mbps = rt->cfg.max_upload_mbps;
     nc.max_download_mbps = rt->cfg.max_download_mbps;
     nc.latency_ms = rt->cfg.latency_ms;
-    nc.link_busy = &rt->averaging;
     nc.bootstrap = rt->bootstrap;
     nc.n_bootstrap = rt->n_bootstrap;
     nc.on_other = rt->cfg.on_other;

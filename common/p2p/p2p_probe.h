@@ -3,9 +3,7 @@
  * coordinator's backbone nodes:
  *
  *   P2P_MSG_PROBE       request body: 1 to P2P_PROBE_CHUNK bytes, read and
- *                       dropped; empty response (an agent's state host
- *                       answers one byte, 1 while its link is busy:
- *                       docs/protocol.md). The sender times its
+ *                       dropped; empty response. The sender times its
  *                       acknowledged bytes: its upload to the responder.
  *   P2P_MSG_PROBE_PULL  request body: 4 bytes, big-endian, the number of
  *                       bytes wanted (1 to P2P_PROBE_CHUNK); response body:

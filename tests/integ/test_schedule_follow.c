@@ -24,14 +24,16 @@
  * quiet-time probes, compute roles only in runs that ask for them and the
  * tie-break towards fast aggregators, the stored schedules predict 1,881 ms
  * and the rounds take 1.05-1.06x that (6 runs in a row). Not always:
- * CI once failed the 1.2 bound, and 16 runs here (2026-11-26) gave
- * 1.04-1.14 and once 1.55. The step logs' new sent_kb/received_kb show no
- * resent bytes in the slow rounds; what they show is a fast aggregator
- * starting its all-reduce 0.5-2.9 s after the slow peers because its
- * gathering's DHT reads took 0.4-2.1 s (the slow peers' took ~10 ms), and
- * the slow peers' rounds longer by that in steps of half a gradient at 4
- * Mbit/s (0.94 s). That is a defect of the gathering under load, open; the
- * bound stays.
+ * CI once failed the 1.2 bound, and runs here gave 1.04-1.14 and once
+ * 1.55. The step logs' sent_kb/received_kb showed no resent bytes; a fast
+ * aggregator started its all-reduce 0.5-2.9 s after the slow peers
+ * because its gathering's DHT reads waited 0.4-2.1 s for the slow peers'
+ * answers, queued behind their averaging at their 4 Mbit/s upload; the
+ * slow peers' rounds took that much longer, in steps of half a gradient
+ * (0.94 s). Small frames now go ahead of bulk ones (p2p_conn.c), the
+ * gathering counts as quiet time for the probes but for its last 250 ms,
+ * and 5 runs in a row gave 1.05 with every step's slowest round within
+ * 1,954-2,040 ms.
  *
  * The three collaborations of this file (group rounds, the pull-only role
  * and the schedule's rounds, each on a run of its own) are started together

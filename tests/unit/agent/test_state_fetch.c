@@ -8,15 +8,13 @@
  * state yet records that someone wants it and, with ready_ms, the fetch
  * gives up in about that time; and the idle callback stops a fetch at once
  * (Ctrl-C), both while the peer prepares the state and between chunks,
- * writing nothing. Also the pair's round trip, and that a pair probe waits
- * for the host's quiet time. */
+ * writing nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,67 +257,6 @@ static void test_round_trip(void **state)
     p2p_tk_peer_cleanup(&slow_id);
 }
 
-/* Pair probes wait for the host's quiet time too (docs/protocol.md,
- * "Throughput probe"): a host whose link is busy (its link_busy count > 0:
- * it averages or moves state) answers the prober's 1-byte polls "busy", and
- * no 32 KiB chunk goes out. While it stays busy the probe measures nothing
- * (CM_ETIMEOUT at its deadline, where before it would have read the link
- * the host's round was using); once it is quiet the probe measures the
- * host's capped download. */
-struct unbusy {
-    int *busy;
-    int after_ms;
-};
-
-static void *unbusy_main(void *arg)
-{
-    struct unbusy *u = arg;
-    usleep((useconds_t)u->after_ms * 1000);
-    __atomic_store_n(u->busy, 0, __ATOMIC_RELEASE);
-    return NULL;
-}
-
-static void test_probe_waits_for_busy_host(void **state)
-{
-    struct fixture *f = *state;
-    struct p2p_tk_peer busy_id;
-    assert_int_equal(p2p_tk_peer_new(&f->tk, "b", "4", 600, &busy_id), 0);
-    int hbusy = 1;
-    struct peer_net_config bc = f->host_cfg;
-    bc.key = &busy_id.key;
-    bc.token = busy_id.token;
-    bc.max_download_mbps = 8;
-    bc.link_busy = &hbusy;
-    struct peer_net *host;
-    assert_int_equal(peer_net_start(&bc, &host), CM_OK);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)peer_net_state_port(host));
-
-    double mbps = -1;
-    assert_int_equal(peer_net_probe(f->fetcher, addr, busy_id.key.pub, 0, 1u << 20, 300, 1500, NULL, NULL, &mbps),
-                     CM_ETIMEOUT);
-    assert_true(mbps == 0);
-
-    /* quiet 400 ms into the next probe: it measures from then on */
-    struct unbusy u = {&hbusy, 400};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, unbusy_main, &u), 0);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = peer_net_probe(f->fetcher, addr, busy_id.key.pub, 0, 1u << 20, 500, 10000, NULL, NULL, &mbps);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    pthread_join(th, NULL);
-    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-    printf("probe of a host busy for its first 400 ms: %.2f Mbit/s (cap 8) in %.0f ms\n", mbps, ms);
-    assert_int_equal(rc, CM_OK);
-    /* at most the cap (the settle time leaves the bucket's burst out), and
-       the whole 500 ms of measurement came after the host's busy time */
-    assert_true(mbps > 1 && mbps <= 8 * 1.1);
-    assert_true(ms >= 400 + 500);
-    peer_net_stop(host);
-    p2p_tk_peer_cleanup(&busy_id);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,7 +266,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ctrl_c_while_preparing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ctrl_c_between_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_probe_waits_for_busy_host, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
