@@ -30,6 +30,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "sched/dtfm.h"
+#include "sched/dtfm_payload.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +38,6 @@
 #include <string.h>
 #include <time.h>
 
-#define PIPE_FORMAT "crowdtrain-pipeline/1"
 #define PIPE_VALID_S 600     /* validity window of an assignment */
 #define PIPE_REFRESH_S 300   /* re-solve when less validity than this is left */
 /* At most one solve per run per this many seconds after the last when the
@@ -56,7 +56,7 @@
 #define PIPE_MIN_GENERATIONS 20
 #define PIPE_LOCK_CLASS 0x919e1 /* advisory lock class of pipeline solves */
 #define PIPE_RANDOM_SAMPLES 20  /* random assignments averaged for the baseline */
-#define PIPE_MAX_SPARES 256     /* spares listed in the payload */
+#define PIPE_MAX_SPARES DTFM_PAYLOAD_MAX_SPARES /* spares listed in the payload */
 #define PIPE_MAX_BYTES 1e15     /* activation_bytes, gradient_bytes: below this (dtfm's bound) */
 #define PIPE_MAX_PARAMS 1e12    /* model_parameters */
 #define PIPE_MAX_SEED 9007199254740991LL /* 2^53 - 1: exact in every JSON reader */
@@ -576,53 +576,43 @@ done:
     return rc;
 }
 
-/* The signed payload (docs/protocol.md, "Pipeline schedules"): fields in
- * this order, compact, as Jansson writes it. Peers verify the bytes; they
- * never re-serialize. */
+/* The signed payload (docs/protocol.md, "Pipeline schedules"), written by
+ * the codec agents decode it with (common/sched/dtfm_payload.c). Peers
+ * verify the bytes; they never re-serialize. */
 static char *payload_build(const char *run, long long version, long long now, const char *kid,
                            const struct pipe_cfg *pc, const struct inputs *in,
                            const struct solved *sv)
 {
-    json_t *asg = json_array(), *spares = json_array();
-    for (size_t i = 0; asg && i < pc->replicas; i++) {
-        json_t *row = json_array();
-        for (size_t j = 0; row && j < pc->stages; j++)
-            json_array_append_new(row, json_string(in->dev[sv->assign[i * pc->stages + j]].k64));
-        json_array_append_new(asg, row);
+    struct dtfm_payload p = {0};
+    snprintf(p.run, sizeof p.run, "%s", run);
+    snprintf(p.kid, sizeof p.kid, "%s", kid);
+    p.version = version;
+    p.issued_at = p.valid_from = now;
+    p.valid_until = now + PIPE_VALID_S;
+    p.stages = pc->stages;
+    p.replicas = pc->replicas;
+    p.act_bytes = pc->act_bytes;
+    p.grad_bytes = pc->grad_bytes;
+    p.total_s = sv->cost.total;
+    p.dp_s = sv->cost.dp;
+    p.pp_s = sv->cost.pp;
+    p.compute_s = sv->cost.compute;
+    p.random_mean_s = sv->random_mean_s;
+    p.nspares = in->nspare < PIPE_MAX_SPARES ? in->nspare : PIPE_MAX_SPARES;
+    p.assign = calloc(pc->stages * pc->replicas, sizeof *p.assign);
+    p.spares = calloc(p.nspares ? p.nspares : 1, sizeof *p.spares);
+    char *txt = NULL;
+    size_t len = 0;
+    if (p.assign && p.spares) {
+        for (size_t k = 0; k < pc->stages * pc->replicas; k++)
+            memcpy(p.assign[k], in->dev[sv->assign[k]].key, CM_ED25519_PUB_LEN);
+        for (size_t k = 0; k < p.nspares; k++)
+            memcpy(p.spares[k], in->dev[in->n + k].key, CM_ED25519_PUB_LEN);
+        if (dtfm_payload_encode(&p, &txt, &len) != CM_OK)
+            txt = NULL;
     }
-    for (size_t i = in->n; spares && i < in->n + in->nspare && i - in->n < PIPE_MAX_SPARES; i++)
-        json_array_append_new(spares, json_string(in->dev[i].k64));
-    json_t *o = json_pack(
-        "{s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:i, s:i, s:f, s:f, s:o, s:o, "
-        "s:{s:f, s:f, s:f, s:f}, s:f}",
-        "format", PIPE_FORMAT, "run", run, "version", (json_int_t)version, "issued_at",
-        (json_int_t)now, "valid_from", (json_int_t)now, "valid_until",
-        (json_int_t)(now + PIPE_VALID_S), "kid", kid, "stages", (int)pc->stages, "replicas",
-        (int)pc->replicas, "activation_bytes", pc->act_bytes, "gradient_bytes", pc->grad_bytes,
-        "assignment", asg, "spares", spares, "predicted", "total_s", sv->cost.total, "dp_s",
-        sv->cost.dp, "pp_s", sv->cost.pp, "compute_s", sv->cost.compute, "random_mean_s",
-        sv->random_mean_s);
-    char *txt = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
-    json_decref(o);
+    dtfm_payload_cleanup(&p);
     return txt;
-}
-
-/* Signed bytes = "crowdtrain-pipeline/1" "\n" || payload: the prefix keeps
- * these signatures apart from averaging schedules' and passes' under the
- * same key (docs/protocol.md). */
-static int pipe_sign(const struct cm_ed25519 *key, const char *payload, size_t len,
-                     uint8_t sig[CM_ED25519_SIG_LEN])
-{
-    static const char prefix[] = PIPE_FORMAT "\n";
-    size_t pl = sizeof prefix - 1;
-    char *b = malloc(pl + len);
-    if (!b)
-        return CM_ENOMEM;
-    memcpy(b, prefix, pl);
-    memcpy(b + pl, payload, len);
-    int rc = cm_ed25519_sign(key, b, pl + len, sig);
-    free(b);
-    return rc;
 }
 
 /* Solves, signs and stores a new assignment; fills nw with it. Runs in the
@@ -658,7 +648,7 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
     char *result_txt = result ? json_dumps(result, JSON_COMPACT) : NULL;
     json_decref(result);
     int ok = payload && inputs_txt && result_txt &&
-             pipe_sign(&req->srv->signing_key, payload, strlen(payload), sig) == CM_OK;
+             dtfm_payload_sign(&req->srv->signing_key, payload, strlen(payload), sig) == CM_OK;
     if (ok) {
         char ver[24], from[24], until[24], ms[32], sighex[2 * CM_ED25519_SIG_LEN + 1];
         snprintf(ver, sizeof ver, "%lld", version);

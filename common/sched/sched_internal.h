@@ -6,6 +6,10 @@
 
 #include <stddef.h>
 
+#include <jansson.h>
+#include <stdint.h>
+
+#include "cm_json.h"
 #include "sched/sched.h"
 
 /* All rates are divided by the gradient size G (steps per second). */
@@ -35,5 +39,25 @@ void sched__warm_free(struct sched__warm *w);
  * on_out, h_out (the plan for those roles) and *net_out. */
 int sched__roles_choose(struct sched__ctx *x, const double *c_relaxed, unsigned char *on_out,
                         double *h_out, double *net_out);
+
+/* The wire codecs' shared pieces (sched_json.c): err gets a sentence;
+ * base64url of a 32-byte key (43 characters); a key id; and the front of
+ * the strict decoders: 1..max bytes, one JSON object without duplicate keys
+ * with exactly the `top` fields, "format" equal to `format` (CM_EVERSION
+ * otherwise). NULL with *rc and err, or the parsed root (*rc CM_OK). */
+void sched__seterr(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int sched__b64_key(const char *s, uint8_t key[CM_ED25519_PUB_LEN]);
+int sched__kid_ok(const char *s);
+json_t *sched__parse_doc(const char *buf, size_t len, size_t max, const char *what, const char *format,
+                         const struct cm_json_field *top, size_t ntop, int *rc, char *err, size_t cap);
+
+/* Ed25519 over prefix || payload (domain separation: averaging schedules
+ * sign under "crowdtrain-schedule/1\n", pipeline assignments under
+ * "crowdtrain-pipeline/1\n"); payloads over max bytes are CM_ETOOBIG.
+ * sched_json.c. */
+int sched__sign_prefixed(const struct cm_ed25519 *key, const char *prefix, size_t max, const void *payload,
+                         size_t len, uint8_t sig[CM_ED25519_SIG_LEN]);
+int sched__verify_prefixed(const uint8_t pub[CM_ED25519_PUB_LEN], const char *prefix, size_t max,
+                           const void *payload, size_t len, const uint8_t sig[CM_ED25519_SIG_LEN]);
 
 #endif

@@ -8,6 +8,7 @@
  * signs the payload it encoded, sends it base64url-encoded, and a peer
  * verifies before decoding. */
 #include "sched/sched.h"
+#include "sched/sched_internal.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -23,18 +24,6 @@
 #define TIME_MAX 253402300799LL /* 9999-12-31: bounds every timestamp */
 #define VERSION_MAX 9007199254740991LL /* 2^53 - 1: exact in every JSON reader */
 #define STEPS_MAX 1.0e9
-
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-{
-    if (!err || !cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
 
 void sched_schedule_cleanup(struct sched_schedule *s)
 {
@@ -83,14 +72,24 @@ int sched_schedule_encode(const struct sched_schedule *s, char **json_out, size_
     return CM_OK;
 }
 
-static int b64_key(const char *s, uint8_t key[CM_ED25519_PUB_LEN])
+void sched__seterr(char *err, size_t cap, const char *fmt, ...)
+{
+    if (!err || !cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+}
+
+int sched__b64_key(const char *s, uint8_t key[CM_ED25519_PUB_LEN])
 {
     size_t n = 0;
-    return cm_b64url_decode(s, strlen(s), key, CM_ED25519_PUB_LEN, &n) == CM_OK &&
+    return s && strlen(s) == 43 && cm_b64url_decode(s, 43, key, CM_ED25519_PUB_LEN, &n) == CM_OK &&
            n == CM_ED25519_PUB_LEN;
 }
 
-static int kid_ok(const char *s)
+int sched__kid_ok(const char *s)
 {
     if (strlen(s) != CM_KID_LEN)
         return 0;
@@ -99,6 +98,40 @@ static int kid_ok(const char *s)
               *c == '-' || *c == '_'))
             return 0;
     return 1;
+}
+
+json_t *sched__parse_doc(const char *buf, size_t len, size_t max, const char *what, const char *format,
+                         const struct cm_json_field *top, size_t ntop, int *rc, char *err, size_t cap)
+{
+    *rc = CM_EPARSE;
+    if (!buf || len == 0) {
+        sched__seterr(err, cap, "empty %s", what);
+        return NULL;
+    }
+    if (len > max) {
+        sched__seterr(err, cap, "%s of %zu bytes: at most %zu", what, len, max);
+        *rc = CM_ETOOBIG;
+        return NULL;
+    }
+    char jerr[160] = "";
+    json_t *root = cm_json_parse_object(buf, len, jerr, sizeof jerr);
+    if (!root) {
+        sched__seterr(err, cap, "%s is not a JSON object: %s", what, jerr);
+        return NULL;
+    }
+    if (cm_json_check(root, top, ntop, jerr, sizeof jerr) != CM_OK) {
+        sched__seterr(err, cap, "%s: %s", what, jerr);
+        json_decref(root);
+        return NULL;
+    }
+    if (strcmp(json_string_value(json_object_get(root, "format")), format) != 0) {
+        sched__seterr(err, cap, "%s format is not %s", what, format);
+        *rc = CM_EVERSION;
+        json_decref(root);
+        return NULL;
+    }
+    *rc = CM_OK;
+    return root;
 }
 
 int sched_schedule_decode(const char *buf, size_t len, struct sched_schedule *out, char *err,
@@ -124,61 +157,44 @@ int sched_schedule_decode(const char *buf, size_t len, struct sched_schedule *ou
         {"share", CM_J_INT, 1, 0, SCHED_SHARE_TOTAL},
     };
     if (!out) {
-        seterr(err, cap, "no output given");
+        sched__seterr(err, cap, "no output given");
         return CM_EINVAL;
     }
     memset(out, 0, sizeof *out);
-    if (!buf || len == 0) {
-        seterr(err, cap, "empty schedule");
-        return CM_EPARSE;
-    }
-    if (len > SCHED_JSON_MAX) {
-        seterr(err, cap, "schedule of %zu bytes: at most %u", len, SCHED_JSON_MAX);
-        return CM_ETOOBIG;
-    }
+    int rc;
     char jerr[160] = "";
-    json_t *root = cm_json_parse_object(buf, len, jerr, sizeof jerr);
-    if (!root) {
-        seterr(err, cap, "schedule is not a JSON object: %s", jerr);
-        return CM_EPARSE;
-    }
-    int rc = CM_EPARSE;
     struct sched_entry *peers = NULL;
-    if (cm_json_check(root, TOP, sizeof TOP / sizeof TOP[0], jerr, sizeof jerr) != CM_OK) {
-        seterr(err, cap, "schedule: %s", jerr);
-        goto fail;
-    }
-    if (strcmp(json_string_value(json_object_get(root, "format")), SCHED_FORMAT) != 0) {
-        seterr(err, cap, "schedule format is not %s", SCHED_FORMAT);
-        rc = CM_EVERSION;
-        goto fail;
-    }
+    json_t *root = sched__parse_doc(buf, len, SCHED_JSON_MAX, "schedule", SCHED_FORMAT, TOP,
+                                    sizeof TOP / sizeof TOP[0], &rc, err, cap);
+    if (!root)
+        return rc;
+    rc = CM_EPARSE;
     const char *run = json_string_value(json_object_get(root, "run"));
     const char *kid = json_string_value(json_object_get(root, "kid"));
-    if (!cm_name_valid(run) || !kid_ok(kid)) {
-        seterr(err, cap, "schedule: bad run name or key id");
+    if (!cm_name_valid(run) || !sched__kid_ok(kid)) {
+        sched__seterr(err, cap, "schedule: bad run name or key id");
         goto fail;
     }
     double steps = json_number_value(json_object_get(root, "steps_per_s"));
     if (!isfinite(steps) || steps < 0 || steps > STEPS_MAX) {
-        seterr(err, cap, "schedule: steps_per_s outside [0, %g]", STEPS_MAX);
+        sched__seterr(err, cap, "schedule: steps_per_s outside [0, %g]", STEPS_MAX);
         goto fail;
     }
     int64_t from = json_integer_value(json_object_get(root, "valid_from"));
     int64_t until = json_integer_value(json_object_get(root, "valid_until"));
     if (until <= from) {
-        seterr(err, cap, "schedule: valid_until must be after valid_from");
+        sched__seterr(err, cap, "schedule: valid_until must be after valid_from");
         goto fail;
     }
     json_t *arr = json_object_get(root, "peers");
     size_t n = json_array_size(arr);
     if (n == 0 || n > SCHED_MAX_PEERS) {
-        seterr(err, cap, "schedule: 1..%d peers, got %zu", SCHED_MAX_PEERS, n);
+        sched__seterr(err, cap, "schedule: 1..%d peers, got %zu", SCHED_MAX_PEERS, n);
         goto fail;
     }
     int64_t group = json_integer_value(json_object_get(root, "group_size"));
     if ((size_t)group > n) {
-        seterr(err, cap, "schedule: group_size %lld exceeds the %zu peers", (long long)group, n);
+        sched__seterr(err, cap, "schedule: group_size %lld exceeds the %zu peers", (long long)group, n);
         goto fail;
     }
     peers = calloc(n, sizeof *peers);
@@ -192,36 +208,36 @@ int sched_schedule_decode(const char *buf, size_t len, struct sched_schedule *ou
         json_t *o = json_array_get(arr, i);
         if (!json_is_object(o) ||
             cm_json_check(o, PEER, sizeof PEER / sizeof PEER[0], jerr, sizeof jerr) != CM_OK) {
-            seterr(err, cap, "schedule: peer %zu: %s", i,
+            sched__seterr(err, cap, "schedule: peer %zu: %s", i,
                    json_is_object(o) ? jerr : "expected an object");
             goto fail;
         }
-        if (!b64_key(json_string_value(json_object_get(o, "key")), peers[i].key)) {
-            seterr(err, cap, "schedule: peer %zu: key is not base64url of 32 bytes", i);
+        if (!sched__b64_key(json_string_value(json_object_get(o, "key")), peers[i].key)) {
+            sched__seterr(err, cap, "schedule: peer %zu: key is not base64url of 32 bytes", i);
             goto fail;
         }
         for (size_t j = 0; j < i; j++)
             if (!memcmp(peers[j].key, peers[i].key, CM_ED25519_PUB_LEN)) {
-                seterr(err, cap, "schedule: peers %zu and %zu have the same key", j, i);
+                sched__seterr(err, cap, "schedule: peers %zu and %zu have the same key", j, i);
                 goto fail;
             }
         peers[i].compute = json_is_true(json_object_get(o, "compute"));
         peers[i].client_mode = json_is_true(json_object_get(o, "client_mode"));
         peers[i].share = (uint32_t)json_integer_value(json_object_get(o, "share"));
         if (peers[i].client_mode && peers[i].share) {
-            seterr(err, cap, "schedule: peer %zu is in client mode but aggregates", i);
+            sched__seterr(err, cap, "schedule: peer %zu is in client mode but aggregates", i);
             goto fail;
         }
         total += peers[i].share;
         computing += peers[i].compute != 0;
     }
     if (total != SCHED_SHARE_TOTAL) {
-        seterr(err, cap, "schedule: shares sum to %llu, not %u", (unsigned long long)total,
+        sched__seterr(err, cap, "schedule: shares sum to %llu, not %u", (unsigned long long)total,
                SCHED_SHARE_TOTAL);
         goto fail;
     }
     if (!computing) {
-        seterr(err, cap, "schedule: no peer computes");
+        sched__seterr(err, cap, "schedule: no peer computes");
         goto fail;
     }
     snprintf(out->run, sizeof out->run, "%s", run);
@@ -246,11 +262,11 @@ fail:
 
 /* Domain separation: a schedule signature can never pass for a signature on
  * anything else the coordinator signs (passes sign "header.payload"). */
-static int signed_bytes(const void *payload, size_t len, uint8_t **out, size_t *out_len)
+static int signed_bytes(const char *prefix, size_t max, const void *payload, size_t len, uint8_t **out,
+                        size_t *out_len)
 {
-    static const char prefix[] = SCHED_FORMAT "\n";
-    size_t pl = sizeof prefix - 1;
-    if (len > SCHED_JSON_MAX)
+    size_t pl = strlen(prefix);
+    if (len > max)
         return CM_ETOOBIG;
     uint8_t *b = malloc(pl + len + 1);
     if (!b)
@@ -263,32 +279,44 @@ static int signed_bytes(const void *payload, size_t len, uint8_t **out, size_t *
     return CM_OK;
 }
 
-int sched_sign(const struct cm_ed25519 *key, const void *payload, size_t len,
-               uint8_t sig[CM_ED25519_SIG_LEN])
+int sched__sign_prefixed(const struct cm_ed25519 *key, const char *prefix, size_t max, const void *payload,
+                         size_t len, uint8_t sig[CM_ED25519_SIG_LEN])
 {
     if (!key || !key->has_private || (!payload && len))
         return CM_EINVAL;
     uint8_t *b = NULL;
     size_t n = 0;
-    int rc = signed_bytes(payload, len, &b, &n);
+    int rc = signed_bytes(prefix, max, payload, len, &b, &n);
     if (rc == CM_OK)
         rc = cm_ed25519_sign(key, b, n, sig);
     free(b);
     return rc;
 }
 
-int sched_verify(const uint8_t pub[CM_ED25519_PUB_LEN], const void *payload, size_t len,
-                 const uint8_t sig[CM_ED25519_SIG_LEN])
+int sched__verify_prefixed(const uint8_t pub[CM_ED25519_PUB_LEN], const char *prefix, size_t max,
+                           const void *payload, size_t len, const uint8_t sig[CM_ED25519_SIG_LEN])
 {
     if (!pub || !sig || (!payload && len))
         return CM_EINVAL;
     uint8_t *b = NULL;
     size_t n = 0;
-    int rc = signed_bytes(payload, len, &b, &n);
+    int rc = signed_bytes(prefix, max, payload, len, &b, &n);
     if (rc == CM_OK)
         rc = cm_ed25519_verify(pub, b, n, sig) == CM_OK ? CM_OK : CM_EBADSIG;
     free(b);
     return rc;
+}
+
+int sched_sign(const struct cm_ed25519 *key, const void *payload, size_t len,
+               uint8_t sig[CM_ED25519_SIG_LEN])
+{
+    return sched__sign_prefixed(key, SCHED_FORMAT "\n", SCHED_JSON_MAX, payload, len, sig);
+}
+
+int sched_verify(const uint8_t pub[CM_ED25519_PUB_LEN], const void *payload, size_t len,
+                 const uint8_t sig[CM_ED25519_SIG_LEN])
+{
+    return sched__verify_prefixed(pub, SCHED_FORMAT "\n", SCHED_JSON_MAX, payload, len, sig);
 }
 
 int sched_schedule_from_solution(const struct sched_problem *p, const struct sched_solution *sol,

@@ -63,27 +63,15 @@
 #include "cm_log.h"
 
 
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t cap, const char *fmt, ...)
-{
-    if (!err || !cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
-
 static int num_check(double v, double lo, double hi, int lo_open, const char *what, size_t i,
                      char *err, size_t cap)
 {
     if (!isfinite(v)) {
-        seterr(err, cap, "peer %zu: %s is not a finite number", i, what);
+        sched__seterr(err, cap, "peer %zu: %s is not a finite number", i, what);
         return CM_ENUMERIC;
     }
     if (v < lo || (lo_open && v == lo) || v > hi) {
-        seterr(err, cap, "peer %zu: %s = %g is outside %s%g, %g]", i, what, v, lo_open ? "(" : "[",
+        sched__seterr(err, cap, "peer %zu: %s = %g is outside %s%g, %g]", i, what, v, lo_open ? "(" : "[",
                lo, hi);
         return CM_ERANGE;
     }
@@ -93,32 +81,32 @@ static int num_check(double v, double lo, double hi, int lo_open, const char *wh
 int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
 {
     if (!p || (p->n && !p->peers)) {
-        seterr(err, cap, "no problem given");
+        sched__seterr(err, cap, "no problem given");
         return CM_EINVAL;
     }
     if (p->n == 0) {
-        seterr(err, cap, "no peers: a schedule needs at least one");
+        sched__seterr(err, cap, "no peers: a schedule needs at least one");
         return CM_EINVAL;
     }
     if (p->n > SCHED_MAX_PEERS) {
-        seterr(err, cap, "%zu peers: at most %d per schedule", p->n, SCHED_MAX_PEERS);
+        sched__seterr(err, cap, "%zu peers: at most %d per schedule", p->n, SCHED_MAX_PEERS);
         return CM_ETOOBIG;
     }
     if (!isfinite(p->role_gain) || p->role_gain < 0 || p->role_gain > 10) {
-        seterr(err, cap, "role gain %g is outside [0, 10]", p->role_gain);
+        sched__seterr(err, cap, "role gain %g is outside [0, 10]", p->role_gain);
         return CM_ERANGE;
     }
     if (!isfinite(p->target_batch) || !isfinite(p->gradient_mbit)) {
-        seterr(err, cap, "target batch size and gradient size must be finite numbers");
+        sched__seterr(err, cap, "target batch size and gradient size must be finite numbers");
         return CM_ENUMERIC;
     }
     if (p->target_batch < 1 || p->target_batch > SCHED_MAX_BATCH) {
-        seterr(err, cap, "target batch size %g is outside [1, %g]", p->target_batch,
+        sched__seterr(err, cap, "target batch size %g is outside [1, %g]", p->target_batch,
                SCHED_MAX_BATCH);
         return CM_ERANGE;
     }
     if (!(p->gradient_mbit > 0) || p->gradient_mbit > SCHED_MAX_GRADIENT_MBIT) {
-        seterr(err, cap, "gradient size %g Mbit is outside (0, %g]", p->gradient_mbit,
+        sched__seterr(err, cap, "gradient size %g Mbit is outside (0, %g]", p->gradient_mbit,
                SCHED_MAX_GRADIENT_MBIT);
         return CM_ERANGE;
     }
@@ -133,13 +121,13 @@ int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
             (rc = num_check(q->down_mbps, 0, SCHED_MAX_MBPS, 1, "download Mbit/s", i, err, cap)))
             return rc;
         if (q->nlinks > SCHED_MAX_LINKS || (q->nlinks && !q->links)) {
-            seterr(err, cap, "peer %zu: %zu pair throughputs, at most %d", i, q->nlinks,
+            sched__seterr(err, cap, "peer %zu: %zu pair throughputs, at most %d", i, q->nlinks,
                    SCHED_MAX_LINKS);
             return q->nlinks > SCHED_MAX_LINKS ? CM_ETOOBIG : CM_EINVAL;
         }
         for (size_t l = 0; l < q->nlinks; l++) {
             if (q->links[l].to >= p->n || q->links[l].to == i) {
-                seterr(err, cap, "peer %zu: pair throughput to an unknown peer or to itself", i);
+                sched__seterr(err, cap, "peer %zu: pair throughput to an unknown peer or to itself", i);
                 return CM_EINVAL;
             }
             if ((rc = num_check(q->links[l].mbps, 0, SCHED_MAX_MBPS, 1, "pair Mbit/s", i, err,
@@ -148,18 +136,18 @@ int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
         }
         for (size_t j = 0; j < i; j++)
             if (!memcmp(p->peers[j].key, q->key, CM_ED25519_PUB_LEN)) {
-                seterr(err, cap, "peers %zu and %zu have the same public key", j, i);
+                sched__seterr(err, cap, "peers %zu and %zu have the same public key", j, i);
                 return CM_EINVAL;
             }
         total_s += q->samples_per_s;
         any_inbound |= q->inbound != 0;
     }
     if (!(total_s > 0)) {
-        seterr(err, cap, "no peer can compute gradients (every samples/s is 0)");
+        sched__seterr(err, cap, "no peer can compute gradients (every samples/s is 0)");
         return CM_EINVAL;
     }
     if (!any_inbound) {
-        seterr(err, cap, "no peer accepts inbound connections: nobody can aggregate");
+        sched__seterr(err, cap, "no peer accepts inbound connections: nobody can aggregate");
         return CM_EINVAL;
     }
     return CM_OK;
@@ -428,7 +416,7 @@ static void shares_round(struct sched_peer_plan *pl, size_t n)
 int sched_solve(const struct sched_problem *p, struct sched_solution *out, char *err, size_t cap)
 {
     if (!out) {
-        seterr(err, cap, "no output given");
+        sched__seterr(err, cap, "no output given");
         return CM_EINVAL;
     }
     memset(out, 0, sizeof *out);
@@ -452,7 +440,7 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
     if (!m.c || !m.M || !m.h || !m.a || !m.scale_s || !tmin || !out->peers || !crelax || !h ||
         !on) {
         rc = CM_ENOMEM;
-        seterr(err, cap, "out of memory for %zu peers", n);
+        sched__seterr(err, cap, "out of memory for %zu peers", n);
         goto done;
     }
     for (size_t i = 0; i < n * n; i++)
@@ -476,7 +464,7 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
         glp_free_env();
         pthread_mutex_unlock(&g_glpk_mu);
         rc = CM_EINTERNAL;
-        seterr(err, cap, "the LP solver failed");
+        sched__seterr(err, cap, "the LP solver failed");
         goto done;
     }
     glp_term_hook(glpk_term, &gctx);
@@ -523,7 +511,7 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
     out->iterations = iters;
     rc = stage_rc;
     if (rc != CM_OK) {
-        seterr(err, cap, "the LP solver failed: %s", cm_strerror(rc));
+        sched__seterr(err, cap, "the LP solver failed: %s", cm_strerror(rc));
         goto done;
     }
 
@@ -564,7 +552,7 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
     }
     if (!(fsum > 0)) {
         rc = CM_ESTATE;
-        seterr(err, cap, "the optimum averages nothing: no aggregator can reach every peer");
+        sched__seterr(err, cap, "the optimum averages nothing: no aggregator can reach every peer");
         goto done;
     }
     for (size_t i = 0; i < n; i++)

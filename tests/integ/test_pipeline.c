@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "cm_crypto.h"
+#include "sched/dtfm_payload.h"
 #include "cm_err.h"
 #include "ct_harness.h"
 
@@ -272,6 +273,7 @@ static void fetch_verified(struct served *sv)
     assert_int_equal(cm_b64url_decode(s64, strlen(s64), sig, sizeof sig, &slen), CM_OK);
     assert_int_equal(slen, sizeof sig);
     int verified = 0;
+    uint8_t signer[32];
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(k.json, "keys"), i, e) {
@@ -281,6 +283,7 @@ static void fetch_verified(struct served *sv)
         if (pk && cm_b64url_decode(pk, strlen(pk), pub, 32, &n) == CM_OK && n == 32 &&
             cm_ed25519_verify(pub, msg, pl + plen, sig) == CM_OK) {
             verified = 1;
+            memcpy(signer, pub, sizeof signer);
             /* one flipped byte breaks it */
             msg[pl + plen / 2] ^= 0x20;
             assert_int_not_equal(cm_ed25519_verify(pub, msg, pl + plen, sig), CM_OK);
@@ -303,6 +306,29 @@ static void fetch_verified(struct served *sv)
     assert_int_equal(json_integer_value(json_object_get(sv->p, "stages")), 2);
     assert_int_equal(json_integer_value(json_object_get(sv->p, "replicas")), 2);
     sv->solved_now = json_is_true(json_object_get(r.json, "solved_now"));
+    /* the agents' verifier and strict decoder (common/sched/dtfm_payload.c)
+       accept the served bytes and read what the independent parse above
+       reads */
+    assert_int_equal(dtfm_payload_verify(signer, msg + pl, plen, sig), CM_OK);
+    struct dtfm_payload dp;
+    char derr[256];
+    if (dtfm_payload_decode((const char *)msg + pl, plen, &dp, derr, sizeof derr) != CM_OK)
+        fail_msg("the agents' decoder refused the served payload: %s", derr);
+    assert_int_equal(dp.version, sv->version);
+    assert_int_equal(dp.stages, 2);
+    assert_int_equal(dp.replicas, 2);
+    json_t *rows = json_object_get(sv->p, "assignment");
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 2; b++) {
+            const char *k64 = json_string_value(json_array_get(json_array_get(rows, a), b));
+            uint8_t key[32];
+            size_t n = 0, ra = 9, st = 9;
+            assert_true(k64 && cm_b64url_decode(k64, strlen(k64), key, sizeof key, &n) == CM_OK && n == 32);
+            assert_int_equal(dtfm_payload_find(&dp, key, &ra, &st), CM_OK);
+            assert_true(ra == a && st == b);
+        }
+    assert_int_equal(dp.nspares, json_array_size(json_object_get(sv->p, "spares")));
+    dtfm_payload_cleanup(&dp);
     free(msg);
     ct_resp_free(&k);
     ct_resp_free(&r);
