@@ -92,24 +92,31 @@ $(KERNELS_LIB): $(KERNELS_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # ---- benchmarks (make bench) ----
-KERN_BENCH_BINS := $(BUILD)/tests/bench/bench_kernels $(BUILD)/tests/bench/bench_train_step
+KERN_BENCH_BINS := $(BUILD)/tests/bench/bench_kernels $(BUILD)/tests/bench/bench_train_step \
+                   $(BUILD)/tests/bench/bench_gpu_train
 $(KERN_BENCH_BINS): $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(KERNELS_LIB) $(COMMON_LIB)
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(KERNELS_LIB) $(COMMON_LIB) $(LDLIBS)
 # bench_train.sh runs bench_train_step and PyTorch side by side.
 tests/bench/bench_train.sh: $(BUILD)/tests/bench/bench_train_step
+# bench_gpu.sh: the GPU step of both example recipes and PyTorch's GPT-2
+# small step; on a machine without a GPU it prints SKIP and exits 0.
+tests/bench/bench_gpu.sh: $(BUILD)/tests/bench/bench_gpu_train
 tests/bench/bench_train_fmnist.sh: $(BUILD)/bin/crowdtrain-agent
 tests/bench/bench_train_dmoe.sh: $(BUILD)/bin/crowdtrain-agent
 BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/bench/bench_train_fmnist.sh \
-           tests/bench/bench_train_dmoe.sh
+           tests/bench/bench_train_dmoe.sh tests/bench/bench_gpu.sh
 
 # ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
 # Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.
 # test_gpu_check must then accept the real GPU for a small model and refuse
 # it for an impossible one; test_cuda_archs reads the agent's fatbin (and
 # asks cuobjdump where it is installed).
-GPU_TESTS := $(addprefix $(BUILD)/tests/unit/kernels/,test_backends test_gpu_check test_cuda_archs)
+# tests/integ/test_join_gpu then trains one CUDA and two CPU peers together
+# (identical parameter hashes at every step).
+GPU_TESTS := $(addprefix $(BUILD)/tests/unit/kernels/,test_backends test_gpu_check test_cuda_archs) \
+             $(BUILD)/tests/integ/test_join_gpu
 test-gpu:
-	$(Q)$(MAKE) --no-print-directory CUDA=1 $(GPU_TESTS) $(BUILD)/bin/crowdtrain-agent
+	$(Q)$(MAKE) --no-print-directory CUDA=1 $(GPU_TESTS) $(BUILD)/bin/crowdtrain-agent $(BUILD)/bin/crowdtrain-coordinator
 	$(Q)CT_TEST_DEVICE=cuda CT_TEST_REQUIRE_GPU=1 ./scripts/run-tests.sh --suite gpu $(GPU_TESTS)
