@@ -114,10 +114,38 @@ void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct ke
     n->params = n->grads = np * sizeof(float);
     n->act = act * sizeof(float) + 2 * N * sizeof(int);  /* + tok, tgt */
     /* kern_cuda.cu: attention's permuted copies (7 (B,T,C) buffers in
-     * backward), sumsq's partials and all_finite's flag */
+     * backward), sumsq's partials and all_finite's flag; kern_cuda_gemm.cu */
     n->scratch = 7 * N * C * sizeof(float) + (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) +
-                 sizeof(int);
+                 sizeof(int) + kern__tfm_gemm_scratch(c, max_batch, 1);
     n->reserve = KERN_GPU_RESERVE;
+}
+
+static size_t up8(size_t x)
+{
+    return (x + 7) & ~(size_t)7;
+}
+
+size_t kern__tfm_gemm_scratch(const struct kern_tfm_config *c, int max_batch, int head)
+{
+    size_t N = up8((size_t)max_batch * c->max_T), C = up8(c->d_model), E = up8(c->d_embed);
+    size_t F = up8(c->d_ff), V = up8(c->vocab), W = C > E ? C : E;
+    /* bf16 copies of the largest product's two operands, every dimension
+       rounded up to 8, 128 elements between them (the attention's batched
+       products are not copied) */
+    size_t ops = N * F + (F + N) * C + F * W;               /* the block's products */
+    size_t out = 3 * C > F ? 3 * C : F; /* widest result of a block's product */
+    if (head) {
+        size_t h = N * V + (V + N) * W;                     /* LM head (decoder) */
+        ops = h > ops ? h : ops;
+        out = V > out ? V : out;
+    }
+    size_t bytes = 2 * (ops + 128);
+    /* a result with a dimension that is not a multiple of 8 goes through an
+       aligned copy */
+    if ((head && c->vocab % 8) || c->d_model % 8 || c->d_embed % 8 || c->d_ff % 8 ||
+        ((size_t)max_batch * c->max_T) % 8)
+        bytes += N * out * sizeof(float);
+    return bytes;
 }
 
 /* ---- the block, shared with kern_tfm_stage.c (kern_tfm_int.h) ---- */

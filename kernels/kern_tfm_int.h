@@ -54,6 +54,11 @@ struct kern__tfm_dims {
 /* Appends the tensors of block l ("blocks.<l>.ln1.weight", ...) to tl and
  * records their offsets in k; CM_ENOMEM on failure. The names are the
  * checkpoint names of the whole model, so a stage's table uses the same. */
+/* Bytes the CUDA backend's product scratch (kern_cuda_gemm.cu: bf16 operand
+ * copies, an aligned result) reaches for this model or stage (head: whether
+ * it computes the LM head), for kern_tfm_mem_need and the stages' estimate. */
+size_t kern__tfm_gemm_scratch(const struct kern_tfm_config *c, int max_batch, int head);
+
 int kern__tfm_blk_add(struct kern__tensor_list *tl, struct kern__tfm_blk *k, int l, int C, int F);
 
 /* Allocates (kern__alloc_f, adding to *err) or releases one layer's

@@ -189,7 +189,7 @@ void kern_tfm_stage_mem_need(const struct kern_tfm_config *c, const struct kern_
     n->act = act * sizeof(float) + ints * sizeof(int);
     /* the CUDA backend's own buffers, as kern_tfm_mem_need */
     n->scratch = 7 * N * C * sizeof(float) + (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) +
-                 sizeof(int);
+                 sizeof(int) + kern__tfm_gemm_scratch(c, max_batch, st->has_head);
     n->reserve = KERN_GPU_RESERVE;
 }
 

@@ -11,7 +11,7 @@
 # (the machine's are newer) and CUDA's (the machine's match its driver),
 # plus PostgreSQL's server tree (/usr/lib/postgresql/N, /usr/share/postgresql/N)
 # and the UTC zone files. scripts/gpu-run.sh unpacks it there and runs the
-# checks. Build first: `make CUDA=1` and the targets named below.
+# checks. It builds what it packs first (make CUDA=1).
 set -eu
 dir=${1:-.gpu}
 build=${BUILD:-build}
@@ -19,9 +19,10 @@ bins="$build/bin/crowdtrain-agent $build/bin/crowdtrain-coordinator
 $build/tests/unit/kernels/test_backends $build/tests/unit/kernels/test_gpu_check
 $build/tests/unit/kernels/test_cuda_archs $build/tests/integ/test_join_gpu
 $build/tests/bench/bench_gpu_train"
-for b in $bins; do
-    [ -x "$b" ] || { echo "gpu-bundle: $b is missing; run: make CUDA=1 $bins" | tr '\n' ' '; echo; exit 1; }
-done
+# Build (or bring up to date) exactly what goes in: `make` alone does not
+# rebuild the benchmarks.
+${MAKE:-make} --no-print-directory CUDA=1 BUILD="$build" $bins >/dev/null ||
+    { echo "gpu-bundle: make CUDA=1 failed"; exit 1; }
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 [ -n "$pgbin" ] || { echo "gpu-bundle: no PostgreSQL server under /usr/lib/postgresql"; exit 1; }
 pgroot=${pgbin%/bin}

@@ -1,5 +1,5 @@
 /* Private to the CUDA backend's .cu files (kern_cuda.cu and the ops split
- * out of it, such as kern_cuda_optim.cu): the launch helpers they share and
+ * out of it: kern_cuda_optim.cu, kern_cuda_gemm.cu): the launch helpers they share and
  * the ops kern_cuda.cu's struct kern_backend points at from the other files.
  * Not for the rest of the tree, which sees the backend only through
  * kern_backend.h. Declarations only, no CUDA types, so it also compiles with
@@ -17,6 +17,24 @@ unsigned kern__cuda_blocks_for(size_t n, unsigned threads);
  * next sync/download/upload returns CM_EDEVICE (kern_cuda.cu). */
 void kern__cuda_launch_check(const char *what);
 #define LAUNCH_CHECK(what) kern__cuda_launch_check(what)
+
+/* Logs and latches a failure of `what` (a cudaError_t as int, or a message)
+ * once, like kern__cuda_launch_check (kern_cuda.cu). */
+void kern__cuda_note(int cuda_error, const char *what);
+void kern__cuda_fail(const char *what, const char *detail);
+
+/* Matrix products (kern_cuda_gemm.cu): the cuBLAS handle, the precision of
+ * set_precision ("fp32", "tf32", "bf16", "fp16"; CM_EUNSUPPORTED otherwise),
+ * and C = alpha op(A) op(B) + beta C in cuBLAS's column-major terms
+ * (ta, tb: 1 = transposed), alone or strided-batched. */
+int kern__cuda_gemm_init(void);
+int kern__cuda_gemm_precision(const char *mode);
+void kern__cuda_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                     const float *b, int ldb, float beta, float *c, int ldc, const char *what);
+void kern__cuda_gemm_batched(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                             int lda, long long sa, const float *b, int ldb, long long sb,
+                             float beta, float *c, int ldc, long long sc, int batch,
+                             const char *what);
 
 /* kern_backend.h's adamw and adam_dir, bit for bit the CPU's
  * (kern_cuda_optim.cu). */

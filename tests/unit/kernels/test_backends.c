@@ -528,12 +528,17 @@ static void test_sumsq_bitwise(void **state)
  * product to 8 significant bits (relative error up to 2^-9 = 2e-3), so
  * elements are not compared one by one: the loss and the flat gradient as a
  * whole (relative, L2 norm for the gradient) must agree within the bounds
- * below. Measured on an H100 (cuBLAS 13, 2026-11-23, the same in 6 runs):
- * loss within 4.9e-6, gradient within 6.3e-4 (cuBLAS may keep some of
- * these small products in fp32); the bounds leave room for every product
- * being rounded to bf16 on another GPU or cuBLAS version. */
+ * below. Until 2026-11-27 the backend handed cuBLAS fp32 operands with
+ * CUBLAS_COMPUTE_32F_FAST_16BF, which it ran at fp32 or tf32 precision
+ * (H100, 2026-11-23: loss within 4.9e-6, gradient within 6.3e-4). Now both
+ * operands are rounded to bf16 (kern_cuda_gemm.cu), and the gradient's
+ * error is what bf16 gives: the MLP's 1.35e-2 on an H200. The same MLP
+ * with bf16-rounded operands and fp32 accumulation emulated in PyTorch over
+ * 20 random draws of weights and inputs gave 4.2e-3 to 7.3e-2 (median
+ * 3.0e-2): the logits are large, so p - onehot cancels. A wrong or
+ * transposed product gives errors of order 1. */
 #define BF16_LOSS_TOL 1e-3
-#define BF16_GRAD_TOL 1e-2
+#define BF16_GRAD_TOL 1e-1
 
 static void bf16_step(struct kern_model *mc, struct kern_model *md, const struct kern_batch *b,
                       const char *what)
