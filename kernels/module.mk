@@ -93,7 +93,7 @@ $(KERNELS_LIB): $(KERNELS_OBJS)
 
 # ---- benchmarks (make bench) ----
 KERN_BENCH_BINS := $(BUILD)/tests/bench/bench_kernels $(BUILD)/tests/bench/bench_train_step \
-                   $(BUILD)/tests/bench/bench_gpu_train
+                   $(BUILD)/tests/bench/bench_gpu_train $(BUILD)/tests/bench/bench_textdocs
 $(KERN_BENCH_BINS): $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(KERNELS_LIB) $(COMMON_LIB)
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  LD    $@")
@@ -106,7 +106,7 @@ tests/bench/bench_gpu.sh: $(BUILD)/tests/bench/bench_gpu_train
 tests/bench/bench_train_fmnist.sh: $(BUILD)/bin/crowdtrain-agent
 tests/bench/bench_train_dmoe.sh: $(BUILD)/bin/crowdtrain-agent
 BENCHES += $(BUILD)/tests/bench/bench_kernels tests/bench/bench_train.sh tests/bench/bench_train_fmnist.sh \
-           tests/bench/bench_train_dmoe.sh tests/bench/bench_gpu.sh
+           tests/bench/bench_train_dmoe.sh tests/bench/bench_gpu.sh $(BUILD)/tests/bench/bench_textdocs
 
 # ---- make test-gpu: every op and a few training steps, CUDA against CPU ----
 # Builds with CUDA=1 (fails without nvcc) and requires a GPU: no silent skip.

@@ -16,7 +16,7 @@
  * background thread only prefetches, the consumer sees examples in an order
  * that does not depend on timing.
  *
- * The parsers (manifest, IDX, llm.c token files, gzip) are pure functions
+ * The parsers (manifest, IDX, llm.c token files, gzip, text-docs) are pure functions
  * over caller bytes, bounded, and fuzzed (tests/fuzz/). */
 #ifndef CM_DATA_H
 #define CM_DATA_H
@@ -30,6 +30,8 @@ enum cm_data_format {
     CM_DATA_IDX_IMAGES = 1, /* IDX ubyte images (N,rows,cols) + IDX labels (N) */
     CM_DATA_TEXT_BYTES = 2, /* raw bytes; vocabulary 256 */
     CM_DATA_TOKENS_U16 = 3, /* llm.c token shards: 256 x int32 header + uint16 tokens */
+    CM_DATA_TEXT_DOCS = 4,  /* UTF-8 text, one sentence per line, documents separated by
+                               blank lines; tokenized on the fly into ALBERT sentence pairs */
 };
 
 enum cm_data_compression {
@@ -73,8 +75,11 @@ struct cm_data_manifest {
     uint32_t rows, cols;        /* image shape, both >= 1 */
     uint32_t classes;           /* labels must be < classes */
     float mean, std;            /* x = (pixel / 255 - mean) / std; default 0, 1 */
-    /* tokens-u16: tokens must be < vocab_size; text-bytes: 256 */
+    /* tokens-u16: tokens must be < vocab_size; text-bytes: 256; text-docs: the
+       tokenizer's piece count */
     uint32_t vocab_size;
+    /* text-docs: the SentencePiece model (common/data/spm.h); url NULL otherwise */
+    struct cm_data_file tokenizer;
     size_t n_shards;
     struct cm_data_shard *shards; /* owned, n_shards entries, n_shards >= 1 */
 };
@@ -130,6 +135,43 @@ int cm_data_tokens_parse(const uint8_t *buf, size_t len, struct cm_data_tokens *
 int cm_data_gunzip(const uint8_t *in, size_t len, size_t max_out, uint8_t **out,
                    size_t *out_len);
 
+/* text-docs, tokenized: every sentence's ids, the sentences of each document.
+ * cm_data_docs_tokenize splits buf into lines ('\n', a trailing '\r' is
+ * dropped); a blank line ends a document; every other line must be UTF-8
+ * (CM_EPARSE "line N: ..." otherwise) and is one sentence, encoded by enc
+ * (cm_spm_encode's contract: CM_ETOOBIG with *n = the ids needed when cap
+ * is too small). Empty documents are dropped. */
+struct cm_data_docs {
+    int32_t *tok;     /* all ids, sentence after sentence */
+    size_t ntok;
+    size_t *sent;     /* nsent + 1 offsets into tok */
+    size_t nsent;
+    size_t *doc;      /* ndoc + 1 sentence indexes */
+    size_t ndoc;
+};
+typedef int (*cm_data_encode_fn)(void *ctx, const char *text, size_t len, int32_t *ids,
+                                 size_t cap, size_t *n);
+int cm_data_docs_tokenize(const uint8_t *buf, size_t len, cm_data_encode_fn enc, void *ctx,
+                          struct cm_data_docs *d, char *err, size_t errlen);
+void cm_data_docs_free(struct cm_data_docs *d);
+
+/* ALBERT's pretraining examples from tokenized documents (Lan et al. 2020,
+ * sentence-order prediction; seed 000 Appendix H): a document's sentences
+ * are gathered into chunks of up to T - 3 tokens (10 % of the chunks aim
+ * shorter, at a random length), a chunk is split at a random sentence
+ * boundary into segments A and B (a one-sentence chunk inside the
+ * sentence), the longer segment is trimmed at a random end until the pair
+ * fits, and half of the pairs are swapped. Record k of *out (malloc'ed,
+ * *n records of T + 1 uint16): [CLS] A [SEP] B [SEP], then pad up to T,
+ * then the label (1: swapped, B came before A in the text). Deterministic
+ * for (docs, spec, seed). Ids must be < 65536. */
+struct cm_data_sop_spec {
+    size_t T;                     /* window, >= 8 */
+    uint16_t cls, sep, pad;
+};
+int cm_data_sop_build(const struct cm_data_docs *d, const struct cm_data_sop_spec *sp,
+                      uint64_t seed, uint16_t **out, size_t *n);
+
 /* ---- Iterator ---------------------------------------------------------- */
 
 enum cm_data_mode {
@@ -165,6 +207,8 @@ void cm_data_options_init(struct cm_data_options *o);
  * Layout is row-major:
  *   idx-images:   x is (capacity, rows*cols) float32, y is (capacity) int32
  *   text/tokens:  tokens is (capacity, T+1) int32, and/or tokens_u16 the same in uint16
+ *   text-docs:    tokens as text (the sentence pair in the first T, pad at T),
+ *                 segments and sop below
  * Optional for every format: ids (capacity) = shard_index << 32 | example
  * index within the shard; epochs (capacity) = epoch the example was drawn in
  * (0-based). */
@@ -174,6 +218,9 @@ struct cm_data_batch {
     int32_t *y;
     int32_t *tokens;
     uint16_t *tokens_u16;
+    int32_t *segments;         /* text-docs: (capacity, T) 0 for [CLS] A [SEP] and padding,
+                                  1 for B [SEP] */
+    int32_t *sop;              /* text-docs: (capacity) 1 when A and B were swapped */
     uint64_t *ids;
     uint32_t *epochs;
     size_t n;                  /* out: examples written */

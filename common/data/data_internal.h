@@ -71,6 +71,10 @@ struct cm_data_iter {
     uint64_t rng;            /* shuffle-buffer draws */
     uint8_t *scratch;        /* one record (eval mode) */
     struct item *reserve;    /* an ITEM_FATAL/ENOMEM marker for when malloc fails */
+
+    /* text-docs: the tokenizer (producer thread only) and its special ids */
+    struct cm_spm *spm;
+    uint16_t cls, sep, pad;
 };
 
 /* Download state of a shard with chunk hashes. */

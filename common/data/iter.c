@@ -34,6 +34,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "data/data_internal.h"
+#include "data/spm.h"
 
 /* ---- Random numbers: splitmix64 (enough for shuffling, and seedable) ---- */
 
@@ -187,12 +188,88 @@ int cm_data__push_examples(struct cm_data_iter *it, struct sbuf *sb, uint32_t sh
 
 /* ---- Decoding a whole verified shard ------------------------------------ */
 
+static int spm_enc(void *ctx, const char *text, size_t len, int32_t *ids, size_t cap, size_t *n)
+{
+    return cm_spm_encode(ctx, text, len, ids, cap, n, NULL, 0);
+}
+
+/* text-docs: tokenize the shard and build its sentence pairs, different for
+ * every epoch (the records go where idx labels would, freed with sb). */
+static int decode_docs(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, const char *url,
+                       uint32_t shard, uint64_t epoch, uint64_t *n, const uint8_t **x)
+{
+    struct cm_data_docs d;
+    char err[160];
+    int rc = cm_data_docs_tokenize(sb->data, dlen, spm_enc, it->spm, &d, err, sizeof err);
+    if (rc != CM_OK) {
+        cm_data__set_error(it, "%s: %s", url, err);
+        return rc;
+    }
+    struct cm_data_sop_spec sp = {.T = it->o.seq_len, .cls = it->cls, .sep = it->sep, .pad = it->pad};
+    uint64_t s = it->seed ^ 0x7e57d0c5ull, e = epoch * 0x100000001b3ull + shard;
+    s ^= splitmix64(&e);
+    uint16_t *rec = NULL;
+    size_t cnt = 0;
+    rc = cm_data_sop_build(&d, &sp, s, &rec, &cnt);
+    cm_data_docs_free(&d);
+    if (rc != CM_OK) {
+        cm_data__set_error(it, "%s: building sentence pairs: %s", url, cm_strerror(rc));
+        return rc;
+    }
+    free(sb->labels);
+    sb->labels = (uint8_t *)rec;
+    *n = cnt;
+    *x = sb->labels;
+    return CM_OK;
+}
+
+/* text-docs: fetches and checks the manifest's tokenizer (producer thread). */
+static int load_tokenizer(struct cm_data_iter *it)
+{
+    const struct cm_data_manifest *m = it->m;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char err[200];
+    int rc = cm_data__fetch_whole(it, &m->tokenizer, "tokenizer", &buf, &len);
+    if (rc != CM_OK)
+        return rc;
+    rc = cm_spm_load_mem(buf, len, &it->spm, err, sizeof err);
+    free(buf);
+    if (rc != CM_OK) {
+        cm_data__set_error(it, "%s: %s", m->tokenizer.url, err);
+        return rc;
+    }
+    int V = cm_spm_vocab_size(it->spm);
+    if ((uint32_t)V != m->vocab_size) {
+        cm_data__set_error(it, "%s: the tokenizer has %d pieces, the manifest says vocab_size %u",
+                           m->tokenizer.url, V, m->vocab_size);
+        return CM_ERANGE;
+    }
+    const char *names[] = {"[CLS]", "[SEP]", "<pad>"};
+    uint16_t *ids[] = {&it->cls, &it->sep, &it->pad};
+    for (int i = 0; i < 3; i++) {
+        int id = cm_spm_piece_id(it->spm, names[i]);
+        if (id < 0) {
+            cm_data__set_error(it, "%s: the tokenizer has no %s piece (scripts/train-tokenizer.sh "
+                                   "makes one that does)",
+                               m->tokenizer.url, names[i]);
+            return CM_EPARSE;
+        }
+        *ids[i] = (uint16_t)id;
+    }
+    return CM_OK;
+}
+
 static int decode_shard(struct cm_data_iter *it, struct sbuf *sb, size_t dlen, size_t llen,
-                        const char *url, const char *lurl, uint64_t *n, const uint8_t **x,
-                        const uint8_t **y)
+                        const char *url, const char *lurl, uint32_t shard, uint64_t epoch,
+                        uint64_t *n, const uint8_t **x, const uint8_t **y)
 {
     const struct cm_data_manifest *m = it->m;
     int rc;
+    if (m->format == CM_DATA_TEXT_DOCS) {
+        *y = NULL;
+        return decode_docs(it, sb, dlen, url, shard, epoch, n, x);
+    }
     if (m->format == CM_DATA_IDX_IMAGES) {
         struct cm_data_idx im, lb;
         if ((rc = cm_data_idx_parse(sb->data, dlen, &im)) != CM_OK) {
@@ -273,7 +350,8 @@ static int load_shard(struct cm_data_iter *it, uint32_t idx, uint64_t epoch, uin
         if (rc == CM_OK && s->labels.url)
             rc = cm_data__fetch_whole(it, &s->labels, "labels", &sb->labels, &llen);
         if (rc == CM_OK)
-            rc = decode_shard(it, sb, dlen, llen, s->data.url, s->labels.url, &n, &x, &y);
+            rc = decode_shard(it, sb, dlen, llen, s->data.url, s->labels.url, idx, epoch, &n, &x,
+                              &y);
         if (rc == CM_OK && s->examples && s->examples != n) {
             cm_data__set_error(it, "%s: %" PRIu64 " examples, the manifest declares %" PRIu64,
                                s->data.url, n, s->examples);
@@ -327,6 +405,15 @@ static void *producer(void *arg)
     if (!order) {
         put_marker(it, ITEM_FATAL, CM_ENOMEM);
         return NULL;
+    }
+    if (it->m->format == CM_DATA_TEXT_DOCS) {
+        int rc = load_tokenizer(it);
+        if (rc != CM_OK) {
+            if (rc != CM_ECLOSED && !atomic_load(&it->stop))
+                put_marker(it, ITEM_FATAL, rc);
+            free(order);
+            return NULL;
+        }
     }
     for (uint64_t epoch = 0; !atomic_load(&it->stop); epoch++) {
         shard_order(it, epoch, order);
@@ -411,6 +498,8 @@ static int pull(struct cm_data_iter *it, uint8_t *rec, uint64_t *id, uint32_t *e
     if (it->m->format == CM_DATA_IDX_IMAGES) {
         memcpy(rec, p, it->width);
         rec[it->width] = t->y[k];
+    } else if (it->m->format == CM_DATA_TEXT_DOCS) {
+        memcpy(rec, p, it->rec_bytes); /* T tokens and the label, native uint16 */
     } else {
         uint16_t *r = (uint16_t *)(void *)rec;
         size_t T = it->o.seq_len;
@@ -435,6 +524,26 @@ static void emit(struct cm_data_iter *it, const uint8_t *rec, uint64_t id, uint3
                 b->x[slot * w + i] = it->lut[rec[i]];
         if (b->y)
             b->y[slot] = rec[w];
+    } else if (it->m->format == CM_DATA_TEXT_DOCS) {
+        const uint16_t *r = (const uint16_t *)(const void *)rec;
+        size_t T = w - 1;
+        int seg = 0, seps = 0;
+        for (size_t i = 0; i < T; i++) {
+            if (b->tokens)
+                b->tokens[slot * w + i] = r[i];
+            if (b->tokens_u16)
+                b->tokens_u16[slot * w + i] = r[i];
+            if (b->segments)
+                b->segments[slot * T + i] = seps < 2 ? seg : 0;
+            if (r[i] == it->sep && seps < 2 && ++seps == 1)
+                seg = 1;
+        }
+        if (b->tokens)
+            b->tokens[slot * w + T] = it->pad;
+        if (b->tokens_u16)
+            b->tokens_u16[slot * w + T] = it->pad;
+        if (b->sop)
+            b->sop[slot] = r[T];
     } else {
         const uint16_t *r = (const uint16_t *)(const void *)rec;
         if (b->tokens)
@@ -579,6 +688,11 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed, const struct c
                 cm_data_format_name(m->format));
         return CM_EINVAL;
     }
+    if (m->format == CM_DATA_TEXT_DOCS && (opt.seq_len < 8 || opt.seq_len > 65536)) {
+        CM_LOGE("data", "%s: seq_len must be 8..65536 for text-docs ([CLS] A [SEP] B [SEP])",
+                m->name);
+        return CM_EINVAL;
+    }
     if (opt.mode == CM_DATA_TRAIN && (opt.shuffle_size == 0 || opt.shuffle_size > (1u << 26)))
         return CM_EINVAL;
     if (opt.prefetch_shards == 0)
@@ -618,6 +732,10 @@ int cm_data_open(const struct cm_data_manifest *m, uint64_t seed, const struct c
         it->rec_bytes = it->width + 1;
         for (int v = 0; v < 256; v++)
             it->lut[v] = ((float)v / 255.0f - m->mean) / m->std;
+    } else if (m->format == CM_DATA_TEXT_DOCS) {
+        it->width = opt.seq_len + 1; /* T tokens, then the sentence-order label */
+        it->stride = 2 * it->width;
+        it->rec_bytes = 2 * it->width;
     } else {
         it->width = opt.seq_len + 1;
         it->stride = m->format == CM_DATA_TOKENS_U16 ? 2 * opt.seq_len : opt.seq_len;
@@ -712,6 +830,7 @@ void cm_data_close(struct cm_data_iter *it)
     free(it->buf_ids);
     free(it->buf_epochs);
     free(it->scratch);
+    cm_spm_free(it->spm);
     cm_data_manifest_free(it->owned_m);
     free(it);
 }

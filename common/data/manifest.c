@@ -28,6 +28,7 @@ const char *cm_data_format_name(enum cm_data_format f)
     switch (f) {
     case CM_DATA_IDX_IMAGES: return "idx-images";
     case CM_DATA_TEXT_BYTES: return "text-bytes";
+    case CM_DATA_TEXT_DOCS: return "text-docs";
     case CM_DATA_TOKENS_U16: return "tokens-u16";
     }
     return "?";
@@ -295,8 +296,8 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
         rc = fail(&e, CM_EPARSE, "manifest: must be a JSON object");
         goto done;
     }
-    static const char *const keys[] = {"name",       "description", "format", "image",
-                                       "vocab_size", "shards",      NULL};
+    static const char *const keys[] = {"name",       "description", "format",    "image",
+                                       "vocab_size", "shards",      "tokenizer", NULL};
     if ((rc = check_keys(root, keys, "", &e)))
         goto done;
     json_t *name = json_object_get(root, "name");
@@ -332,9 +333,12 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
         m->format = CM_DATA_TEXT_BYTES;
     else if (strcmp(fs, "tokens-u16") == 0)
         m->format = CM_DATA_TOKENS_U16;
+    else if (strcmp(fs, "text-docs") == 0)
+        m->format = CM_DATA_TEXT_DOCS;
     else {
         rc = fail(&e, CM_EPARSE,
-                  "format: \"%.32s\" is not one of idx-images, text-bytes, tokens-u16", fs);
+                  "format: \"%.32s\" is not one of idx-images, text-bytes, tokens-u16, text-docs",
+                  fs);
         goto done;
     }
     if (m->format == CM_DATA_IDX_IMAGES) {
@@ -344,8 +348,26 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
         rc = fail(&e, CM_EPARSE, "image: only allowed for idx-images");
         goto done;
     }
+    json_t *tokz = json_object_get(root, "tokenizer");
+    if (m->format == CM_DATA_TEXT_DOCS) {
+        if (!tokz) {
+            rc = fail(&e, CM_EPARSE, "tokenizer: missing (text-docs names its SentencePiece model)");
+            goto done;
+        }
+        if (json_is_object(tokz) &&
+            (json_object_get(tokz, "labels") || json_object_get(tokz, "examples") ||
+             json_object_get(tokz, "chunk_size") || json_object_get(tokz, "chunk_sha256"))) {
+            rc = fail(&e, CM_EPARSE, "tokenizer: only url, size, sha256, compression allowed");
+            goto done;
+        }
+        if ((rc = parse_file(tokz, "tokenizer", base, &m->tokenizer, &e)))
+            goto done;
+    } else if (tokz) {
+        rc = fail(&e, CM_EPARSE, "tokenizer: only allowed for text-docs");
+        goto done;
+    }
     uint64_t vocab = 0;
-    if (m->format == CM_DATA_TOKENS_U16) {
+    if (m->format == CM_DATA_TOKENS_U16 || m->format == CM_DATA_TEXT_DOCS) {
         if ((rc = get_uint(root, "vocab_size", "", 1, 1, 65536, &vocab, &e)))
             goto done;
     } else if (m->format == CM_DATA_TEXT_BYTES) {
@@ -391,6 +413,12 @@ int cm_data_manifest_parse_base(const char *json, size_t len, const char *base,
             rc = fail(&e, CM_EPARSE,
                       "%s.examples: only allowed for idx-images (text windows "
                       "depend on the consumer's sequence length)",
+                      where);
+            goto done;
+        }
+        if (sh->data.chunk_size && m->format == CM_DATA_TEXT_DOCS) {
+            rc = fail(&e, CM_EPARSE,
+                      "%s.chunk_size: a text-docs shard is tokenized whole (no chunk hashes)",
                       where);
             goto done;
         }
@@ -504,6 +532,7 @@ void cm_data_manifest_free(struct cm_data_manifest *m)
 {
     if (!m)
         return;
+    file_free(&m->tokenizer);
     if (m->shards)
         for (size_t i = 0; i < m->n_shards; i++) {
             file_free(&m->shards[i].data);

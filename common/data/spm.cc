@@ -89,41 +89,6 @@ extern "C" int cm_spm_piece_id(const struct cm_spm *s, const char *piece)
     return id == s->sp.unk_id() && s->sp.IdToPiece(id) != piece ? -1 : id;
 }
 
-extern "C" size_t cm_utf8_invalid_at(const char *text, size_t len)
-{
-    const unsigned char *p = reinterpret_cast<const unsigned char *>(text);
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = p[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        unsigned cp;
-        if (c >= 0xC2 && c <= 0xDF)
-            n = 1, cp = c & 0x1F;
-        else if (c >= 0xE0 && c <= 0xEF)
-            n = 2, cp = c & 0x0F;
-        else if (c >= 0xF0 && c <= 0xF4)
-            n = 3, cp = c & 0x07;
-        else
-            return i;
-        if (len - i <= n)
-            return i;
-        for (size_t k = 1; k <= n; k++) {
-            if ((p[i + k] & 0xC0) != 0x80)
-                return i;
-            cp = (cp << 6) | (p[i + k] & 0x3F);
-        }
-        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-            (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-            return i;
-        i += n + 1;
-    }
-    return len;
-}
-
 extern "C" int cm_spm_encode(const struct cm_spm *s, const char *text, size_t len, int32_t *ids,
                              size_t cap, size_t *n, char *err, size_t errlen)
 {
