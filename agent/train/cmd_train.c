@@ -57,6 +57,8 @@ static void print_eval(const struct agent_trainer *t, const char *when, const st
     if (t->cfg.kind != KERN_MODEL_MLP && t->data_vocab == 256)
         printf(" | %s %.4f", t->cfg.kind == KERN_MODEL_GPT ? "bits/byte" : "bits/masked byte",
                loss / log(2.0));
+    if (t->docs)
+        printf(" | unigram baseline %.2f%%", 100.0 * t->eval_baseline);
     printf("\n");
     fflush(stdout);
 }

@@ -60,8 +60,13 @@ static int check_data(struct agent_trainer *t, const struct cm_data_manifest *m,
     }
     if (m->format == CM_DATA_IDX_IMAGES)
         return fail(err, errlen, CM_EINVAL, "%s: a transformer needs text or token data", what);
+    t->docs = m->format == CM_DATA_TEXT_DOCS;
+    if (t->docs && t->cfg.kind != KERN_MODEL_ALBERT)
+        return fail(err, errlen, CM_EINVAL,
+                    "%s: text-docs data (sentence pairs) is for albert, not gpt", what);
     int dv = m->format == CM_DATA_TEXT_BYTES ? 256 : (int)m->vocab_size;
-    int need = dv + (t->cfg.kind == KERN_MODEL_ALBERT ? 1 : 0);
+    /* text-docs: the tokenizer has its own [MASK] */
+    int need = dv + (t->cfg.kind == KERN_MODEL_ALBERT && !t->docs ? 1 : 0);
     if (t->cfg.tfm.vocab < need)
         return fail(err, errlen, CM_EINVAL,
                     "%s: tokens go up to %d%s, so model.vocab must be at least %d", what, dv - 1,
@@ -215,11 +220,39 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
     return CM_OK;
 }
 
+/* BERT's masking of sentence pairs (text-docs): each position that is not
+ * [CLS], [SEP] or padding is chosen with probability p; a chosen one keeps
+ * its token as the target and becomes [MASK] 80 % of the time, a random
+ * token 10 %, itself 10 % (kern_mlm_mask's rule, specials left alone). */
+static void mask_pairs(int *tok, int *tgt, size_t n, float p, const struct cm_data_specials *s,
+                       int vocab, uint64_t *rng)
+{
+    for (size_t i = 0; i < n; i++) {
+        int v = tok[i];
+        tgt[i] = -1;
+        if (v == s->cls || v == s->sep || v == s->pad || kern_rng_uniform(rng) >= p)
+            continue;
+        tgt[i] = v;
+        float r = kern_rng_uniform(rng);
+        if (r < 0.8f)
+            tok[i] = s->mask;
+        else if (r < 0.9f)
+            tok[i] = (int)(kern_rng_u64(rng) % (uint64_t)vocab);
+    }
+}
+
 /* Turns n (T+1)-token windows into model inputs and targets: next-token
  * pairs for GPT, masked positions for ALBERT. */
 static void make_lm_batch(struct agent_trainer *t, size_t n, uint64_t *rng)
 {
     size_t T = (size_t)t->cfg.tfm.max_T;
+    if (t->docs) { /* a sentence pair in the first T tokens */
+        for (size_t b = 0; b < n; b++)
+            memcpy(t->tokens + b * T, t->raw + b * (T + 1), T * sizeof *t->tokens);
+        mask_pairs(t->tokens, t->targets, n * T, t->cfg.mask_prob, &t->specials, t->data_vocab,
+                   rng);
+        return;
+    }
     for (size_t b = 0; b < n; b++)
         for (size_t i = 0; i < T; i++) {
             t->tokens[b * T + i] = t->raw[b * (T + 1) + i];
@@ -243,6 +276,15 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
     int rc = cm_data_next_batch(it, &db);
     if (rc)
         return rc;
+    if (t->docs && db.n > 0 && t->specials.mask <= 0) {
+        if ((rc = cm_data_specials(it, &t->specials)))
+            return rc;
+        if (t->specials.mask < 0) {
+            CM_LOGE("train", "the tokenizer has no [MASK] piece (scripts/train-tokenizer.sh "
+                             "makes one that does)");
+            return CM_EINVAL;
+        }
+    }
     memset(kb, 0, sizeof *kb);
     kb->B = (int)db.n;
     if (db.n == 0)
@@ -327,6 +369,7 @@ int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct ker
 {
     struct cm_data_iter *it = NULL;
     struct cm_data_manifest *man = NULL;
+    long *hist = NULL;
     memset(ev, 0, sizeof *ev);
     if (!*t->cfg.eval_manifest)
         return fail(err, errlen, CM_EINVAL, "no eval set configured");
@@ -336,6 +379,12 @@ int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct ker
         goto out;
     /* a fixed masking stream, so successive evaluations see the same corruption */
     uint64_t rng = 0x65766131ULL;
+    /* text-docs: how often each token is a masked position's target */
+    hist = t->docs ? calloc((size_t)t->data_vocab, sizeof *hist) : NULL;
+    if (t->docs && !hist) {
+        rc = fail(err, errlen, CM_ENOMEM, "out of memory");
+        goto out;
+    }
     for (long n = 0; !max_batches || n < max_batches; n++) {
         struct kern_batch kb;
         if ((rc = next_batch(t, it, &rng, &kb))) {
@@ -346,12 +395,25 @@ int agent_trainer_evaluate(struct agent_trainer *t, long max_batches, struct ker
         }
         if (kb.B == 0)
             break;
+        for (size_t i = 0; hist && i < (size_t)kb.B * (size_t)kb.T; i++)
+            if (kb.targets[i] >= 0 && kb.targets[i] < t->data_vocab)
+                hist[kb.targets[i]]++;
         if ((rc = kern_model_eval(t->model, &kb, ev))) {
             rc = fail(err, errlen, rc, "eval: %s", cm_strerror(rc));
             goto out;
         }
     }
+    if (hist) {
+        long best = 0, total = 0;
+        for (int v = 0; v < t->data_vocab; v++) {
+            total += hist[v];
+            if (hist[v] > best)
+                best = hist[v];
+        }
+        t->eval_baseline = total ? (double)best / (double)total : 0.0;
+    }
 out:
+    free(hist);
     cm_data_close(it);
     cm_data_manifest_free(man);
     return rc;

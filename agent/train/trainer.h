@@ -35,6 +35,12 @@ struct agent_trainer {
     struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */
     int data_vocab;                 /* text: token values are < data_vocab */
+    int docs;                       /* text-docs data: sentence pairs, the tokenizer's
+                                       [MASK] (specials below, from the stream) */
+    struct cm_data_specials specials;
+    double eval_baseline;           /* text-docs: after an evaluation, the share of masked
+                                       positions whose target is the eval set's most
+                                       frequent token (the unigram baseline's accuracy) */
     /* host batch buffers for one micro-batch */
     float *x;
     int32_t *y;

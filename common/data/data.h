@@ -276,6 +276,14 @@ size_t cm_data_example_width(const struct cm_data_iter *it);
 const struct cm_data_manifest *cm_data_iter_manifest(const struct cm_data_iter *it);
 void cm_data_get_stats(struct cm_data_iter *it, struct cm_data_stats *st);
 
+/* text-docs: the tokenizer's special ids ([MASK] is -1 when the model has
+ * none), known once next_batch has handed out an example (CM_ESTATE
+ * before; CM_EINVAL for the other formats). */
+struct cm_data_specials {
+    int cls, sep, pad, mask;
+};
+int cm_data_specials(const struct cm_data_iter *it, struct cm_data_specials *out);
+
 /* Stops the thread (aborting a transfer in progress) and frees everything. */
 void cm_data_close(struct cm_data_iter *it);
 

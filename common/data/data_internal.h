@@ -75,6 +75,7 @@ struct cm_data_iter {
     /* text-docs: the tokenizer (producer thread only) and its special ids */
     struct cm_spm *spm;
     uint16_t cls, sep, pad;
+    int mask;                /* -1: the model has no [MASK] */
 };
 
 /* Download state of a shard with chunk hashes. */

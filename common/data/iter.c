@@ -257,6 +257,19 @@ static int load_tokenizer(struct cm_data_iter *it)
         }
         *ids[i] = (uint16_t)id;
     }
+    it->mask = cm_spm_piece_id(it->spm, "[MASK]");
+    return CM_OK;
+}
+
+int cm_data_specials(const struct cm_data_iter *it, struct cm_data_specials *out)
+{
+    if (!it || !out || it->m->format != CM_DATA_TEXT_DOCS)
+        return CM_EINVAL;
+    /* the producer sets them before it queues any example; the queue's lock
+       orders that before the consumer's first example */
+    if (!it->st.examples)
+        return CM_ESTATE;
+    *out = (struct cm_data_specials){it->cls, it->sep, it->pad, it->mask};
     return CM_OK;
 }
 
