@@ -64,6 +64,15 @@ static int check_data(struct agent_trainer *t, const struct cm_data_manifest *m,
     if (t->docs && t->cfg.kind != KERN_MODEL_ALBERT)
         return fail(err, errlen, CM_EINVAL,
                     "%s: text-docs data (sentence pairs) is for albert, not gpt", what);
+    if (t->docs && t->have_tokenizer &&
+        memcmp(t->tokenizer_sha, m->tokenizer.sha256, sizeof t->tokenizer_sha) != 0)
+        return fail(err, errlen, CM_EINVAL,
+                    "%s: its tokenizer is not the training data's (the same ids must mean the "
+                    "same pieces)", what);
+    if (t->docs && !t->have_tokenizer) {
+        memcpy(t->tokenizer_sha, m->tokenizer.sha256, sizeof t->tokenizer_sha);
+        t->have_tokenizer = 1;
+    }
     int dv = m->format == CM_DATA_TEXT_BYTES ? 256 : (int)m->vocab_size;
     /* text-docs: the tokenizer has its own [MASK] */
     int need = dv + (t->cfg.kind == KERN_MODEL_ALBERT && !t->docs ? 1 : 0);

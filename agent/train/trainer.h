@@ -38,6 +38,8 @@ struct agent_trainer {
     int docs;                       /* text-docs data: sentence pairs, the tokenizer's
                                        [MASK] (specials below, from the stream) */
     struct cm_data_specials specials;
+    uint8_t tokenizer_sha[32];      /* text-docs: train and eval must share the tokenizer */
+    int have_tokenizer;
     double eval_baseline;           /* text-docs: after an evaluation, the share of masked
                                        positions whose target is the eval set's most
                                        frequent token (the unigram baseline's accuracy) */
