@@ -28,27 +28,6 @@
 static char g_dir[256], g_model[300], g_eval[512];
 static struct cm_spm *g_sp;
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = '\0';
-        *len = (size_t)n;
-    }
-    return b;
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -120,7 +99,7 @@ static void test_same_ids_as_spm_encode(void **state)
              g_eval, ref);
     assert_int_equal(system(cmd), 0);
     size_t tlen = 0, rlen = 0;
-    char *text = slurp(g_eval, &tlen), *ids = slurp(ref, &rlen);
+    char *text = ct_read_file(g_eval, &tlen), *ids = ct_read_file(ref, &rlen);
     assert_non_null(text);
     assert_non_null(ids);
     size_t cap = 1 << 16, n, lines = 0, tokens = 0, bytes = 0, mismatches = 0, roundtrip_bad = 0;
@@ -237,7 +216,7 @@ static void test_bad_input(void **state)
     assert_int_not_equal(cm_spm_load(g_eval, &sp, err, sizeof err), CM_OK);
     assert_null(sp);
     size_t mlen = 0;
-    char *model = slurp(g_model, &mlen);
+    char *model = ct_read_file(g_model, &mlen);
     assert_non_null(model);
     assert_int_equal(cm_spm_load_mem(model, mlen, &sp, err, sizeof err), CM_OK);
     assert_int_equal(cm_spm_vocab_size(sp), VOCAB);
