@@ -1,8 +1,10 @@
 #!/bin/sh
 # Our CPU training step against PyTorch's CPU step for the same model and
 # batch, measured in this run with the same thread count: the Fashion-MNIST
-# MLP (784-256-128-10, batch 128) and the tiny byte-level GPT (2 layers,
-# d_model 128, T 64, batch 32). Ratio > 1 means ours is faster.
+# MLP (784-256-128-10, batch 128), the tiny byte-level GPT (2 layers,
+# d_model 128, T 64, batch 32) and the tiny ALBERT of
+# examples/albert-tiny-brown.json (vocabulary 8,000, T 128, batch 16).
+# Ratio > 1 means ours is faster.
 #   tests/bench/bench_train.sh [THREADS]     (default: all cores)
 set -u
 build=${BUILD:-build}
@@ -13,7 +15,7 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "bench_train: PyTorch missing (/usr/bin/python3 with python3-torch; scripts/install-deps.sh --torch)"
   exit 1
 fi
-for model in mlp:300 gpt:20; do
+for model in mlp:300 gpt:20 albert:5; do
   m=${model%%:*}; steps=${model#*:}
   o=$("$ours" "$m" "$threads" "$steps" | sed -n 's/^ms_per_step //p')
   t=$(/usr/bin/python3 "$torch_py" "$m" "$threads" "$steps" | sed -n 's/^ms_per_step //p')

@@ -1,5 +1,5 @@
 /* Times our CPU training step (forward, backward, AdamW) on random data:
- *   bench_train_step mlp|gpt THREADS STEPS
+ *   bench_train_step mlp|gpt|albert THREADS STEPS
  * prints "ms_per_step <float>". The models and batch sizes are the ones
  * tests/bench/bench_train_torch.py builds in PyTorch, so the two numbers are
  * comparable (tests/bench/bench_train.sh prints the ratio). */
@@ -22,7 +22,7 @@ static double now_s(void)
 int main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: bench_train_step mlp|gpt THREADS STEPS\n");
+        fprintf(stderr, "usage: bench_train_step mlp|gpt|albert THREADS STEPS\n");
         return 2;
     }
     int threads = atoi(argv[2]), steps = atoi(argv[3]);
@@ -47,6 +47,22 @@ int main(int argc, char **argv)
         for (int i = 0; i < 128; i++)
             y[i] = (int)(kern_rng_u64(&rng) % 10);
         b = (struct kern_batch){.B = 128, .x = x, .targets = y};
+    } else if (!strcmp(argv[1], "albert")) {
+        /* examples/albert-tiny-brown.json: V 8000, T 128, 4 shared layers, C 256, E 64,
+           F 1024, batch 16 (one micro-batch); targets on every position */
+        struct kern_tfm_config c = {.kind = KERN_MODEL_ALBERT, .vocab = 8000, .max_T = 128,
+                                    .n_layer = 4, .n_head = 4, .d_model = 256, .d_embed = 64,
+                                    .d_ff = 1024, .share_layers = 1};
+        rc = kern_tfm_new(be, &c, 16, 1, &m);
+        tok = malloc(sizeof(int) * 16 * 128);
+        y = malloc(sizeof(int) * 16 * 128);
+        if (rc || !tok || !y)
+            return 1;
+        for (int i = 0; i < 16 * 128; i++) {
+            tok[i] = (int)(kern_rng_u64(&rng) % 8000);
+            y[i] = (int)(kern_rng_u64(&rng) % 8000);
+        }
+        b = (struct kern_batch){.B = 16, .T = 128, .tokens = tok, .targets = y};
     } else {
         /* examples/tiny-gpt-bytes.json: V 256, T 64, L 2, C 128, batch 32 */
         struct kern_tfm_config c = {.kind = KERN_MODEL_GPT, .vocab = 256, .max_T = 64,

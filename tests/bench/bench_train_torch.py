@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch's CPU training step for the models bench_train_step.c times:
-   bench_train_torch.py mlp|gpt THREADS STEPS   -> "ms_per_step <float>"
+   bench_train_torch.py mlp|gpt|albert THREADS STEPS   -> "ms_per_step <float>"
 Same shapes, same batch, forward + backward + AdamW, fp32, with
 torch.set_num_threads(THREADS). The GPT mirrors kernels/kern_tfm.c (pre-LN,
 tanh-GELU, fused qkv, tied embedding)."""
@@ -27,7 +27,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
         q, k, v = (t.view(B, T, self.NH, hs).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
-        att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+        if getattr(self, "causal", True):
+            att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
         y = (torch.softmax(att, -1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
         return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
@@ -47,6 +48,31 @@ class GPT(nn.Module):
         return self.lnf(x) @ self.wte.weight.t()
 
 
+class Albert(nn.Module):
+    """kernels/kern_tfm.c's ALBERT: embeddings of width E projected to C, one
+    pre-LN block shared by all L layers (bidirectional attention), final
+    LayerNorm, MLM head (dense C->E, tanh-GELU, LayerNorm, decoder tied to
+    the embeddings + bias)."""
+
+    def __init__(self, V=8000, T=128, L=4, C=256, E=64, NH=4, Fd=1024):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, E), nn.Embedding(T, E)
+        self.proj = nn.Linear(E, C)
+        self.block = Block(C, NH, Fd)
+        self.block.causal = False
+        self.L = L
+        self.lnf = nn.LayerNorm(C)
+        self.dense, self.ln = nn.Linear(C, E), nn.LayerNorm(E)
+        self.bias = nn.Parameter(torch.zeros(V))
+
+    def forward(self, tok):
+        x = self.proj(self.wte(tok) + self.wpe(torch.arange(tok.shape[1])))
+        for _ in range(self.L):
+            x = self.block(x)
+        h = self.ln(F.gelu(self.dense(self.lnf(x)), approximate="tanh"))
+        return h @ self.wte.weight.t() + self.bias
+
+
 def main():
     kind, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(threads)
@@ -55,6 +81,9 @@ def main():
         model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                               nn.Linear(128, 10))
         x, y = torch.randn(128, 784), torch.randint(0, 10, (128,))
+    elif kind == "albert":
+        model = Albert()
+        x, y = torch.randint(0, 8000, (16, 128)), torch.randint(0, 8000, (16, 128))
     else:
         model = GPT()
         x, y = torch.randint(0, 256, (32, 64)), torch.randint(0, 256, (32, 64))
