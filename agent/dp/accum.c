@@ -155,11 +155,14 @@ static int micro_batch(struct dp_loop *l)
        rather than in one long sleep, so that a round of our step opening
        meanwhile still takes us (observe and misplaced run between naps). */
     int follower = s->o.aggregate_only || j->pull_only; /* computes nothing */
+    /* our own samples make the batch (carried over a declined round, see
+       phase_begin): wait for the round rather than grow it */
+    int full = !follower && a->samples >= s->target;
     double pace = s->cpu.cores > 0 && !follower ? agent_cpu_limit_wait_s(&s->cpu) : 0;
     if (!follower && agent_trainer_inflight(&s->tr) > 0 &&
-        (a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0))
+        (a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0 || full))
         return take_async(l, peer_mono_s()); /* ours in flight: take them, not a nap */
-    if (follower || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
+    if (follower || full || a->hold_since != 0 || a->lag_since != 0 || a->holding || pace > 0) {
         double nap = follower ? 0.05 : pace > 0 ? (pace < 0.05 ? pace : 0.05) : 0.005;
         usleep((useconds_t)(nap * 1e6));
         if (pace > 0)
@@ -350,7 +353,14 @@ static int ready(struct dp_loop *l)
     }
     if (a->open)
         return 1; /* a round of our step is gathering: join it */
-    if (a->view.samples >= s->target && (a->samples > 0 || follower)) {
+    /* With no other peer accumulating for our step (fresh progress with
+       samples), our round has one sender, us, and must hold the whole
+       batch (round.c declines it otherwise): count our own samples, not a
+       view that reaches the target with the samples of a peer gone quiet
+       (a record 5-30 s old: it died, or it dropped them to catch up). */
+    int solo = j->others == 0 && !follower;
+    double done = solo ? a->samples : a->view.samples, pledged = solo ? 0 : a->view.pledged;
+    if (done >= s->target && (a->samples > 0 || follower)) {
         /* Members of our last round still finishing it (their progress
            shows its step) are waited for, up to LAG_WAIT_S: a peer quicker
            out of a round must not run the next ones alone while the others
@@ -393,7 +403,7 @@ static int ready(struct dp_loop *l)
     /* Micro-batches in flight will reach the target: wait for them rather
        than start another, unless they take far longer than ours do (their
        peer may have died). */
-    if (a->samples > 0 && a->view.samples + a->view.pledged >= s->target) {
+    if (a->samples > 0 && done + pledged >= s->target) {
         if (a->hold_since == 0)
             a->hold_since = peer_mono_s();
         else if (peer_mono_s() - a->hold_since > 1.0 + 3 * l->mb_time)

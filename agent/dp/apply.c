@@ -67,6 +67,9 @@ int64_t dp_resync_after(struct dp_state *s, int64_t step)
     double wait = JOIN_AHEAD_WAIT_MS + 3000 * s->mb_time, t0 = peer_mono_s();
     if (wait > 90000)
         wait = 90000;
+    /* the round's samples are gone; we are still about (and say so while
+       a state comes: dp_still_here) */
+    dp_publish_idle(s, s->pub_at > 0 ? s->pub_step : step);
     for (int tries = 0; tries < 60 && !dp_interrupted(s); tries++) {
         /* this can take a while: the pass must stay valid meanwhile, or
            every peer refuses our requests as "expired token" */
@@ -230,6 +233,12 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
                    (long long)j->step, DP_DISCOVERY_S);
         s->discovery_said = 1;
         usleep(200000);
+        return CM_OK;
+    }
+    if (j->alone && j->short_batch) {
+        fprintf(stderr, "\nwarning: step %lld: our round had one sender with %.0f of the %.0f samples "
+                        "of the batch; not a step\n",
+                (long long)j->step, j->global, s->target);
         return CM_OK;
     }
     if (j->alone) {

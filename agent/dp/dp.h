@@ -105,6 +105,11 @@ struct dp_state {
     const volatile sig_atomic_t *pause_req; /* 1 while the volunteer wants us paused
                                                (SIGUSR1 / SIGUSR2, join.c) */
     int paused;                 /* the loop is paused: our records say so (records.c) */
+    /* our last progress record (records.c), published again while a state
+       transfer of ours runs (dp_still_here) */
+    int64_t pub_step;
+    double pub_samples, pub_sps, pub_pledged;
+    double pub_at;              /* mono: when it was published */
     /* a DMoE model's remote experts (agent/moe/remote.h): their counts at the
        last step log line, for per-step figures; micro-batches dropped */
     struct moe_remote_stats moe_prev;
@@ -127,6 +132,7 @@ struct dp_job {
     int missed;         /* the others agreed on parts we lack: fetch their state */
     int alone;          /* declined: a minority of the peers (see round.c) */
     int discovering;    /* declined: alone, and we joined less than DP_DISCOVERY_S ago */
+    int short_batch;    /* declined: one sender, with less than the target (see round.c) */
     int unshared;       /* no other sender's gradient reached us: not stepping */
     int unaveraged;     /* no part averaged by every member: not a step (issue 17) */
     char why[320];      /* for unaveraged: each part's aggregator and why it failed */
@@ -158,6 +164,11 @@ struct dp_job {
 /* Fresh progress of a peer accumulating / present at any step. */
 #define DP_ACTIVE_MS 5000
 #define DP_PRESENT_MS 10000
+/* A peer to which a state comes republishes its progress this often
+ * (dp_still_here): a transfer may take longer than DP_PRESENT_MS, and a
+ * peer catching up that dropped out of the others' count let the one
+ * compute peer left step alone, so that it never caught up. */
+#define DP_STILL_HERE_S 1.0
 
 /* A peer that sees no other peer does not step alone in its first
  * DP_DISCOVERY_S after joining: peers that started with it (or that it
@@ -176,6 +187,11 @@ struct dp_job {
 int64_t dp_now(const struct dp_state *s);
 int dp_interrupted(const struct dp_state *s);
 int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double sps, double pledged);
+/* Our progress at `step` with nothing accumulated (we dropped it to catch up). */
+int dp_publish_idle(struct dp_state *s, int64_t step);
+/* Our last progress record again, fresh, when it is DP_STILL_HERE_S old
+ * (struct peer_role.fetching: during state transfers). */
+void dp_still_here(void *ctx);
 int dp_read_progress(struct dp_state *s, struct collab_progress **out, size_t *n);
 int dp_peers(void *ctx, struct peer_info **out, size_t *n);
 struct peer_info *dp_infos(const struct collab_progress *p, size_t n);
@@ -247,6 +263,8 @@ struct dp_loop {
     int64_t join_step;      /* > step: we accumulate for this round ahead of our parameters,
                                betting on the round in flight (dp_bet_check) */
     int resumed;            /* just resumed: look at the collaboration before computing */
+    int carry;              /* the round just ended declined (jobs[cur].alone): its
+                               accumulation goes on (phase_begin) */
     double paced_s;         /* CPU limit: seconds waited since the last micro-batch */
     /* the accumulation in progress (reset by BEGIN; RESYNC reads it) */
     struct dp_acc {

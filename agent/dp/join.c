@@ -480,7 +480,7 @@ int agent_cmd_join(int argc, char **argv)
     }
     struct peer_rt_config rc_cfg = {0};
     struct peer_role role = {"data-parallel", s, s->o.aggregate_only ? NULL : role_save, role_load,
-                             role_state_step, dp_peers};
+                             role_state_step, dp_peers, dp_still_here};
     rc_cfg.run = s->o.run;
     rc_cfg.coordinator = s->o.coordinator;
     rc_cfg.config_dir = s->o.config_dir;

@@ -49,6 +49,8 @@ int dp_finish_inflight(struct dp_loop *l)
 static enum dp_phase phase_begin(struct dp_loop *l)
 {
     struct dp_state *s = l->s;
+    int carry = l->carry;
+    l->carry = 0;
     if (dp_interrupted(s))
         return DP_END;
     if (dp_pause_wanted(s))
@@ -83,15 +85,32 @@ static enum dp_phase phase_begin(struct dp_loop *l)
     }
     peer_rt_serve_state(&s->rt, l->step);
     struct dp_job *j = &l->jobs[l->cur];
+    /* A round declined before it averaged anything (see phase_average)
+       leaves our gradient sum in the buffer: we go on with it, rather than
+       start the step over. Dropped, it had the others count samples we no
+       longer held (our record showed them until our next micro-batch), and
+       a peer that came back from catching up opened a round on them which
+       we joined with one micro-batch: two senders on 512 samples of 2,048
+       in test_schedule_follow. */
+    double samples = j->samples, loss_sum = j->loss_sum, loss_n = j->loss_n, compute_s = j->compute_s;
+    carry = carry && !l->inflight && j->step == acc_step && samples > 0;
     job_reset(j);
     j->step = acc_step;
     j->pull_only = s->pull_only = dp_step_role(s);
-    memset(j->accum, 0, s->tr.model->nparams * sizeof *j->accum);
+    carry = carry && !j->pull_only;
+    if (!carry)
+        memset(j->accum, 0, s->tr.model->nparams * sizeof *j->accum);
     memset(&l->a, 0, sizeof l->a);
     l->a.j = j;
     l->a.acc_step = acc_step;
     l->a.low = -1;
     l->a.npresent = 1;
+    if (carry) {
+        l->a.samples = samples;
+        l->a.loss_sum = loss_sum;
+        l->a.loss_n = loss_n;
+        l->a.compute_s = compute_s;
+    }
     return DP_ACCUMULATE;
 }
 
@@ -112,6 +131,10 @@ static enum dp_phase phase_resync(struct dp_loop *l)
     }
     if (dp_interrupted(s))
         return DP_END;
+    /* What we accumulated is dropped: the others must not count it, but
+       must still see us about while the state comes (dp_still_here), or
+       the one compute peer left steps without us. */
+    dp_publish_idle(s, a->acc_step);
     /* Ask for the parameters after the collaboration's next step:
        they are served the moment that step is applied, which leaves
        us the whole of the following accumulation to load them and
@@ -215,6 +238,9 @@ static enum dp_phase phase_average(struct dp_loop *l)
     if ((l->rc = dp_finish_round(s, j, &l->step, &l->last_loss)) != CM_OK)
         return DP_STOP;
     dp_bet_check(j, l->step, &l->join_step);
+    /* declined before averaging (round.c, round_members): the buffer still
+       holds our gradient sum of this step's parameters */
+    l->carry = j->alone && l->step == j->step;
     return DP_BEGIN;
 }
 

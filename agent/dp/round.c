@@ -275,19 +275,41 @@ static int round_members(struct dp_job *j)
     if (j->rc != CM_OK)
         return 1;
     size_t senders = 0;
-    for (size_t i = 0; i < j->nmem; i++)
+    double weight = 0;
+    for (size_t i = 0; i < j->nmem; i++) {
         senders += j->mem[i].sends;
+        weight += j->mem[i].sends ? j->mem[i].weight : 0;
+    }
     j->senders = senders;
+    if (senders == 1 && weight + 0.5 < s->target) {
+        /* One sender short of the target batch: a step alone on a fraction
+           of it. A window is opened by a peer whose view reached the target,
+           and the peers that join it bring at least what it saw, except
+           where that view was stale: a pull-only or aggregate-only peer that
+           read samples the sender no longer holds (it dropped them to catch
+           up, or a declined round's with --delayed-updates), or a sender
+           that counted a peer gone quiet. Every member sees the same
+           announcements (weights included), so every member declines it,
+           the pull-only peer too (it used to wait out the round's deadline
+           for a sender that never sent). The sender accumulates on with
+           what it holds (loop.c, phase_begin). */
+        j->global = weight;
+        j->alone = j->short_batch = 1;
+        return 1;
+    }
     if (!s->o.aggregate_only && !j->pull_only &&
         (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || j->finished)))) {
         /* Our window holds no majority of the peers accumulating for this
            step (their announcements had not reached us, or ours not them),
            or we would step alone while other peers are about (catching up:
-           a peer stepping alone meanwhile would keep them chasing it), or
+           a peer stepping alone meanwhile would keep them chasing it; a
+           peer stays about while a state comes to it, records.c,
+           dp_still_here), or
            the collaboration already finished the run: stepping would split
            the collaboration. Go
-           back to accumulating; their round, or the next window, takes
-           us in, or the behind check finds them a step ahead. */
+           back to accumulating (with what we hold: loop.c, phase_begin);
+           their round, or the next window, takes us in, or the behind
+           check finds them a step ahead. */
         j->alone = 1;
         return 1;
     }

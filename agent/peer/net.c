@@ -642,7 +642,7 @@ static int state_request(struct peer_net *n, const struct sockaddr_storage *addr
 
 int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
-                         uint32_t ready_ms, int (*idle)(void *arg), void *arg)
+                         uint32_t ready_ms, int (*idle)(void *arg, int moving), void *arg)
 {
     struct sockaddr_storage sa;
     if (p2p_addr_parse(addr, &sa) != CM_OK)
@@ -659,7 +659,7 @@ int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub
         uint8_t *r = NULL;
         size_t rl = 0;
         /* between chunks too: a state at a slow peer's rate takes long */
-        if (idle && idle(arg)) {
+        if (idle && idle(arg, step >= 0)) {
             rc = CM_ECANCELED;
             break;
         }

@@ -97,15 +97,16 @@ int64_t peer_net_state_wanted(const struct peer_net *n);
 /* Fetches a peer's state of at least min_step into dest (written to
  * dest.part, checked, renamed); *step_out = its step. Gives up after
  * deadline_ms, or after ready_ms (when not 0) without the peer having such
- * a state ready. CM_EBUSY: the peer did not produce it in time. idle(arg)
- * (if given) runs before every request (each poll while the peer prepares
- * it, each chunk): the caller serves its own state there, since peers
- * waiting on each other's states would otherwise each wait out the other's
- * deadline; when it returns nonzero the fetch stops with CM_ECANCELED
- * (Ctrl-C) and nothing is written. */
+ * a state ready. CM_EBUSY: the peer did not produce it in time. idle(arg,
+ * moving) (if given) runs before every request (each poll while the peer
+ * prepares it, each chunk; moving: 1 once the peer had it ready and its
+ * chunks come, 0 before): the caller serves its own state there, since
+ * peers waiting on each other's states would otherwise each wait out the
+ * other's deadline; when it returns nonzero the fetch stops with
+ * CM_ECANCELED (Ctrl-C) and nothing is written. */
 int peer_net_state_fetch(struct peer_net *n, const char *addr, const uint8_t pub[CM_ED25519_PUB_LEN],
                          int64_t min_step, const char *dest, int64_t *step_out, uint32_t deadline_ms,
-                         uint32_t ready_ms, int (*idle)(void *arg), void *arg);
+                         uint32_t ready_ms, int (*idle)(void *arg, int moving), void *arg);
 
 /* Pairwise throughput (capability reports, docs/schedules.md): the probe
  * message PEER_MSG_PROBE carries up to PEER_PROBE_CHUNK bytes the peer's

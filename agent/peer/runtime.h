@@ -119,6 +119,14 @@ struct peer_role {
     /* The run's peers as last seen (*out heap, freed by the caller).
        Called from the probe thread too. */
     int (*peers)(void *ctx, struct peer_info **out, size_t *n);
+    /* Called while a peer's state comes to us (before each chunk's request,
+       once the peer had it ready), so that the role can tell the others it
+       is still about: a transfer takes as long as the serving peer's upload
+       needs (2.8 MB from a 2 Mbit/s peer: 12 s). Not while the peer has yet
+       to make that state (the step after its current one): it may be the
+       one compute peer left, which steps only when nobody else is about.
+       NULL: nothing. */
+    void (*fetching)(void *ctx);
 };
 
 /* Readings kept per probed pair (see caps.c). */

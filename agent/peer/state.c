@@ -124,10 +124,13 @@ void peer_majority_hash(const struct peer_info *p, size_t n, int64_t pstep, int6
 
 /* While we wait for a peer's state, others may wait for ours (peers that
  * fell apart at the same step each asked the other): serve it meanwhile.
+ * While it comes (moving), the role says that we are still about
+ * (role.fetching); not while the peer has yet to make it: a peer asked for
+ * the state after its next step must not wait for us in turn.
  * Our state does not change during the wait. Nonzero after Ctrl-C: the
  * fetch stops (a state of 20 MB from a slow peer, or one it prepares for
  * 90 s, would hold us that long). */
-static int serve_own_state(void *arg)
+static int serve_own_state(void *arg, int moving)
 {
     struct peer_rt *rt = arg;
     if (peer_rt_interrupted(rt))
@@ -135,6 +138,8 @@ static int serve_own_state(void *arg)
     /* the wait can be long: our pass must stay valid, or every peer
        refuses us as "expired token" once the state is ready */
     peer_rt_renew_pass_if_due(rt);
+    if (moving && rt->role.fetching)
+        rt->role.fetching(rt->role.ctx);
     int64_t st = rt->role.state_step ? rt->role.state_step(rt->role.ctx) : -1;
     if (st >= 0)
         peer_rt_serve_state(rt, st);
@@ -154,6 +159,20 @@ static int sync_inner(struct peer_rt *rt, int64_t min_step, int64_t *step, uint3
         return CM_ECONN;
     int64_t now = peer_rt_now_ms(rt);
     int rc = CM_ENOTFOUND;
+    /* Within each pass, peers that compute come before auxiliary ones: an
+       auxiliary peer with a state to serve is a pull-only one, which a
+       schedule keeps from sending because its upload is slow (docs/
+       schedules.md, "Roles"); a state of 2.8 MB took 12 s from a 2 Mbit/s
+       one, and well under one from a peer that computes. */
+    size_t *ord = calloc(n ? n : 1, sizeof *ord), no = 0;
+    if (!ord) {
+        free(p);
+        return CM_ENOMEM;
+    }
+    for (int aux = 0; aux < 2; aux++)
+        for (size_t i = 0; i < n; i++)
+            if ((p[i].aux != 0) == aux)
+                ord[no++] = i;
     /* Pass 0: the peers that hold such a state (they publish the hash of
        parameters at min_step or later) and agree with the majority of
        their step: ready at once. Asking a peer a step short of it first
@@ -163,7 +182,8 @@ static int sync_inner(struct peer_rt *rt, int64_t min_step, int64_t *step, uint3
     for (int pass = 0; pass < 3 && rc != CM_OK; pass++) {
         if (pass == 1 && wait_ms)
             continue;
-        for (size_t i = 0; i < n && rc != CM_OK && !peer_rt_interrupted(rt); i++) {
+        for (size_t k = 0; k < no && rc != CM_OK && !peer_rt_interrupted(rt); k++) {
+            size_t i = ord[k];
             if (!p[i].st[0] || p[i].step < min_step - 1 || p[i].t_ms < now - 30000 ||
                 !memcmp(p[i].pub, rt->key.pub, CM_ED25519_PUB_LEN))
                 continue;
@@ -205,6 +225,7 @@ static int sync_inner(struct peer_rt *rt, int64_t min_step, int64_t *step, uint3
                 snprintf(from, PEER_ADDR_MAX, "%s", p[i].st);
         }
     }
+    free(ord);
     free(p);
     return rc;
 }

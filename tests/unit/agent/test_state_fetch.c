@@ -105,15 +105,17 @@ static int exists(const char *p)
 struct idle_ctl {
     struct fixture *f;
     int calls, stop_at;      /* returns 1 from call stop_at on (0: never) */
+    int moving;              /* calls that said the chunks were coming */
     int republish_at;        /* on that call, the host replaces its snapshot */
     uint8_t *newer;          /* its bytes (handed over) */
     size_t newer_len;
 };
 
-static int idle_cb(void *arg)
+static int idle_cb(void *arg, int moving)
 {
     struct idle_ctl *c = arg;
     c->calls++;
+    c->moving += moving != 0;
     if (c->republish_at && c->calls == c->republish_at) {
         peer_net_state_publish(c->f->host, 8, c->newer, c->newer_len);
         c->newer = NULL;
@@ -137,6 +139,7 @@ static void test_whole_state_arrives(void **state)
                      CM_OK);
     assert_int_equal(step, 7);
     assert_true(c.calls >= 6); /* once before each chunk */
+    assert_int_equal(c.moving, c.calls - 1); /* all but the first: the state was ready */
     size_t len = 0;
     char *got = ct_read_file(f->dest, &len);
     assert_non_null(got);
@@ -200,6 +203,7 @@ static void test_ctrl_c_while_preparing(void **state)
                                           90000, 90000, idle_cb, &c),
                      CM_ECANCELED);
     assert_int_equal(c.calls, 3);
+    assert_int_equal(c.moving, 0); /* the peer never had it ready */
     assert_true(now_s() - t0 < 5);
     assert_false(exists(f->dest));
     assert_false(exists(f->part));
@@ -215,6 +219,7 @@ static void test_ctrl_c_between_chunks(void **state)
                                           90000, 0, idle_cb, &c),
                      CM_ECANCELED);
     assert_int_equal(c.calls, 4);
+    assert_int_equal(c.moving, 3);
     assert_false(exists(f->dest));
     assert_false(exists(f->part));
 }
