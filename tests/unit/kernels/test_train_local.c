@@ -174,17 +174,24 @@ static void test_albert_text_docs(void **state)
                       "skipped\n");
         return;
     }
+    /* Under AddressSanitizer (3x slower) a few steps check memory safety;
+       the learning is the normal build's to check. */
+#if defined(__SANITIZE_ADDRESS__)
+    const int steps = 8, warmup = 4, learn = 0;
+#else
+    const int steps = 80, warmup = 10, learn = 1;
+#endif
     char text[2048], err[512] = "";
     snprintf(text, sizeof text,
              "{\"model\": {\"type\": \"albert\", \"vocab\": 8000, \"context\": 32, \"layers\": 2,"
              " \"heads\": 2, \"d_model\": 64, \"d_embed\": 32, \"d_ff\": 128,"
              " \"share_layers\": true, \"mask_prob\": 0.15},"
              " \"optimizer\": {\"type\": \"lamb\", \"lr\": 0.05, \"clip_norm\": 1.0},"
-             " \"schedule\": {\"type\": \"linear\", \"warmup_steps\": 10},"
-             " \"batch_size\": 32, \"micro_batch\": 16, \"steps\": 80, \"seed\": 3,"
+             " \"schedule\": {\"type\": \"linear\", \"warmup_steps\": %d},"
+             " \"batch_size\": 32, \"micro_batch\": 16, \"steps\": %d, \"seed\": 3,"
              " \"device\": \"cpu\", \"data\": {\"train\": \"%s\", \"eval\": \"%s\","
              " \"shuffle_buffer\": 1024}, \"eval\": {\"batches\": 16}}",
-             tr, ev);
+             warmup, steps, tr, ev);
     struct agent_train_config cfg;
     assert_int_equal(agent_train_config_parse(text, strlen(text), g_dir, &cfg, err, sizeof err),
                      CM_OK);
@@ -208,11 +215,13 @@ static void test_albert_text_docs(void **state)
                   "baseline %.2f%%\n",
                   lb, la, 100.0 * after.correct / after.count, 100 * t.eval_baseline);
     assert_true(lb > 8.5);
-    assert_true(la < lb - 1.5);
     assert_true(t.eval_baseline > 0.01 && t.eval_baseline < 0.2);
-    /* 80 steps teach it the unigram distribution (beating it takes longer:
-       docs/training.md) */
-    assert_true((double)after.correct / after.count > t.eval_baseline - 0.01);
+    if (learn) {
+        assert_true(la < lb - 1.5);
+        /* 80 steps teach it the unigram distribution (beating it takes
+           longer: docs/training.md) */
+        assert_true((double)after.correct / after.count > t.eval_baseline - 0.01);
+    }
     agent_trainer_cleanup(&t);
     /* a GPT on sentence pairs: refused, saying why */
     char gpt[2048];
@@ -226,6 +235,7 @@ static void test_albert_text_docs(void **state)
                      CM_OK);
     assert_int_not_equal(agent_trainer_init(&t, &cfg, gpt, strlen(gpt), err, sizeof err), CM_OK);
     assert_non_null(strstr(err, "is for albert"));
+    agent_trainer_cleanup(&t);
 }
 
 static void test_bad_configs(void **state)
