@@ -6,8 +6,10 @@ LDLIBS_EXTRA += -lz
 # (C++, the tree's one C++ file; spm.h is its C interface). Linked only into
 # the binaries that use it (--as-needed).
 CXX_FOR_CC := $(if $(findstring clang,$(CC)),clang++,g++)
+# UBSan's vptr check needs the C++ runtime of the sanitizers, which the C
+# link (gcc/clang, not g++/clang++) does not bring: left out for this file.
 CXXFLAGS_BASE := -std=c++17 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -fno-strict-aliasing \
-                 -pthread $(OPT) $(SANFLAGS) -MMD -MP
+                 -pthread $(OPT) $(SANFLAGS) $(if $(SANFLAGS),-fno-sanitize=vptr) -MMD -MP
 COMMON_EXTRA_OBJS += $(BUILD)/obj/common/data/spm.o
 $(BUILD)/obj/common/data/spm.o: common/data/spm.cc
 	@mkdir -p $(@D)

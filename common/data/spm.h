@@ -7,6 +7,9 @@
  * tokenizer.sh): Unigram, no normalization, whitespace kept, byte
  * fallback, so that decode(encode(text)) == text for any UTF-8 text.
  *
+ * Models that normalize text (a precompiled character map) are refused:
+ * the library reads that map unchecked (spm.cc, check_model_bytes).
+ *
  * A loaded model is read-only: encode and decode may run on several threads
  * at once. The text must be UTF-8: anything else is refused with the byte
  * offset, never replaced or skipped. */

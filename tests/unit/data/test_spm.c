@@ -232,6 +232,19 @@ static void test_bad_input(void **state)
     assert_null(sp);
     assert_int_not_equal(cm_spm_load_mem("", 0, &sp, err, sizeof err), CM_OK);
     assert_null(sp);
+    /* a model with a normalization rule (spm_train's default nmt_nfkc):
+       refused, since libsentencepiece reads its character map unchecked
+       (spm.cc, check_model_bytes) */
+    assert_int_equal(cm_spm_load("tests/fuzz/corpus/spm_model/unigram-150.model", &sp, err,
+                                 sizeof err),
+                     CM_EUNSUPPORTED);
+    assert_null(sp);
+    assert_non_null(strstr(err, "normalizes text"));
+    assert_int_equal(cm_spm_load("tests/fuzz/corpus/spm_model/identity-400.model", &sp, err,
+                                 sizeof err),
+                     CM_OK);
+    cm_spm_free(sp);
+    sp = NULL;
     free(model);
 }
 
