@@ -8,6 +8,7 @@ int agent_cmd_login(int argc, char **argv);
 int agent_cmd_pass(int argc, char **argv);
 int agent_cmd_join(int argc, char **argv);
 int agent_cmd_serve_experts(int argc, char **argv);
+int agent_cmd_pipeline(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
 int agent_cmd_dht(int argc, char **argv);
 int agent_cmd_status(int argc, char **argv);

@@ -19,6 +19,7 @@ static const struct agent_cmd CMDS[] = {
     {"pass", agent_cmd_pass, "get, renew or show this peer's access pass for a run"},
     {"join", agent_cmd_join, "train with the collaboration of a run (Ctrl-C leaves)"},
     {"serve-experts", agent_cmd_serve_experts, "host experts of a run's mixture-of-experts layer for its trainers"},
+    {"pipeline", agent_cmd_pipeline, "run one stage of a pipeline run (the model cut into stages across volunteers)"},
     {"status", agent_cmd_status, "what a training agent (or the service) is doing"},
     {"pause", agent_cmd_pause, "pause a training agent without leaving its run (SIGUSR1)"},
     {"resume", agent_cmd_resume, "resume a paused agent: it catches up and trains (SIGUSR2)"},

@@ -110,9 +110,12 @@ void kern_optim_free(struct kern_optim *o)
     free(o);
 }
 
-int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm, float *lr_out)
+static int step_with(struct kern_optim *o, struct kern_model *m, const double *norm_in, float *grad_norm,
+                     float *lr_out)
 {
     if (!o || !m || m->nparams != o->n || m->be != o->be)
+        return CM_EINVAL;
+    if (norm_in && !(*norm_in >= 0.0 && isfinite(*norm_in)))
         return CM_EINVAL;
     const struct kern_backend *be = o->be;
     const struct kern_optim_config *c = &o->cfg;
@@ -121,7 +124,7 @@ int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm
     /* sumsq has one summation order on every backend and thread count
      * (kern_backend.h), so the clipping factor and LAMB's ratios below have
      * the same bits on CPU and CUDA peers; the rest is this host code. */
-    double norm = sqrt(be->sumsq(m->grads, m->nparams));
+    double norm = norm_in ? *norm_in : sqrt(be->sumsq(m->grads, m->nparams));
     if (grad_norm)
         *grad_norm = (float)norm;
     if (c->clip_norm > 0.0f && norm > c->clip_norm)
@@ -149,6 +152,16 @@ int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm
     if (lr_out)
         *lr_out = lr;
     return CM_OK;
+}
+
+int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm, float *lr_out)
+{
+    return step_with(o, m, NULL, grad_norm, lr_out);
+}
+
+int kern_optim_step_norm(struct kern_optim *o, struct kern_model *m, double norm, float *lr_out)
+{
+    return step_with(o, m, &norm, NULL, lr_out);
 }
 
 void kern_optim_mem_need(const struct kern_optim_config *c, size_t nparams,

@@ -58,5 +58,10 @@ void kern_optim_mem_need(const struct kern_optim_config *c, size_t nparams,
  * (optional) report what was done. Gradients are left as they are (scaled
  * when clipped); the caller zeroes them. */
 int kern_optim_step(struct kern_optim *o, struct kern_model *m, float *grad_norm, float *lr);
+/* The same with the gradients' global L2 norm given (clipping uses it
+ * instead of m's own): a pipeline stage holds part of the model, and
+ * clipping must see the whole model's norm (docs/pipelines.md). CM_EINVAL
+ * for a norm that is negative or not finite. */
+int kern_optim_step_norm(struct kern_optim *o, struct kern_model *m, double norm, float *lr);
 
 #endif

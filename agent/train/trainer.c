@@ -162,9 +162,9 @@ static int async_new(struct agent_trainer *t, char *err, size_t errlen)
     return CM_OK;
 }
 
-int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_config *cfg,
-                          const char *config_text, size_t config_len,
-                          const struct moe_remote_config *remote, char *err, size_t errlen)
+static int init_any(struct agent_trainer *t, const struct agent_train_config *cfg, const char *config_text,
+                    size_t config_len, const struct moe_remote_config *remote,
+                    const struct kern_tfm_stage *stage, char *err, size_t errlen)
 {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
@@ -179,6 +179,8 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
         kern_mlp_mem_need(&cfg->mlp, cfg->micro_batch, &need);
     else if (cfg->kind == KERN_MODEL_DMOE)
         kern_dmoe_mem_need(&cfg->dmoe, cfg->micro_batch, &need);
+    else if (stage)
+        kern_tfm_stage_mem_need(&cfg->tfm, stage, cfg->micro_batch, &need);
     else
         kern_tfm_mem_need(&cfg->tfm, cfg->micro_batch, &need);
     kern_optim_mem_need(&cfg->opt, need.params / sizeof(float), &need);
@@ -203,12 +205,20 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
         rc = kern_dmoe_new(t->be, &cfg->dmoe, mb, cfg->seed, &ex, &t->model);
         if (rc == CM_OK && t->remote && (rc = async_new(t, err, errlen)))
             return rc;
+    } else if (stage) {
+        const char *why_stage = NULL;
+        if (cfg->kind != KERN_MODEL_GPT || kern_tfm_stage_check(&cfg->tfm, stage, &why_stage) != CM_OK)
+            return fail(err, errlen, CM_EINVAL, "pipeline stage: %s",
+                        why_stage ? why_stage : "only a gpt model runs as pipeline stages");
+        rc = kern_tfm_stage_new(t->be, &cfg->tfm, stage, mb, cfg->seed, &t->model);
     } else
         rc = kern_tfm_new(t->be, &cfg->tfm, mb, cfg->seed, &t->model);
     if (rc)
         return fail(err, errlen, rc, "model: %s", cm_strerror(rc));
     if ((rc = kern_optim_new(t->be, &cfg->opt, t->model->nparams, &t->opt)))
         return fail(err, errlen, rc, "optimizer: %s", cm_strerror(rc));
+    if (stage && !stage->has_embed)
+        return CM_OK; /* the first stage reads the data; the others get activations */
     if ((rc = open_data(t, cfg->train_manifest, "data.train", CM_DATA_TRAIN,
                         cfg->data_seed ? cfg->data_seed : cfg->seed,
                         &t->train_manifest, &t->train, err, errlen)))
@@ -227,6 +237,19 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
             return fail(err, errlen, CM_ENOMEM, "out of memory");
     }
     return CM_OK;
+}
+
+int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_config *cfg,
+                          const char *config_text, size_t config_len,
+                          const struct moe_remote_config *remote, char *err, size_t errlen)
+{
+    return init_any(t, cfg, config_text, config_len, remote, NULL, err, errlen);
+}
+
+int agent_trainer_init_stage(struct agent_trainer *t, const struct agent_train_config *cfg,
+                             const struct kern_tfm_stage *stage, char *err, size_t errlen)
+{
+    return init_any(t, cfg, NULL, 0, NULL, stage, err, errlen);
 }
 
 /* BERT's masking of sentence pairs (text-docs): each position that is not
@@ -330,6 +353,23 @@ int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev)
             return rc;
         t->samples += kb.B;
     }
+    return CM_OK;
+}
+
+int agent_trainer_next_micro(struct agent_trainer *t, struct kern_batch *kb)
+{
+    if (!t->train)
+        return CM_ESTATE;
+    int rc = next_batch(t, t->train, &t->mask_rng, kb);
+    if (rc) {
+        struct cm_data_stats st;
+        cm_data_get_stats(t->train, &st);
+        CM_LOGE("train", "training data: %s (%s)", cm_strerror(rc), st.last_error);
+        return rc;
+    }
+    if (kb->B != t->cfg.micro_batch)
+        return CM_EIO;
+    t->samples += kb->B;
     return CM_OK;
 }
 

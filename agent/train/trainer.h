@@ -67,6 +67,19 @@ int agent_trainer_init_ex(struct agent_trainer *t, const struct agent_train_conf
                           const char *config_text, size_t config_len,
                           const struct moe_remote_config *remote, char *err, size_t errlen);
 
+/* A pipeline stage's trainer (docs/pipelines.md, "Stage agents"): the
+ * model is stage `stage` of cfg's GPT (kern_tfm_stage_new, the same initial
+ * parameters as the whole model's), with its optimizer; only a stage with
+ * the embedding opens the training data (t->train NULL otherwise). The
+ * config text is not kept (stages save no checkpoints yet). */
+int agent_trainer_init_stage(struct agent_trainer *t, const struct agent_train_config *cfg,
+                             const struct kern_tfm_stage *stage, char *err, size_t errlen);
+
+/* The next micro-batch of the training stream (micro_batch examples; the
+ * batch points into t's buffers, valid until the next call), counted in
+ * t->samples. CM_ESTATE without a stream; CM_EIO for a short batch. */
+int agent_trainer_next_micro(struct agent_trainer *t, struct kern_batch *kb);
+
 /* grads = gradient of the mean loss over the next batch_size examples
  * (batch_size / micro_batch forward/backward passes). ev gets the sums. */
 int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev);

@@ -1,0 +1,504 @@
+/* crowdtrain-agent pipeline: a volunteer runs one stage of a pipeline run
+ * (DT-FM, seed 003_f3537b728458fcc1.txt §2: tasklet t_ij is stage j of
+ * micro-batch i; docs/pipelines.md, "Stage agents"). A role of the peer
+ * runtime (agent/peer/runtime.h), started up to its net stage:
+ *
+ *   session -> access pass -> the run's config (its GPT recipe and its
+ *   `pipeline` object) -> p2p node (must accept connections: neighbours
+ *   send to us) -> our address on the run's DHT ("RUN/pipe/peers") and a
+ *   capability report with our measured speed -> the coordinator's signed
+ *   assignment (GET /runs/RUN/pipeline, verified with the pass's
+ *   coordinator keys before it is parsed) -> our stage's model (the same
+ *   initial parameters as the whole model's: kern_tfm_stage_new) -> steps.
+ *
+ * One step, for M = batch_size / micro_batch micro-batches:
+ *   stage 0 reads micro-batch i, runs its layers and sends the activations
+ *   (and the targets) to stage 1; each stage runs its layers on what it is
+ *   sent and passes the result on; the last one computes the loss, starts
+ *   the backward pass (gradient scale 1/M) and sends the gradients of its
+ *   input back; each stage runs its backward pass and sends its input's
+ *   gradients on, to stage 0. Micro-batches go one after the other (a
+ *   stage model keeps one micro-batch's activations).
+ *   Then the first and the last stage exchange the tied embedding's
+ *   gradient (each adds the other's: both hold wte), every stage sends the
+ *   squared norm of its gradients to every other (the last stage without
+ *   wte, counted once), and each applies its optimizer with the global norm
+ *   (kern_optim_step_norm): every stage takes the step the single-process
+ *   model would take, so the loss per step is that of `train --local`.
+ *
+ * Not yet (docs/pipelines.md, "What is not there yet"): replicas (D > 1
+ * needs the stage groups' averaging), overlapping micro-batches (1F1B),
+ * re-scheduling when a stage agent leaves (a stage that waits past
+ * --stage-timeout-ms for a neighbour stops with an error), checkpoints. */
+#include "agent/pipe/stage_int.h"
+
+#include "agent/commands.h"
+#include "agent/train/steplog.h"
+#include "cm_err.h"
+#include "cm_opts.h"
+#include "sched/dtfm_payload.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define O(f) offsetof(struct stage_opts, f)
+static const struct cm_opt STAGE_OPTS[] = {
+    {"run", CM_OPT_STR, O(run), NULL, "RUN", "the pipeline run (its config has a pipeline object)", 0},
+    {"steps", CM_OPT_INT, O(steps), "0", "N", "optimizer steps to train (0: the run's)", 0},
+    {"device", CM_OPT_STR, O(device), NULL, "DEV", "cpu, cuda or auto (default: the run's)", 0},
+    {"step-log", CM_OPT_STR, O(step_log), NULL, "FILE",
+     "append one JSON line per step: stage, loss (last stage), parameter hash, norm, times", 0},
+    {"stage-timeout-ms", CM_OPT_INT, O(stage_timeout_ms), "60000", "MS",
+     "longest wait for a neighbour stage's activations, gradients or norm before giving up", 0},
+    {"wait-s", CM_OPT_INT, O(wait_s), "600", "S",
+     "longest wait for an assignment that gives us a stage, and for the other stages' addresses", 0},
+    {"coordinator", CM_OPT_STR, O(coordinator), NULL, "URL",
+     "the coordinator (default: the one you logged in to)", 0},
+    {"config-dir", CM_OPT_STR, O(config_dir), NULL, "DIR", "state directory (default ~/.config/crowdtrain)", 0},
+    {"listen-ip", CM_OPT_STR, O(listen_ip), "0.0.0.0", "IP", "address the other stages connect to us on", 0},
+    {"advertise-ip", CM_OPT_STR, O(advertise_ip), NULL, "IP",
+     "address announced to the other stages, unchecked (default: the address the coordinator sees us "
+     "at, once it reached us there)", 0},
+    {"dht-port", CM_OPT_INT, O(dht_port), "0", "PORT", "DHT port, 0 = any", 0},
+    {"ar-port", CM_OPT_INT, O(ar_port), "0", "PORT", "averaging port, 0 = any", 0},
+    {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",
+     "add this one-way delay to every frame sent (latency emulation for tests and benchmarks)", 0},
+};
+static const struct cm_cmd_spec STAGE_SPEC = {
+    "crowdtrain-agent pipeline --run RUN [options]",
+    "Runs one stage of a pipeline run (DT-FM) with the session of\n"
+    "'crowdtrain-agent login': the model is cut into the run's pipeline.stages\n"
+    "consecutive stages, and the coordinator assigns each stage to one\n"
+    "volunteer from the capability reports (measured speed and links). This\n"
+    "agent reports its speed, waits for an assignment that gives it a stage\n"
+    "(printing why while there is none: too few volunteers yet), builds that\n"
+    "stage's part of the model, and trains: activations go to the next stage,\n"
+    "their gradients come back, and every stage applies the same optimizer step\n"
+    "the whole model would. The other stages must reach us: a host the\n"
+    "coordinator cannot dial back is refused (forward the ports, or give\n"
+    "--advertise-ip). Today a pipeline has one replica (pipeline.replicas 1),\n"
+    "and a stage whose neighbour is gone for --stage-timeout-ms stops with an\n"
+    "error. Ctrl-C stops.",
+    STAGE_OPTS, sizeof STAGE_OPTS / sizeof STAGE_OPTS[0], 1};
+
+volatile sig_atomic_t pipe_g_interrupts;
+static volatile sig_atomic_t g_signal;
+static void on_signal(int sig)
+{
+    pipe_g_interrupts++;
+    g_signal = sig;
+}
+
+static int check_opts(const struct pstage *s)
+{
+    const char *bad = NULL;
+    if (!s->o.run || !cm_name_valid(s->o.run))
+        bad = "--run RUN is required (see --help)";
+    else if (s->o.steps < 0)
+        bad = "--steps must be 0 (the run's) or positive";
+    else if (s->o.device && strcmp(s->o.device, "cpu") && strcmp(s->o.device, "cuda") &&
+             strcmp(s->o.device, "auto"))
+        bad = "--device must be cpu, cuda or auto";
+    else if (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535)
+        bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
+    else if (s->o.stage_timeout_ms < 1000 || s->o.stage_timeout_ms > 3600000)
+        bad = "--stage-timeout-ms must be from 1000 to 3600000";
+    else if (s->o.wait_s < 1 || s->o.wait_s > 86400)
+        bad = "--wait-s must be from 1 to 86400";
+    else if (s->o.latency_ms < 0 || s->o.latency_ms > 10000)
+        bad = "--latency-ms must be from 0 to 10000";
+    if (bad)
+        fprintf(stderr, "error: %s\n", bad);
+    return bad ? -1 : 0;
+}
+
+/* The run's config (GET /api/v1/runs/{run}): its GPT recipe and its
+ * pipeline object (docs/pipelines.md, "The run's config"). */
+static int fetch_run(struct pstage *s)
+{
+    char path[256], err[512];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", s->o.run);
+    struct agent_reply r;
+    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 200) {
+        agent_reply_report("reading the run", &r);
+        agent_reply_free(&r);
+        return CM_ENOTFOUND;
+    }
+    json_t *cfg = json_deep_copy(json_object_get(r.json, "config"));
+    agent_reply_free(&r);
+    json_t *pl = json_object_get(cfg, "pipeline");
+    json_t *js = json_object_get(pl, "stages"), *jd = json_object_get(pl, "replicas");
+    if (!json_is_object(pl) || !json_is_integer(js) || !json_is_integer(jd)) {
+        fprintf(stderr, "error: run '%s' is not a pipeline run (its config has no pipeline object with "
+                        "stages and replicas; docs/pipelines.md)\n", s->o.run);
+        json_decref(cfg);
+        return CM_EINVAL;
+    }
+    json_int_t S = json_integer_value(js), D = json_integer_value(jd);
+    json_object_del(cfg, "pipeline");
+    json_object_del(cfg, "collaboration");
+    char *text = json_dumps(cfg, JSON_COMPACT);
+    json_decref(cfg);
+    if (!text)
+        return CM_ENOMEM;
+    rc = agent_train_config_parse(text, strlen(text), NULL, &s->tc, err, sizeof err);
+    free(text);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: the run's training recipe: %s\n", err);
+        return rc;
+    }
+    if (s->tc.kind != KERN_MODEL_GPT) {
+        fprintf(stderr, "error: run '%s': only a gpt model runs as pipeline stages\n", s->o.run);
+        return CM_EINVAL;
+    }
+    if (S < 1 || S > s->tc.tfm.n_layer || S > PIPE_MAX_STAGES) {
+        fprintf(stderr, "error: run '%s': pipeline.stages %lld: from 1 to the model's %d layers\n", s->o.run,
+                (long long)S, s->tc.tfm.n_layer);
+        return CM_EINVAL;
+    }
+    if (D != 1) {
+        fprintf(stderr, "error: run '%s': pipeline.replicas %lld: stage agents run one pipeline today (the "
+                        "replicas' averaging of each stage is not there yet)\n", s->o.run, (long long)D);
+        return CM_EUNSUPPORTED;
+    }
+    s->S = (uint32_t)S;
+    s->D = (uint32_t)D;
+    if (s->o.steps > 0)
+        s->tc.steps = s->o.steps;
+    if (s->o.device)
+        snprintf(s->tc.device, sizeof s->tc.device, "%s", s->o.device);
+    return CM_OK;
+}
+
+/* Samples per second of the whole model on this device, from timing two
+ * micro-batches of the first stage of an even split (a stage is 1/S of the
+ * layers), for the capability report the coordinator assigns stages from. */
+static int measure_speed(struct pstage *s)
+{
+    struct kern_tfm_stage st[PIPE_MAX_STAGES];
+    struct agent_trainer t;
+    char err[512];
+    int rc = kern_tfm_stages_split(&s->tc.tfm, (int)s->S, st);
+    if (rc == CM_OK && (rc = agent_trainer_init_stage(&t, &s->tc, &st[0], err, sizeof err)) != CM_OK)
+        fprintf(stderr, "error: %s\n", err);
+    if (rc != CM_OK)
+        return rc;
+    size_t n = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * (size_t)s->tc.tfm.d_model;
+    float *x = st[0].has_head ? NULL : calloc(n, sizeof *x);
+    float *dx = st[0].has_head ? NULL : calloc(n, sizeof *dx);
+    double secs = 0;
+    for (int i = 0; i < 3 && rc == CM_OK; i++) {
+        struct kern_batch kb;
+        struct kern_eval ev = {0};
+        if ((rc = agent_trainer_next_micro(&t, &kb)) != CM_OK)
+            break;
+        double t0 = peer_mono_s();
+        if (!st[0].has_head && (!x || !dx))
+            rc = CM_ENOMEM;
+        if (rc == CM_OK)
+            rc = kern_tfm_stage_forward(t.model, &kb, NULL, x, st[0].has_head ? &ev : NULL);
+        if (rc == CM_OK)
+            rc = kern_tfm_stage_backward(t.model, dx, 1.0f, NULL);
+        if (i > 0) /* the first one warms up */
+            secs += peer_mono_s() - t0;
+    }
+    free(x);
+    free(dx);
+    agent_trainer_cleanup(&t);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: timing this device: %s\n", cm_strerror(rc));
+        return rc;
+    }
+    s->sps = 2.0 * s->tc.micro_batch / fmax(secs, 1e-6) / s->S;
+    return CM_OK;
+}
+
+#define PEERS_KEY_FMT "%s/pipe/peers"
+
+/* Our address on the run's DHT, for the other stages. */
+static int announce(struct pstage *s)
+{
+    char key[160];
+    snprintf(key, sizeof key, PEERS_KEY_FMT, s->o.run);
+    return peer_net_put(s->rt.net, key, s->rt.st_addr, strlen(s->rt.st_addr), 120000);
+}
+
+int pipe_resolve(struct pstage *s, int only)
+{
+    char key[160];
+    snprintf(key, sizeof key, PEERS_KEY_FMT, s->o.run);
+    struct peer_record *r = NULL;
+    size_t nr = 0;
+    int rc = peer_net_get(s->rt.net, key, &r, &nr);
+    if (rc != CM_OK)
+        return rc;
+    for (uint32_t j = 0; j < s->S; j++) {
+        if (j == s->stage || (only >= 0 && j != (uint32_t)only))
+            continue;
+        for (size_t i = 0; i < nr; i++)
+            if (!memcmp(r[i].author, s->keys[j], CM_ED25519_PUB_LEN) && r[i].len < PEER_ADDR_MAX) {
+                char a[PEER_ADDR_MAX];
+                struct sockaddr_storage sa;
+                memcpy(a, r[i].value, r[i].len);
+                a[r[i].len] = 0;
+                if (p2p_addr_parse(a, &sa) != CM_OK || !strcmp(a, s->addr_s[j]))
+                    continue;
+                if (s->addr_s[j][0])
+                    printf("stage %u is now at %s (was %s)\n", j, a, s->addr_s[j]);
+                s->addr[j] = sa;
+                snprintf(s->addr_s[j], sizeof s->addr_s[j], "%s", a);
+            }
+    }
+    peer_records_free(r, nr);
+    return CM_OK;
+}
+
+/* The coordinator's newest assignment, verified and decoded: CM_OK with
+ * *p filled, CM_EBUSY (none yet: why on stdout when it changed), or an
+ * error. */
+static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why, size_t cap)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline", s->o.run);
+    struct agent_reply r;
+    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status == 409 || r.status == 503) {
+        const char *m = json_string_value(json_object_get(r.json, "message"));
+        snprintf(why, cap, "%s", m ? m : "no assignment yet");
+        agent_reply_free(&r);
+        return CM_EBUSY;
+    }
+    if (r.status != 200) {
+        agent_reply_report("reading the pipeline assignment", &r);
+        agent_reply_free(&r);
+        return CM_EPROTO;
+    }
+    const char *pb = json_string_value(json_object_get(r.json, "payload"));
+    const char *sb = json_string_value(json_object_get(r.json, "signature"));
+    uint8_t *payload = malloc(DTFM_PAYLOAD_MAX), sig[CM_ED25519_SIG_LEN];
+    size_t plen = 0, slen = 0;
+    rc = CM_EPARSE;
+    if (payload && pb && sb && cm_b64url_decode(pb, strlen(pb), payload, DTFM_PAYLOAD_MAX, &plen) == CM_OK &&
+        cm_b64url_decode(sb, strlen(sb), sig, sizeof sig, &slen) == CM_OK && slen == sizeof sig) {
+        rc = CM_EBADSIG;
+        for (size_t k = 0; k < s->rt.n_coord_keys && rc != CM_OK; k++)
+            rc = dtfm_payload_verify(s->rt.coord_keys[k], payload, plen, sig);
+    }
+    agent_reply_free(&r);
+    char err[256] = "";
+    if (rc == CM_OK)
+        rc = dtfm_payload_decode((const char *)payload, plen, p, err, sizeof err);
+    free(payload);
+    if (rc != CM_OK) {
+        fprintf(stderr, "error: the pipeline assignment %s: %s\n",
+                rc == CM_EBADSIG ? "is not signed by a key of this run's coordinator" : "is malformed",
+                err[0] ? err : cm_strerror(rc));
+        return rc;
+    }
+    int64_t now = peer_rt_now_ms(&s->rt) / 1000;
+    if (strcmp(p->run, s->o.run) || p->stages != s->S || p->replicas != s->D || now < p->valid_from - 60 ||
+        now >= p->valid_until) {
+        fprintf(stderr, "error: the pipeline assignment is for run '%s' (%zu stages x %zu), valid %lld..%lld, "
+                        "not for this run now\n", p->run, p->stages, p->replicas, (long long)p->valid_from,
+                (long long)p->valid_until);
+        dtfm_payload_cleanup(p);
+        return CM_EINVAL;
+    }
+    return CM_OK;
+}
+
+/* Waits for an assignment that gives us a stage, then for the addresses of
+ * the other stages of our pipeline on the DHT. */
+static int wait_for_stage(struct pstage *s)
+{
+    double end = peer_mono_s() + (double)s->o.wait_s, next_announce = 0;
+    char why[256], said[256] = "";
+    int found = 0;
+    while (!found) {
+        if (pipe_g_interrupts)
+            return CM_ECANCELED;
+        if (peer_mono_s() > end) {
+            fprintf(stderr, "error: no stage for this agent after %ld s (%s)\n", s->o.wait_s,
+                    said[0] ? said : "no assignment");
+            return CM_ETIMEOUT;
+        }
+        if (peer_mono_s() >= next_announce) {
+            if (announce(s) != CM_OK)
+                fprintf(stderr, "warning: announcing our address on the run's DHT failed; trying again\n");
+            next_announce = peer_mono_s() + 30;
+        }
+        peer_rt_report_caps(&s->rt, s->sps, 0);
+        peer_rt_renew_pass_if_due(&s->rt);
+        struct dtfm_payload p;
+        int rc = fetch_assignment(s, &p, why, sizeof why);
+        if (rc == CM_OK) {
+            size_t replica, stage;
+            if (dtfm_payload_find(&p, s->rt.key.pub, &replica, &stage) == CM_OK) {
+                s->replica = (uint32_t)replica;
+                s->stage = (uint32_t)stage;
+                s->version = p.version;
+                for (uint32_t j = 0; j < s->S; j++)
+                    memcpy(s->keys[j], p.assign[replica * s->S + j], CM_ED25519_PUB_LEN);
+                printf("assignment version %lld: stage %u of %u of pipeline %u (predicted %.2f s per step, "
+                       "random assignment %.2f s)\n", (long long)p.version, s->stage, s->S, s->replica,
+                       p.total_s, p.random_mean_s);
+                found = 1;
+            } else {
+                snprintf(why, sizeof why, "assignment version %lld has no slot for us (a spare)",
+                         (long long)p.version);
+                rc = CM_EBUSY;
+            }
+            dtfm_payload_cleanup(&p);
+        }
+        if (rc == CM_EBUSY && strcmp(why, said)) {
+            printf("waiting for a stage: %s\n", why);
+            fflush(stdout);
+            snprintf(said, sizeof said, "%s", why);
+        } else if (rc != CM_OK && rc != CM_EBUSY && rc != CM_ECONN && rc != CM_ETIMEOUT) {
+            return rc;
+        }
+        if (!found)
+            usleep(1000000);
+    }
+    /* the other stages' addresses */
+    for (;;) {
+        size_t missing = 0;
+        pipe_resolve(s, -1);
+        for (uint32_t j = 0; j < s->S; j++)
+            missing += j != s->stage && !s->addr_s[j][0];
+        if (!missing)
+            return CM_OK;
+        if (pipe_g_interrupts)
+            return CM_ECANCELED;
+        if (peer_mono_s() > end) {
+            fprintf(stderr, "error: %zu of the other stages have no address on the run's DHT after %ld s\n",
+                    missing, s->o.wait_s);
+            return CM_ETIMEOUT;
+        }
+        usleep(500000);
+    }
+}
+
+/* Everything before the steps; 0, or 1 on failure (said on stderr). */
+static int start(struct pstage *s)
+{
+    if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || pipe_g_interrupts || fetch_run(s) != CM_OK ||
+        peer_rt_start(&s->rt, PEER_STAGE_NET) != CM_OK || pipe_g_interrupts)
+        return 1;
+    if (!s->rt.st_addr[0]) {
+        fprintf(stderr, "error: no address the other stages can reach this agent at\n");
+        return 1;
+    }
+    if (measure_speed(s) != CM_OK)
+        return 1;
+    printf("pipeline run '%s': %u stages, this device ~%.1f samples/s for the whole model; at %s\n", s->o.run,
+           s->S, s->sps, s->rt.st_addr);
+    fflush(stdout);
+    if (wait_for_stage(s) != CM_OK)
+        return 1;
+    struct kern_tfm_stage st[PIPE_MAX_STAGES];
+    char err[512];
+    if (kern_tfm_stages_split(&s->tc.tfm, (int)s->S, st) != CM_OK)
+        return 1;
+    s->st = st[s->stage];
+    if (agent_trainer_init_stage(&s->tr, &s->tc, &s->st, err, sizeof err) != CM_OK) {
+        fprintf(stderr, "error: stage %u: %s\n", s->stage, err);
+        return 1;
+    }
+    s->have_tr = 1;
+    /* what may wait at once: two micro-batches of activations or gradients,
+       the tied gradient, the norms */
+    size_t act = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * ((size_t)s->tc.tfm.d_model + 1) * 4;
+    size_t tied = (size_t)s->tc.tfm.vocab * (size_t)s->tc.tfm.d_model * 4;
+    struct pipe_inbox *ib;
+    if (pipe_inbox_new(8 + 2 * (size_t)s->S, 4 * act + 2 * tied + (1u << 20), &ib) != CM_OK)
+        return 1;
+    pipe_inbox_set_peers(ib, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->keys, s->S, s->replica, s->stage);
+    pipe_inbox_set_step(ib, 0);
+    __atomic_store_n(&s->inbox, ib, __ATOMIC_RELEASE);
+    printf("stage %u: layers %d..%d%s%s, %zu parameters; previous stage %s, next stage %s\n", s->stage,
+           s->st.first_layer, s->st.first_layer + s->st.n_layers - 1, s->st.has_embed ? ", embedding" : "",
+           s->st.has_head ? ", head and loss" : "", s->tr.model->nparams,
+           s->stage > 0 ? s->addr_s[s->stage - 1] : "(none: reads the data)",
+           s->stage + 1 < s->S ? s->addr_s[s->stage + 1] : "(none: computes the loss)");
+    fflush(stdout);
+    return 0;
+}
+
+int agent_cmd_pipeline(int argc, char **argv)
+{
+    struct pstage *s = calloc(1, sizeof *s);
+    if (!s)
+        return 1;
+    int status = 2, rc = cm_opts_parse(&STAGE_SPEC, &s->o, argc, argv, NULL, NULL, stderr);
+    if (rc != CM_OK) {
+        status = rc == 1 ? 0 : 2;
+        goto done;
+    }
+    struct peer_rt_config cfg = {0};
+    struct peer_role role = {"pipeline", s, NULL, NULL, NULL, NULL, NULL};
+    cfg.run = s->o.run;
+    cfg.coordinator = s->o.coordinator;
+    cfg.config_dir = s->o.config_dir;
+    cfg.listen_ip = s->o.listen_ip;
+    cfg.advertise_ip = s->o.advertise_ip;
+    cfg.must_accept = 1; /* the other stages send to us */
+    cfg.dht_port = (uint16_t)s->o.dht_port;
+    cfg.ar_port = (uint16_t)s->o.ar_port;
+    cfg.latency_ms = (uint32_t)s->o.latency_ms;
+    cfg.interrupted = &pipe_g_interrupts;
+    cfg.on_other = pipe_stage_on_request;
+    cfg.on_other_arg = s;
+    peer_rt_init(&s->rt, &cfg, &role);
+    if (check_opts(s) != 0)
+        goto out;
+    status = 1;
+    if (s->o.step_log && !(s->steplog = fopen(s->o.step_log, "a"))) {
+        perror(s->o.step_log);
+        goto out;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    s->rt.coord.cancel = &pipe_g_interrupts;
+    int failed = start(s);
+    s->rt.coord.cancel = NULL;
+    int64_t step = 0;
+    rc = failed ? CM_EINVAL : CM_OK;
+    for (; !failed && step < s->tc.steps && !pipe_g_interrupts; step++) {
+        pipe_inbox_set_step(s->inbox, step);
+        if ((rc = pipe_stage_step(s, step)) != CM_OK)
+            break;
+        peer_rt_renew_pass_if_due(&s->rt);
+    }
+    if (!failed && rc == CM_OK && !pipe_g_interrupts)
+        printf("done: stage %u trained %lld steps\n", s->stage, (long long)step);
+    else if (!failed && rc != CM_ECANCELED && rc != CM_OK)
+        fprintf(stderr, "error: stage %u stopped at step %lld: %s\n", s->stage, (long long)step + 1,
+                cm_strerror(rc));
+    if (pipe_g_interrupts)
+        printf("stopping (%s)\n", g_signal == SIGTERM ? "SIGTERM" : "Ctrl-C");
+    status = !failed && rc == CM_OK && !pipe_g_interrupts ? 0 : pipe_g_interrupts ? 128 + g_signal : 1;
+out:
+    peer_rt_cleanup(&s->rt); /* the net's thread is gone: nothing puts into the inbox */
+done:
+    if (s->steplog)
+        fclose(s->steplog);
+    if (s->have_tr)
+        agent_trainer_cleanup(&s->tr);
+    pipe_inbox_free(s->inbox);
+    cm_opts_free(&STAGE_SPEC, &s->o);
+    free(s);
+    return status;
+}
