@@ -26,8 +26,13 @@
  *   (kern_optim_step_norm): every stage takes the step the single-process
  *   model would take, so the loss per step is that of `train --local`.
  *
- * Not yet (docs/pipelines.md, "What is not there yet"): replicas (D > 1
- * needs the stage groups' averaging), overlapping micro-batches (1F1B),
+ * With D replicas (pipeline.replicas), pipeline i takes micro-batches i,
+ * i + D, ... of the step, and the D agents of each stage average its
+ * gradients with the butterfly all-reduce before the norm and the step
+ * (seed 003 §2: stage j's data-parallel group).
+ *
+ * Not yet (docs/pipelines.md, "What is not there yet"): overlapping
+ * micro-batches (1F1B),
  * re-scheduling when a stage agent leaves (a stage that waits past
  * --stage-timeout-ms for a neighbour stops with an error), checkpoints. */
 #include "agent/pipe/stage_int.h"
@@ -36,6 +41,7 @@
 #include "agent/train/steplog.h"
 #include "cm_err.h"
 #include "cm_opts.h"
+#include "ar/ar.h"
 #include "sched/dtfm_payload.h"
 
 #include <math.h>
@@ -81,9 +87,10 @@ static const struct cm_cmd_spec STAGE_SPEC = {
     "their gradients come back, and every stage applies the same optimizer step\n"
     "the whole model would. The other stages must reach us: a host the\n"
     "coordinator cannot dial back is refused (forward the ports, or give\n"
-    "--advertise-ip). Today a pipeline has one replica (pipeline.replicas 1),\n"
-    "and a stage whose neighbour is gone for --stage-timeout-ms stops with an\n"
-    "error. Ctrl-C stops.",
+    "--advertise-ip). With pipeline.replicas D, D pipelines each take 1/D of the\n"
+    "step's micro-batches and the D agents of each stage average its gradients\n"
+    "before the step. A stage whose neighbour is gone for --stage-timeout-ms\n"
+    "stops with an error (re-scheduling is not there yet). Ctrl-C stops.",
     STAGE_OPTS, sizeof STAGE_OPTS / sizeof STAGE_OPTS[0], 1};
 
 volatile sig_atomic_t pipe_g_interrupts;
@@ -164,10 +171,12 @@ static int fetch_run(struct pstage *s)
                 (long long)S, s->tc.tfm.n_layer);
         return CM_EINVAL;
     }
-    if (D != 1) {
-        fprintf(stderr, "error: run '%s': pipeline.replicas %lld: stage agents run one pipeline today (the "
-                        "replicas' averaging of each stage is not there yet)\n", s->o.run, (long long)D);
-        return CM_EUNSUPPORTED;
+    int M = s->tc.batch_size / s->tc.micro_batch;
+    if (D < 1 || D > PIPE_MAX_STAGES || D > AR_MAX_MEMBERS || M % D) {
+        fprintf(stderr, "error: run '%s': pipeline.replicas %lld: each replica takes the same share of the "
+                        "step's %d micro-batches (batch_size / micro_batch), so it must divide them\n",
+                s->o.run, (long long)D, M);
+        return CM_EINVAL;
     }
     s->S = (uint32_t)S;
     s->D = (uint32_t)D;
@@ -226,9 +235,24 @@ static int measure_speed(struct pstage *s)
 /* Our address on the run's DHT, for the other stages. */
 static int announce(struct pstage *s)
 {
-    char key[160];
+    char key[160], val[2 * PEER_ADDR_MAX + 2];
     snprintf(key, sizeof key, PEERS_KEY_FMT, s->o.run);
-    return peer_net_put(s->rt.net, key, s->rt.st_addr, strlen(s->rt.st_addr), 120000);
+    snprintf(val, sizeof val, "%s %s", s->rt.st_addr, s->rt.my_addr);
+    return peer_net_put(s->rt.net, key, val, strlen(val), 120000);
+}
+
+/* Sets *sa and str from text when it is a valid address other than the
+ * one held; 1 when it changed. */
+static int set_addr(const char *text, struct sockaddr_storage *sa, char *str, const char *what, uint32_t j)
+{
+    struct sockaddr_storage a;
+    if (p2p_addr_parse(text, &a) != CM_OK || !strcmp(text, str))
+        return 0;
+    if (str[0])
+        printf("%s %u is now at %s (was %s)\n", what, j, text, str);
+    *sa = a;
+    snprintf(str, PEER_ADDR_MAX, "%s", text);
+    return 1;
 }
 
 int pipe_resolve(struct pstage *s, int only)
@@ -240,22 +264,25 @@ int pipe_resolve(struct pstage *s, int only)
     int rc = peer_net_get(s->rt.net, key, &r, &nr);
     if (rc != CM_OK)
         return rc;
-    for (uint32_t j = 0; j < s->S; j++) {
-        if (j == s->stage || (only >= 0 && j != (uint32_t)only))
+    for (size_t i = 0; i < nr; i++) {
+        char v[2 * PEER_ADDR_MAX + 2], st[PEER_ADDR_MAX], ar[PEER_ADDR_MAX];
+        if (r[i].len >= sizeof v)
             continue;
-        for (size_t i = 0; i < nr; i++)
-            if (!memcmp(r[i].author, s->keys[j], CM_ED25519_PUB_LEN) && r[i].len < PEER_ADDR_MAX) {
-                char a[PEER_ADDR_MAX];
-                struct sockaddr_storage sa;
-                memcpy(a, r[i].value, r[i].len);
-                a[r[i].len] = 0;
-                if (p2p_addr_parse(a, &sa) != CM_OK || !strcmp(a, s->addr_s[j]))
-                    continue;
-                if (s->addr_s[j][0])
-                    printf("stage %u is now at %s (was %s)\n", j, a, s->addr_s[j]);
-                s->addr[j] = sa;
-                snprintf(s->addr_s[j], sizeof s->addr_s[j], "%s", a);
-            }
+        memcpy(v, r[i].value, r[i].len);
+        v[r[i].len] = 0;
+        char *sp = strchr(v, ' ');
+        if (!sp || (size_t)(sp - v) >= sizeof st || strlen(sp + 1) >= sizeof ar)
+            continue;
+        memcpy(st, v, (size_t)(sp - v));
+        st[sp - v] = 0;
+        snprintf(ar, sizeof ar, "%s", sp + 1);
+        for (uint32_t j = 0; j < s->S; j++)
+            if (j != s->stage && (only < 0 || j == (uint32_t)only) &&
+                !memcmp(r[i].author, s->keys[j], CM_ED25519_PUB_LEN))
+                set_addr(st, &s->addr[j], s->addr_s[j], "stage", j);
+        for (uint32_t k = 0; only < 0 && k < s->D; k++)
+            if (k != s->replica && !memcmp(r[i].author, s->gkeys[k], CM_ED25519_PUB_LEN))
+                set_addr(ar, &s->gaddr[k], s->gaddr_s[k], "replica", k);
     }
     peer_records_free(r, nr);
     return CM_OK;
@@ -349,6 +376,8 @@ static int wait_for_stage(struct pstage *s)
                 s->version = p.version;
                 for (uint32_t j = 0; j < s->S; j++)
                     memcpy(s->keys[j], p.assign[replica * s->S + j], CM_ED25519_PUB_LEN);
+                for (uint32_t k = 0; k < s->D; k++)
+                    memcpy(s->gkeys[k], p.assign[k * s->S + stage], CM_ED25519_PUB_LEN);
                 printf("assignment version %lld: stage %u of %u of pipeline %u (predicted %.2f s per step, "
                        "random assignment %.2f s)\n", (long long)p.version, s->stage, s->S, s->replica,
                        p.total_s, p.random_mean_s);
@@ -376,12 +405,15 @@ static int wait_for_stage(struct pstage *s)
         pipe_resolve(s, -1);
         for (uint32_t j = 0; j < s->S; j++)
             missing += j != s->stage && !s->addr_s[j][0];
+        for (uint32_t k = 0; k < s->D; k++)
+            missing += k != s->replica && !s->gaddr_s[k][0];
         if (!missing)
             return CM_OK;
         if (pipe_g_interrupts)
             return CM_ECANCELED;
         if (peer_mono_s() > end) {
-            fprintf(stderr, "error: %zu of the other stages have no address on the run's DHT after %ld s\n",
+            fprintf(stderr, "error: %zu of the other agents of our pipeline and stage have no address on the "
+                            "run's DHT after %ld s\n",
                     missing, s->o.wait_s);
             return CM_ETIMEOUT;
         }
@@ -395,7 +427,7 @@ static int start(struct pstage *s)
     if (peer_rt_start(&s->rt, PEER_STAGE_PASS) != CM_OK || pipe_g_interrupts || fetch_run(s) != CM_OK ||
         peer_rt_start(&s->rt, PEER_STAGE_NET) != CM_OK || pipe_g_interrupts)
         return 1;
-    if (!s->rt.st_addr[0]) {
+    if (!s->rt.st_addr[0] || !s->rt.my_addr[0]) {
         fprintf(stderr, "error: no address the other stages can reach this agent at\n");
         return 1;
     }

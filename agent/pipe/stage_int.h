@@ -23,9 +23,12 @@ struct pstage {
     struct peer_rt rt;
     struct agent_train_config tc;
     uint32_t S, D, replica, stage;
-    uint8_t keys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN];
-    struct sockaddr_storage addr[PIPE_MAX_STAGES];
+    uint8_t keys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our pipeline's stages (row `replica`) */
+    struct sockaddr_storage addr[PIPE_MAX_STAGES];     /* their message (state host) addresses */
     char addr_s[PIPE_MAX_STAGES][PEER_ADDR_MAX];
+    uint8_t gkeys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our stage's replicas (column `stage`) */
+    struct sockaddr_storage gaddr[PIPE_MAX_STAGES];     /* their averaging addresses */
+    char gaddr_s[PIPE_MAX_STAGES][PEER_ADDR_MAX];
     int64_t version;
     struct kern_tfm_stage st;
     struct agent_trainer tr;
@@ -33,7 +36,8 @@ struct pstage {
     struct pipe_inbox *inbox; /* read by the loop thread once set */
     FILE *steplog;
     double sps;
-    uint64_t bytes_sent;
+    uint64_t bytes_sent;     /* stage messages (the step log's sent_kb) */
+    uint64_t avg_bytes_sent; /* averaging with the replicas (avg_sent_kb) */
 };
 
 extern volatile sig_atomic_t pipe_g_interrupts;
@@ -49,10 +53,12 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
  * to --stage-timeout-ms; says why on stderr. */
 int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32_t from, struct pipe_entry **e);
 
-/* stage.c: reads the addresses the other stages announced on the run's
- * DHT ("RUN/pipe/peers", newest per author) into s->addr: every other
- * stage's (only < 0) or stage `only`'s. A stage agent that restarted has a
- * new address; a sender that cannot reach a neighbour reads it again. */
+/* stage.c: reads the addresses the other agents announced on the run's
+ * DHT ("RUN/pipe/peers", newest per author: "MSG_ADDR AR_ADDR") into
+ * s->addr (the other stages of our pipeline) and s->gaddr (the other
+ * replicas of our stage): all of them (only < 0), or stage `only`'s of our
+ * pipeline. A stage agent that restarted has a new address; a sender that
+ * cannot reach a neighbour reads it again. */
 int pipe_resolve(struct pstage *s, int only);
 
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "agent/train/steplog.h"
+#include "ar/ar.h"
 #include "cm_err.h"
 
 static int wte_tensor(const struct kern_model *m)
@@ -104,12 +105,94 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
     return CM_OK;
 }
 
+/* The replicas of our stage average its gradients (and, on the last stage,
+ * the loss sums: two more values) with the butterfly all-reduce, equal
+ * weights: each replica's gradient is the mean over its micro-batches, so
+ * the average is the step's mean over all of them (seed 003 §2: stage j's
+ * data-parallel group C_j). fp32 and member order: the first and the last
+ * stage's groups average the same tied sums to the same bits. */
+static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, double *t_wait)
+{
+    struct kern_model *m = s->tr.model;
+    const struct kern_backend *be = s->tr.be;
+    int last = s->stage == s->S - 1;
+    size_t n = m->nparams, extra = last ? 2 : 0;
+    float *buf = malloc((n + extra) * sizeof *buf);
+    struct ar_member *mem = calloc(s->D, sizeof *mem);
+    int rc = buf && mem ? be->download(buf, m->grads, n * sizeof *buf) : CM_ENOMEM;
+    if (rc == CM_OK && last) {
+        buf[n] = (float)ev->loss_sum;
+        buf[n + 1] = (float)ev->count;
+    }
+    for (uint32_t k = 0; rc == CM_OK && k < s->D; k++) {
+        memcpy(mem[k].pub, s->gkeys[k], CM_ED25519_PUB_LEN);
+        if (k == s->replica)
+            rc = p2p_addr_parse(s->rt.my_addr, &mem[k].addr);
+        else
+            mem[k].addr = s->gaddr[k];
+        mem[k].fraction = 1.0 / s->D;
+        mem[k].sends = AR_SENDS_FULL;
+    }
+    char gid[AR_GROUP_ID_MAX];
+    int gl = snprintf(gid, sizeof gid, "pipe/%lld/%u", (long long)s->version, s->stage);
+    struct ar_round_config cfg = {.step = (uint64_t)step,
+                                  .group_id = (const uint8_t *)gid,
+                                  .group_id_len = (size_t)gl,
+                                  .members = mem,
+                                  .n_members = s->D,
+                                  .my_index = s->replica,
+                                  .buf = buf,
+                                  .n = n + extra,
+                                  .weight = 1.0,
+                                  .comp = AR_COMP_NONE,
+                                  .deadline_ms = (uint32_t)s->o.stage_timeout_ms};
+    struct peer_round_summary sum;
+    double t0 = peer_mono_s();
+    if (rc == CM_OK)
+        rc = peer_net_allreduce(s->rt.net, &cfg, &sum);
+    *t_wait += peer_mono_s() - t0;
+    if (rc == CM_OK && (sum.status != CM_OK || sum.n_averaged != sum.n_parts)) {
+        fprintf(stderr, "error: step %lld: averaging stage %u's gradients with its %u replicas failed (%zu of "
+                        "%zu parts averaged): %s\n", (long long)step + 1, s->stage, s->D, sum.n_averaged,
+                sum.n_parts, cm_strerror(sum.status));
+        for (size_t i = 0; i < sum.n_excluded && sum.excluded[i] < s->D; i++)
+            fprintf(stderr, "error: replica %u (%s) was left out\n", sum.excluded[i],
+                    s->gaddr_s[sum.excluded[i]]);
+        rc = sum.status != CM_OK ? sum.status : CM_ECONN;
+    }
+    if (rc == CM_OK) {
+        s->avg_bytes_sent += sum.bytes_sent;
+        rc = be->upload(m->grads, buf, n * sizeof *buf);
+    }
+    if (rc == CM_OK && last) {
+        ev->loss_sum = buf[n];
+        ev->count = (long)llround(buf[n + 1]);
+    }
+    free(buf);
+    free(mem);
+    return rc;
+}
+
+/* Stage 0 reads the step's micro-batches in the stream's order and takes
+ * those of its replica (k = replica, replica + D, ...): the D pipelines
+ * together see what `train --local` sees in one step. */
+static int skip_micro(struct pstage *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct kern_batch kb;
+        int rc = agent_trainer_next_micro(&s->tr, &kb);
+        if (rc)
+            return rc;
+    }
+    return CM_OK;
+}
+
 int pipe_stage_step(struct pstage *s, int64_t step)
 {
     struct agent_trainer *t = &s->tr;
     struct kern_model *m = t->model;
     int first = s->stage == 0, last = s->stage == s->S - 1;
-    int M = s->tc.batch_size / s->tc.micro_batch;
+    int M = s->tc.batch_size / s->tc.micro_batch / (int)s->D; /* ours: 1/D of the step's */
     size_t act_n = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * (size_t)s->tc.tfm.d_model;
     float *x_out = last ? NULL : malloc(act_n * sizeof *x_out);
     float *dx_in = first ? NULL : malloc(act_n * sizeof *dx_in);
@@ -119,7 +202,7 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         return CM_ENOMEM;
     }
     double t_start = peer_mono_s(), t_wait = 0;
-    uint64_t sent0 = s->bytes_sent;
+    uint64_t sent0 = s->bytes_sent, avg0 = s->avg_bytes_sent;
     struct kern_eval ev = {0};
     kern_model_zero_grad(m);
     int rc = CM_OK;
@@ -128,7 +211,9 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         struct pipe_entry *act = NULL, *grad = NULL;
         double t0 = peer_mono_s();
         if (first) {
-            rc = agent_trainer_next_micro(t, &kb);
+            rc = skip_micro(s, mb == 0 ? s->replica : s->D - 1);
+            if (rc == CM_OK)
+                rc = agent_trainer_next_micro(t, &kb);
         } else if ((rc = pipe_take(s, PIPE_MSG_ACT, step, (uint32_t)mb, s->stage - 1, &act)) == CM_OK) {
             if (act->B != (uint32_t)s->tc.micro_batch || act->T != (uint32_t)s->tc.tfm.max_T ||
                 act->C != (uint32_t)s->tc.tfm.d_model) {
@@ -170,8 +255,12 @@ int pipe_stage_step(struct pstage *s, int64_t step)
     free(dx_in);
     double norm = 0;
     float lr = 0;
+    if (rc == CM_OK && first)
+        rc = skip_micro(s, s->D - 1 - s->replica);
     if (rc == CM_OK && s->S > 1 && (first || last))
         rc = exchange_tied(s, step, &t_wait);
+    if (rc == CM_OK && s->D > 1)
+        rc = average_stage(s, step, &ev, &t_wait);
     if (rc == CM_OK)
         rc = global_norm(s, step, &norm, &t_wait);
     if (rc == CM_OK && (rc = kern_optim_step_norm(t->opt, m, norm, &lr)) == CM_ENUMERIC)
@@ -192,9 +281,10 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         snprintf(line, sizeof line,
                  "{\"step\":%lld,\"stage\":%u,\"stages\":%u,\"replica\":%u,\"version\":%lld,\"loss\":%s,"
                  "\"hash\":\"%.16s\",\"grad_norm\":%.6g,\"lr\":%.6g,\"micro_batches\":%d,\"step_s\":%.3f,"
-                 "\"wait_s\":%.3f,\"sent_kb\":%.1f,\"t_ms\":%lld}",
+                 "\"wait_s\":%.3f,\"sent_kb\":%.1f,\"avg_sent_kb\":%.1f,\"t_ms\":%lld}",
                  (long long)step + 1, s->stage, s->S, s->replica, (long long)s->version, ls, hash, norm, lr, M,
-                 secs, t_wait, (double)(s->bytes_sent - sent0) / 1024, (long long)peer_rt_now_ms(&s->rt));
+                 secs, t_wait, (double)(s->bytes_sent - sent0) / 1024, (double)(s->avg_bytes_sent - avg0) / 1024,
+                 (long long)peer_rt_now_ms(&s->rt));
         agent_steplog_write(s->steplog, line);
     }
     long every = s->tc.log_every > 0 ? s->tc.log_every : 10;

@@ -17,7 +17,10 @@
  * gradient norm equals the others' at every step (they clip with one
  * number). A pipeline whose messages were lost, or whose tied embedding
  * were not shared, would differ from the single process within a step or
- * two. A stage whose neighbour is killed stops with an error naming it,
+ * two. On a second run, 2 stages x 2 replicas (four agents): the agents of
+ * a stage average its gradients, every replica of a stage holds the same
+ * parameters at every step, and the loss is again the single process's.
+ * A stage whose neighbour is killed stops with an error naming it,
  * within its --stage-timeout-ms (re-scheduling is not there yet). The
  * assignment's signature and decoder have their own tests
  * (tests/unit/sched/test_dtfm_payload.c, tests/fuzz/fuzz_pipeline.c). The
@@ -45,16 +48,19 @@
 #define STAGES 3
 #define STEPS 12
 #define RUN "gpt-pipe"
+#define RUN2 "gpt-pipe-replicas"
+#define NAGENTS2 4
 /* |pipeline - single process| per step: the stages compute the same
  * products in the same order; only the clipping norm (three partial sums
  * added) and the tied embedding's gradient (first + last stage) are summed
  * differently. Measured: equal in all six decimals the step logs keep. */
 #define EQ_TOL 2e-6
+#define EQ_TOL_REPLICAS 1e-5 /* measured: equal in six decimals too */
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
-static char g_dirs[NAGENTS][256];
+static char g_dirs[NAGENTS][256], g_dirs2[NAGENTS2][256];
 static char g_data[256];
 static char g_recipe[300];
 
@@ -147,6 +153,37 @@ static int setup(void **state)
         return -1;
     }
     ct_resp_free(&r);
+    /* the second run: 2 stages x 2 replicas, four other volunteers */
+    cfg = recipe();
+    if (!cfg)
+        return -1;
+    json_object_set_new(cfg, "pipeline",
+                        json_pack("{s:i, s:i, s:f}", "stages", 2, "replicas", 2, "gradient_bytes", 1e6));
+    body = json_pack("{s:s, s:I, s:s, s:o}", "name", RUN2, "target_batch_size", (json_int_t)16,
+                     "model_summary", "tiny byte GPT in 2 stages x 2 replicas", "config", cfg);
+    text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
+    free(text);
+    long st = r.status;
+    ct_resp_free(&r);
+    if (st != 201)
+        return -1;
+    for (int i = 0; i < NAGENTS2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rep%d", i);
+        if (ct_volunteer_account(&g_c, g_org, RUN2, name, g_dirs2[i]) != 0)
+            return -1;
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--ca-cert", g_c.ca,
+                              "--username", name, "--password-stdin", "--config-dir", g_dirs2[i], NULL};
+        char *out = NULL;
+        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
+        if (lrc != 0)
+            fprintf(stderr, "login of %s: %s\n", name, out ? out : "");
+        free(out);
+        if (lrc != 0)
+            return -1;
+    }
     return ct_volunteers(&g_c, g_org, RUN, NAGENTS, g_dirs);
 }
 
@@ -158,29 +195,39 @@ static int teardown(void **state)
     if (!getenv("CT_KEEP_LOGS")) {
         for (int i = 0; i < NAGENTS; i++)
             ct_rmrf(g_dirs[i]);
+        for (int i = 0; i < NAGENTS2; i++)
+            if (g_dirs2[i][0])
+                ct_rmrf(g_dirs2[i]);
         ct_rmrf(g_data);
     }
     free(g_org);
     return rc;
 }
 
-static pid_t spawn_stage(int i, const char *log, const char *steplog, const char *timeout_ms)
+static pid_t spawn_stage_in(const char *run, const char *dir, const char *log, const char *steplog,
+                            const char *timeout_ms)
 {
-    const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", RUN, "--config-dir", g_dirs[i],
+    const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", run, "--config-dir", dir,
                           "--listen-ip", "127.0.0.1", "--device", "cpu", "--step-log", steplog, "--wait-s",
                           "120", "--stage-timeout-ms", timeout_ms, NULL};
     return ct_spawn(argv, log);
 }
 
+static pid_t spawn_stage(int i, const char *log, const char *steplog, const char *timeout_ms)
+{
+    return spawn_stage_in(RUN, g_dirs[i], log, steplog, timeout_ms);
+}
+
 struct slog {
-    int n, stage;
+    int n, stage, replica;
     double loss[STEPS + 2], norm[STEPS + 2];
+    char hash[STEPS + 2][17];
 };
 
 static int read_slog(const char *path, struct slog *s)
 {
     memset(s, 0, sizeof *s);
-    s->stage = -1;
+    s->stage = s->replica = -1;
     for (int k = 0; k < STEPS + 2; k++)
         s->loss[k] = s->norm[k] = NAN;
     FILE *f = fopen(path, "r");
@@ -197,6 +244,11 @@ static int read_slog(const char *path, struct slog *s)
             json_t *st = json_object_get(j, "stage"), *l = json_object_get(j, "loss");
             if (json_is_integer(st))
                 s->stage = (int)json_integer_value(st);
+            json_t *rp = json_object_get(j, "replica");
+            if (json_is_integer(rp))
+                s->replica = (int)json_integer_value(rp);
+            const char *h = json_string_value(json_object_get(j, "hash"));
+            snprintf(s->hash[step], sizeof s->hash[step], "%s", h ? h : "");
             if (json_is_number(l))
                 s->loss[step] = json_number_value(l);
             json_t *gn = json_object_get(j, "grad_norm");
@@ -207,6 +259,29 @@ static int read_slog(const char *path, struct slog *s)
     }
     fclose(f);
     return 0;
+}
+
+/* The single process on the same recipe (once: both tests compare with it). */
+static void single_process(struct slog *local)
+{
+    static struct slog done;
+    static int have;
+    if (!have) {
+        char local_log[320];
+        snprintf(local_log, sizeof local_log, "%.250s/local.steps", g_data);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "train", "--local", "--config", g_recipe, "--device",
+                              "cpu", "--step-log", local_log, NULL};
+        char *out = NULL;
+        int rc = ct_run(argv, NULL, &out, 240);
+        if (rc != 0)
+            fprintf(stderr, "train --local: %s\n", out ? out : "");
+        free(out);
+        assert_int_equal(rc, 0);
+        assert_int_equal(read_slog(local_log, &done), 0);
+        assert_int_equal(done.n, STEPS);
+        have = 1;
+    }
+    *local = done;
 }
 
 static void test_stages_match_single_process(void **state)
@@ -229,20 +304,8 @@ static void test_stages_match_single_process(void **state)
         }
         assert_int_equal(st, 0);
     }
-    /* the single process, same recipe */
-    char local_log[320];
-    snprintf(local_log, sizeof local_log, "%.250s/local.steps", g_data);
-    const char *argv[] = {ct_bin("crowdtrain-agent"), "train", "--local", "--config", g_recipe, "--device",
-                          "cpu", "--step-log", local_log, NULL};
-    char *out = NULL;
-    int rc = ct_run(argv, NULL, &out, 240);
-    if (rc != 0)
-        fprintf(stderr, "train --local: %s\n", out ? out : "");
-    free(out);
-    assert_int_equal(rc, 0);
     static struct slog local, s[NAGENTS];
-    assert_int_equal(read_slog(local_log, &local), 0);
-    assert_int_equal(local.n, STEPS);
+    single_process(&local);
     int seen[STAGES] = {0}, last = -1;
     for (int i = 0; i < NAGENTS; i++) {
         assert_int_equal(read_slog(steplogs[i], &s[i]), 0);
@@ -268,6 +331,61 @@ static void test_stages_match_single_process(void **state)
     }
     printf("largest |pipeline - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
     assert_true(s[last].loss[STEPS] < s[last].loss[1] - 1.0);
+}
+
+/* Two pipelines of two stages: pipeline i takes micro-batches i and i + 2
+ * of each step, and the two agents of each stage average its gradients
+ * with the butterfly all-reduce. Every replica of a stage holds the same
+ * parameters at every step (hash), and the loss is the single process's
+ * within EQ_TOL_REPLICAS: the replicas' gradients are summed in another
+ * order (each its own micro-batches, then their mean in double), and the
+ * loss sums travel as fp32. */
+static void test_replicas_average(void **state)
+{
+    (void)state;
+    char logs[NAGENTS2][320], steplogs[NAGENTS2][320];
+    pid_t pids[NAGENTS2];
+    for (int i = 0; i < NAGENTS2; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/pipeline.log", g_dirs2[i]);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/pipeline.steps", g_dirs2[i]);
+        pids[i] = spawn_stage_in(RUN2, g_dirs2[i], logs[i], steplogs[i], "60000");
+        assert_true(pids[i] > 0);
+    }
+    for (int i = 0; i < NAGENTS2; i++) {
+        int st = ct_wait(pids[i], 240);
+        if (st != 0) {
+            char *l = ct_read_file(logs[i], NULL);
+            fprintf(stderr, "agent %d exited with %d; its log:\n%s\n", i, st, l ? l : "");
+            free(l);
+        }
+        assert_int_equal(st, 0);
+    }
+    static struct slog local, s[NAGENTS2];
+    single_process(&local);
+    int slot[2][2] = {{-1, -1}, {-1, -1}};
+    for (int i = 0; i < NAGENTS2; i++) {
+        assert_int_equal(read_slog(steplogs[i], &s[i]), 0);
+        assert_int_equal(s[i].n, STEPS);
+        assert_true(s[i].stage >= 0 && s[i].stage < 2 && s[i].replica >= 0 && s[i].replica < 2);
+        assert_int_equal(slot[s[i].replica][s[i].stage], -1); /* each slot ran by one agent */
+        slot[s[i].replica][s[i].stage] = i;
+    }
+    double worst = 0;
+    printf("step  replica 0  replica 1  single    |diff|\n");
+    for (int k = 1; k <= STEPS; k++) {
+        for (int j = 0; j < 2; j++) /* the replicas of a stage: the same parameters */
+            assert_string_equal(s[slot[0][j]].hash[k], s[slot[1][j]].hash[k]);
+        double l0 = s[slot[0][1]].loss[k], l1 = s[slot[1][1]].loss[k];
+        double d = fabs(l0 - local.loss[k]);
+        worst = fmax(worst, d);
+        printf("%4d  %.6f   %.6f   %.6f  %.1e\n", k, l0, l1, local.loss[k], d);
+        assert_true(l0 == l1);
+        assert_true(d <= EQ_TOL_REPLICAS);
+        for (int i = 0; i < NAGENTS2; i++)
+            assert_true(s[i].norm[k] == s[0].norm[k]);
+    }
+    printf("largest |2 x 2 pipelines - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
+    assert_true(s[slot[0][1]].loss[STEPS] < s[slot[0][1]].loss[1] - 1.0);
 }
 
 /* A stage whose neighbour dies: it stops with an error that names the
@@ -322,6 +440,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stages_match_single_process),
+        cmocka_unit_test(test_replicas_average),
         cmocka_unit_test(test_neighbour_killed),
     };
     if (getenv("CT_TEST_FILTER"))
