@@ -99,6 +99,13 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp);
  * CM_EINVAL with a message naming the field in err. */
 int api_pipeline_config_check(const json_t *config, long long target_batch, char *err,
                               size_t cap);
+/* config.pipeline.liveness_s: how long a capability report of a pipeline
+ * run lives, API_PIPE_MIN_LIVENESS_S to API_CAP_TTL_S (its default), so
+ * that a stage agent that died stops being live sooner. */
+#define API_PIPE_MIN_LIVENESS_S 10
+/* The lifetime of a capability report for a run whose config.pipeline has
+ * this liveness_s (NULL or anything but a valid one: API_CAP_TTL_S). */
+int api_pipeline_liveness_s(const json_t *liveness);
 
 /* api_caps.c: capability reports and the live peers (organizers, auditors) */
 #define API_CAP_TTL_S 120   /* a capability report is live this long */

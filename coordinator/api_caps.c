@@ -6,9 +6,11 @@
  *      measured throughput to some peers, whether it accepts inbound
  *      connections, how peers reach it and rounds that averaged nothing.
  *      The caller must be allowlisted and hold an unrevoked, unexpired pass
- *      for the peer key in that run. A report lives API_CAP_TTL_S seconds;
- *      agents re-report. A report queues its run for the background solver
- *      (api_sched.c).
+ *      for the peer key in that run. A report lives API_CAP_TTL_S seconds,
+ *      or a pipeline run's config.pipeline.liveness_s (api_pipeline.c), so
+ *      that a dead stage agent drops out of its assignment sooner; the
+ *      response says which (report_ttl_s); agents re-report within it. A
+ *      report queues its run for the background solver (api_sched.c).
  *  GET  /api/v1/runs/{run}/peers  organizers and auditors: the live reports. */
 #include "coordinator/api.h"
 #include "cm_err.h"
@@ -44,6 +46,10 @@ int api_key_param(const char *s, uint8_t key[CM_ED25519_PUB_LEN])
            n == CM_ED25519_PUB_LEN;
 }
 
+/* config.pipeline.liveness_s of the run, when its config has one (jsonb
+ * text; NULL otherwise). */
+COORD_DB_STMT(S_CAP_LIVENESS, 1,
+              "SELECT config->'pipeline'->'liveness_s' FROM runs WHERE id = $1");
 COORD_DB_STMT(S_CAP_OLD, 2,
               "SELECT 1 FROM capabilities WHERE run_id = $1 AND peer_public_key = $2 "
               "AND expires_at <= now() FOR UPDATE");
@@ -188,7 +194,22 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         free(report_txt);
         return;
     }
-    snprintf(ttl, sizeof ttl, "%d", API_CAP_TTL_S);
+    /* A pipeline run's reports live config.pipeline.liveness_s. */
+    int ttl_s = API_CAP_TTL_S;
+    const char *lp[] = {run_id};
+    PGresult *r = coord_db_exec(req->db, &S_CAP_LIVENESS, lp, NULL);
+    if (!r) {
+        free(report_txt);
+        coord_resp_error(resp, 500, "internal", "database error");
+        return;
+    }
+    if (PQntuples(r) == 1 && !PQgetisnull(r, 0, 0)) {
+        json_t *lv = json_loads(PQgetvalue(r, 0, 0), JSON_DECODE_ANY, NULL);
+        ttl_s = api_pipeline_liveness_s(lv);
+        json_decref(lv);
+    }
+    PQclear(r);
+    snprintf(ttl, sizeof ttl, "%d", ttl_s);
     if (coord_db_cmd(req->db, "BEGIN") != CM_OK) {
         free(report_txt);
         coord_resp_error(resp, 500, "internal", "database error");
@@ -197,7 +218,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     /* A peer whose report had expired left and came back: record the departure. */
     const char *op[] = {run_id, (const char *)pk};
     const int olens[] = {0, CM_ED25519_PUB_LEN}, ofmts[] = {0, 1};
-    PGresult *r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
+    r = coord_db_exec_bin(req->db, &S_CAP_OLD, op, olens, ofmts, NULL);
     int ok = r != NULL;
     if (r && PQntuples(r) == 1) {
         PQclear(r);
@@ -223,7 +244,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     coord_resp_json(resp, 200,
                     json_pack("{s:s, s:s, s:I, s:i}", "run", req->params[0], "peer_public_key",
                               json_string_value(json_object_get(req->json, "peer_public_key")),
-                              "expires_at", (json_int_t)exp, "report_ttl_s", API_CAP_TTL_S));
+                              "expires_at", (json_int_t)exp, "report_ttl_s", ttl_s));
 }
 
 COORD_DB_STMT(S_LIVE_PEERS, 1,

@@ -4,7 +4,9 @@
  *
  *  GET /api/v1/runs/{run}/pipeline  public: the newest signed assignment of
  *      a run whose config has a "pipeline" object. The S x D devices are
- *      chosen from the live capability reports (api_caps.c), the pairwise
+ *      chosen from the live capability reports (api_caps.c; with fewer
+ *      live, once the run has had an assignment, S x D' for the most
+ *      replicas D' >= min_replicas they fill), the pairwise
  *      bandwidths built from them, the partition into per-stage
  *      data-parallel groups searched by common/sched/dtfm (the hybrid
  *      genetic algorithm of seed 003 §3.4, warm-started from the previous
@@ -92,14 +94,12 @@ static int model_parameters(const json_t *config, double *out)
     return pos_number(v, PIPE_MAX_PARAMS, out);
 }
 
-/* Activations of one micro-batch crossing a stage boundary, from a
+/* Activations of one sample crossing a stage boundary, from a
  * transformer's shape (agent/train/train_config.c: model.context,
- * model.d_model): every token's hidden vector, in fp32. The paper's
- * micro-batch i is replica i's share of the step (seed 003 §2: tasklet
- * t_ij is stage j of micro-batch i), ceil(B / D) samples; agents that cut
- * it finer for overlap send the same bytes in total. Other models have no
- * single boundary width: their configs must say. 0 when not derivable. */
-static double derived_activation_bytes(const json_t *config, double batch, unsigned replicas)
+ * model.d_model): every token's hidden vector, in fp32. 0 when not
+ * derivable: other models have no single boundary width, their configs
+ * must say. */
+static double derived_sample_bytes(const json_t *config)
 {
     const json_t *m = json_object_get(config, "model");
     const char *type = json_string_value(json_object_get(m, "type"));
@@ -109,14 +109,26 @@ static double derived_activation_bytes(const json_t *config, double batch, unsig
         json_integer_value(ctx) > (1 << 20) || json_integer_value(dm) < 1 ||
         json_integer_value(dm) > (1 << 20))
         return 0;
-    double mb = ceil(batch / replicas);
-    return mb * (double)json_integer_value(ctx) * (double)json_integer_value(dm) *
-           PIPE_ACT_ELEM_BYTES;
+    return (double)json_integer_value(ctx) * (double)json_integer_value(dm) * PIPE_ACT_ELEM_BYTES;
+}
+
+/* The derived activations of one micro-batch with D replicas: the paper's
+ * micro-batch i is replica i's share of the step (seed 003 §2: tasklet
+ * t_ij is stage j of micro-batch i), ceil(B / D) samples; agents that cut
+ * it finer for overlap send the same bytes in total. */
+static double derived_activation_bytes(double sample_bytes, double batch, unsigned replicas)
+{
+    return ceil(batch / replicas) * sample_bytes;
 }
 
 struct pipe_cfg {
-    unsigned stages, replicas;
+    unsigned stages;
+    /* D' the solve uses: the configured D until pipe_cfg_fit, then
+     * min(D, floor(eligible devices / S)) */
+    unsigned replicas;
+    unsigned max_replicas, min_replicas; /* D (config), min_replicas (default D) */
     double act_bytes, grad_bytes;
+    double sample_bytes; /* > 0: activation_bytes is derived, this per sample */
     uint64_t seed;
 };
 
@@ -150,20 +162,46 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
                  API_PIPE_MAX_DEVICES, out->stages, out->replicas);
         return -1;
     }
+    out->max_replicas = out->min_replicas = out->replicas;
+    const json_t *mr = json_object_get(p, "min_replicas");
+    if (mr) {
+        if (!json_is_integer(mr) || json_integer_value(mr) < 1 ||
+            json_integer_value(mr) > (json_int_t)out->replicas) {
+            snprintf(err, cap,
+                     "field 'config.pipeline.min_replicas': an integer from 1 to "
+                     "config.pipeline.replicas (%u)",
+                     out->replicas);
+            return -1;
+        }
+        out->min_replicas = (unsigned)json_integer_value(mr);
+    }
+    /* liveness_s: used by the capability reports (api_pipeline_liveness_s) */
+    const json_t *lv = json_object_get(p, "liveness_s");
+    if (lv && (!json_is_integer(lv) || json_integer_value(lv) < API_PIPE_MIN_LIVENESS_S ||
+               json_integer_value(lv) > API_CAP_TTL_S)) {
+        snprintf(err, cap, "field 'config.pipeline.liveness_s': an integer from %d to %d",
+                 API_PIPE_MIN_LIVENESS_S, API_CAP_TTL_S);
+        return -1;
+    }
     const json_t *a = json_object_get(p, "activation_bytes");
     if (a && !pos_number(a, PIPE_MAX_BYTES, &out->act_bytes))
         return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
                         "config.pipeline.activation_bytes");
-    if (!a && !(out->act_bytes = derived_activation_bytes(config, batch, out->replicas)))
+    if (!a && !(out->sample_bytes = derived_sample_bytes(config)))
         return cfg_fail(err, cap,
                         "field '%s': required unless config.model is a gpt or albert model "
                         "with integer context and d_model",
                         "config.pipeline.activation_bytes");
-    if (!a && out->act_bytes >= PIPE_MAX_BYTES)
+    /* Derived, it grows as replicas drop out: bounded at min_replicas, the
+     * largest micro-batch a solve can use. */
+    if (!a && derived_activation_bytes(out->sample_bytes, batch, out->min_replicas) >=
+                  PIPE_MAX_BYTES)
         return cfg_fail(err, cap,
                         "field '%s': the model's micro-batch activations come to 1e15 bytes or "
                         "more; set it",
                         "config.pipeline.activation_bytes");
+    if (!a)
+        out->act_bytes = derived_activation_bytes(out->sample_bytes, batch, out->replicas);
     const json_t *g = json_object_get(p, "gradient_bytes");
     double params = 0;
     if (g && !pos_number(g, PIPE_MAX_BYTES, &out->grad_bytes))
@@ -188,6 +226,30 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
         out->seed = (uint64_t)json_integer_value(sd);
     }
     return 1;
+}
+
+/* Fits the replicas to m eligible devices: D' = min(D, floor(m / S)),
+ * and the derived activation size to D' (each of the D' pipelines takes
+ * ceil(B / D') samples). 0, pc unchanged, when D' < min_replicas. */
+static int pipe_cfg_fit(struct pipe_cfg *pc, size_t m, double batch)
+{
+    size_t d = m / pc->stages;
+    if (d > pc->max_replicas)
+        d = pc->max_replicas;
+    if (d < pc->min_replicas)
+        return 0;
+    pc->replicas = (unsigned)d;
+    if (pc->sample_bytes > 0)
+        pc->act_bytes = derived_activation_bytes(pc->sample_bytes, batch, pc->replicas);
+    return 1;
+}
+
+int api_pipeline_liveness_s(const json_t *liveness)
+{
+    return json_is_integer(liveness) && json_integer_value(liveness) >= API_PIPE_MIN_LIVENESS_S &&
+                   json_integer_value(liveness) <= API_CAP_TTL_S
+               ? (int)json_integer_value(liveness)
+               : API_CAP_TTL_S;
 }
 
 int api_pipeline_config_check(const json_t *config, long long target_batch, char *err,
@@ -274,9 +336,11 @@ static int chosen_index(const struct inputs *in, const uint8_t key[CM_ED25519_PU
 
 /* Reads the live reports and chooses the devices. Devices that cannot
  * compute (samples_per_s 0, DeDLOC's auxiliary peers) cannot run a stage and
- * are left out. 0 with resp set on failure (409 not_enough_peers among them). */
+ * are left out. started: the run has a stored assignment, so it may go on
+ * with fewer replicas (pipe_cfg_fit). 0 with resp set on failure (409
+ * not_enough_peers among them). */
 static int inputs_load(struct coord_req *req, struct coord_resp *resp, const char *run_id,
-                       const struct pipe_cfg *pc, double batch, struct inputs *in)
+                       struct pipe_cfg *pc, double batch, int started, struct inputs *in)
 {
     memset(in, 0, sizeof *in);
     const char *p[] = {run_id};
@@ -316,15 +380,32 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
         coord_resp_error(resp, 500, "internal", "could not read the capability reports");
         return 0;
     }
-    size_t need = (size_t)pc->stages * pc->replicas;
-    if (m < need) {
+    /* Fewer devices than S x D: fewer replicas, down to min_replicas, once
+     * the run has started with all D. A first assignment waits for all:
+     * agents start as they come, and one solved for the first few would
+     * start training only to be re-scheduled moments later. */
+    if (!started && pc->min_replicas < pc->max_replicas &&
+        m < (size_t)pc->stages * pc->max_replicas) {
         coord_resp_error(resp, 409, "not_enough_peers",
-                         "needs %zu devices, %zu live (%u stages x %u replicas; %zu live "
-                         "reports, %zu of them from peers that cannot compute)",
-                         need, m, pc->stages, pc->replicas, in->nlive, in->nlive - m);
+                         "needs %zu devices (%u stages x %u replicas) for its first assignment, "
+                         "%zu live (min_replicas %u applies once it has one; %zu live reports, "
+                         "%zu of them from peers that cannot compute)",
+                         (size_t)pc->stages * pc->max_replicas, pc->stages, pc->max_replicas, m,
+                         pc->min_replicas, in->nlive, in->nlive - m);
         inputs_free(in);
         return 0;
     }
+    if (!pipe_cfg_fit(pc, m, batch)) {
+        coord_resp_error(resp, 409, "not_enough_peers",
+                         "needs %zu devices (%u stages x min_replicas %u), %zu live (%u stages "
+                         "x %u replicas at most; %zu live reports, %zu of them from peers that "
+                         "cannot compute)",
+                         (size_t)pc->stages * pc->min_replicas, pc->stages, pc->min_replicas, m,
+                         pc->stages, pc->max_replicas, in->nlive, in->nlive - m);
+        inputs_free(in);
+        return 0;
+    }
+    size_t need = (size_t)pc->stages * pc->replicas;
     qsort(in->dev, m, sizeof *in->dev, by_speed);
     in->n = need;
     in->nspare = m - need;
@@ -332,7 +413,10 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
 
     /* The canonical document of what the solve depends on: equal documents,
      * equal assignment (dtfm is deterministic per seed). Spares are in by
-     * key only, so that the listed spares stay current. */
+     * key only, so that the listed spares stay current. "replicas" is D',
+     * what the solve uses (the configured D while S x D devices are live),
+     * and activation_bytes the size for D': fewer or more replicas is a
+     * change of inputs. */
     json_t *devs = json_array(), *spares = json_array();
     for (size_t i = 0; devs && i < in->n; i++) {
         const struct device *d = &in->dev[i];
@@ -675,10 +759,10 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
             nw->solve_ms = sv.solve_ms;
             nw->payload = payload;
             payload = NULL;
-            CM_LOGI("pipe", "run %s: pipeline v%lld, %u x %u devices, %.3f s predicted (random "
-                    "%.3f s), %s, %.1f ms",
-                    req->params[0], version, pc->stages, pc->replicas, sv.cost.total,
-                    sv.random_mean_s, sv.warm ? "warm" : "cold", sv.solve_ms);
+            CM_LOGI("pipe", "run %s: pipeline v%lld, %u x %u devices (of %u replicas), %.3f s "
+                    "predicted (random %.3f s), %s, %.1f ms",
+                    req->params[0], version, pc->stages, pc->replicas, pc->max_replicas,
+                    sv.cost.total, sv.random_mean_s, sv.warm ? "warm" : "cold", sv.solve_ms);
         }
     }
     free(payload);
@@ -719,15 +803,15 @@ void api_pipeline_get(struct coord_req *req, struct coord_resp *resp)
                          err);
         return;
     }
-    struct inputs in;
-    if (!inputs_load(req, resp, run_id, &pc, batch, &in))
-        return;
+    struct inputs in = {0};
     struct coord_newest nw = {0};
-    long long now = (long long)time(NULL);
     if (coord_newest_load(req, &S_NEWEST, run_id, &nw) != CM_OK) {
         coord_resp_error(resp, 500, "internal", "database error");
         goto out;
     }
+    if (!inputs_load(req, resp, run_id, &pc, batch, nw.have, &in))
+        goto out;
+    long long now = (long long)time(NULL);
     if (newest_good(&nw, &in, now)) {
         coord_newest_respond(req, resp, &nw, 0, "pipeline", "pipeline schedule");
         goto out;
