@@ -126,7 +126,8 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     memcpy(c.pairs, rt->probe_caps.pairs, sizeof c.pairs);
     pthread_mutex_unlock(&rt->probe_mu);
     if ((c.sps > 0 || aux) &&
-        (rt->caps_at == 0 || t - rt->caps_at > (c.failing ? 15 : 60) || fresh_pairs ||
+        (rt->caps_at == 0 || t - rt->caps_at > (c.failing ? 15 : 60) ||
+         (rt->cfg.caps_every_s > 0 && t - rt->caps_at > rt->cfg.caps_every_s) || fresh_pairs ||
          peer_caps_changed(&rt->caps, &c))) {
         if (peer_caps_report(&rt->coord, rt->cfg.run, rt->key.pub, &c) == CM_OK)
             rt->caps = c;

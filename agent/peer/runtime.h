@@ -83,6 +83,8 @@ struct peer_rt_config {
     int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
                                  clear it before that stage starts */
     int64_t test_skew_ms;     /* a wrong clock, for tests of the clock correction */
+    double caps_every_s;      /* a capability report at least this often (0: every 60 s); a
+                                 pipeline run's reports expire sooner (pipeline.liveness_s) */
     uint32_t latency_ms;      /* emulated one-way delay of every frame sent (tests; 0: none) */
     const volatile sig_atomic_t *interrupted; /* Ctrl-C count, may be NULL */
     /* Called before each stage starts (progress, tests); may be NULL. */

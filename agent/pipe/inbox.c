@@ -84,8 +84,14 @@ void pipe_inbox_set_peers(struct pipe_inbox *ib, const uint8_t (*keys)[CM_ED2551
                           uint32_t replica, uint32_t mine)
 {
     pthread_mutex_lock(&ib->mu);
-    ib->S = S <= PIPE_MAX_STAGES ? S : 0;
-    memcpy(ib->keys, keys, (size_t)ib->S * CM_ED25519_PUB_LEN);
+    while (ib->slots) { /* what the old peers sent is of no use with new ones */
+        struct slot *sl = ib->slots;
+        ib->slots = sl->next;
+        slot_free(ib, sl);
+    }
+    ib->S = keys && S <= PIPE_MAX_STAGES ? S : 0;
+    if (ib->S)
+        memcpy(ib->keys, keys, (size_t)ib->S * CM_ED25519_PUB_LEN);
     ib->replica = replica;
     ib->mine = mine;
     pthread_mutex_unlock(&ib->mu);
@@ -192,6 +198,10 @@ int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN]
     pthread_mutex_lock(&ib->mu);
     int rc = CM_OK;
     struct slot *s = NULL;
+    if (ib->S == 0) { /* between two assignments: the sender tries again */
+        rc = CM_EBUSY;
+        goto out;
+    }
     if (m->stage >= ib->S || m->replica != ib->replica ||
         memcmp(ib->keys[m->stage], from, CM_ED25519_PUB_LEN) || !direction_ok(ib, m->type, m->stage)) {
         rc = CM_EAUTH;

@@ -37,7 +37,9 @@ void pipe_inbox_free(struct pipe_inbox *ib);
 
 /* The peers allowed to send as stage j of our pipeline (keys[j], j < S), and
  * our own stage (messages must come from a neighbour for ACT and GRAD, from
- * the other end for TIED, from any other stage for NORM). */
+ * the other end for TIED, from any other stage for NORM). Drops everything
+ * held. keys NULL: between two assignments, every message gets CM_EBUSY
+ * (its sender tries again). */
 void pipe_inbox_set_peers(struct pipe_inbox *ib, const uint8_t (*keys)[CM_ED25519_PUB_LEN], uint32_t S,
                           uint32_t replica, uint32_t mine);
 /* The step the stage works on: entries of earlier steps are dropped, steps
@@ -46,7 +48,7 @@ void pipe_inbox_set_step(struct pipe_inbox *ib, int64_t step);
 
 /* From the loop thread: one parsed message from `from`. CM_OK (taken, or a
  * repeat of a chunk already taken), CM_EBUSY (a step not taken yet, or full:
- * the sender retries), CM_EAUTH (not the peer of that stage, or a stage
+ * the sender retries; also while no peers are set), CM_EAUTH (not the peer of that stage, or a stage
  * that may not send this to us), CM_ERANGE (a chunk that does not fit the
  * tensor it belongs to, or the wrong way round), CM_ENOMEM. */
 int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN], const struct pipe_msg *m);

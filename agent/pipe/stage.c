@@ -72,6 +72,9 @@ static const struct cm_opt STAGE_OPTS[] = {
      "at, once it reached us there)", 0},
     {"dht-port", CM_OPT_INT, O(dht_port), "0", "PORT", "DHT port, 0 = any", 0},
     {"ar-port", CM_OPT_INT, O(ar_port), "0", "PORT", "averaging port, 0 = any", 0},
+    {"samples-per-s", CM_OPT_DBL, O(samples_per_s), "0", "X",
+     "declare this device's speed (samples per second of the whole model) instead of measuring it; the "
+     "coordinator gives stages to the fastest devices", 0},
     {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",
      "add this one-way delay to every frame sent (latency emulation for tests and benchmarks)", 0},
 };
@@ -119,6 +122,8 @@ static int check_opts(const struct pstage *s)
         bad = "--wait-s must be from 1 to 86400";
     else if (s->o.latency_ms < 0 || s->o.latency_ms > 10000)
         bad = "--latency-ms must be from 0 to 10000";
+    else if (!(s->o.samples_per_s >= 0 && s->o.samples_per_s <= 1e9))
+        bad = "--samples-per-s must be from 0 (measure) to 1e9";
     if (bad)
         fprintf(stderr, "error: %s\n", bad);
     return bad ? -1 : 0;
@@ -150,6 +155,9 @@ static int fetch_run(struct pstage *s)
         return CM_EINVAL;
     }
     json_int_t S = json_integer_value(js), D = json_integer_value(jd);
+    json_t *jm = json_object_get(pl, "min_replicas"), *jl = json_object_get(pl, "liveness_s");
+    json_int_t minD = json_is_integer(jm) ? json_integer_value(jm) : D;
+    json_int_t live = json_is_integer(jl) ? json_integer_value(jl) : 120;
     json_object_del(cfg, "pipeline");
     json_object_del(cfg, "collaboration");
     char *text = json_dumps(cfg, JSON_COMPACT);
@@ -178,8 +186,16 @@ static int fetch_run(struct pstage *s)
                 s->o.run, (long long)D, M);
         return CM_EINVAL;
     }
+    if (minD < 1 || minD > D || live < 10) {
+        fprintf(stderr, "error: run '%s': pipeline.min_replicas must be from 1 to replicas, liveness_s at "
+                        "least 10\n", s->o.run);
+        return CM_EINVAL;
+    }
     s->S = (uint32_t)S;
-    s->D = (uint32_t)D;
+    s->D = s->D_cfg = (uint32_t)D;
+    s->min_replicas = (uint32_t)minD;
+    /* our capability report must not expire while we are alive */
+    s->rt.cfg.caps_every_s = (double)live / 3;
     if (s->o.steps > 0)
         s->tc.steps = s->o.steps;
     if (s->o.device)
@@ -333,8 +349,8 @@ static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why,
         return rc;
     }
     int64_t now = peer_rt_now_ms(&s->rt) / 1000;
-    if (strcmp(p->run, s->o.run) || p->stages != s->S || p->replicas != s->D || now < p->valid_from - 60 ||
-        now >= p->valid_until) {
+    if (strcmp(p->run, s->o.run) || p->stages != s->S || p->replicas > s->D_cfg ||
+        p->replicas < s->min_replicas || now < p->valid_from - 60 || now >= p->valid_until) {
         fprintf(stderr, "error: the pipeline assignment is for run '%s' (%zu stages x %zu), valid %lld..%lld, "
                         "not for this run now\n", p->run, p->stages, p->replicas, (long long)p->valid_from,
                 (long long)p->valid_until);
@@ -344,9 +360,18 @@ static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why,
     return CM_OK;
 }
 
-/* Waits for an assignment that gives us a stage, then for the addresses of
- * the other stages of our pipeline on the DHT. */
-static int wait_for_stage(struct pstage *s)
+int64_t pipe_served_version(struct pstage *s)
+{
+    struct dtfm_payload p;
+    char why[256];
+    if (fetch_assignment(s, &p, why, sizeof why) != CM_OK)
+        return -1;
+    int64_t v = p.version;
+    dtfm_payload_cleanup(&p);
+    return v;
+}
+
+int pipe_wait_assignment(struct pstage *s, int64_t after_version)
 {
     double end = peer_mono_s() + (double)s->o.wait_s, next_announce = 0;
     char why[256], said[256] = "";
@@ -368,9 +393,29 @@ static int wait_for_stage(struct pstage *s)
         peer_rt_renew_pass_if_due(&s->rt);
         struct dtfm_payload p;
         int rc = fetch_assignment(s, &p, why, sizeof why);
-        if (rc == CM_OK) {
+        if (rc == CM_OK && p.version <= after_version) {
+            snprintf(why, sizeof why, "the coordinator still serves assignment %lld", (long long)p.version);
+            dtfm_payload_cleanup(&p);
+            rc = CM_EBUSY;
+        } else if (rc == CM_OK) {
             size_t replica, stage;
+            int M = s->tc.batch_size / s->tc.micro_batch;
+            if (M % (int)p.replicas) {
+                fprintf(stderr, "error: assignment %lld has %zu pipelines, which do not divide the step's %d "
+                                "micro-batches (choose pipeline.replicas and min_replicas so that every "
+                                "count between them does)\n", (long long)p.version, p.replicas, M);
+                dtfm_payload_cleanup(&p);
+                return CM_EINVAL;
+            }
+            /* who is in it: its members, then its spares (who may hold state to serve) */
+            s->n_members = p.stages * p.replicas;
+            s->n_spares = p.nspares;
+            memcpy(s->all, p.assign, s->n_members * CM_ED25519_PUB_LEN);
+            if (s->n_spares)
+                memcpy(s->all + s->n_members, p.spares, s->n_spares * CM_ED25519_PUB_LEN);
+            s->version = p.version;
             if (dtfm_payload_find(&p, s->rt.key.pub, &replica, &stage) == CM_OK) {
+                s->D = (uint32_t)p.replicas;
                 s->replica = (uint32_t)replica;
                 s->stage = (uint32_t)stage;
                 s->version = p.version;
@@ -378,14 +423,24 @@ static int wait_for_stage(struct pstage *s)
                     memcpy(s->keys[j], p.assign[replica * s->S + j], CM_ED25519_PUB_LEN);
                 for (uint32_t k = 0; k < s->D; k++)
                     memcpy(s->gkeys[k], p.assign[k * s->S + stage], CM_ED25519_PUB_LEN);
-                printf("assignment version %lld: stage %u of %u of pipeline %u (predicted %.2f s per step, "
-                       "random assignment %.2f s)\n", (long long)p.version, s->stage, s->S, s->replica,
-                       p.total_s, p.random_mean_s);
+                memset(s->addr_s, 0, sizeof s->addr_s);
+                memset(s->gaddr_s, 0, sizeof s->gaddr_s);
+                printf("assignment version %lld: stage %u of %u of pipeline %u of %u (predicted %.2f s per "
+                       "step, random assignment %.2f s)\n", (long long)p.version, s->stage, s->S, s->replica,
+                       s->D, p.total_s, p.random_mean_s);
+                fflush(stdout);
                 found = 1;
             } else {
                 snprintf(why, sizeof why, "assignment version %lld has no slot for us (a spare)",
                          (long long)p.version);
                 rc = CM_EBUSY;
+                if (s->have_tr && s->spare_served < p.version && pipe_spare_serve(s) == CM_OK)
+                    s->spare_served = p.version;
+                if (pipe_all_finished(s, s->tc.steps)) {
+                    dtfm_payload_cleanup(&p);
+                    s->run_finished = 1;
+                    return CM_OK;
+                }
             }
             dtfm_payload_cleanup(&p);
         }
@@ -431,23 +486,13 @@ static int start(struct pstage *s)
         fprintf(stderr, "error: no address the other stages can reach this agent at\n");
         return 1;
     }
-    if (measure_speed(s) != CM_OK)
+    if (s->o.samples_per_s > 0)
+        s->sps = s->o.samples_per_s;
+    else if (measure_speed(s) != CM_OK)
         return 1;
-    printf("pipeline run '%s': %u stages, this device ~%.1f samples/s for the whole model; at %s\n", s->o.run,
-           s->S, s->sps, s->rt.st_addr);
+    printf("pipeline run '%s': %u stages, this device %s%.1f samples/s for the whole model; at %s\n", s->o.run,
+           s->S, s->o.samples_per_s > 0 ? "(declared) " : "~", s->sps, s->rt.st_addr);
     fflush(stdout);
-    if (wait_for_stage(s) != CM_OK)
-        return 1;
-    struct kern_tfm_stage st[PIPE_MAX_STAGES];
-    char err[512];
-    if (kern_tfm_stages_split(&s->tc.tfm, (int)s->S, st) != CM_OK)
-        return 1;
-    s->st = st[s->stage];
-    if (agent_trainer_init_stage(&s->tr, &s->tc, &s->st, err, sizeof err) != CM_OK) {
-        fprintf(stderr, "error: stage %u: %s\n", s->stage, err);
-        return 1;
-    }
-    s->have_tr = 1;
     /* what may wait at once: two micro-batches of activations or gradients,
        the tied gradient, the norms */
     size_t act = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * ((size_t)s->tc.tfm.d_model + 1) * 4;
@@ -455,16 +500,26 @@ static int start(struct pstage *s)
     struct pipe_inbox *ib;
     if (pipe_inbox_new(8 + 2 * (size_t)s->S, 4 * act + 2 * tied + (1u << 20), &ib) != CM_OK)
         return 1;
-    pipe_inbox_set_peers(ib, (const uint8_t(*)[CM_ED25519_PUB_LEN])s->keys, s->S, s->replica, s->stage);
-    pipe_inbox_set_step(ib, 0);
     __atomic_store_n(&s->inbox, ib, __ATOMIC_RELEASE);
-    printf("stage %u: layers %d..%d%s%s, %zu parameters; previous stage %s, next stage %s\n", s->stage,
-           s->st.first_layer, s->st.first_layer + s->st.n_layers - 1, s->st.has_embed ? ", embedding" : "",
-           s->st.has_head ? ", head and loss" : "", s->tr.model->nparams,
-           s->stage > 0 ? s->addr_s[s->stage - 1] : "(none: reads the data)",
+    return 0;
+}
+
+/* What the stage is, once an assignment was entered. */
+static void say_stage(const struct pstage *s, int64_t from)
+{
+    printf("stage %u of pipeline %u: layers %d..%d%s%s, %zu parameters, from step %lld; previous stage %s, next "
+           "stage %s\n", s->stage, s->replica, s->st.first_layer, s->st.first_layer + s->st.n_layers - 1,
+           s->st.has_embed ? ", embedding" : "", s->st.has_head ? ", head and loss" : "", s->tr.model->nparams,
+           (long long)from + 1, s->stage > 0 ? s->addr_s[s->stage - 1] : "(none: reads the data)",
            s->stage + 1 < s->S ? s->addr_s[s->stage + 1] : "(none: computes the loss)");
     fflush(stdout);
-    return 0;
+}
+
+/* Whether a step's failure is a peer's (a stage agent left, a link broke):
+ * then the agents re-schedule; otherwise this agent stops. */
+static int peer_failure(int rc)
+{
+    return rc == CM_ETIMEOUT || rc == CM_ECONN || rc == CM_ECLOSED || rc == CM_EBUSY || rc == CM_EPROTO;
 }
 
 int agent_cmd_pipeline(int argc, char **argv)
@@ -505,16 +560,44 @@ int agent_cmd_pipeline(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     s->rt.coord.cancel = &pipe_g_interrupts;
     int failed = start(s);
-    s->rt.coord.cancel = NULL;
     int64_t step = 0;
-    rc = failed ? CM_EINVAL : CM_OK;
-    for (; !failed && step < s->tc.steps && !pipe_g_interrupts; step++) {
-        pipe_inbox_set_step(s->inbox, step);
-        if ((rc = pipe_stage_step(s, step)) != CM_OK)
-            break;
+    rc = failed ? CM_EINVAL : pipe_enter(s, 0, &step);
+    failed = failed || rc != CM_OK;
+    if (!failed && !s->run_finished)
+        say_stage(s, step);
+    s->rt.coord.cancel = NULL;
+    while (!failed && !s->run_finished && step < s->tc.steps && !pipe_g_interrupts) {
+        rc = pipe_stage_step(s, step);
+        peer_rt_report_caps(&s->rt, s->sps, 0);
         peer_rt_renew_pass_if_due(&s->rt);
+        if (rc == CM_OK) {
+            pipe_inbox_set_step(s->inbox, ++step);
+            continue;
+        }
+        if (!peer_failure(rc) || pipe_g_interrupts)
+            break;
+        /* a stage agent left or a link broke: the coordinator re-solves once
+           its capability report expires; every agent of the new assignment
+           goes on from the same step */
+        printf("step %lld failed (%s): waiting for a new assignment (the coordinator drops agents that stop "
+               "reporting)\n", (long long)step + 1, cm_strerror(rc));
+        fflush(stdout);
+        pipe_inbox_set_peers(s->inbox, NULL, 0, 0, 0);
+        s->rt.coord.cancel = &pipe_g_interrupts;
+        rc = pipe_enter(s, s->version, &step);
+        s->rt.coord.cancel = NULL;
+        if (rc != CM_OK)
+            break;
+        if (!s->run_finished) {
+            printf("re-scheduled: assignment version %lld\n", (long long)s->version);
+            say_stage(s, step);
+        }
     }
-    if (!failed && rc == CM_OK && !pipe_g_interrupts)
+    if (s->run_finished)
+        printf("done: every stage finished the run's %ld steps while this agent was a spare\n", s->tc.steps);
+    else if (!failed && rc == CM_OK && !pipe_g_interrupts)
+        pipe_finish(s, s->tc.steps);
+    if (!failed && rc == CM_OK && !pipe_g_interrupts && !s->run_finished)
         printf("done: stage %u trained %lld steps\n", s->stage, (long long)step);
     else if (!failed && rc != CM_ECANCELED && rc != CM_OK)
         fprintf(stderr, "error: stage %u stopped at step %lld: %s\n", s->stage, (long long)step + 1,
@@ -530,6 +613,7 @@ done:
     if (s->have_tr)
         agent_trainer_cleanup(&s->tr);
     pipe_inbox_free(s->inbox);
+    free(s->snap);
     cm_opts_free(&STAGE_SPEC, &s->o);
     free(s);
     return status;

@@ -13,9 +13,13 @@
 #include "agent/train/trainer.h"
 #include "sched/pipe_msg.h"
 
+#define PIPE_MAX_SLOTS 256  /* stages x replicas (DTFM_PAYLOAD_MAX_SLOTS) */
+#define PIPE_MAX_SPARES 256 /* DTFM_PAYLOAD_MAX_SPARES */
+
 struct stage_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *step_log;
     long steps, dht_port, ar_port, stage_timeout_ms, wait_s, latency_ms;
+    double samples_per_s;
 };
 
 struct pstage {
@@ -29,7 +33,18 @@ struct pstage {
     uint8_t gkeys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our stage's replicas (column `stage`) */
     struct sockaddr_storage gaddr[PIPE_MAX_STAGES];     /* their averaging addresses */
     char gaddr_s[PIPE_MAX_STAGES][PEER_ADDR_MAX];
-    int64_t version;
+    int64_t version;         /* of the assignment we work under */
+    uint32_t D_cfg, min_replicas; /* the run's pipeline.replicas and min_replicas */
+    /* the assignment's members, row-major (replica, stage), then its spares */
+    uint8_t all[PIPE_MAX_SLOTS + PIPE_MAX_SPARES][CM_ED25519_PUB_LEN];
+    size_t n_members, n_spares;
+    int64_t spare_served;    /* the newest assignment we were a spare of and served our state in */
+    int run_finished;        /* a spare saw every member finish the run */
+    int64_t state_version;   /* the assignment our stage state was trained under */
+    uint32_t had_stage;      /* its stage */
+    float *snap;             /* params, adam.m, adam.v before the last step's update */
+    size_t snap_n;
+    int64_t snap_step;
     struct kern_tfm_stage st;
     struct agent_trainer tr;
     int have_tr;
@@ -61,7 +76,36 @@ int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32
  * cannot reach a neighbour reads it again. */
 int pipe_resolve(struct pstage *s, int only);
 
+/* stage.c: waits for an assignment newer than after_version that gives us
+ * a slot (printing why while there is none), sets s's slot, keys and
+ * addresses from it. As a spare of an assignment while holding state, it
+ * serves that state to the members (pipe_spare_serve). CM_OK with
+ * s->run_finished set: we were a spare and every member finished. */
+int pipe_wait_assignment(struct pstage *s, int64_t after_version);
+
+/* stage.c: the version of the assignment the coordinator serves now
+ * (verified), -1 when none or unreadable. */
+int64_t pipe_served_version(struct pstage *s);
+
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */
 int pipe_stage_step(struct pstage *s, int64_t step);
+
+/* resched.c: enters the next assignment (newer than after_version): the
+ * first one, or one after a stage agent left; every stage of it goes on
+ * from the same step (*from_step) with the run's state there
+ * (docs/pipelines.md, "Re-scheduling"). */
+int pipe_enter(struct pstage *s, int64_t after_version, int64_t *from_step);
+/* Keeps params and optimizer state before a step's update (the state a
+ * re-scheduling may have to go back to). */
+int pipe_snapshot(struct pstage *s);
+/* As a spare of assignment s->version holding state: says what we hold and
+ * serves our stage's state at the step its members go on from. */
+int pipe_spare_serve(struct pstage *s);
+/* After the last step: says so on the run's DHT and waits (up to a
+ * minute) until every member of the assignment did, so that none of them
+ * still needs us (the last averaging's parts, the last norms). */
+void pipe_finish(struct pstage *s, int64_t steps);
+/* 1 when every member of assignment s->version said it finished `steps`. */
+int pipe_all_finished(struct pstage *s, int64_t steps);
 
 #endif

@@ -263,6 +263,8 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         rc = average_stage(s, step, &ev, &t_wait);
     if (rc == CM_OK)
         rc = global_norm(s, step, &norm, &t_wait);
+    if (rc == CM_OK)
+        rc = pipe_snapshot(s); /* what a re-scheduling may go back to */
     if (rc == CM_OK && (rc = kern_optim_step_norm(t->opt, m, norm, &lr)) == CM_ENUMERIC)
         fprintf(stderr, "error: step %lld: this stage's gradients are not finite\n", (long long)step);
     if (rc != CM_OK)

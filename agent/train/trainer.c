@@ -373,6 +373,27 @@ int agent_trainer_next_micro(struct agent_trainer *t, struct kern_batch *kb)
     return CM_OK;
 }
 
+int agent_trainer_seek_micro(struct agent_trainer *t, uint64_t n, char *err, size_t errlen)
+{
+    if (!t->train)
+        return CM_ESTATE;
+    cm_data_close(t->train);
+    cm_data_manifest_free(t->train_manifest);
+    t->train = NULL;
+    t->train_manifest = NULL;
+    t->mask_rng = t->cfg.seed ^ 0x6d61736bULL;
+    int rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN,
+                       t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed, &t->train_manifest, &t->train, err,
+                       errlen);
+    for (uint64_t i = 0; rc == CM_OK && i < n; i++) {
+        struct kern_batch kb;
+        if ((rc = agent_trainer_next_micro(t, &kb)) != CM_OK)
+            fail(err, errlen, rc, "data.train: micro-batch %llu of %llu: %s", (unsigned long long)i + 1,
+                 (unsigned long long)n, cm_strerror(rc));
+    }
+    return rc;
+}
+
 int agent_trainer_submit(struct agent_trainer *t)
 {
     if (!t->async)

@@ -80,6 +80,12 @@ int agent_trainer_init_stage(struct agent_trainer *t, const struct agent_train_c
  * t->samples. CM_ESTATE without a stream; CM_EIO for a short batch. */
 int agent_trainer_next_micro(struct agent_trainer *t, struct kern_batch *kb);
 
+/* Starts the training stream again from its beginning (the same order)
+ * and reads n micro-batches of it: the position after n micro-batches, as
+ * a pipeline's first stage needs after a re-scheduling (docs/pipelines.md,
+ * "Re-scheduling"). CM_ESTATE without a stream. */
+int agent_trainer_seek_micro(struct agent_trainer *t, uint64_t n, char *err, size_t errlen);
+
 /* grads = gradient of the mean loss over the next batch_size examples
  * (batch_size / micro_batch forward/backward passes). ev gets the sums. */
 int agent_trainer_compute_grads(struct agent_trainer *t, struct kern_eval *ev);

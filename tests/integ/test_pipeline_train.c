@@ -20,8 +20,9 @@
  * two. On a second run, 2 stages x 2 replicas (four agents): the agents of
  * a stage average its gradients, every replica of a stage holds the same
  * parameters at every step, and the loss is again the single process's.
- * A stage whose neighbour is killed stops with an error naming it,
- * within its --stage-timeout-ms (re-scheduling is not there yet). The
+ * Churn, on a third run of 2 x 2 that may go on with one pipeline: one of
+ * the four agents killed with SIGKILL mid-run; the others re-schedule and
+ * finish, and every step's loss is still the single process's. The
  * assignment's signature and decoder have their own tests
  * (tests/unit/sched/test_dtfm_payload.c, tests/fuzz/fuzz_pipeline.c). The
  * second test starts the agents again: their new addresses replace the
@@ -50,6 +51,7 @@
 #define RUN "gpt-pipe"
 #define RUN2 "gpt-pipe-replicas"
 #define NAGENTS2 4
+#define RUN3 "gpt-pipe-churn"
 /* |pipeline - single process| per step: the stages compute the same
  * products in the same order; only the clipping norm (three partial sums
  * added) and the tied embedding's gradient (first + last stage) are summed
@@ -60,7 +62,7 @@
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
-static char g_dirs[NAGENTS][256], g_dirs2[NAGENTS2][256];
+static char g_dirs[NAGENTS][256], g_dirs2[NAGENTS2][256], g_dirs3[NAGENTS2][256];
 static char g_data[256];
 static char g_recipe[300];
 
@@ -120,6 +122,44 @@ static json_t *recipe(void)
                      "shuffle_buffer", 4096, "log_every", 4);
 }
 
+/* Creates run `name` with config cfg (taken). */
+static int create_run(const char *name, json_t *cfg)
+{
+    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size", (json_int_t)16,
+                             "model_summary", "tiny byte GPT in stages", "config", cfg);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    struct ct_resp r;
+    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
+    free(text);
+    long st = r.status;
+    if (st != 201)
+        fprintf(stderr, "creating run %s: %ld %s\n", name, st, r.body ? r.body : "");
+    ct_resp_free(&r);
+    return st == 201 ? 0 : -1;
+}
+
+/* NAGENTS2 volunteers PREFIX0.. on run, logged in with state dirs dirs. */
+static int volunteers(const char *run, const char *prefix, char (*dirs)[256])
+{
+    for (int i = 0; i < NAGENTS2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%d", prefix, i);
+        if (ct_volunteer_account(&g_c, g_org, run, name, dirs[i]) != 0)
+            return -1;
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--ca-cert", g_c.ca,
+                              "--username", name, "--password-stdin", "--config-dir", dirs[i], NULL};
+        char *out = NULL;
+        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
+        if (lrc != 0)
+            fprintf(stderr, "login of %s: %s\n", name, out ? out : "");
+        free(out);
+        if (lrc != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -169,21 +209,16 @@ static int setup(void **state)
     ct_resp_free(&r);
     if (st != 201)
         return -1;
-    for (int i = 0; i < NAGENTS2; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "rep%d", i);
-        if (ct_volunteer_account(&g_c, g_org, RUN2, name, g_dirs2[i]) != 0)
-            return -1;
-        const char *argv[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--ca-cert", g_c.ca,
-                              "--username", name, "--password-stdin", "--config-dir", g_dirs2[i], NULL};
-        char *out = NULL;
-        int lrc = ct_run(argv, "volunteer-pw\n", &out, 60);
-        if (lrc != 0)
-            fprintf(stderr, "login of %s: %s\n", name, out ? out : "");
-        free(out);
-        if (lrc != 0)
-            return -1;
-    }
+    if (volunteers(RUN2, "rep", g_dirs2) != 0)
+        return -1;
+    /* the third: the same, ready to go on with one pipeline, reports live 10 s */
+    if (!(cfg = recipe()))
+        return -1;
+    json_object_set_new(cfg, "pipeline",
+                        json_pack("{s:i, s:i, s:i, s:i, s:f}", "stages", 2, "replicas", 2, "min_replicas", 1,
+                                  "liveness_s", 10, "gradient_bytes", 1e6));
+    if (create_run(RUN3, cfg) != 0 || volunteers(RUN3, "churn", g_dirs3) != 0)
+        return -1;
     return ct_volunteers(&g_c, g_org, RUN, NAGENTS, g_dirs);
 }
 
@@ -195,9 +230,12 @@ static int teardown(void **state)
     if (!getenv("CT_KEEP_LOGS")) {
         for (int i = 0; i < NAGENTS; i++)
             ct_rmrf(g_dirs[i]);
-        for (int i = 0; i < NAGENTS2; i++)
+        for (int i = 0; i < NAGENTS2; i++) {
             if (g_dirs2[i][0])
                 ct_rmrf(g_dirs2[i]);
+            if (g_dirs3[i][0])
+                ct_rmrf(g_dirs3[i]);
+        }
         ct_rmrf(g_data);
     }
     free(g_org);
@@ -220,7 +258,7 @@ static pid_t spawn_stage(int i, const char *log, const char *steplog, const char
 
 struct slog {
     int n, stage, replica;
-    double loss[STEPS + 2], norm[STEPS + 2];
+    double loss[STEPS + 2], norm[STEPS + 2], loss_t[STEPS + 2]; /* loss_t: t_ms of the line with the loss */
     char hash[STEPS + 2][17];
 };
 
@@ -249,8 +287,10 @@ static int read_slog(const char *path, struct slog *s)
                 s->replica = (int)json_integer_value(rp);
             const char *h = json_string_value(json_object_get(j, "hash"));
             snprintf(s->hash[step], sizeof s->hash[step], "%s", h ? h : "");
-            if (json_is_number(l))
+            if (json_is_number(l)) {
                 s->loss[step] = json_number_value(l);
+                s->loss_t[step] = json_number_value(json_object_get(j, "t_ms"));
+            }
             json_t *gn = json_object_get(j, "grad_norm");
             if (json_is_number(gn))
                 s->norm[step] = json_number_value(gn);
@@ -388,51 +428,111 @@ static void test_replicas_average(void **state)
     assert_true(s[slot[0][1]].loss[STEPS] < s[slot[0][1]].loss[1] - 1.0);
 }
 
-/* A stage whose neighbour dies: it stops with an error that names the
- * stage, within its --stage-timeout-ms (re-scheduling is not there yet). */
-static void test_neighbour_killed(void **state)
+/* Churn (issue 19): 2 stages x 2 replicas with min_replicas 1 and
+ * liveness_s 10, every frame delayed 30 ms (so a step takes a while), the
+ * agents' speeds declared (400, 300, 200, 100 samples/s); once every agent
+ * took 3 steps, the other agent of the slowest one's stage is killed with
+ * SIGKILL. The others find a neighbour gone, the coordinator drops the dead
+ * agent once its capability report expires and gives the one pipeline left
+ * to the two fastest, which held the same stage: one of them takes the
+ * other stage and loads its state from the slowest, now a spare that
+ * serves it; they agree on the step to go on from and finish. Every step's
+ * loss (the last line a step has) is again the single process's: the
+ * re-scheduling lost no update and repeated none. */
+static void test_churn(void **state)
 {
     (void)state;
-    char logs[NAGENTS][320], steplogs[NAGENTS][320];
-    pid_t pids[NAGENTS];
-    for (int i = 0; i < NAGENTS; i++) {
-        snprintf(logs[i], sizeof logs[i], "%.250s/kill.log", g_dirs[i]);
-        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/kill.steps", g_dirs[i]);
-        pids[i] = spawn_stage(i, logs[i], steplogs[i], "3000");
+    char logs[NAGENTS2][320], steplogs[NAGENTS2][320];
+    pid_t pids[NAGENTS2];
+    for (int i = 0; i < NAGENTS2; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/churn.log", g_dirs3[i]);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/churn.steps", g_dirs3[i]);
+        char sps[16];
+        snprintf(sps, sizeof sps, "%d", 400 - 100 * i); /* agent 3 the slowest */
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", RUN3, "--config-dir", g_dirs3[i],
+                              "--listen-ip", "127.0.0.1", "--device", "cpu", "--step-log", steplogs[i], "--wait-s",
+                              "90", "--stage-timeout-ms", "3000", "--latency-ms", "30", "--samples-per-s", sps,
+                              NULL};
+        pids[i] = ct_spawn(argv, logs[i]);
         assert_true(pids[i] > 0);
     }
-    /* once every stage took a step, kill the middle one */
+    /* The victim: the other agent of the slowest agent's stage. The
+       coordinator then gives the two slots to the two fastest left, which
+       held the other stage: one of them must take the slowest's stage and
+       load its state from the slowest, now a spare. */
     int victim = -1;
     for (int t = 0; t < 1200 && victim < 0; t++) {
         int ready = 0;
-        for (int i = 0; i < NAGENTS; i++) {
-            struct slog sl;
-            if (read_slog(steplogs[i], &sl) == 0 && sl.n >= 1) {
-                ready++;
-                if (sl.stage == 1)
-                    victim = i;
-            }
-        }
-        if (ready < NAGENTS)
-            victim = -1;
+        struct slog sl[NAGENTS2];
+        for (int i = 0; i < NAGENTS2; i++)
+            ready += read_slog(steplogs[i], &sl[i]) == 0 && sl[i].n >= 3;
+        for (int i = 0; ready == NAGENTS2 && i < NAGENTS2 - 1; i++)
+            if (sl[i].stage == sl[NAGENTS2 - 1].stage)
+                victim = i;
         if (victim < 0)
             usleep(100000);
     }
     assert_true(victim >= 0);
+    struct slog before;
+    read_slog(steplogs[victim], &before);
     kill(pids[victim], SIGKILL);
     waitpid(pids[victim], NULL, 0);
-    for (int i = 0; i < NAGENTS; i++) {
-        if (i == victim)
+    pids[victim] = 0;
+    printf("killed agent %d (stage %d of pipeline %d) after its step %d\n", victim, before.stage, before.replica,
+           before.n);
+    /* two of the three left finish the run; the third, a spare, serves its
+       state and ends once it sees every member finish */
+    int finished[NAGENTS2] = {0};
+    for (int i = 0; i < NAGENTS2; i++)
+        if (pids[i] > 0) {
+            int st = ct_wait(pids[i], 180);
+            finished[i] = 1 + st;
+            pids[i] = 0;
+        }
+    static struct slog local, s[NAGENTS2];
+    single_process(&local);
+    int done = 0, last = -1, moved = 0;
+    for (int i = 0; i < NAGENTS2; i++) {
+        if (!finished[i])
             continue;
-        int st = ct_wait(pids[i], 60);
-        assert_int_equal(st, 1);
         char *l = ct_read_file(logs[i], NULL);
-        assert_non_null(l);
-        int named = strstr(l, "error: stage 1 (") && strstr(l, ") does not answer");
-        if (!named)
-            fprintf(stderr, "agent %d's log does not name stage 1:\n%s\n", i, l);
+        if (finished[i] != 1)
+            fprintf(stderr, "agent %d exited with %d; its log:\n%s\n", i, finished[i] - 1, l ? l : "");
+        assert_int_equal(finished[i], 1);
+        assert_int_equal(read_slog(steplogs[i], &s[i]), 0);
+        if (i == NAGENTS2 - 1) { /* the slowest: the spare, which served its stage */
+            assert_non_null(strstr(l, "(this agent is its spare)"));
+            assert_non_null(strstr(l, "while this agent was a spare"));
+            free(l);
+            continue;
+        }
+        assert_non_null(strstr(l, "re-scheduled: assignment version"));
+        moved += strstr(l, "state after step") != NULL;
         free(l);
-        assert_true(named);
+        done++;
+        if (s[i].stage == 1)
+            last = i;
+    }
+    assert_int_equal(done, 2);
+    assert_int_equal(moved, 1); /* one took the other stage, with the spare's state */
+    assert_true(last >= 0);
+    /* each step's loss: the newest line with one in any log (a step begun
+       before the kill was taken again after the re-scheduling) */
+    struct slog dead;
+    read_slog(steplogs[victim], &dead);
+    printf("step  after churn  single\n");
+    for (int k = 1; k <= STEPS; k++) {
+        double loss = NAN, t = -1;
+        for (int i = 0; i <= NAGENTS2; i++) {
+            const struct slog *x = i < NAGENTS2 ? &s[i] : &dead;
+            if ((i == NAGENTS2 || finished[i]) && isfinite(x->loss[k]) && x->loss_t[k] > t) {
+                loss = x->loss[k];
+                t = x->loss_t[k];
+            }
+        }
+        printf("%4d  %.6f     %.6f\n", k, loss, local.loss[k]);
+        assert_true(isfinite(loss));
+        assert_true(fabs(loss - local.loss[k]) <= EQ_TOL_REPLICAS);
     }
 }
 
@@ -441,7 +541,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stages_match_single_process),
         cmocka_unit_test(test_replicas_average),
-        cmocka_unit_test(test_neighbour_killed),
+        cmocka_unit_test(test_churn),
     };
     if (getenv("CT_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CT_TEST_FILTER"));

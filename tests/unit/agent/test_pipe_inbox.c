@@ -2,7 +2,8 @@
  * a tensor assembled in any order (repeats harmless), taken only when
  * complete; only the assigned peer of a neighbouring stage may send
  * activations or gradients, only the other end the tied gradient, any
- * other stage a norm; steps outside [current, current + 1] are refused
+ * other stage a norm, nobody between two assignments (CM_EBUSY, and what
+ * was held is dropped); steps outside [current, current + 1] are refused
  * (CM_EBUSY ahead, ignored behind) and earlier steps dropped; limits on
  * entries and bytes; a wait times out and stops on an interrupt. */
 #include <setjmp.h>
@@ -173,6 +174,15 @@ static void test_steps_and_limits(void **state)
     big.total = 80;
     big.count = 8;
     assert_int_equal(pipe_inbox_put(ib, g_keys[2], &big), CM_EBUSY); /* bytes full (80 x 4 > 200) */
+    /* between two assignments: everything held is dropped, senders are told to try again */
+    pipe_inbox_set_peers(ib, NULL, 0, 0, 0);
+    assert_int_equal(pipe_inbox_put(ib, g_keys[2], &g), CM_EBUSY);
+    pipe_inbox_set_peers(ib, (const uint8_t(*)[CM_ED25519_PUB_LEN])g_keys, S, 0, 1);
+    g.mb = 5;
+    assert_int_equal(pipe_inbox_put(ib, g_keys[2], &g), CM_OK);
+    assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_GRAD, 7, 3, 2, 20, NULL, &e), CM_ETIMEOUT); /* dropped */
+    assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_GRAD, 7, 5, 2, 20, NULL, &e), CM_OK);
+    pipe_entry_free(e);
     /* an interrupted wait */
     static volatile sig_atomic_t stop = 1;
     assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_GRAD, 7, 9, 2, 5000, &stop, &e), CM_ECANCELED);
