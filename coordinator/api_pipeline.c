@@ -13,7 +13,11 @@
  *      partition), and the best pipeline structure for it (§3.3) becomes
  *      the assignment. It is signed with this coordinator's key, stored in
  *      `pipelines` and served until the inputs change (after a short
- *      hysteresis) or its validity nears its end.
+ *      hysteresis) or its validity nears its end. With
+ *      config.pipeline.search "random" the assignment is instead one
+ *      uniformly random assignment of the chosen devices drawn from the
+ *      run's seed (the ablation baseline of seed 003 §4.2, so that stage
+ *      agents can measure what the search buys on real hosts; issue 19).
  *
  * Solves run in the request (this slice): a few seconds up to 64 devices,
  * but 10-26 s at the 256-device bound even with the shortened search
@@ -130,7 +134,16 @@ struct pipe_cfg {
     double act_bytes, grad_bytes;
     double sample_bytes; /* > 0: activation_bytes is derived, this per sample */
     uint64_t seed;
+    const char *search; /* PIPE_SEARCH_DTFM or PIPE_SEARCH_RANDOM (static text) */
 };
+
+#define PIPE_SEARCH_DTFM "dtfm"     /* the hybrid genetic algorithm (default) */
+#define PIPE_SEARCH_RANDOM "random" /* one uniformly random assignment from the seed */
+
+static int search_random(const struct pipe_cfg *pc)
+{
+    return !strcmp(pc->search, PIPE_SEARCH_RANDOM);
+}
 
 /* 1: a pipeline run, *out filled; 0: no "pipeline" object; -1: invalid,
  * err names the field. batch: the run's target batch size (samples per
@@ -224,6 +237,16 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
             return cfg_fail(err, cap, "field '%s': an integer from 0 to 2^53 - 1",
                             "config.pipeline.seed");
         out->seed = (uint64_t)json_integer_value(sd);
+    }
+    const json_t *se = json_object_get(p, "search");
+    out->search = PIPE_SEARCH_DTFM;
+    if (se) {
+        const char *v = json_string_value(se);
+        if (v && !strcmp(v, PIPE_SEARCH_RANDOM))
+            out->search = PIPE_SEARCH_RANDOM;
+        else if (!v || strcmp(v, PIPE_SEARCH_DTFM) != 0)
+            return cfg_fail(err, cap, "field '%s': \"dtfm\" (the default) or \"random\"",
+                            "config.pipeline.search");
     }
     return 1;
 }
@@ -416,7 +439,7 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
      * key only, so that the listed spares stay current. "replicas" is D',
      * what the solve uses (the configured D while S x D devices are live),
      * and activation_bytes the size for D': fewer or more replicas is a
-     * change of inputs. */
+     * change of inputs; so is the search ("dtfm" or "random"). */
     json_t *devs = json_array(), *spares = json_array();
     for (size_t i = 0; devs && i < in->n; i++) {
         const struct device *d = &in->dev[i];
@@ -441,11 +464,11 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
     }
     for (size_t i = in->n; spares && i < in->n + in->nspare && i - in->n < PIPE_MAX_SPARES; i++)
         json_array_append_new(spares, json_string(in->dev[i].k64));
-    in->doc = json_pack("{s:{s:i, s:i, s:f, s:f, s:I, s:f}, s:o, s:o}", "run", "stages",
+    in->doc = json_pack("{s:{s:i, s:i, s:f, s:f, s:I, s:s, s:f}, s:o, s:o}", "run", "stages",
                         (int)pc->stages, "replicas", (int)pc->replicas, "activation_bytes",
                         pc->act_bytes, "gradient_bytes", pc->grad_bytes, "seed",
-                        (json_int_t)pc->seed, "target_batch_size", batch, "devices", devs,
-                        "spares", spares);
+                        (json_int_t)pc->seed, "search", pc->search, "target_batch_size", batch,
+                        "devices", devs, "spares", spares);
     if (coord_doc_digest(in->doc, in->sha) != CM_OK) {
         inputs_free(in);
         coord_resp_error(resp, 500, "internal", "out of memory");
@@ -621,15 +644,29 @@ static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batc
                                 pc->grad_bytes, work, speed};
     if ((rc = dtfm_model_new(&prob, &m, why)) != CM_OK)
         goto done;
-    out->warm = warm_from(nw, in, pc, warm) && dtfm_partition_check(m, warm) == CM_OK;
-    out->generations = search_generations(n);
-    struct dtfm_search_opts o = {pc->seed, DTFM_LOCAL_PAPER, 0, out->generations,
-                                 out->warm ? warm : NULL};
-    struct dtfm_cost searched;
-    if ((rc = dtfm_search(m, &o, out->group, &searched, &out->stats)) != CM_OK ||
-        (rc = dtfm_cost_partition(m, out->group, &out->cost, out->assign)) != CM_OK) {
-        *why = "the pipeline search failed";
-        goto done;
+    if (search_random(pc)) {
+        /* search "random": one uniformly random assignment of the chosen
+         * devices (the §4.2 baseline's draw, from the run's seed), costed
+         * as it is; no search, no warm start. group: its stages. */
+        uint64_t rs = pc->seed;
+        dtfm_random_assignment(m, &rs, out->assign);
+        if ((rc = dtfm_cost_assignment(m, out->assign, &out->cost)) != CM_OK) {
+            *why = "the random assignment is invalid";
+            goto done;
+        }
+        for (size_t k = 0; k < n; k++)
+            out->group[out->assign[k]] = (uint16_t)(k % pc->stages);
+    } else {
+        out->warm = warm_from(nw, in, pc, warm) && dtfm_partition_check(m, warm) == CM_OK;
+        out->generations = search_generations(n);
+        struct dtfm_search_opts o = {pc->seed, DTFM_LOCAL_PAPER, 0, out->generations,
+                                     out->warm ? warm : NULL};
+        struct dtfm_cost searched;
+        if ((rc = dtfm_search(m, &o, out->group, &searched, &out->stats)) != CM_OK ||
+            (rc = dtfm_cost_partition(m, out->group, &out->cost, out->assign)) != CM_OK) {
+            *why = "the pipeline search failed";
+            goto done;
+        }
     }
     /* The ablation baseline of seed 003 §4.2, for the organizer's eye. */
     uint64_t rng = pc->seed ^ 0x9e3779b97f4a7c15ULL;
@@ -723,11 +760,13 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
     json_t *part = json_array();
     for (size_t d = 0; part && d < in->n; d++)
         json_array_append_new(part, json_integer(sv.group[d]));
-    json_t *result = json_pack("{s:o, s:b, s:i, s:I, s:i, s:f, s:f}", "partition", part,
-                               "warm_start", sv.warm, "generations", (int)sv.generations,
-                               "evaluations", (json_int_t)sv.stats.evaluations,
-                               "improvements", (int)sv.stats.improvements, "random_mean_s",
-                               sv.random_mean_s, "total_s", sv.cost.total);
+    /* search "random": generations, evaluations and improvements 0 */
+    json_t *result = json_pack("{s:s, s:o, s:b, s:i, s:I, s:i, s:f, s:f}", "search", pc->search,
+                               "partition", part, "warm_start", sv.warm, "generations",
+                               (int)sv.generations, "evaluations",
+                               (json_int_t)sv.stats.evaluations, "improvements",
+                               (int)sv.stats.improvements, "random_mean_s", sv.random_mean_s,
+                               "total_s", sv.cost.total);
     char *inputs_txt = json_dumps(in->doc, JSON_COMPACT | JSON_SORT_KEYS);
     char *result_txt = result ? json_dumps(result, JSON_COMPACT) : NULL;
     json_decref(result);
@@ -759,10 +798,11 @@ static int solve_and_store(struct coord_req *req, struct coord_resp *resp, const
             nw->solve_ms = sv.solve_ms;
             nw->payload = payload;
             payload = NULL;
-            CM_LOGI("pipe", "run %s: pipeline v%lld, %u x %u devices (of %u replicas), %.3f s "
-                    "predicted (random %.3f s), %s, %.1f ms",
-                    req->params[0], version, pc->stages, pc->replicas, pc->max_replicas,
-                    sv.cost.total, sv.random_mean_s, sv.warm ? "warm" : "cold", sv.solve_ms);
+            CM_LOGI("pipe", "run %s: pipeline v%lld (search %s), %u x %u devices (of %u "
+                    "replicas), %.3f s predicted (random mean %.3f s), %s, %.1f ms",
+                    req->params[0], version, pc->search, pc->stages, pc->replicas,
+                    pc->max_replicas, sv.cost.total, sv.random_mean_s,
+                    sv.warm ? "warm" : "cold", sv.solve_ms);
         }
     }
     free(payload);

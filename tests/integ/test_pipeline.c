@@ -12,7 +12,10 @@
  * last solve), and changed figures of the same peers are solved again 30 s
  * after it, starting from the previous partition; while another
  * coordinator holds the run's solve, a GET serves what is stored or answers
- * 503 rather than waiting. */
+ * 503 rather than waiting. With config.pipeline.search "random" the
+ * assignment is the seed's random permutation of the chosen devices, the
+ * same on a re-solve, another for another seed, and costlier than DT-FM's
+ * on the two regions. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,6 +32,7 @@
 #include <unistd.h>
 
 #include "cm_crypto.h"
+#include "sched/dtfm.h"
 #include "sched/dtfm_payload.h"
 #include "cm_err.h"
 #include "ct_harness.h"
@@ -227,6 +231,18 @@ static void test_config_validated(void **state)
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
          "\"liveness_s\":null}}",
          "config.pipeline.liveness_s"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"search\":\"best\"}}",
+         "config.pipeline.search"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"search\":\"Random\"}}",
+         "config.pipeline.search"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"search\":1}}",
+         "config.pipeline.search"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"search\":null}}",
+         "config.pipeline.search"},
     };
     long runs = scalar("SELECT count(*) FROM runs");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -559,6 +575,207 @@ static void test_defaults_from_model(void **state)
     assert_true(num(p, "activation_bytes") == 32.0 * 128 * 64 * 4); /* ceil(63 / 2) = 32 */
     assert_true(num(p, "gradient_bytes") == 2e6);
     ct_resp_free(&r);
+}
+
+/* ---- config.pipeline.search "random" (issue 19: DT-FM against a random
+ * assignment on real hosts) ---- */
+
+/* The two-region run of PIPE_CONFIG with a seed and a search. */
+static void rnd_config(char *buf, size_t cap, const char *wrap_name, unsigned long long seed,
+                       const char *search)
+{
+    snprintf(buf, cap,
+             "{%s%s%s\"target_batch_size\":64,\"config\":{\"pipeline\":{\"stages\":2,"
+             "\"replicas\":2,\"activation_bytes\":1e6,\"gradient_bytes\":1e8,\"seed\":%llu,"
+             "\"search\":\"%s\"}}}",
+             wrap_name ? "\"name\":\"" : "", wrap_name ? wrap_name : "", wrap_name ? "\"," : "",
+             seed, search);
+}
+
+/* What the coordinator must serve for search "random" and seed: the
+ * devices (A-D) in key order, permuted by dtfm_random_assignment from a
+ * splitmix64 state equal to the seed. slot[i][j] = our peer at replica i,
+ * stage j. */
+static void rnd_expected(uint64_t seed, int slot[2][2])
+{
+    int order[4] = {A, B, C, D};
+    for (int i = 1; i < 4; i++) /* by key */
+        for (int k = i; k > 0 && memcmp(g_peer[order[k - 1]].pub, g_peer[order[k]].pub, 32) > 0;
+             k--) {
+            int t = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = t;
+        }
+    double delay[16] = {0}, bw[16];
+    for (int i = 0; i < 16; i++)
+        bw[i] = 1e9;
+    struct dtfm_problem prob = {2, 2, delay, bw, 1, 1, NULL, NULL};
+    struct dtfm_model *m = NULL;
+    const char *why = "";
+    assert_int_equal(dtfm_model_new(&prob, &m, &why), CM_OK);
+    uint32_t asg[4];
+    uint64_t rng = seed;
+    dtfm_random_assignment(m, &rng, asg);
+    dtfm_model_free(m);
+    for (int k = 0; k < 4; k++)
+        slot[k / 2][k % 2] = order[asg[k]];
+}
+
+/* The cost model's seconds for a layout of A-D as it is (dtfm.h; the
+ * numbers of test_two_regions): a stage's pair inside a region 0.802 s,
+ * across 80.1 s; a pipeline hop inside 0.018 s, across 1.7 s; compute
+ * 0.16 s. */
+static double rnd_cost(int slot[2][2], double *dp, double *pp)
+{
+    *dp = 0;
+    *pp = 0;
+    for (int j = 0; j < 2; j++)
+        *dp = fmax(*dp, region(slot[0][j]) == region(slot[1][j]) ? 0.802 : 80.1);
+    for (int i = 0; i < 2; i++)
+        *pp = fmax(*pp, region(slot[i][0]) == region(slot[i][1]) ? 0.018 : 1.7);
+    return *dp + *pp + 0.16;
+}
+
+static int same_layout(int a[2][2], int b[2][2])
+{
+    return a[0][0] == b[0][0] && a[0][1] == b[0][1] && a[1][0] == b[1][0] && a[1][1] == b[1][1];
+}
+
+/* 1 when run rnd's stored version v satisfies cond (SQL over the row), else 0. */
+static long rnd_row(long long v, const char *cond)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM pipelines p JOIN runs r ON r.id = p.run_id WHERE r.name = "
+             "'rnd' AND p.version = %lld AND %s",
+             v, cond);
+    return scalar(sql);
+}
+
+/* rnd's solves moved s seconds back (past the 30 s for changed inputs of
+ * the same devices). */
+static void rnd_solved_earlier(int s)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "UPDATE pipelines SET created_at = created_at - interval '%d seconds' WHERE run_id "
+             "= (SELECT id FROM runs WHERE name = 'rnd')",
+             s);
+    assert_int_equal(ct_pg_exec(&g_pg, sql), 0);
+}
+
+/* search "random": the served assignment is the seed's uniformly random
+ * permutation of the chosen devices (a valid one: each of A-D once), its
+ * predicted cost that permutation's as it is, the same on a re-solve with
+ * the same seed, another with another seed; changing the search re-solves,
+ * and DT-FM's assignment of the same devices costs less. */
+static void test_random_search(void **state)
+{
+    (void)state;
+    /* Seeds, from the keys (fresh each run): s1 one whose assignment is
+     * not DT-FM's layout (each stage's group one region; one in three
+     * assignments is), s2 the next one with another assignment. */
+    unsigned long long s1 = 1, s2;
+    int want1[2][2], want2[2][2], slot[2][2];
+    double dp, pp;
+    for (;; s1++) {
+        rnd_expected(s1, want1);
+        if (rnd_cost(want1, &dp, &pp) > 2.662 + 1e-6)
+            break;
+        assert_true(s1 < 100);
+    }
+    for (s2 = s1 + 1;; s2++) {
+        rnd_expected(s2, want2);
+        if (!same_layout(want1, want2))
+            break;
+        assert_true(s2 < s1 + 100);
+    }
+    char body[512];
+    rnd_config(body, sizeof body, "rnd", s1, "random");
+    expect("POST", "/api/v1/runs", g_org, body, 201, NULL, NULL);
+    join_four("rnd");
+
+    struct served sv;
+    fetch_verified_run("rnd", 2, 2, &sv);
+    assert_int_equal(sv.version, 1);
+    assert_true(sv.solved_now);
+    layout(sv.p, slot); /* each chosen peer once */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            assert_true(slot[i][j] >= A && slot[i][j] <= D);
+    assert_true(same_layout(slot, want1));
+    const json_t *pr = json_object_get(sv.p, "predicted");
+    double want_total = rnd_cost(slot, &dp, &pp);
+    double random_total = num(pr, "total_s");
+    assert_true(fabs(num(pr, "dp_s") - dp) < 1e-9);
+    assert_true(fabs(num(pr, "pp_s") - pp) < 1e-9);
+    assert_true(fabs(num(pr, "compute_s") - 0.16) < 1e-9);
+    assert_true(fabs(random_total - want_total) < 1e-9);
+    assert_true(num(sv.p, "random_mean_s") > 2.662);
+    assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
+    json_decref(sv.p);
+    assert_int_equal(rnd_row(1, "result->>'search' = 'random' AND "
+                                "NOT (result->>'warm_start')::boolean AND "
+                                "(result->>'generations')::int = 0 AND "
+                                "jsonb_array_length(result->'partition') = 4 AND "
+                                "inputs->'run'->>'search' = 'random'"),
+                     1);
+
+    /* The same inputs solved again (its validity running out): the same
+     * assignment, not warm-started. */
+    assert_int_equal(ct_pg_exec(&g_pg, "UPDATE pipelines SET valid_until = now() + interval "
+                                       "'60 seconds' WHERE run_id = (SELECT id FROM runs WHERE "
+                                       "name = 'rnd')"),
+                     0);
+    fetch_verified_run("rnd", 2, 2, &sv);
+    assert_int_equal(sv.version, 2);
+    assert_true(sv.solved_now);
+    layout(sv.p, slot);
+    assert_true(same_layout(slot, want1));
+    assert_true(num(json_object_get(sv.p, "predicted"), "total_s") == random_total);
+    json_decref(sv.p);
+    assert_int_equal(rnd_row(2, "result->>'search' = 'random' AND "
+                                "NOT (result->>'warm_start')::boolean"),
+                     1);
+
+    /* Another seed: a change of inputs (solved again after 30 s, the
+     * devices being the same), another assignment. */
+    rnd_config(body, sizeof body, NULL, s2, "random");
+    expect("PATCH", "/api/v1/runs/rnd", g_org, body, 200, NULL, NULL);
+    fetch_verified_run("rnd", 2, 2, &sv);
+    assert_int_equal(sv.version, 2);
+    json_decref(sv.p);
+    rnd_solved_earlier(40);
+    fetch_verified_run("rnd", 2, 2, &sv);
+    assert_int_equal(sv.version, 3);
+    layout(sv.p, slot);
+    assert_true(same_layout(slot, want2));
+    assert_false(same_layout(slot, want1));
+    assert_true(fabs(num(json_object_get(sv.p, "predicted"), "total_s") -
+                     rnd_cost(slot, &dp, &pp)) < 1e-9);
+    json_decref(sv.p);
+
+    /* The search changed to DT-FM's, seed s1 again: solved again (the
+     * search is an input), each stage's group one region, and the random
+     * assignment of s1 costs more than this one. */
+    rnd_config(body, sizeof body, NULL, s1, "dtfm");
+    expect("PATCH", "/api/v1/runs/rnd", g_org, body, 200, NULL, NULL);
+    rnd_solved_earlier(40);
+    fetch_verified_run("rnd", 2, 2, &sv);
+    assert_int_equal(sv.version, 4);
+    assert_true(sv.solved_now);
+    layout(sv.p, slot);
+    for (int j = 0; j < 2; j++)
+        assert_int_equal(region(slot[0][j]), region(slot[1][j]));
+    double dtfm_total = num(json_object_get(sv.p, "predicted"), "total_s");
+    assert_true(fabs(dtfm_total - 2.662) < 1e-9);
+    assert_true(random_total >= dtfm_total);
+    assert_true(random_total > dtfm_total + 1); /* s1 was picked so */
+    json_decref(sv.p);
+    assert_int_equal(rnd_row(4, "result->>'search' = 'dtfm' AND "
+                                "(result->>'generations')::int = 200 AND "
+                                "inputs->'run'->>'search' = 'dtfm'"),
+                     1);
 }
 
 /* The run rep3: 2 stages x 3 replicas, at least 2, reports living 10 s. */
@@ -908,6 +1125,7 @@ int main(void)
         cmocka_unit_test(test_stable_then_faster_peer),
         cmocka_unit_test(test_other_solver),
         cmocka_unit_test(test_defaults_from_model),
+        cmocka_unit_test(test_random_search),
         cmocka_unit_test(test_fewer_replicas),
         cmocka_unit_test(test_liveness),
     };
