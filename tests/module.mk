@@ -98,6 +98,16 @@ $(BENCH_HOSTS): $(BUILD)/obj/tests/bench/bench_hosts.o $(HARNESS_LIB) $(COMMON_L
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
 BENCHES += $(BENCH_HOSTS)
 
+# Pipeline stages on 8 hosts of two speeds (network namespaces; root): the
+# cost model's seconds per step against the measured ones, DT-FM's schedule
+# against a random assignment.
+BENCH_PIPE_HOSTS := $(BUILD)/tests/bench/bench_pipeline_hosts
+$(BENCH_PIPE_HOSTS): $(BUILD)/obj/tests/bench/bench_pipeline_hosts.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
+BENCHES += $(BENCH_PIPE_HOSTS)
+
 # Asynchronous DMoE trainers under emulated expert latency (seed 002 §4.1,
 # Figure 4): samples/s at 0, 50, 100, 200 ms, each against 0 ms.
 BENCH_EXPERTS_LATENCY := $(BUILD)/tests/bench/bench_experts_latency

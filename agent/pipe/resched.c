@@ -177,7 +177,7 @@ struct ready {
 /* Reads the "ready" records of everyone in assignment s->version (members
  * and spares) until all are there. CM_EBUSY when the coordinator serves a
  * newer assignment meanwhile (one of them is gone: it re-solved). */
-static int gather_ready(struct pstage *s, struct ready *r, size_t n, double end)
+static int gather_ready(struct pstage *s, struct ready *r, size_t n, double end, const char *mine)
 {
     double next_check = peer_mono_s() + 2;
     char key[200];
@@ -216,6 +216,10 @@ static int gather_ready(struct pstage *s, struct ready *r, size_t n, double end)
             return CM_ETIMEOUT;
         }
         if (peer_mono_s() >= next_check) {
+            /* ours again (stored on the nodes closest to the key now: see
+               pipe_keep_announced), our addresses too */
+            peer_net_put(s->rt.net, key, mine, strlen(mine), 600000);
+            pipe_keep_announced(s);
             peer_rt_report_caps(&s->rt, s->sps, 0);
             if (pipe_served_version(s) > s->version) {
                 printf("assignment %lld is already replaced (%zu of its %zu agents did not answer)\n",
@@ -282,7 +286,7 @@ static int agree(struct pstage *s, struct ready **rout, int64_t *hv_out, int64_t
         return CM_ENOMEM;
     for (size_t k = 0; k < n; k++)
         memcpy(r[k].pub, s->all[k], CM_ED25519_PUB_LEN);
-    if ((rc = gather_ready(s, r, n, end)) != CM_OK) {
+    if ((rc = gather_ready(s, r, n, end, val)) != CM_OK) {
         free(r);
         return rc;
     }
@@ -355,9 +359,14 @@ void pipe_finish(struct pstage *s, int64_t steps)
     snprintf(val, sizeof val, "%lld", (long long)steps);
     if (peer_net_put(s->rt.net, key, val, strlen(val), 600000) != CM_OK)
         return;
-    double end = peer_mono_s() + 60;
-    while (!pipe_g_interrupts && peer_mono_s() < end && !pipe_all_finished(s, steps))
+    double end = peer_mono_s() + 60, again = peer_mono_s() + 2;
+    while (!pipe_g_interrupts && peer_mono_s() < end && !pipe_all_finished(s, steps)) {
         usleep(200000);
+        if (peer_mono_s() >= again) { /* stored where lookups look now */
+            peer_net_put(s->rt.net, key, val, strlen(val), 600000);
+            again = peer_mono_s() + 2;
+        }
+    }
 }
 
 int pipe_enter(struct pstage *s, int64_t after_version, int64_t *from_step)

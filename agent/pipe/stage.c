@@ -257,6 +257,21 @@ static int announce(struct pstage *s)
     return peer_net_put(s->rt.net, key, val, strlen(val), 120000);
 }
 
+/* Our addresses again every ANNOUNCE_EVERY_S: a record stored while few
+ * agents had joined lives on those nodes only, and a lookup answers from
+ * the first sources it finds; putting it again stores it on the nodes
+ * closest to the key now (and keeps it from expiring). */
+#define ANNOUNCE_EVERY_S 10.0
+void pipe_keep_announced(struct pstage *s)
+{
+    double now = peer_mono_s();
+    if (now < s->next_announce)
+        return;
+    if (announce(s) != CM_OK)
+        fprintf(stderr, "warning: announcing our addresses on the run's DHT failed; trying again\n");
+    s->next_announce = now + ANNOUNCE_EVERY_S;
+}
+
 /* Sets *sa and str from text when it is a valid address other than the
  * one held; 1 when it changed. */
 static int set_addr(const char *text, struct sockaddr_storage *sa, char *str, const char *what, uint32_t j)
@@ -373,7 +388,7 @@ int64_t pipe_served_version(struct pstage *s)
 
 int pipe_wait_assignment(struct pstage *s, int64_t after_version)
 {
-    double end = peer_mono_s() + (double)s->o.wait_s, next_announce = 0;
+    double end = peer_mono_s() + (double)s->o.wait_s;
     char why[256], said[256] = "";
     int found = 0;
     while (!found) {
@@ -384,11 +399,7 @@ int pipe_wait_assignment(struct pstage *s, int64_t after_version)
                     said[0] ? said : "no assignment");
             return CM_ETIMEOUT;
         }
-        if (peer_mono_s() >= next_announce) {
-            if (announce(s) != CM_OK)
-                fprintf(stderr, "warning: announcing our address on the run's DHT failed; trying again\n");
-            next_announce = peer_mono_s() + 30;
-        }
+        pipe_keep_announced(s);
         peer_rt_report_caps(&s->rt, s->sps, 0);
         peer_rt_renew_pass_if_due(&s->rt);
         struct dtfm_payload p;
@@ -457,6 +468,7 @@ int pipe_wait_assignment(struct pstage *s, int64_t after_version)
     /* the other stages' addresses */
     for (;;) {
         size_t missing = 0;
+        pipe_keep_announced(s);
         pipe_resolve(s, -1);
         for (uint32_t j = 0; j < s->S; j++)
             missing += j != s->stage && !s->addr_s[j][0];
@@ -569,6 +581,7 @@ int agent_cmd_pipeline(int argc, char **argv)
     while (!failed && !s->run_finished && step < s->tc.steps && !pipe_g_interrupts) {
         rc = pipe_stage_step(s, step);
         peer_rt_report_caps(&s->rt, s->sps, 0);
+        pipe_keep_announced(s);
         peer_rt_renew_pass_if_due(&s->rt);
         if (rc == CM_OK) {
             pipe_inbox_set_step(s->inbox, ++step);

@@ -40,6 +40,7 @@ struct pstage {
     size_t n_members, n_spares;
     int64_t spare_served;    /* the newest assignment we were a spare of and served our state in */
     int run_finished;        /* a spare saw every member finish the run */
+    double next_announce;    /* mono s of our addresses' next put on the DHT */
     int64_t state_version;   /* the assignment our stage state was trained under */
     uint32_t had_stage;      /* its stage */
     float *snap;             /* params, adam.m, adam.v before the last step's update */
@@ -82,6 +83,9 @@ int pipe_resolve(struct pstage *s, int only);
  * serves that state to the members (pipe_spare_serve). CM_OK with
  * s->run_finished set: we were a spare and every member finished. */
 int pipe_wait_assignment(struct pstage *s, int64_t after_version);
+
+/* stage.c: puts our addresses on the run's DHT when due (every 10 s). */
+void pipe_keep_announced(struct pstage *s);
 
 /* stage.c: the version of the assignment the coordinator serves now
  * (verified), -1 when none or unreadable. */

@@ -19,8 +19,11 @@
  *    (exact Held-Karp up to DTFM_TSP_EXACT_MAX groups, nearest neighbour and
  *    2-opt above);
  *  - a compute term the paper does not have: with per-stage work and
- *    per-device speeds, max over devices of work(stage) / speed(device),
- *    the stage being the group's position in the path.
+ *    per-device speeds, the sum over the stages of the slowest replica's
+ *    work(stage) / speed(device), the stage being the group's position in
+ *    the path (our stage agents run a step's micro-batches one after the
+ *    other, so the stages compute in turn; with overlapping micro-batches
+ *    it would be the slowest stage plus the pipeline's fill and drain).
  *
  * total = data-parallel + pipeline + compute. Delays and bandwidths are
  * symmetrized as in §2: ((a_dd' + a_d'd) / 2, (b_dd' + b_d'd) / 2).

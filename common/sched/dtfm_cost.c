@@ -380,18 +380,25 @@ double dtfm_tsp_open(const double *w, size_t s, uint32_t *order)
     return total;
 }
 
+/* The stage agents run a step's micro-batches one after the other
+ * (docs/pipelines.md, "Stage agents"): each stage computes in turn, and a
+ * stage's replicas wait for the slowest of them (they average before the
+ * update). So the step's computing is the sum over the stages of the
+ * slowest replica's time. */
 static double compute_in_order(const struct dtfm_model *m, const uint32_t *members, const uint32_t *order)
 {
-    double worst = 0;
+    double sum = 0;
     for (size_t j = 0; j < m->stages; j++) {
         const uint32_t *g = members + (size_t)order[j] * m->replicas;
+        double worst = 0;
         for (size_t k = 0; k < m->replicas; k++) {
             double t = m->work[j] / m->speed[g[k]];
             if (t > worst)
                 worst = t;
         }
+        sum += worst;
     }
-    return worst;
+    return sum;
 }
 
 double dtfm_compute_term(const struct dtfm_model *m, const uint32_t *members, uint32_t *order)
@@ -477,12 +484,15 @@ int dtfm_cost_assignment(const struct dtfm_model *m, const uint32_t *assign, str
         double c = dtfm_dp_group(m, members);
         if (c > dp)
             dp = c;
-        if (m->work)
+        if (m->work) { /* compute_in_order's rule */
+            double worst = 0;
             for (size_t i = 0; i < r; i++) {
                 double t = m->work[j] / m->speed[members[i]];
-                if (t > comp)
-                    comp = t;
+                if (t > worst)
+                    worst = t;
             }
+            comp += worst;
+        }
         if (j + 1 < s) {
             double edge = 0;
             for (size_t i = 0; i < r; i++) {

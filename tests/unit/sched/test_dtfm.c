@@ -542,8 +542,9 @@ static void test_compute_term(void **state)
     in.speed[1] = 10;
     inst_model(&in);
     /* Links are uniform, so only the compute term tells the two stage orders
-     * apart: device 1 (speed 10) on stage 0 (work 10) gives max(1, 1) = 1;
-     * the other way max(10, 0.1) = 10. Both labellings must find it. */
+     * apart: device 1 (speed 10) on stage 0 (work 10) gives 1 + 1 = 2 (the
+     * stages compute in turn); the other way 10 + 0.1 = 10.1. Both
+     * labellings must find it. */
     static const uint16_t groups[2][2] = {{0, 1}, {1, 0}};
     for (size_t k = 0; k < 2; k++) {
         struct dtfm_cost c;
@@ -551,16 +552,16 @@ static void test_compute_term(void **state)
         assert_int_equal(dtfm_cost_partition(in.m, groups[k], &c, assign), CM_OK);
         assert_int_equal(assign[0], 1);
         assert_int_equal(assign[1], 0);
-        assert_close(c.compute, 1.0);
+        assert_close(c.compute, 2.0);
         assert_close(c.dp, 0);
-        assert_close(c.total, c.pp + 1.0);
+        assert_close(c.total, c.pp + 2.0);
         assert_int_equal(dtfm_cost_assignment(in.m, assign, &c), CM_OK);
-        assert_close(c.compute, 1.0);
+        assert_close(c.compute, 2.0);
     }
     static const uint32_t slow_first[2] = {0, 1};
     struct dtfm_cost c;
     assert_int_equal(dtfm_cost_assignment(in.m, slow_first, &c), CM_OK);
-    assert_close(c.compute, 10.0);
+    assert_close(c.compute, 10.1);
     dtfm_model_free(in.m);
 
     in.m = NULL;

@@ -1,0 +1,256 @@
+/* Pipeline stages on separate hosts (issue 19, "cost model against
+ * reality"; `make bench`; root): 8 hosts in network namespaces
+ * (tests/harness/ct_net.h) in two groups, four with 200 Mbit/s links and
+ * four with 20 Mbit/s (tc tbf, both ways), run a byte GPT of 4 layers cut
+ * into 4 stages x 2 pipelines with `crowdtrain-agent pipeline`, the command
+ * line a volunteer types, twice on the same hosts: once on the DT-FM
+ * schedule the coordinator searches (seed 003 §3) and once on a random
+ * assignment it draws (`pipeline.search: "random"`, seed 003 §4.2's
+ * baseline).
+ *
+ * Prints, measured in this run: for each, the coordinator's predicted
+ * seconds per step (the cost model: data-parallel + pipeline + compute,
+ * from the agents' measured link rates and speeds) and the measured one
+ * (median `step_s` of the last stages' step logs over steps 4..STEPS),
+ * their ratio (goal 0.8-1.2), and random's measured time over DT-FM's
+ * (goal > 1: the schedule is faster on real links).
+ *
+ * Not emulated: latency (the agents would need pairwise round trips in
+ * their capability reports for the model to see it; netns links have
+ * ~0.1 ms). The agents run the micro-batches one after the other (no
+ * overlap yet), which the model, like the paper's, does not assume. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ct_harness.h"
+#include "ct_net.h"
+#include "cm_crypto.h"
+
+#define STEPS 15
+#define N 8
+#define S 4
+#define D 2
+#define PORT "8443"
+#define FAST_MBPS 200.0
+#define SLOW_MBPS 20.0
+
+static struct ct_net g_net;
+static struct ct_pg g_pg;
+static struct ct_coord g_c;
+static char *g_org;
+static int g_vol;
+static char g_data[256];
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A repetitive text for the byte GPT (as tests/integ/test_pipeline_train.c). */
+static int write_manifest(const char *name, size_t len, uint64_t seed, char *mpath, size_t cap)
+{
+    static const char *words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ",
+                                  "lazy ", "dog ", "and ", "runs ", "away. ", "\n"};
+    char txt[320], hex[65];
+    snprintf(txt, sizeof txt, "%.250s/%s.txt", g_data, name);
+    snprintf(mpath, cap, "%.250s/%s.json", g_data, name);
+    char *buf = malloc(len + 16);
+    if (!buf)
+        return -1;
+    size_t n = 0;
+    while (n < len) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        const char *w = words[(seed >> 33) % 12];
+        memcpy(buf + n, w, strlen(w));
+        n += strlen(w);
+    }
+    FILE *f = fopen(txt, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    uint8_t h[32];
+    cm_sha256(buf, len, h);
+    cm_hex_encode(h, 32, hex);
+    free(buf);
+    json_t *m = json_pack("{s:s, s:s, s:[{s:s+, s:I, s:s}]}", "name", name, "format", "text-bytes", "shards",
+                          "url", "file://", txt, "size", (json_int_t)len, "sha256", hex);
+    int rc = ok && m ? json_dump_file(m, mpath, 0) : -1;
+    json_decref(m);
+    return rc;
+}
+
+/* One pipeline run on the 8 hosts: *pred (the coordinator's seconds per
+ * step) and *meas (measured). */
+/* The served assignment's predicted split: "dp + pp + compute". */
+static void predicted_split(const char *run, char *out, size_t cap)
+{
+    char path[160];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline", run);
+    struct ct_resp r;
+    snprintf(out, cap, "?");
+    if (ct_http(&g_c, "GET", path, g_org, NULL, &r) == 0 && r.status == 200) {
+        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *p = json_object_get(json_object_get(j, "pipeline"), "predicted");
+        snprintf(out, cap, "data-parallel %.3f + pipeline %.3f + compute %.3f",
+                 json_number_value(json_object_get(p, "dp_s")), json_number_value(json_object_get(p, "pp_s")),
+                 json_number_value(json_object_get(p, "compute_s")));
+        json_decref(j);
+    }
+    ct_resp_free(&r);
+}
+
+static int pipeline_run(const char *run, const char *search, const int *hosts, double *pred, double *meas)
+{
+    char tr[300], dirs[N][256], logs[N][320], steps[N][320], url[64];
+    if (write_manifest("train", 400000, 11, tr, sizeof tr) != 0)
+        return -1;
+    /* 4 layers of d_model 128: ~208 k parameters per stage (the gradient the
+       replicas of a stage average, 834 kB) */
+    json_t *cfg = json_pack("{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:s, s:f, s:f}, s:i, s:i, s:i, s:i,"
+                            " s:{s:s, s:i}, s:i, s:{s:i, s:i, s:f, s:i, s:s}}",
+                            "model", "type", "gpt", "vocab", 256, "context", 64, "layers", 4, "heads", 4,
+                            "d_model", 128, "d_ff", 512, "optimizer", "type", "adamw", "lr", 0.003, "clip_norm",
+                            1.0, "batch_size", 32, "micro_batch", 4, "steps", STEPS, "seed", 1, "data", "train",
+                            tr, "shuffle_buffer", 4096, "log_every", 5, "pipeline", "stages", S, "replicas", D,
+                            "gradient_bytes", 834000.0, "seed", 1, "search", search);
+    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", run, "target_batch_size", (json_int_t)32,
+                             "model_summary", "byte GPT in 4 stages x 2", "config", cfg);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    struct ct_resp r;
+    if (!text || ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r) != 0 || r.status != 201) {
+        fprintf(stderr, "creating run %s failed: %s\n", run, text ? r.body : "");
+        free(text);
+        return -1;
+    }
+    ct_resp_free(&r);
+    free(text);
+    snprintf(url, sizeof url, "https://%s:" PORT, g_net.h[0].ip);
+    if (ct_net_volunteers(&g_net, &g_c, g_org, run, url, g_vol, N, hosts, dirs) != 0)
+        return -1;
+    g_vol += N;
+    pid_t pid[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/pipeline.log", dirs[i]);
+        snprintf(steps[i], sizeof steps[i], "%.250s/pipeline.steps", dirs[i]);
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", run, "--config-dir", dirs[i],
+                              "--device", "cpu", "--step-log", steps[i], "--wait-s", "300", NULL};
+        pid[i] = ct_net_spawn(&g_net, hosts[i], argv, logs[i]);
+    }
+    int st[N], left = N;
+    for (int i = 0; i < N; i++)
+        st[i] = -1;
+    double t0 = mono_s();
+    while (left > 0 && mono_s() - t0 < 900) {
+        for (int i = 0; i < N; i++) {
+            int s = 0;
+            if (st[i] < 0 && waitpid(pid[i], &s, WNOHANG) == pid[i]) {
+                st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+                left--;
+            }
+        }
+        usleep(100000);
+    }
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        if (st[i] < 0) {
+            kill(pid[i], SIGKILL);
+            ct_wait(pid[i], 10);
+        }
+        if (st[i] != 0) {
+            char *l = ct_read_file(logs[i], NULL);
+            fprintf(stderr, "%s: agent %d exited with %d:\n%s\n", run, i, st[i], l ? l : "");
+            free(l);
+            ok = 0;
+        }
+    }
+    /* the prediction (every agent prints it) and the last stages' step times */
+    double d[2 * STEPS];
+    size_t nd = 0;
+    *pred = -1;
+    for (int i = 0; ok && i < N; i++) {
+        char *l = ct_read_file(logs[i], NULL);
+        const char *p = l ? strstr(l, "(predicted ") : NULL;
+        if (p)
+            *pred = atof(p + strlen("(predicted "));
+        free(l);
+        FILE *f = fopen(steps[i], "r");
+        char line[2048];
+        while (f && fgets(line, sizeof line, f)) {
+            json_t *j = json_loads(line, 0, NULL);
+            long s = (long)json_integer_value(json_object_get(j, "step"));
+            if (j && json_integer_value(json_object_get(j, "stage")) == S - 1 && s >= 4 && s <= STEPS &&
+                nd < 2 * STEPS)
+                d[nd++] = json_number_value(json_object_get(j, "step_s"));
+            json_decref(j);
+        }
+        if (f)
+            fclose(f);
+    }
+    for (int i = 0; i < N; i++)
+        if (!getenv("CT_KEEP_LOGS"))
+            ct_rmrf(dirs[i]);
+    *meas = ct_median(d, nd);
+    if (ok && (nd < STEPS || *pred <= 0)) {
+        fprintf(stderr, "%s: %zu step times, prediction %.3f\n", run, nd, *pred);
+        ok = 0;
+    }
+    return ok ? 0 : -1;
+}
+
+int main(void)
+{
+    int rc = ct_net_init(&g_net);
+    if (rc == CT_SKIP)
+        return 0; /* the reason is printed */
+    int hosts[N];
+    if (rc != 0 || ct_net_public(&g_net, "coord") != 0 || ct_tempdir("pipebench", g_data, sizeof g_data) != 0)
+        return 1;
+    for (int i = 0; i < N; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%s%d", i < N / 2 ? "fast" : "slow", i);
+        if ((hosts[i] = ct_net_public(&g_net, name)) < 0 ||
+            ct_net_cap(&g_net, hosts[i], i < N / 2 ? FAST_MBPS : SLOW_MBPS) != 0)
+            return 1;
+    }
+    if (ct_net_enter(&g_net, 0) != 0 || ct_pg_start(&g_pg) != 0)
+        return 1;
+    char public_url[64];
+    snprintf(public_url, sizeof public_url, "https://%s:" PORT, g_net.h[0].ip);
+    const char *args[] = {"--listen", "0.0.0.0:" PORT, "--public-url", public_url, "--dht-listen-ip", "0.0.0.0",
+                          NULL};
+    if (ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
+        ct_coord_start(&g_c, g_pg.url, NULL, args) != 0 || !(g_org = ct_login(&g_c, "org", "organizer-password")))
+        return 1;
+    double pd = 0, md = 0, pr = 0, mr = 0;
+    char sd[128], sr[128];
+    int ok = pipeline_run("bench-pipe-dtfm", "dtfm", hosts, &pd, &md) == 0 &&
+             pipeline_run("bench-pipe-random", "random", hosts, &pr, &mr) == 0;
+    predicted_split("bench-pipe-dtfm", sd, sizeof sd);
+    predicted_split("bench-pipe-random", sr, sizeof sr);
+    if (ok) {
+        printf("pipeline on 8 hosts (4 at %.0f Mbit/s, 4 at %.0f), byte GPT 4 stages x 2 pipelines, steps 4-%d:\n",
+               FAST_MBPS, SLOW_MBPS, STEPS);
+        printf("  DT-FM schedule:    predicted %.3f s/step (%s), measured %.3f s/step, measured/predicted "
+               "%.2f (goal 0.8-1.2)\n", pd, sd, md, md / pd);
+        printf("  random assignment: predicted %.3f s/step (%s), measured %.3f s/step, measured/predicted %.2f\n",
+               pr, sr, mr, mr / pr);
+        printf("  random / DT-FM, measured: %.2fx (predicted %.2fx; goal > 1)\n", mr / md, pr / pd);
+    }
+    int crc = ct_coord_cleanup(&g_c);
+    ct_pg_stop(&g_pg);
+    ct_net_destroy(&g_net);
+    if (!getenv("CT_KEEP_LOGS"))
+        ct_rmrf(g_data);
+    free(g_org);
+    return ok && crc == 0 ? 0 : 1;
+}
