@@ -220,7 +220,6 @@ static int gather_ready(struct pstage *s, struct ready *r, size_t n, double end,
                pipe_keep_announced), our addresses too */
             peer_net_put(s->rt.net, key, mine, strlen(mine), 600000);
             pipe_keep_announced(s);
-            peer_rt_report_caps(&s->rt, s->sps, 0);
             if (pipe_served_version(s) > s->version) {
                 printf("assignment %lld is already replaced (%zu of its %zu agents did not answer)\n",
                        (long long)s->version, n - seen, n);

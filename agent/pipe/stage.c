@@ -50,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define O(f) offsetof(struct stage_opts, f)
@@ -400,7 +401,6 @@ int pipe_wait_assignment(struct pstage *s, int64_t after_version)
             return CM_ETIMEOUT;
         }
         pipe_keep_announced(s);
-        peer_rt_report_caps(&s->rt, s->sps, 0);
         peer_rt_renew_pass_if_due(&s->rt);
         struct dtfm_payload p;
         int rc = fetch_assignment(s, &p, why, sizeof why);
@@ -488,6 +488,41 @@ int pipe_wait_assignment(struct pstage *s, int64_t after_version)
     }
 }
 
+/* Our capability report, renewed by a thread of its own every second (it
+ * sends when a third of pipeline.liveness_s passed, or the figures
+ * changed): a stage waiting on its neighbours or on an averaging round must
+ * not look gone to the coordinator, which drops agents whose report
+ * expired and re-schedules without them. */
+static void *caps_thread(void *arg)
+{
+    struct pstage *s = arg;
+    pthread_mutex_lock(&s->caps_mu);
+    while (!s->caps_stop) {
+        pthread_mutex_unlock(&s->caps_mu);
+        peer_rt_report_caps(&s->rt, s->sps, 0);
+        pthread_mutex_lock(&s->caps_mu);
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += 1;
+        if (!s->caps_stop)
+            pthread_cond_timedwait(&s->caps_cv, &s->caps_mu, &t);
+    }
+    pthread_mutex_unlock(&s->caps_mu);
+    return NULL;
+}
+
+static void caps_stop(struct pstage *s)
+{
+    if (!s->caps_started)
+        return;
+    pthread_mutex_lock(&s->caps_mu);
+    s->caps_stop = 1;
+    pthread_cond_broadcast(&s->caps_cv);
+    pthread_mutex_unlock(&s->caps_mu);
+    pthread_join(s->caps_th, NULL);
+    s->caps_started = 0;
+}
+
 /* Everything before the steps; 0, or 1 on failure (said on stderr). */
 static int start(struct pstage *s)
 {
@@ -504,6 +539,11 @@ static int start(struct pstage *s)
         return 1;
     printf("pipeline run '%s': %u stages, this device %s%.1f samples/s for the whole model; at %s\n", s->o.run,
            s->S, s->o.samples_per_s > 0 ? "(declared) " : "~", s->sps, s->rt.st_addr);
+    if (pthread_create(&s->caps_th, NULL, caps_thread, s) != 0) {
+        fprintf(stderr, "error: starting the capability reports' thread\n");
+        return 1;
+    }
+    s->caps_started = 1;
     fflush(stdout);
     /* what may wait at once: two micro-batches of activations or gradients,
        the tied gradient, the norms */
@@ -531,7 +571,9 @@ static void say_stage(const struct pstage *s, int64_t from)
  * then the agents re-schedule; otherwise this agent stops. */
 static int peer_failure(int rc)
 {
-    return rc == CM_ETIMEOUT || rc == CM_ECONN || rc == CM_ECLOSED || rc == CM_EBUSY || rc == CM_EPROTO;
+    /* CM_EAUTH: a neighbour that moved on to a newer assignment refuses us */
+    return rc == CM_ETIMEOUT || rc == CM_ECONN || rc == CM_ECLOSED || rc == CM_EBUSY || rc == CM_EPROTO ||
+           rc == CM_EAUTH;
 }
 
 int agent_cmd_pipeline(int argc, char **argv)
@@ -539,6 +581,8 @@ int agent_cmd_pipeline(int argc, char **argv)
     struct pstage *s = calloc(1, sizeof *s);
     if (!s)
         return 1;
+    pthread_mutex_init(&s->caps_mu, NULL);
+    pthread_cond_init(&s->caps_cv, NULL);
     int status = 2, rc = cm_opts_parse(&STAGE_SPEC, &s->o, argc, argv, NULL, NULL, stderr);
     if (rc != CM_OK) {
         status = rc == 1 ? 0 : 2;
@@ -580,7 +624,6 @@ int agent_cmd_pipeline(int argc, char **argv)
     s->rt.coord.cancel = NULL;
     while (!failed && !s->run_finished && step < s->tc.steps && !pipe_g_interrupts) {
         rc = pipe_stage_step(s, step);
-        peer_rt_report_caps(&s->rt, s->sps, 0);
         pipe_keep_announced(s);
         peer_rt_renew_pass_if_due(&s->rt);
         if (rc == CM_OK) {
@@ -619,6 +662,7 @@ int agent_cmd_pipeline(int argc, char **argv)
         printf("stopping (%s)\n", g_signal == SIGTERM ? "SIGTERM" : "Ctrl-C");
     status = !failed && rc == CM_OK && !pipe_g_interrupts ? 0 : pipe_g_interrupts ? 128 + g_signal : 1;
 out:
+    caps_stop(s);
     peer_rt_cleanup(&s->rt); /* the net's thread is gone: nothing puts into the inbox */
 done:
     if (s->steplog)
@@ -628,6 +672,8 @@ done:
     pipe_inbox_free(s->inbox);
     free(s->snap);
     cm_opts_free(&STAGE_SPEC, &s->o);
+    pthread_mutex_destroy(&s->caps_mu);
+    pthread_cond_destroy(&s->caps_cv);
     free(s);
     return status;
 }

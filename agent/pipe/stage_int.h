@@ -4,6 +4,7 @@
 #ifndef AGENT_PIPE_STAGE_INT_H
 #define AGENT_PIPE_STAGE_INT_H
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,6 +42,10 @@ struct pstage {
     int64_t spare_served;    /* the newest assignment we were a spare of and served our state in */
     int run_finished;        /* a spare saw every member finish the run */
     double next_announce;    /* mono s of our addresses' next put on the DHT */
+    pthread_t caps_th;       /* renews our capability report (stage.c) */
+    pthread_mutex_t caps_mu;
+    pthread_cond_t caps_cv;
+    int caps_started, caps_stop;
     int64_t state_version;   /* the assignment our stage state was trained under */
     uint32_t had_stage;      /* its stage */
     float *snap;             /* params, adam.m, adam.v before the last step's update */

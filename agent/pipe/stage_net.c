@@ -210,8 +210,8 @@ int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32
         fprintf(stderr, "error: stage %u (%s) sent nothing for %ld ms at step %lld\n", from, s->addr_s[from],
                 s->o.stage_timeout_ms, (long long)step + 1);
         if (!name_the_gone(s))
-            fprintf(stderr, "error: every stage answers, yet nothing came: a stage is stuck\n");
-        fprintf(stderr, "error: re-scheduling after a stage leaves is not there yet: this stage stops\n");
+            fprintf(stderr, "error: every stage answers, yet nothing came: a stage is stuck or moved on to "
+                            "another assignment\n");
     }
     return rc;
 }

@@ -678,6 +678,38 @@ int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, in
     return 0;
 }
 
+int ct_text_manifest(const char *dir, const char *name, size_t len, uint64_t seed, char *mpath, size_t cap)
+{
+    static const char *words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ",
+                                  "lazy ", "dog ", "and ", "runs ", "away. ", "\n"};
+    char txt[320], hex[65];
+    snprintf(txt, sizeof txt, "%.250s/%s.txt", dir, name);
+    snprintf(mpath, cap, "%.250s/%s.json", dir, name);
+    char *buf = malloc(len + 16);
+    if (!buf)
+        return -1;
+    size_t n = 0;
+    while (n < len) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        const char *w = words[(seed >> 33) % 12];
+        memcpy(buf + n, w, strlen(w));
+        n += strlen(w);
+    }
+    FILE *f = fopen(txt, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    uint8_t h[32];
+    cm_sha256(buf, len, h);
+    cm_hex_encode(h, 32, hex);
+    free(buf);
+    json_t *m = json_pack("{s:s, s:s, s:[{s:s+, s:I, s:s}]}", "name", name, "format", "text-bytes", "shards",
+                          "url", "file://", txt, "size", (json_int_t)len, "sha256", hex);
+    int rc = ok && m ? json_dump_file(m, mpath, 0) : -1;
+    json_decref(m);
+    return rc;
+}
+
 json_t *ct_fmnist_recipe(long steps)
 {
     char ex[PATH_MAX], path[PATH_MAX + 64];

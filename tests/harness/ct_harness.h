@@ -126,6 +126,11 @@ int ct_volunteers(const struct ct_coord *c, const char *org, const char *run, in
  * manifests made absolute and, when steps > 0, its "steps" set; NULL when
  * it cannot be read (run from the repository root). */
 json_t *ct_fmnist_recipe(long steps);
+/* A text-bytes data set for the byte GPT: `len` bytes of a repetitive but
+ * not trivial text (the words of test_train_local, drawn from `seed`) in
+ * dir/name.txt and its manifest (one file:// shard with its SHA-256) in
+ * dir/name.json, whose path goes to mpath (cap bytes). 0 on success. */
+int ct_text_manifest(const char *dir, const char *name, size_t len, uint64_t seed, char *mpath, size_t cap);
 /* The body of POST /api/v1/runs for a run `name` with that recipe (heap). */
 char *ct_run_body(const char *name, json_t *recipe);
 

@@ -40,45 +40,9 @@ static char g_dirs[NAGENTS][256];
 static char g_data[256];
 static const char *g_device;
 
-/* A repetitive but not trivial text (the words of test_train_local), so the
- * tiny model's loss falls within a few dozen steps. */
-static int write_text(const char *path, size_t len, uint64_t seed, char *hex)
-{
-    static const char *words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ",
-                                  "lazy ", "dog ", "and ", "runs ", "away. ", "\n"};
-    char *buf = malloc(len + 16);
-    if (!buf)
-        return -1;
-    size_t n = 0;
-    while (n < len) {
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        const char *w = words[(seed >> 33) % 12];
-        memcpy(buf + n, w, strlen(w));
-        n += strlen(w);
-    }
-    FILE *f = fopen(path, "wb");
-    int ok = f && fwrite(buf, 1, len, f) == len;
-    if (f && fclose(f) != 0)
-        ok = 0;
-    uint8_t h[32];
-    cm_sha256(buf, len, h);
-    cm_hex_encode(h, 32, hex);
-    free(buf);
-    return ok ? 0 : -1;
-}
-
 static int write_manifest(const char *name, size_t len, uint64_t seed, char *mpath, size_t cap)
 {
-    char txt[320], hex[65];
-    snprintf(txt, sizeof txt, "%.250s/%s.txt", g_data, name);
-    snprintf(mpath, cap, "%.250s/%s.json", g_data, name);
-    if (write_text(txt, len, seed, hex) != 0)
-        return -1;
-    json_t *m = json_pack("{s:s, s:s, s:[{s:s+, s:I, s:s}]}", "name", name, "format", "text-bytes",
-                          "shards", "url", "file://", txt, "size", (json_int_t)len, "sha256", hex);
-    int rc = m ? json_dump_file(m, mpath, 0) : -1;
-    json_decref(m);
-    return rc;
+    return ct_text_manifest(g_data, name, len, seed, mpath, cap);
 }
 
 /* The run: tiny byte GPT, 3 peers x 32 sequences per step, AdamW. */

@@ -504,8 +504,10 @@ static void test_stable_then_faster_peer(void **state)
     json_t *spares = json_object_get(sv.p, "spares");
     assert_int_equal(json_array_size(spares), 1);
     assert_int_equal(peer_of(json_string_value(json_array_get(spares, 0))), spare);
+    /* (when E's region holds three of the four, every assignment costs the
+       same, and the mean of 20 equal costs may round a last bit below) */
     assert_true(num(json_object_get(sv.p, "predicted"), "total_s") <=
-                num(sv.p, "random_mean_s"));
+                num(sv.p, "random_mean_s") * (1 + 1e-12));
     json_decref(sv.p);
     assert_int_equal(scalar("SELECT count(*) FROM pipelines"), 2);
     /* ... and that one stays while nothing changes. */
