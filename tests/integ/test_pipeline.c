@@ -15,7 +15,9 @@
  * 503 rather than waiting. With config.pipeline.search "random" the
  * assignment is the seed's random permutation of the chosen devices, the
  * same on a re-solve, another for another seed, and costlier than DT-FM's
- * on the two regions. */
+ * on the two regions. Fewer replicas when devices leave, and the reports'
+ * liveness: tests/integ/test_pipeline_replicas.c; the fetch-and-verify of
+ * an assignment both use: tests/harness/ct_pipeline.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +38,7 @@
 #include "sched/dtfm_payload.h"
 #include "cm_err.h"
 #include "ct_harness.h"
+#include "ct_pipeline.h"
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
@@ -47,9 +50,6 @@ static int g_teardown_failed;
 enum { A, B, C, D, E, Z };
 static struct cm_ed25519 g_peer[NPEERS];
 static char g_pk[NPEERS][64];
-#define NREP 6 /* R0 (fastest) ... R5: the devices of run rep3 (test_fewer_replicas) */
-static struct cm_ed25519 g_rep[NREP];
-static char g_rk[NREP][64];
 
 /* The two-region run: 100 MB of gradients per stage, 1 MB of activations
  * per micro-batch, 64 samples per step. */
@@ -59,30 +59,14 @@ static char g_rk[NREP][64];
 
 static long req(const char *method, const char *path, const char *bearer, const char *body)
 {
-    struct ct_resp r;
-    ct_http(&g_c, method, path, bearer, body, &r);
-    long s = r.status;
-    ct_resp_free(&r);
-    return s;
-}
-
-static const char *err_field(const struct ct_resp *r, const char *k)
-{
-    return json_string_value(json_object_get(json_object_get(r->json, "error"), k));
+    return ct_status(&g_c, method, path, bearer, body);
 }
 
 /* status and error code as expected, and the message containing `says`. */
 static void expect(const char *method, const char *path, const char *bearer, const char *body,
                    long status, const char *code, const char *says)
 {
-    struct ct_resp r;
-    ct_http(&g_c, method, path, bearer, body, &r);
-    const char *c = err_field(&r, "code"), *m = err_field(&r, "message");
-    if (r.status != status || (code && (!c || strcmp(c, code) != 0)) ||
-        (says && (!m || !strstr(m, says))))
-        fail_msg("%s %s %s: expected %ld %s '%s', got %ld %s", method, path, body ? body : "",
-                 status, code ? code : "", says ? says : "", r.status, r.body ? r.body : "(none)");
-    ct_resp_free(&r);
+    ct_expect(&g_c, method, path, bearer, body, status, code, says);
 }
 
 static long scalar(const char *sql)
@@ -131,8 +115,6 @@ static int teardown(void **state)
     ct_pg_stop(&g_pg);
     for (int i = 0; i < NPEERS; i++)
         cm_ed25519_cleanup(&g_peer[i]);
-    for (int i = 0; i < NREP; i++)
-        cm_ed25519_cleanup(&g_rep[i]);
     free(g_org);
     free(g_vol);
     g_teardown_failed = rc != 0;
@@ -289,101 +271,12 @@ static void test_not_pipeline_and_too_few(void **state)
     assert_int_equal(scalar("SELECT count(*) FROM pipelines"), 0);
 }
 
-struct served {
-    long long version;
-    int solved_now;
-    json_t *p; /* the verified payload, parsed */
-};
-
-/* Fetches the pipeline and verifies it as a peer would: the signature with
- * a key from GET /api/v1/keys over "crowdtrain-pipeline/1\n" + the payload
- * bytes, before parsing them. */
-static void fetch_verified_run(const char *run, size_t stages, size_t replicas,
-                               struct served *sv)
+static void fetch_verified_run(const char *run, size_t stages, size_t replicas, struct ct_served *sv)
 {
-    struct ct_resp k, r;
-    char path[128];
-    ct_http(&g_c, "GET", "/api/v1/keys", NULL, NULL, &k);
-    assert_int_equal(k.status, 200);
-    snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline", run);
-    ct_http(&g_c, "GET", path, NULL, NULL, &r);
-    if (r.status != 200)
-        fail_msg("GET pipeline: %ld %s", r.status, r.body ? r.body : "");
-    const char *p64 = json_string_value(json_object_get(r.json, "payload"));
-    const char *s64 = json_string_value(json_object_get(r.json, "signature"));
-    assert_non_null(p64);
-    assert_non_null(s64);
-    static const char prefix[] = "crowdtrain-pipeline/1\n";
-    size_t pl = sizeof prefix - 1, plen = 0, slen = 0;
-    uint8_t *msg = malloc(pl + strlen(p64) + 1), sig[CM_ED25519_SIG_LEN];
-    memcpy(msg, prefix, pl);
-    assert_int_equal(cm_b64url_decode(p64, strlen(p64), msg + pl, strlen(p64), &plen), CM_OK);
-    assert_int_equal(cm_b64url_decode(s64, strlen(s64), sig, sizeof sig, &slen), CM_OK);
-    assert_int_equal(slen, sizeof sig);
-    int verified = 0;
-    uint8_t signer[32];
-    size_t i;
-    json_t *e;
-    json_array_foreach(json_object_get(k.json, "keys"), i, e) {
-        uint8_t pub[32];
-        size_t n = 0;
-        const char *pk = json_string_value(json_object_get(e, "public_key"));
-        if (pk && cm_b64url_decode(pk, strlen(pk), pub, 32, &n) == CM_OK && n == 32 &&
-            cm_ed25519_verify(pub, msg, pl + plen, sig) == CM_OK) {
-            verified = 1;
-            memcpy(signer, pub, sizeof signer);
-            /* one flipped byte breaks it */
-            msg[pl + plen / 2] ^= 0x20;
-            assert_int_not_equal(cm_ed25519_verify(pub, msg, pl + plen, sig), CM_OK);
-            msg[pl + plen / 2] ^= 0x20;
-        }
-    }
-    assert_true(verified);
-    json_error_t je;
-    sv->p = json_loadb((const char *)msg + pl, plen, JSON_REJECT_DUPLICATES, &je);
-    if (!sv->p)
-        fail_msg("payload: %s", je.text);
-    assert_string_equal(json_string_value(json_object_get(sv->p, "format")),
-                        "crowdtrain-pipeline/1");
-    assert_string_equal(json_string_value(json_object_get(sv->p, "run")), run);
-    sv->version = json_integer_value(json_object_get(sv->p, "version"));
-    assert_int_equal(sv->version, json_integer_value(json_object_get(r.json, "version")));
-    long long now = (long long)time(NULL);
-    assert_true(json_integer_value(json_object_get(sv->p, "valid_from")) <= now + 1);
-    assert_true(json_integer_value(json_object_get(sv->p, "valid_until")) > now);
-    assert_int_equal(json_integer_value(json_object_get(sv->p, "stages")), stages);
-    assert_int_equal(json_integer_value(json_object_get(sv->p, "replicas")), replicas);
-    sv->solved_now = json_is_true(json_object_get(r.json, "solved_now"));
-    /* the agents' verifier and strict decoder (common/sched/dtfm_payload.c)
-       accept the served bytes and read what the independent parse above
-       reads */
-    assert_int_equal(dtfm_payload_verify(signer, msg + pl, plen, sig), CM_OK);
-    struct dtfm_payload dp;
-    char derr[256];
-    if (dtfm_payload_decode((const char *)msg + pl, plen, &dp, derr, sizeof derr) != CM_OK)
-        fail_msg("the agents' decoder refused the served payload: %s", derr);
-    assert_int_equal(dp.version, sv->version);
-    assert_int_equal(dp.stages, stages);
-    assert_int_equal(dp.replicas, replicas);
-    json_t *rows = json_object_get(sv->p, "assignment");
-    assert_int_equal(json_array_size(rows), replicas);
-    for (size_t a = 0; a < replicas; a++)
-        for (size_t b = 0; b < stages; b++) {
-            const char *k64 = json_string_value(json_array_get(json_array_get(rows, a), b));
-            uint8_t key[32];
-            size_t n = 0, ra = 9, st = 9;
-            assert_true(k64 && cm_b64url_decode(k64, strlen(k64), key, sizeof key, &n) == CM_OK && n == 32);
-            assert_int_equal(dtfm_payload_find(&dp, key, &ra, &st), CM_OK);
-            assert_true(ra == a && st == b);
-        }
-    assert_int_equal(dp.nspares, json_array_size(json_object_get(sv->p, "spares")));
-    dtfm_payload_cleanup(&dp);
-    free(msg);
-    ct_resp_free(&k);
-    ct_resp_free(&r);
+    ct_pipeline_fetch_verified(&g_c, run, stages, replicas, sv);
 }
 
-static void fetch_verified(struct served *sv)
+static void fetch_verified(struct ct_served *sv)
 {
     fetch_verified_run("pipe", 2, 2, sv);
 }
@@ -437,7 +330,7 @@ static void test_two_regions(void **state)
 {
     (void)state;
     report(D, 100);
-    struct served sv;
+    struct ct_served sv;
     fetch_verified(&sv);
     assert_true(sv.solved_now);
     assert_int_equal(sv.version, 1);
@@ -468,7 +361,7 @@ static void test_two_regions(void **state)
 static void test_stable_then_faster_peer(void **state)
 {
     (void)state;
-    struct served sv;
+    struct ct_served sv;
     /* Unchanged inputs (a re-report with the same figures): the same version. */
     report(B, 100);
     fetch_verified(&sv);
@@ -698,7 +591,7 @@ static void test_random_search(void **state)
     expect("POST", "/api/v1/runs", g_org, body, 201, NULL, NULL);
     join_four("rnd");
 
-    struct served sv;
+    struct ct_served sv;
     fetch_verified_run("rnd", 2, 2, &sv);
     assert_int_equal(sv.version, 1);
     assert_true(sv.solved_now);
@@ -782,291 +675,6 @@ static void test_random_search(void **state)
 }
 
 /* The run rep3: 2 stages x 3 replicas, at least 2, reports living 10 s. */
-#define REP3_CONFIG                                                                                \
-    "{\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,\"context\":128,"   \
-    "\"layers\":4,\"heads\":4,\"d_model\":64},\"pipeline\":{\"stages\":2,\"replicas\":3,"          \
-    "\"min_replicas\":2,\"liveness_s\":10,\"seed\":3}}"
-#define REP3_SAMPLE_BYTES (128.0 * 64 * 4) /* context x d_model x fp32 */
-
-static double rep_speed(int i)
-{
-    return 160 - 10 * i;
-}
-
-/* A capability report of key k64 to run without pairs (bandwidth from the
- * declared figures); its expires_at, and the report_ttl_s it was given. */
-static long long report_key(const char *run, const char *k64, double samples, long *ttl_s)
-{
-    char body[512], path[128];
-    snprintf(body, sizeof body,
-             "{\"peer_public_key\":\"%s\",\"samples_per_s\":%g,\"upload_mbps\":1000,"
-             "\"download_mbps\":1000,\"accepts_inbound\":true}",
-             k64, samples);
-    snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
-    struct ct_resp r;
-    ct_http(&g_c, "POST", path, g_vol, body, &r);
-    if (r.status != 200)
-        fail_msg("POST %s: %ld %s", path, r.status, r.body ? r.body : "");
-    json_t *exp = json_object_get(r.json, "expires_at"), *ttl = json_object_get(r.json, "report_ttl_s");
-    assert_true(json_is_integer(exp) && json_is_integer(ttl));
-    if (ttl_s)
-        *ttl_s = (long)json_integer_value(ttl);
-    long long e = json_integer_value(exp);
-    ct_resp_free(&r);
-    return e;
-}
-
-static int rep_of(const char *k64)
-{
-    for (int i = 0; i < NREP; i++)
-        if (k64 && !strcmp(k64, g_rk[i]))
-            return i;
-    return -1;
-}
-
-/* Which of R0-R5 the assignment places (each once), as bits. */
-static unsigned rep_assigned(const json_t *p)
-{
-    unsigned mask = 0;
-    size_t i, j;
-    json_t *row, *k;
-    json_array_foreach(json_object_get(p, "assignment"), i, row) {
-        json_array_foreach(row, j, k) {
-            int q = rep_of(json_string_value(k));
-            assert_true(q >= 0);
-            assert_false(mask & (1u << q));
-            mask |= 1u << q;
-        }
-    }
-    return mask;
-}
-
-/* The spares, as R numbers in their order, -1 ended. */
-static void rep_spares(const json_t *p, int *out, size_t cap)
-{
-    size_t i;
-    json_t *k;
-    json_t *sp = json_object_get(p, "spares");
-    assert_true(json_array_size(sp) < cap);
-    json_array_foreach(sp, i, k) {
-        out[i] = rep_of(json_string_value(k));
-        assert_true(out[i] >= 0);
-    }
-    out[json_array_size(sp)] = -1;
-}
-
-/* R_i's report has expired: moved back as if made 11 s ago, past
- * liveness_s (10 s; test_liveness waits for it once). */
-static void rep_gone(int i)
-{
-    char sql[640];
-    snprintf(sql, sizeof sql,
-             "UPDATE capabilities SET first_reported_at = first_reported_at - interval '11 s', "
-             "reported_at = reported_at - interval '11 s', expires_at = expires_at - "
-             "interval '11 s' WHERE run_id = "
-             "(SELECT id FROM runs WHERE name = 'rep3') AND translate(rtrim(encode("
-             "peer_public_key, 'base64'), '='), '+/', '-_') = '%s'",
-             g_rk[i]);
-    assert_int_equal(ct_pg_exec(&g_pg, sql), 0);
-}
-
-/* rep3's solves s seconds earlier (10: past the 5 s for a changed device
- * set; 40: past the 30 s for other changes, a spare's among them). */
-static void rep3_solved_earlier(int s)
-{
-    char sql[256];
-    snprintf(sql, sizeof sql,
-             "UPDATE pipelines SET created_at = created_at - interval '%d seconds' WHERE run_id "
-             "= (SELECT id FROM runs WHERE name = 'rep3')",
-             s);
-    assert_int_equal(ct_pg_exec(&g_pg, sql), 0);
-}
-
-static long rep3_inputs_replicas(long long version)
-{
-    char sql[256];
-    snprintf(sql, sizeof sql,
-             "SELECT (p.inputs->'run'->>'replicas')::int FROM pipelines p JOIN runs r ON r.id = "
-             "p.run_id WHERE r.name = 'rep3' AND p.version = %lld",
-             version);
-    return scalar(sql);
-}
-
-/* With fewer than S x D live devices the coordinator solves for D' =
- * min(D, floor(live / S)) replicas while D' >= min_replicas, once the run
- * has had an assignment (the first waits for S x D): the payload's
- * replicas is D', the fastest S x D' devices are chosen and the rest are
- * spares, the derived activation size is ceil(B / D') samples' worth, and
- * a change of D' either way is a new version. Below min_replicas: 409
- * naming it. */
-static void test_fewer_replicas(void **state)
-{
-    (void)state;
-    /* The derived activations are bounded for min_replicas' micro-batch,
-     * the largest a solve can use: ceil(1000 / 4) x 2^20 x 2^20 x 4 is over
-     * 1e15, ceil(1000 / 64) x ... is not. */
-#define BIGACT(min)                                                                                \
-    "{\"name\":\"bigact\",\"target_batch_size\":1000,\"config\":{\"model_parameters\":1000,"     \
-    "\"model\":{\"type\":\"gpt\",\"context\":1048576,\"d_model\":1048576},\"pipeline\":{"       \
-    "\"stages\":1,\"replicas\":64" min "}}}"
-    expect("POST", "/api/v1/runs", g_org, BIGACT(",\"min_replicas\":4"), 400, "invalid_request",
-           "config.pipeline.activation_bytes");
-    expect("POST", "/api/v1/runs", g_org, BIGACT(""), 201, NULL, NULL);
-#undef BIGACT
-    char body[1024];
-
-    expect("POST", "/api/v1/runs", g_org,
-           "{\"name\":\"rep3\",\"target_batch_size\":64,\"config\":" REP3_CONFIG "}", 201, NULL,
-           NULL);
-    assert_int_equal(req("PUT", "/api/v1/runs/rep3/allowlist/vol", g_org, NULL), 201);
-    for (int i = 0; i < NREP; i++) {
-        assert_int_equal(cm_ed25519_generate(&g_rep[i]), CM_OK);
-        cm_b64url_encode(g_rep[i].pub, CM_ED25519_PUB_LEN, g_rk[i]);
-        assert_int_equal(ct_pass_body("rep3", "vol", &g_rep[i], body, sizeof body), 0);
-        assert_int_equal(req("POST", "/api/v1/runs/rep3/passes", g_vol, body), 201);
-    }
-    /* A first assignment waits for all S x D: agents start as they come. */
-    for (int i = 0; i < 4; i++)
-        report_key("rep3", g_rk[i], rep_speed(i), NULL);
-    expect("GET", "/api/v1/runs/rep3/pipeline", NULL, NULL, 409, "not_enough_peers",
-           "needs 6 devices (2 stages x 3 replicas) for its first assignment, 4 live");
-    for (int i = 4; i < NREP; i++)
-        report_key("rep3", g_rk[i], rep_speed(i), NULL);
-
-    /* 6 devices: 3 replicas, ceil(64 / 3) = 22 samples per micro-batch. */
-    struct served sv;
-    int sp[NREP + 1];
-    fetch_verified_run("rep3", 2, 3, &sv);
-    assert_int_equal(sv.version, 1);
-    assert_int_equal(rep_assigned(sv.p), 0x3f);
-    assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
-    assert_true(num(sv.p, "activation_bytes") == 22 * REP3_SAMPLE_BYTES);
-    json_decref(sv.p);
-    assert_int_equal(rep3_inputs_replicas(1), 3);
-
-    /* R5 gone, 5 live: 2 replicas of the four fastest, R4 the spare;
-     * 32 samples per micro-batch. */
-    rep_gone(5);
-    rep3_solved_earlier(10);
-    fetch_verified_run("rep3", 2, 2, &sv);
-    assert_int_equal(sv.version, 2);
-    assert_true(sv.solved_now);
-    assert_int_equal(rep_assigned(sv.p), 0x0f);
-    rep_spares(sv.p, sp, NREP + 1);
-    assert_int_equal(sp[0], 4);
-    assert_int_equal(sp[1], -1);
-    assert_true(num(sv.p, "activation_bytes") == 32 * REP3_SAMPLE_BYTES);
-    json_decref(sv.p);
-    assert_int_equal(rep3_inputs_replicas(2), 2);
-    /* ... served as it is while nothing changes */
-    fetch_verified_run("rep3", 2, 2, &sv);
-    assert_int_equal(sv.version, 2);
-    assert_false(sv.solved_now);
-    json_decref(sv.p);
-
-    /* R4 gone too, 4 live: still 2 replicas of the same devices, no spare
-     * (only the spares changed: solved again after 30 s, not 5). */
-    rep_gone(4);
-    rep3_solved_earlier(10);
-    fetch_verified_run("rep3", 2, 2, &sv);
-    assert_int_equal(sv.version, 2);
-    json_decref(sv.p);
-    rep3_solved_earlier(40);
-    fetch_verified_run("rep3", 2, 2, &sv);
-    assert_int_equal(sv.version, 3);
-    assert_int_equal(rep_assigned(sv.p), 0x0f);
-    assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
-    json_decref(sv.p);
-
-    /* 3 live: fewer than 2 stages x min_replicas 2; nothing new stored. */
-    rep_gone(3);
-    rep3_solved_earlier(10);
-    expect("GET", "/api/v1/runs/rep3/pipeline", NULL, NULL, 409, "not_enough_peers",
-           "needs 4 devices (2 stages x min_replicas 2), 3 live");
-    assert_int_equal(scalar("SELECT max(version) FROM pipelines p JOIN runs r ON r.id = "
-                            "p.run_id WHERE r.name = 'rep3'"),
-                     3);
-
-    /* Back to 6: 3 replicas again. */
-    for (int i = 3; i < NREP; i++)
-        report_key("rep3", g_rk[i], rep_speed(i), NULL);
-    fetch_verified_run("rep3", 2, 3, &sv);
-    assert_int_equal(sv.version, 4);
-    assert_true(sv.solved_now);
-    assert_int_equal(rep_assigned(sv.p), 0x3f);
-    assert_true(num(sv.p, "activation_bytes") == 22 * REP3_SAMPLE_BYTES);
-    json_decref(sv.p);
-    assert_int_equal(rep3_inputs_replicas(4), 3);
-}
-
-/* How long the newest capability report of run lives, from the table. */
-static long stored_ttl(const char *run)
-{
-    char sql[256];
-    snprintf(sql, sizeof sql,
-             "SELECT min(extract(epoch from c.expires_at - c.reported_at))::int FROM capabilities "
-             "c JOIN runs r ON r.id = c.run_id WHERE r.name = '%s' AND c.expires_at > now()",
-             run);
-    return scalar(sql);
-}
-
-/* A pipeline run's reports live config.pipeline.liveness_s (others
- * API_CAP_TTL_S, 120 s), and a stage agent that stops reporting (killed)
- * is out of the next assignment once that has passed. */
-static void test_liveness(void **state)
-{
-    (void)state;
-    long ttl = 0;
-    long long now = (long long)time(NULL);
-    /* a run without a pipeline */
-    char body[1024];
-    assert_int_equal(req("PUT", "/api/v1/runs/plain/allowlist/vol", g_org, NULL), 201);
-    assert_int_equal(ct_pass_body("plain", "vol", &g_rep[0], body, sizeof body), 0);
-    assert_int_equal(req("POST", "/api/v1/runs/plain/passes", g_vol, body), 201);
-    long long exp = report_key("plain", g_rk[0], 100, &ttl);
-    assert_int_equal(ttl, 120);
-    assert_true(exp >= now + 119 && exp <= (long long)time(NULL) + 121);
-    assert_int_equal(stored_ttl("plain"), 120);
-    /* a pipeline run without liveness_s */
-    now = (long long)time(NULL);
-    exp = report_key("gpt22", g_pk[A], 100, &ttl);
-    assert_int_equal(ttl, 120);
-    assert_true(exp >= now + 119 && exp <= (long long)time(NULL) + 121);
-    /* rep3: liveness_s 10 */
-    now = (long long)time(NULL);
-    long long exp0 = report_key("rep3", g_rk[0], rep_speed(0), &ttl);
-    assert_int_equal(ttl, 10);
-    assert_true(exp0 >= now + 9 && exp0 <= (long long)time(NULL) + 11);
-    for (int i = 1; i < NREP; i++) {
-        report_key("rep3", g_rk[i], rep_speed(i), &ttl);
-        assert_int_equal(ttl, 10);
-    }
-    assert_int_equal(stored_ttl("rep3"), 10);
-    struct served sv;
-    fetch_verified_run("rep3", 2, 3, &sv);
-    long long v = sv.version;
-    assert_int_equal(rep_assigned(sv.p), 0x3f);
-    json_decref(sv.p);
-
-    /* R0 stops reporting; the others go on (one report 4 s before R0's
-     * expires). Once it has expired, the next GET solves without it. */
-    while ((long long)time(NULL) < exp0 - 4)
-        sleep(1);
-    for (int i = 1; i < NREP; i++)
-        report_key("rep3", g_rk[i], rep_speed(i), NULL);
-    while ((long long)time(NULL) < exp0 + 1)
-        sleep(1);
-    fetch_verified_run("rep3", 2, 2, &sv);
-    assert_int_equal(sv.version, v + 1);
-    assert_true(sv.solved_now);
-    assert_int_equal(rep_assigned(sv.p), 0x1e); /* R1-R4 */
-    int sp[NREP + 1];
-    rep_spares(sv.p, sp, NREP + 1);
-    assert_int_equal(sp[0], 5);
-    assert_int_equal(sp[1], -1);
-    json_decref(sv.p);
-}
-
 /* The advisory lock class of pipeline solves (coordinator/api_pipeline.c). */
 #define PIPE_LOCK_SQL(run)                                                                         \
     "SELECT pg_advisory_lock(596449, (SELECT id FROM runs WHERE name = '" run "')::int)"
@@ -1093,7 +701,7 @@ static void test_other_solver(void **state)
     assert_int_equal(ct_pg_exec(&g_pg, "UPDATE pipelines SET created_at = created_at - "
                                        "interval '40 seconds'"),
                      0);
-    struct served sv;
+    struct ct_served sv;
     fetch_verified(&sv);
     assert_int_equal(sv.version, 3);
     assert_false(sv.solved_now);
@@ -1129,8 +737,6 @@ int main(void)
         cmocka_unit_test(test_other_solver),
         cmocka_unit_test(test_defaults_from_model),
         cmocka_unit_test(test_random_search),
-        cmocka_unit_test(test_fewer_replicas),
-        cmocka_unit_test(test_liveness),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed ? failed : g_teardown_failed;
