@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_bytes.h"
 #include "cm_err.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -16,20 +17,6 @@
 #endif
 
 #define MOE_MAX_F (1u << 20)
-
-static void put_be(uint8_t *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
-}
-
-static uint64_t get_be(const uint8_t *p, int bytes)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 int moe_uid_valid(const char *s, size_t len)
 {
@@ -79,7 +66,7 @@ int moe_call_parse(const uint8_t *b, size_t len, struct moe_call *out)
         return CM_EPARSE;
     if (b[1] != MOE_ENC_FP32)
         return CM_EUNSUPPORTED;
-    uint32_t n = (uint32_t)get_be(b + 12, 4), c = (uint32_t)get_be(b + 16, 4);
+    uint32_t n = (uint32_t)cm_get_be(b + 12, 4), c = (uint32_t)cm_get_be(b + 16, 4);
     const uint8_t *vals = b + MOE_CALL_HDR_LEN + ulen;
     int rc = shape_check(n, c, len - MOE_CALL_HDR_LEN - ulen);
     if (rc)
@@ -88,7 +75,7 @@ int moe_call_parse(const uint8_t *b, size_t len, struct moe_call *out)
         return CM_ENUMERIC;
     memcpy(out->uid, b + MOE_CALL_HDR_LEN, ulen);
     out->uid[ulen] = 0;
-    out->forward_id = get_be(b + 4, 8);
+    out->forward_id = cm_get_be(b + 4, 8);
     out->n = n;
     out->c = c;
     out->values = vals;
@@ -114,9 +101,9 @@ int moe_call_build(const struct moe_call *m, uint8_t **out, size_t *out_len)
     p[1] = MOE_ENC_FP32;
     p[2] = (uint8_t)ulen;
     p[3] = 0;
-    put_be(p + 4, m->forward_id, 8);
-    put_be(p + 12, m->n, 4);
-    put_be(p + 16, m->c, 4);
+    cm_put_be(p + 4, m->forward_id, 8);
+    cm_put_be(p + 12, m->n, 4);
+    cm_put_be(p + 16, m->c, 4);
     memcpy(p + MOE_CALL_HDR_LEN, m->uid, ulen);
     memcpy(p + MOE_CALL_HDR_LEN + ulen, m->values, nv * sizeof(float));
     *out = p;
@@ -129,8 +116,8 @@ void moe_result_header(uint32_t n, uint32_t c, uint8_t out[MOE_RESULT_HDR_LEN])
     out[0] = MOE_MSG_VERSION;
     out[1] = MOE_ENC_FP32;
     out[2] = out[3] = 0;
-    put_be(out + 4, n, 4);
-    put_be(out + 8, c, 4);
+    cm_put_be(out + 4, n, 4);
+    cm_put_be(out + 8, c, 4);
 }
 
 int moe_result_parse(const uint8_t *b, size_t len, struct moe_result *out)
@@ -140,7 +127,7 @@ int moe_result_parse(const uint8_t *b, size_t len, struct moe_result *out)
         return CM_EPARSE;
     if (b[1] != MOE_ENC_FP32)
         return CM_EUNSUPPORTED;
-    uint32_t n = (uint32_t)get_be(b + 4, 4), c = (uint32_t)get_be(b + 8, 4);
+    uint32_t n = (uint32_t)cm_get_be(b + 4, 4), c = (uint32_t)cm_get_be(b + 8, 4);
     int rc = shape_check(n, c, len - MOE_RESULT_HDR_LEN);
     if (rc)
         return rc;
@@ -178,12 +165,12 @@ int moe_info_parse(const uint8_t *b, size_t len, struct moe_info *out)
     memset(out, 0, sizeof *out);
     if (!b || len < MOE_INFO_HDR_LEN || b[0] != MOE_MSG_VERSION || b[1])
         return CM_EPARSE;
-    uint32_t ne = (uint32_t)get_be(b + 2, 2);
+    uint32_t ne = (uint32_t)cm_get_be(b + 2, 2);
     if (ne > MOE_INFO_MAX_EXPERTS)
         return CM_ERANGE;
-    out->max_batch = (uint32_t)get_be(b + 4, 4);
-    out->max_inflight = (uint32_t)get_be(b + 8, 4);
-    out->max_request = (uint32_t)get_be(b + 12, 4);
+    out->max_batch = (uint32_t)cm_get_be(b + 4, 4);
+    out->max_inflight = (uint32_t)cm_get_be(b + 8, 4);
+    out->max_request = (uint32_t)cm_get_be(b + 12, 4);
     if (!out->max_batch || !out->max_inflight || !out->max_request)
         goto range;
     size_t off = MOE_INFO_HDR_LEN;
@@ -196,8 +183,8 @@ int moe_info_parse(const uint8_t *b, size_t len, struct moe_info *out)
             !moe_uid_valid((const char *)e + MOE_INFO_ENTRY_HDR_LEN, ulen))
             goto parse;
         struct moe_info_expert *x = &out->experts[i];
-        x->c = (uint32_t)get_be(e + 2, 4);
-        x->f = (uint32_t)get_be(e + 6, 4);
+        x->c = (uint32_t)cm_get_be(e + 2, 4);
+        x->f = (uint32_t)cm_get_be(e + 6, 4);
         if (!x->c || x->c > MOE_MAX_C || !x->f || x->f > MOE_MAX_F)
             goto range;
         memcpy(x->uid, e + MOE_INFO_ENTRY_HDR_LEN, ulen);
@@ -243,18 +230,18 @@ int moe_info_build(const struct moe_info *m, uint8_t **out, size_t *out_len)
         return CM_ENOMEM;
     p[0] = MOE_MSG_VERSION;
     p[1] = 0;
-    put_be(p + 2, m->n_experts, 2);
-    put_be(p + 4, m->max_batch, 4);
-    put_be(p + 8, m->max_inflight, 4);
-    put_be(p + 12, m->max_request, 4);
+    cm_put_be(p + 2, m->n_experts, 2);
+    cm_put_be(p + 4, m->max_batch, 4);
+    cm_put_be(p + 8, m->max_inflight, 4);
+    cm_put_be(p + 12, m->max_request, 4);
     size_t off = MOE_INFO_HDR_LEN;
     for (uint32_t i = 0; i < m->n_experts; i++) {
         const struct moe_info_expert *x = &m->experts[i];
         size_t ulen = strlen(x->uid);
         p[off] = (uint8_t)ulen;
         p[off + 1] = 0;
-        put_be(p + off + 2, x->c, 4);
-        put_be(p + off + 6, x->f, 4);
+        cm_put_be(p + off + 2, x->c, 4);
+        cm_put_be(p + off + 6, x->f, 4);
         memcpy(p + off + MOE_INFO_ENTRY_HDR_LEN, x->uid, ulen);
         off += MOE_INFO_ENTRY_HDR_LEN + ulen;
     }

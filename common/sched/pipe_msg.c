@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_bytes.h"
 #include "cm_err.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -20,20 +21,6 @@
 #endif
 
 #define PIPE_STEP_MAX ((int64_t)1 << 62)
-
-static void put_be(uint8_t *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
-}
-
-static uint64_t get_be(const uint8_t *p, int bytes)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 static int type_valid(uint32_t type)
 {
@@ -101,23 +88,23 @@ int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg 
 {
     memset(out, 0, sizeof *out);
     if (!b || len < PIPE_HDR_LEN || !type_valid(type) || b[0] != PIPE_MSG_VERSION ||
-        b[2] != type || b[3] || get_be(b + 52, 4))
+        b[2] != type || b[3] || cm_get_be(b + 52, 4))
         return CM_EPARSE;
     if (b[1] != PIPE_ENC_FP32)
         return CM_EUNSUPPORTED;
-    uint64_t step = get_be(b + 4, 8), bits = get_be(b + 56, 8);
+    uint64_t step = cm_get_be(b + 4, 8), bits = cm_get_be(b + 56, 8);
     struct pipe_msg m = {
         .type = type,
-        .replica = (uint32_t)get_be(b + 12, 4),
-        .stage = (uint32_t)get_be(b + 16, 4),
-        .mb = (uint32_t)get_be(b + 20, 4),
-        .B = (uint32_t)get_be(b + 24, 4),
-        .T = (uint32_t)get_be(b + 28, 4),
-        .C = (uint32_t)get_be(b + 32, 4),
-        .total = (uint32_t)get_be(b + 36, 4),
-        .offset = (uint32_t)get_be(b + 40, 4),
-        .count = (uint32_t)get_be(b + 44, 4),
-        .ntargets = (uint32_t)get_be(b + 48, 4),
+        .replica = (uint32_t)cm_get_be(b + 12, 4),
+        .stage = (uint32_t)cm_get_be(b + 16, 4),
+        .mb = (uint32_t)cm_get_be(b + 20, 4),
+        .B = (uint32_t)cm_get_be(b + 24, 4),
+        .T = (uint32_t)cm_get_be(b + 28, 4),
+        .C = (uint32_t)cm_get_be(b + 32, 4),
+        .total = (uint32_t)cm_get_be(b + 36, 4),
+        .offset = (uint32_t)cm_get_be(b + 40, 4),
+        .count = (uint32_t)cm_get_be(b + 44, 4),
+        .ntargets = (uint32_t)cm_get_be(b + 48, 4),
     };
     /* Both counts are below 2^32: no overflow in 64 bits. */
     if ((uint64_t)len != PIPE_HDR_LEN + 4 * (uint64_t)m.ntargets + 4 * (uint64_t)m.count)
@@ -164,19 +151,19 @@ int pipe_msg_build(const struct pipe_msg *m, uint8_t **out, size_t *out_len)
     p[1] = PIPE_ENC_FP32;
     p[2] = (uint8_t)m->type;
     p[3] = 0;
-    put_be(p + 4, (uint64_t)m->step, 8);
-    put_be(p + 12, m->replica, 4);
-    put_be(p + 16, m->stage, 4);
-    put_be(p + 20, m->mb, 4);
-    put_be(p + 24, m->B, 4);
-    put_be(p + 28, m->T, 4);
-    put_be(p + 32, m->C, 4);
-    put_be(p + 36, m->total, 4);
-    put_be(p + 40, m->offset, 4);
-    put_be(p + 44, m->count, 4);
-    put_be(p + 48, m->ntargets, 4);
-    put_be(p + 52, 0, 4);
-    put_be(p + 56, bits, 8);
+    cm_put_be(p + 4, (uint64_t)m->step, 8);
+    cm_put_be(p + 12, m->replica, 4);
+    cm_put_be(p + 16, m->stage, 4);
+    cm_put_be(p + 20, m->mb, 4);
+    cm_put_be(p + 24, m->B, 4);
+    cm_put_be(p + 28, m->T, 4);
+    cm_put_be(p + 32, m->C, 4);
+    cm_put_be(p + 36, m->total, 4);
+    cm_put_be(p + 40, m->offset, 4);
+    cm_put_be(p + 44, m->count, 4);
+    cm_put_be(p + 48, m->ntargets, 4);
+    cm_put_be(p + 52, 0, 4);
+    cm_put_be(p + 56, bits, 8);
     if (tlen)
         memcpy(p + PIPE_HDR_LEN, m->targets, tlen);
     if (vlen)
