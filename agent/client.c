@@ -404,3 +404,24 @@ int agent_upload_file(const struct agent_client *c, const char *path, const char
     }
     return CM_OK;
 }
+
+int agent_run_config(const struct agent_client *c, const char *run, json_t **config, double *target)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", run);
+    struct agent_reply r;
+    int rc = agent_request(c, "GET", path, NULL, &r);
+    if (rc != CM_OK)
+        return rc;
+    if (r.status != 200) {
+        agent_reply_report("reading the run", &r);
+        agent_reply_free(&r);
+        return CM_ENOTFOUND;
+    }
+    if (target)
+        *target = (double)json_integer_value(json_object_get(r.json, "target_batch_size"));
+    json_t *cfg = json_object_get(r.json, "config");
+    *config = cfg ? json_deep_copy(cfg) : json_null();
+    agent_reply_free(&r);
+    return *config ? CM_OK : CM_ENOMEM;
+}

@@ -34,6 +34,12 @@ void agent_reply_free(struct agent_reply *r);
 /* Prints "error: <what>: <server message>" for a non-2xx reply. */
 void agent_reply_report(const char *what, const struct agent_reply *r);
 
+/* The run's record (GET /api/v1/runs/{run}): *config gets a copy of its
+ * config object (the caller decrefs; a JSON null when the run has none) and
+ * *target (when not NULL) its target_batch_size. CM_OK; CM_ENOTFOUND after
+ * printing the coordinator's answer; or agent_request's error. */
+int agent_run_config(const struct agent_client *c, const char *run, json_t **config, double *target);
+
 /* Asks for an access pass for `run` (POST /api/v1/runs/{run}/passes) with a
  * request signed by the peer key `key` as user `username` at Unix time
  * now_s (docs/protocol.md, "Pass requests"). When the coordinator finds the

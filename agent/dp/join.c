@@ -188,20 +188,11 @@ static int read_collab(struct dp_state *s, json_t *cfg)
 /* The run: target batch size and the training recipe. */
 static int fetch_run(struct dp_state *s)
 {
-    char path[256], err[512];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", s->o.run);
-    struct agent_reply r;
-    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    char err[512];
+    json_t *cfg = NULL;
+    int rc = agent_run_config(&s->rt.coord, s->o.run, &cfg, &s->target);
     if (rc != CM_OK)
         return rc;
-    if (r.status != 200) {
-        agent_reply_report("reading the run", &r);
-        agent_reply_free(&r);
-        return CM_ENOTFOUND;
-    }
-    s->target = (double)json_integer_value(json_object_get(r.json, "target_batch_size"));
-    json_t *cfg = json_deep_copy(json_object_get(r.json, "config"));
-    agent_reply_free(&r);
     if (!json_is_object(cfg) || !json_object_get(cfg, "model")) {
         fprintf(stderr, "error: run '%s' has no training recipe in its config; an organizer sets "
                         "it with PATCH /api/v1/runs/%s {\"config\": {...}}\n", s->o.run, s->o.run);

@@ -553,19 +553,13 @@ static int parse_uids(struct serve *s)
 /* The run's config from the coordinator (GET /api/v1/runs/{run}). */
 static int fetch_run(struct serve *s)
 {
-    char path[256], err[512];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", s->o.run);
-    struct agent_reply r;
-    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    char err[512];
+    json_t *cfg = NULL;
+    int rc = agent_run_config(&s->rt.coord, s->o.run, &cfg, NULL);
     if (rc != CM_OK)
         return rc;
-    if (r.status != 200) {
-        agent_reply_report("reading the run", &r);
-        agent_reply_free(&r);
-        return CM_ENOTFOUND;
-    }
-    char *text = json_dumps(json_object_get(r.json, "config"), JSON_COMPACT);
-    agent_reply_free(&r);
+    char *text = json_is_object(cfg) ? json_dumps(cfg, JSON_COMPACT) : NULL;
+    json_decref(cfg);
     if (!text) {
         fprintf(stderr, "error: run '%s' has no config\n", s->o.run);
         return CM_EINVAL;

@@ -134,19 +134,11 @@ static int check_opts(const struct pstage *s)
  * pipeline object (docs/pipelines.md, "The run's config"). */
 static int fetch_run(struct pstage *s)
 {
-    char path[256], err[512];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", s->o.run);
-    struct agent_reply r;
-    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    char err[512];
+    json_t *cfg = NULL;
+    int rc = agent_run_config(&s->rt.coord, s->o.run, &cfg, NULL);
     if (rc != CM_OK)
         return rc;
-    if (r.status != 200) {
-        agent_reply_report("reading the run", &r);
-        agent_reply_free(&r);
-        return CM_ENOTFOUND;
-    }
-    json_t *cfg = json_deep_copy(json_object_get(r.json, "config"));
-    agent_reply_free(&r);
     json_t *pl = json_object_get(cfg, "pipeline");
     json_t *js = json_object_get(pl, "stages"), *jd = json_object_get(pl, "replicas");
     if (!json_is_object(pl) || !json_is_integer(js) || !json_is_integer(jd)) {
