@@ -23,6 +23,7 @@
  * parameters and optimizer state the run had there, and the data the
  * single process would see next. */
 #include "agent/pipe/stage_int.h"
+#include "agent/pipe/records.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -188,15 +189,10 @@ static int gather_ready(struct pstage *s, struct ready *r, size_t n, double end,
         if (peer_net_get(s->rt.net, key, &rec, &nr) == CM_OK)
             for (size_t i = 0; i < nr; i++)
                 for (size_t k = 0; k < n; k++) {
-                    long long hv, done;
-                    int hs, used = 0;
-                    char v[96];
-                    if (memcmp(rec[i].author, r[k].pub, CM_ED25519_PUB_LEN) || rec[i].len >= sizeof v)
-                        continue;
-                    memcpy(v, rec[i].value, rec[i].len);
-                    v[rec[i].len] = 0;
-                    if (sscanf(v, "%lld %d %lld%n", &hv, &hs, &done, &used) == 3 && used == (int)rec[i].len &&
-                        hv >= 0 && hv < s->version && done >= 0 && hs >= -1 && hs < (int)s->S) {
+                    int64_t hv, done;
+                    int hs;
+                    if (!memcmp(rec[i].author, r[k].pub, CM_ED25519_PUB_LEN) &&
+                        pipe_ready_parse(rec[i].value, rec[i].len, s->version, s->S, &hv, &hs, &done) == CM_OK) {
                         r[k].had_version = hv;
                         r[k].had_stage = hs;
                         r[k].done = done;
@@ -249,15 +245,10 @@ static int addr_of(struct pstage *s, const uint8_t pub[CM_ED25519_PUB_LEN], char
     if (rc != CM_OK)
         return rc;
     rc = CM_ENOTFOUND;
-    for (size_t i = 0; i < nr && rc != CM_OK; i++) {
-        const char *sp = memchr(r[i].value, ' ', r[i].len);
-        size_t l = sp ? (size_t)(sp - (const char *)r[i].value) : 0;
-        if (!memcmp(r[i].author, pub, CM_ED25519_PUB_LEN) && l > 0 && l < PEER_ADDR_MAX) {
-            memcpy(out, r[i].value, l);
-            out[l] = 0;
+    char ar[PEER_ADDR_MAX];
+    for (size_t i = 0; i < nr && rc != CM_OK; i++)
+        if (!memcmp(r[i].author, pub, CM_ED25519_PUB_LEN) && pipe_peers_parse(r[i].value, r[i].len, out, ar) == CM_OK)
             rc = CM_OK;
-        }
-    }
     peer_records_free(r, nr);
     return rc;
 }

@@ -36,6 +36,7 @@
  * re-scheduling when a stage agent leaves (a stage that waits past
  * --stage-timeout-ms for a neighbour stops with an error), checkpoints. */
 #include "agent/pipe/stage_int.h"
+#include "agent/pipe/records.h"
 
 #include "agent/commands.h"
 #include "agent/train/steplog.h"
@@ -289,17 +290,9 @@ int pipe_resolve(struct pstage *s, int only)
     if (rc != CM_OK)
         return rc;
     for (size_t i = 0; i < nr; i++) {
-        char v[2 * PEER_ADDR_MAX + 2], st[PEER_ADDR_MAX], ar[PEER_ADDR_MAX];
-        if (r[i].len >= sizeof v)
+        char st[PEER_ADDR_MAX], ar[PEER_ADDR_MAX];
+        if (pipe_peers_parse(r[i].value, r[i].len, st, ar) != CM_OK)
             continue;
-        memcpy(v, r[i].value, r[i].len);
-        v[r[i].len] = 0;
-        char *sp = strchr(v, ' ');
-        if (!sp || (size_t)(sp - v) >= sizeof st || strlen(sp + 1) >= sizeof ar)
-            continue;
-        memcpy(st, v, (size_t)(sp - v));
-        st[sp - v] = 0;
-        snprintf(ar, sizeof ar, "%s", sp + 1);
         for (uint32_t j = 0; j < s->S; j++)
             if (j != s->stage && (only < 0 || j == (uint32_t)only) &&
                 !memcmp(r[i].author, s->keys[j], CM_ED25519_PUB_LEN))
