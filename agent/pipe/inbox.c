@@ -246,24 +246,61 @@ static int complete(const struct slot *s)
     return s->e.type == PIPE_MSG_NORM || s->got == s->nchunks;
 }
 
-int pipe_inbox_take(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t mb, uint32_t stage,
-                    uint32_t timeout_ms, const volatile sig_atomic_t *interrupted, struct pipe_entry **out)
+/* The held complete message (type, step, mb, from `stage`): its link, or a
+ * link to NULL. Under ib->mu. */
+static struct slot **find_complete(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t mb,
+                                   uint32_t stage)
 {
-    struct timespec now, end;
+    struct slot **p = &ib->slots;
+    while (*p && !((*p)->e.type == type && (*p)->e.step == step && (*p)->e.mb == mb && (*p)->e.stage == stage &&
+                   complete(*p)))
+        p = &(*p)->next;
+    return p;
+}
+
+static struct timespec deadline_after(uint32_t ms)
+{
+    struct timespec end;
     clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += timeout_ms / 1000;
-    end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    end.tv_sec += ms / 1000;
+    end.tv_nsec += (long)(ms % 1000) * 1000000L;
     if (end.tv_nsec >= 1000000000L) {
         end.tv_sec++;
         end.tv_nsec -= 1000000000L;
     }
+    return end;
+}
+
+/* Under ib->mu: CM_ECANCELED once *interrupted, CM_ETIMEOUT at `end`, else
+ * waits for a put (at most 100 ms, to look at *interrupted again): CM_OK. */
+static int wait_slice(struct pipe_inbox *ib, const struct timespec *end, const volatile sig_atomic_t *interrupted)
+{
+    if (interrupted && *interrupted)
+        return CM_ECANCELED;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > end->tv_sec || (now.tv_sec == end->tv_sec && now.tv_nsec >= end->tv_nsec))
+        return CM_ETIMEOUT;
+    struct timespec wake = now;
+    wake.tv_nsec += 100000000L;
+    if (wake.tv_nsec >= 1000000000L) {
+        wake.tv_sec++;
+        wake.tv_nsec -= 1000000000L;
+    }
+    if (wake.tv_sec > end->tv_sec || (wake.tv_sec == end->tv_sec && wake.tv_nsec > end->tv_nsec))
+        wake = *end;
+    (void)pthread_cond_timedwait(&ib->cv, &ib->mu, &wake);
+    return CM_OK;
+}
+
+int pipe_inbox_take(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t mb, uint32_t stage,
+                    uint32_t timeout_ms, const volatile sig_atomic_t *interrupted, struct pipe_entry **out)
+{
+    struct timespec end = deadline_after(timeout_ms);
     pthread_mutex_lock(&ib->mu);
-    int rc = CM_ETIMEOUT;
+    int rc;
     for (;;) {
-        struct slot **p = &ib->slots;
-        while (*p && !((*p)->e.type == type && (*p)->e.step == step && (*p)->e.mb == mb &&
-                       (*p)->e.stage == stage && complete(*p)))
-            p = &(*p)->next;
+        struct slot **p = find_complete(ib, type, step, mb, stage);
         if (*p) {
             struct slot *s = *p;
             struct pipe_entry *e = malloc(sizeof *e);
@@ -280,23 +317,30 @@ int pipe_inbox_take(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t
             rc = CM_OK;
             break;
         }
-        if (interrupted && *interrupted) {
-            rc = CM_ECANCELED;
+        if ((rc = wait_slice(ib, &end, interrupted)) != CM_OK)
+            break;
+    }
+    pthread_mutex_unlock(&ib->mu);
+    return rc;
+}
+
+int pipe_inbox_wait_any(struct pipe_inbox *ib, const struct pipe_want *w, size_t n, uint32_t timeout_ms,
+                        const volatile sig_atomic_t *interrupted, size_t *which)
+{
+    struct timespec end = deadline_after(timeout_ms);
+    pthread_mutex_lock(&ib->mu);
+    int rc;
+    for (;;) {
+        size_t k = 0;
+        while (k < n && !*find_complete(ib, w[k].type, w[k].step, w[k].mb, w[k].stage))
+            k++;
+        if (k < n) {
+            *which = k;
+            rc = CM_OK;
             break;
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec > end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec >= end.tv_nsec))
+        if ((rc = wait_slice(ib, &end, interrupted)) != CM_OK)
             break;
-        struct timespec wake = now;
-        wake.tv_nsec += 100000000L;
-        if (wake.tv_nsec >= 1000000000L) {
-            wake.tv_sec++;
-            wake.tv_nsec -= 1000000000L;
-        }
-        if (wake.tv_sec > end.tv_sec || (wake.tv_sec == end.tv_sec && wake.tv_nsec > end.tv_nsec))
-            wake = end;
-        int w = pthread_cond_timedwait(&ib->cv, &ib->mu, &wake);
-        (void)w;
     }
     pthread_mutex_unlock(&ib->mu);
     return rc;

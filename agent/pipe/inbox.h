@@ -59,4 +59,19 @@ int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN]
 int pipe_inbox_take(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t mb, uint32_t stage,
                     uint32_t timeout_ms, const volatile sig_atomic_t *interrupted, struct pipe_entry **out);
 
+/* What pipe_inbox_wait_any waits for: a complete message (type, step, mb)
+ * from stage `stage`. */
+struct pipe_want {
+    uint32_t type;
+    int64_t step;
+    uint32_t mb, stage;
+};
+
+/* Waits up to timeout_ms until one of w[0..n-1] is complete (the first of
+ * them in w's order, in *which; it stays held: pipe_inbox_take hands it
+ * over). CM_ETIMEOUT, or CM_ECANCELED once *interrupted (checked every
+ * 100 ms) is nonzero. n = 0 waits until either. */
+int pipe_inbox_wait_any(struct pipe_inbox *ib, const struct pipe_want *w, size_t n, uint32_t timeout_ms,
+                        const volatile sig_atomic_t *interrupted, size_t *which);
+
 #endif

@@ -289,6 +289,7 @@ int pipe_resolve(struct pstage *s, int only)
     int rc = peer_net_get(s->rt.net, key, &r, &nr);
     if (rc != CM_OK)
         return rc;
+    pthread_mutex_lock(&s->addr_mu); /* the senders' threads read them */
     for (size_t i = 0; i < nr; i++) {
         char st[PEER_ADDR_MAX], ar[PEER_ADDR_MAX];
         if (pipe_peers_parse(r[i].value, r[i].len, st, ar) != CM_OK)
@@ -301,6 +302,7 @@ int pipe_resolve(struct pstage *s, int only)
             if (k != s->replica && !memcmp(r[i].author, s->gkeys[k], CM_ED25519_PUB_LEN))
                 set_addr(ar, &s->gaddr[k], s->gaddr_s[k], "replica", k);
     }
+    pthread_mutex_unlock(&s->addr_mu);
     peer_records_free(r, nr);
     return CM_OK;
 }
@@ -530,12 +532,13 @@ static int start(struct pstage *s)
     }
     s->caps_started = 1;
     fflush(stdout);
-    /* what may wait at once: two micro-batches of activations or gradients,
-       the tied gradient, the norms */
+    /* what may wait at once: the activations of as many micro-batches as
+       the previous stage keeps in flight (S - stage + 1 <= S + 1, stage_step.c)
+       and the gradients of ours (<= S), the tied gradient, the norms */
     size_t act = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * ((size_t)s->tc.tfm.d_model + 1) * 4;
     size_t tied = (size_t)s->tc.tfm.vocab * (size_t)s->tc.tfm.d_model * 4;
     struct pipe_inbox *ib;
-    if (pipe_inbox_new(8 + 2 * (size_t)s->S, 4 * act + 2 * tied + (1u << 20), &ib) != CM_OK)
+    if (pipe_inbox_new(8 + 4 * (size_t)s->S, (2 * (size_t)s->S + 4) * act + 2 * tied + (1u << 20), &ib) != CM_OK)
         return 1;
     __atomic_store_n(&s->inbox, ib, __ATOMIC_RELEASE);
     return 0;
@@ -567,6 +570,7 @@ int agent_cmd_pipeline(int argc, char **argv)
     if (!s)
         return 1;
     pthread_mutex_init(&s->caps_mu, NULL);
+    pthread_mutex_init(&s->addr_mu, NULL);
     pthread_cond_init(&s->caps_cv, NULL);
     int status = 2, rc = cm_opts_parse(&STAGE_SPEC, &s->o, argc, argv, NULL, NULL, stderr);
     if (rc != CM_OK) {
@@ -658,6 +662,7 @@ done:
     free(s->snap);
     cm_opts_free(&STAGE_SPEC, &s->o);
     pthread_mutex_destroy(&s->caps_mu);
+    pthread_mutex_destroy(&s->addr_mu);
     pthread_cond_destroy(&s->caps_cv);
     free(s);
     return status;

@@ -30,6 +30,7 @@ struct pstage {
     uint32_t S, D, replica, stage;
     uint8_t keys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our pipeline's stages (row `replica`) */
     struct sockaddr_storage addr[PIPE_MAX_STAGES];     /* their message (state host) addresses */
+    pthread_mutex_t addr_mu; /* addr, addr_s, gaddr, gaddr_s: pipe_resolve writes, senders read */
     char addr_s[PIPE_MAX_STAGES][PEER_ADDR_MAX];
     uint8_t gkeys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our stage's replicas (column `stage`) */
     struct sockaddr_storage gaddr[PIPE_MAX_STAGES];     /* their averaging addresses */
@@ -57,7 +58,7 @@ struct pstage {
     struct pipe_inbox *inbox; /* read by the loop thread once set */
     FILE *steplog;
     double sps;
-    uint64_t bytes_sent;     /* stage messages (the step log's sent_kb) */
+    uint64_t bytes_sent;     /* stage messages (the step log's sent_kb); atomic: the senders add */
     uint64_t avg_bytes_sent; /* averaging with the replicas (avg_sent_kb) */
 };
 
@@ -70,6 +71,30 @@ int pipe_stage_on_request(void *arg, struct p2p_host *h, const struct p2p_peer *
  * chunks refused or lost, until --stage-timeout-ms; says why on stderr. */
 int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const float *values,
                      const int32_t *targets);
+/* A sender: a thread that sends the messages pushed to it to stage `to`,
+ * one after the other in push order, while the stage's thread computes
+ * (seed 003 §3.5: a sending slot beside the computing one). A message that
+ * cannot be sent (pipe_send_tensor's error) stops it: later pushes and
+ * pipe_sender_flush return that error. */
+struct pipe_sender;
+int pipe_sender_start(struct pstage *s, uint32_t to, struct pipe_sender **out);
+/* Queues a copy of m with its values (m->total floats, none for NORM) and
+ * targets (B*T for ACT); returns the sender's first error, if any. */
+int pipe_sender_push(struct pipe_sender *q, const struct pipe_msg *m, const float *values,
+                     const int32_t *targets);
+/* Its first error (CM_OK so far), without waiting. */
+int pipe_sender_error(struct pipe_sender *q);
+/* Waits until everything pushed was sent (or failed); the first error. */
+int pipe_sender_flush(struct pipe_sender *q);
+/* Stops the thread (what was not sent yet is dropped) and frees q. */
+void pipe_sender_stop(struct pipe_sender *q);
+
+/* The first of w[0..n-1] complete in the inbox (*which), waited for up to
+ * --stage-timeout-ms, or until a sender in senders[0..ns-1] (NULLs
+ * skipped) fails: its error. Says why on stderr on a timeout. */
+int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct pipe_sender *const *senders,
+                  size_t ns, size_t *which);
+
 /* The complete message (type, step, mb) from stage `from`, waited for up
  * to --stage-timeout-ms; says why on stderr. */
 int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32_t from, struct pipe_entry **e);

@@ -41,8 +41,8 @@ struct send_op {
     uint8_t **bodies;
     size_t *lens;
     size_t n;
-    const struct sockaddr_storage *to;
-    const uint8_t *pub;
+    struct sockaddr_storage to; /* copied under addr_mu before each attempt */
+    uint8_t pub[CM_ED25519_PUB_LEN];
     uint32_t type, timeout_ms;
     int start_rc;
 };
@@ -78,7 +78,7 @@ static void send_on_loop(void *arg, struct peer_net *n)
         if (a) {
             a->op = op;
             a->k = k;
-            rc = p2p_request(peer_net_host(n), (const struct sockaddr *)op->to, op->pub, op->type, op->bodies[k],
+            rc = p2p_request(peer_net_host(n), (const struct sockaddr *)&op->to, op->pub, op->type, op->bodies[k],
                              op->lens[k], op->timeout_ms, send_done, a);
             if (rc)
                 free(a);
@@ -94,6 +94,14 @@ static void send_on_loop(void *arg, struct peer_net *n)
 
 static int name_the_gone(struct pstage *s);
 
+/* Stage j's message address as text, read under addr_mu. */
+static void addr_of(struct pstage *s, uint32_t j, char out[PEER_ADDR_MAX])
+{
+    pthread_mutex_lock(&s->addr_mu);
+    snprintf(out, PEER_ADDR_MAX, "%s", s->addr_s[j]);
+    pthread_mutex_unlock(&s->addr_mu);
+}
+
 static double mono_s(void)
 {
     return peer_mono_s();
@@ -106,7 +114,8 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
     uint32_t n = m->type == PIPE_MSG_NORM ? 1 : pipe_chunks(m->total, ntg);
     if (n == 0)
         return CM_ERANGE;
-    struct send_op op = {.n = n, .to = &s->addr[j], .pub = s->keys[j], .type = m->type};
+    struct send_op op = {.n = n, .type = m->type};
+    char to_s[PEER_ADDR_MAX] = "";
     pthread_mutex_init(&op.mu, NULL);
     pthread_cond_init(&op.cv, NULL);
     op.status = malloc(n * sizeof *op.status);
@@ -129,6 +138,11 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
     int last = CM_OK;
     while (rc == CM_OK) {
         op.timeout_ms = (uint32_t)fmax(1000, fmin(30000, (end - mono_s()) * 1000));
+        pthread_mutex_lock(&s->addr_mu); /* pipe_resolve may move it */
+        op.to = s->addr[j];
+        memcpy(op.pub, s->keys[j], CM_ED25519_PUB_LEN);
+        snprintf(to_s, sizeof to_s, "%s", s->addr_s[j]);
+        pthread_mutex_unlock(&s->addr_mu);
         if ((rc = peer_net_call(s->rt.net, send_on_loop, &op)) != CM_OK)
             break;
         pthread_mutex_lock(&op.mu);
@@ -164,7 +178,7 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
     }
     for (size_t k = 0; op.bodies && k < n; k++) {
         if (rc == CM_OK)
-            s->bytes_sent += op.lens[k];
+            __atomic_fetch_add(&s->bytes_sent, (uint64_t)op.lens[k], __ATOMIC_RELAXED);
         free(op.bodies[k]);
     }
     free(op.bodies);
@@ -178,7 +192,7 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
                 : m->type == PIPE_MSG_GRAD ? "gradients"
                 : m->type == PIPE_MSG_TIED ? "the tied embedding's gradient"
                                            : "the gradient norm",
-                (long long)m->step + 1, j, s->addr_s[j], cm_strerror(rc));
+                (long long)m->step + 1, j, to_s, cm_strerror(rc));
     if (rc == CM_ETIMEOUT || rc == CM_ECONN || rc == CM_ECLOSED)
         name_the_gone(s);
     return rc;
@@ -191,27 +205,211 @@ static int name_the_gone(struct pstage *s)
     int gone = 0;
     for (uint32_t j = 0; j < s->S; j++) {
         double ms;
-        if (j == s->stage || peer_net_rtt(s->rt.net, s->addr_s[j], s->keys[j], 1, &ms) == CM_OK)
+        char a[PEER_ADDR_MAX];
+        if (j == s->stage)
+            continue;
+        addr_of(s, j, a);
+        if (peer_net_rtt(s->rt.net, a, s->keys[j], 1, &ms) == CM_OK)
             continue;
         pipe_resolve(s, (int)j); /* it may have started again elsewhere */
-        if (peer_net_rtt(s->rt.net, s->addr_s[j], s->keys[j], 1, &ms) == CM_OK)
+        addr_of(s, j, a);
+        if (peer_net_rtt(s->rt.net, a, s->keys[j], 1, &ms) == CM_OK)
             continue;
-        fprintf(stderr, "error: stage %u (%s) does not answer: it left or its link is down\n", j, s->addr_s[j]);
+        fprintf(stderr, "error: stage %u (%s) does not answer: it left or its link is down\n", j, a);
         gone++;
     }
     return gone;
+}
+
+/* After a wait for stages from[0..n-1] timed out: who sent nothing, and
+ * who does not answer. */
+static void said_nothing(struct pstage *s, const uint32_t *from, size_t n, int64_t step)
+{
+    for (size_t k = 0; k < n; k++) {
+        char a[PEER_ADDR_MAX];
+        addr_of(s, from[k], a);
+        fprintf(stderr, "error: stage %u (%s) sent nothing for %ld ms at step %lld\n", from[k], a,
+                s->o.stage_timeout_ms, (long long)step + 1);
+    }
+    if (!name_the_gone(s))
+        fprintf(stderr, "error: every stage answers, yet nothing came: a stage is stuck or moved on to "
+                        "another assignment\n");
 }
 
 int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32_t from, struct pipe_entry **e)
 {
     int rc = pipe_inbox_take(s->inbox, type, step, mb, from, (uint32_t)s->o.stage_timeout_ms, &pipe_g_interrupts,
                              e);
-    if (rc == CM_ETIMEOUT) {
-        fprintf(stderr, "error: stage %u (%s) sent nothing for %ld ms at step %lld\n", from, s->addr_s[from],
-                s->o.stage_timeout_ms, (long long)step + 1);
-        if (!name_the_gone(s))
-            fprintf(stderr, "error: every stage answers, yet nothing came: a stage is stuck or moved on to "
-                            "another assignment\n");
-    }
+    if (rc == CM_ETIMEOUT)
+        said_nothing(s, &from, 1, step);
     return rc;
+}
+
+/* ---- senders ---- */
+
+struct send_item {
+    struct send_item *next;
+    struct pipe_msg m;
+    float *values;
+    int32_t *targets;
+};
+
+struct pipe_sender {
+    struct pstage *s;
+    uint32_t to;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct send_item *head, *tail;
+    int busy, stop, err;
+};
+
+static void item_free(struct send_item *it)
+{
+    free(it->values);
+    free(it->targets);
+    free(it);
+}
+
+static void *sender_main(void *arg)
+{
+    struct pipe_sender *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->head && !q->stop)
+            pthread_cond_wait(&q->cv, &q->mu);
+        if (q->stop)
+            break;
+        struct send_item *it = q->head;
+        q->head = it->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->busy = 1;
+        int failed = q->err != CM_OK;
+        pthread_mutex_unlock(&q->mu);
+        int rc = failed ? CM_OK : pipe_send_tensor(q->s, q->to, &it->m, it->values, it->targets);
+        item_free(it);
+        pthread_mutex_lock(&q->mu);
+        if (rc != CM_OK && q->err == CM_OK)
+            q->err = rc;
+        q->busy = 0;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+int pipe_sender_start(struct pstage *s, uint32_t to, struct pipe_sender **out)
+{
+    struct pipe_sender *q = calloc(1, sizeof *q);
+    if (!q)
+        return CM_ENOMEM;
+    q->s = s;
+    q->to = to;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    if (pthread_create(&q->th, NULL, sender_main, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        free(q);
+        return CM_ENOMEM;
+    }
+    *out = q;
+    return CM_OK;
+}
+
+int pipe_sender_push(struct pipe_sender *q, const struct pipe_msg *m, const float *values, const int32_t *targets)
+{
+    size_t nv = m->type == PIPE_MSG_NORM ? 0 : m->total, nt = m->type == PIPE_MSG_ACT ? (size_t)m->B * m->T : 0;
+    struct send_item *it = calloc(1, sizeof *it);
+    if (!it || (nv && !(it->values = malloc(nv * sizeof(float)))) ||
+        (nt && !(it->targets = malloc(nt * sizeof(int32_t))))) {
+        if (it)
+            item_free(it);
+        return CM_ENOMEM;
+    }
+    it->m = *m;
+    if (nv)
+        memcpy(it->values, values, nv * sizeof(float));
+    if (nt)
+        memcpy(it->targets, targets, nt * sizeof(int32_t));
+    pthread_mutex_lock(&q->mu);
+    int rc = q->err;
+    if (rc == CM_OK) {
+        if (q->tail)
+            q->tail->next = it;
+        else
+            q->head = it;
+        q->tail = it;
+        it = NULL;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (it)
+        item_free(it);
+    return rc;
+}
+
+int pipe_sender_error(struct pipe_sender *q)
+{
+    pthread_mutex_lock(&q->mu);
+    int rc = q->err;
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+int pipe_sender_flush(struct pipe_sender *q)
+{
+    pthread_mutex_lock(&q->mu);
+    while ((q->head || q->busy) && q->err == CM_OK)
+        pthread_cond_wait(&q->cv, &q->mu);
+    int rc = q->err;
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+void pipe_sender_stop(struct pipe_sender *q)
+{
+    if (!q)
+        return;
+    pthread_mutex_lock(&q->mu);
+    q->stop = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->th, NULL);
+    while (q->head) {
+        struct send_item *it = q->head;
+        q->head = it->next;
+        item_free(it);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct pipe_sender *const *senders,
+                  size_t ns, size_t *which)
+{
+    double end = mono_s() + (double)s->o.stage_timeout_ms / 1000;
+    for (;;) {
+        for (size_t k = 0; k < ns; k++) {
+            int err = senders[k] ? pipe_sender_error(senders[k]) : CM_OK;
+            if (err != CM_OK)
+                return err; /* said on stderr by the sender */
+        }
+        double left = end - mono_s();
+        if (left <= 0)
+            break;
+        /* slices of 200 ms: a sender's failure ends the wait soon */
+        int rc = pipe_inbox_wait_any(s->inbox, w, n, (uint32_t)fmin(200, ceil(left * 1000)), &pipe_g_interrupts,
+                                     which);
+        if (rc != CM_ETIMEOUT)
+            return rc;
+    }
+    uint32_t from[8];
+    size_t nf = 0;
+    for (size_t k = 0; k < n && nf < 8; k++)
+        from[nf++] = w[k].stage;
+    said_nothing(s, from, nf, n ? w[0].step : 0);
+    return CM_ETIMEOUT;
 }

@@ -187,72 +187,200 @@ static int skip_micro(struct pstage *s, uint32_t n)
     return CM_OK;
 }
 
+/* ---- the micro-batches of one step: 1F1B ----
+ *
+ * Stage j keeps up to S - j micro-batches in flight (forward done, backward
+ * not yet: PipeDream-flush's 1F1B bound; the last stage one, so it runs each
+ * backward right after its forward), runs a backward as soon as its
+ * gradient is there and a forward as soon as its input is, and hands what
+ * it sends to two sender threads (next stage, previous stage), so the
+ * stages compute at once on different micro-batches and sending overlaps
+ * computing (seed 003 §3.5). Backwards run in micro-batch order, so the
+ * gradients add up in the order `train --local` adds them. A stage model
+ * holds the activations of one micro-batch (kern_tfm_stage_forward), so a
+ * backward whose forward was not the stage's last one first computes that
+ * forward again from the kept input (GPipe's re-materialization). */
+struct mb_in {
+    struct pipe_entry *act; /* stages > 0: what the previous stage sent */
+    int *tokens, *targets;  /* stage 0: copies of the micro-batch (B*T) */
+    int B, T;
+};
+
+struct mbs {
+    struct pstage *s;
+    int64_t step;
+    int M, first, last, held; /* held: the micro-batch whose activations the model holds, -1 */
+    size_t act_n;
+    float *x_out, *dx_in;
+    struct mb_in *in;
+    struct pipe_sender *next, *prev;
+    struct kern_eval ev;
+    int recomputed, in_flight; /* forwards computed again; most micro-batches in flight at once */
+};
+
+static void mb_in_clear(struct mb_in *in)
+{
+    pipe_entry_free(in->act);
+    free(in->tokens);
+    free(in->targets);
+    memset(in, 0, sizeof *in);
+}
+
+static struct kern_batch batch_of(const struct mb_in *in)
+{
+    struct kern_batch kb = {.B = in->B, .T = in->T};
+    if (in->act) {
+        kb.targets = (const int *)in->act->targets;
+    } else {
+        kb.tokens = in->tokens;
+        kb.targets = in->targets;
+    }
+    return kb;
+}
+
+static int mb_forward(struct mbs *x, int mb)
+{
+    struct pstage *s = x->s;
+    struct mb_in *in = &x->in[mb];
+    int rc;
+    if (x->first) {
+        struct kern_batch kb;
+        rc = skip_micro(s, mb == 0 ? s->replica : s->D - 1);
+        if (rc == CM_OK)
+            rc = agent_trainer_next_micro(&s->tr, &kb);
+        if (rc != CM_OK)
+            return rc;
+        size_t n = (size_t)kb.B * (size_t)kb.T;
+        in->B = kb.B;
+        in->T = kb.T;
+        if (!(in->tokens = malloc(n * sizeof(int))) || !(in->targets = malloc(n * sizeof(int))))
+            return CM_ENOMEM;
+        memcpy(in->tokens, kb.tokens, n * sizeof(int));
+        memcpy(in->targets, kb.targets, n * sizeof(int));
+    } else {
+        if ((rc = pipe_take(s, PIPE_MSG_ACT, x->step, (uint32_t)mb, s->stage - 1, &in->act)) != CM_OK)
+            return rc;
+        if (in->act->B != (uint32_t)s->tc.micro_batch || in->act->T != (uint32_t)s->tc.tfm.max_T ||
+            in->act->C != (uint32_t)s->tc.tfm.d_model) {
+            fprintf(stderr, "error: stage %u sent activations of shape (%u,%u,%u), not this run's\n",
+                    s->stage - 1, in->act->B, in->act->T, in->act->C);
+            return CM_ERANGE;
+        }
+        in->B = (int)in->act->B;
+        in->T = (int)in->act->T;
+    }
+    struct kern_batch kb = batch_of(in);
+    x->held = -1;
+    rc = kern_tfm_stage_forward(s->tr.model, &kb, in->act ? in->act->values : NULL, x->x_out,
+                                x->last ? &x->ev : NULL);
+    if (rc != CM_OK)
+        return rc;
+    x->held = mb;
+    if (x->last)
+        return CM_OK;
+    struct pipe_msg msg = {.type = PIPE_MSG_ACT, .step = x->step, .replica = s->replica, .stage = s->stage,
+                           .mb = (uint32_t)mb, .B = (uint32_t)kb.B, .T = (uint32_t)kb.T,
+                           .C = (uint32_t)s->tc.tfm.d_model, .total = (uint32_t)x->act_n};
+    return pipe_sender_push(x->next, &msg, x->x_out, (const int32_t *)kb.targets);
+}
+
+static int mb_backward(struct mbs *x, int mb)
+{
+    struct pstage *s = x->s;
+    struct mb_in *in = &x->in[mb];
+    struct pipe_entry *grad = NULL;
+    int rc = CM_OK;
+    if (!x->last)
+        rc = pipe_take(s, PIPE_MSG_GRAD, x->step, (uint32_t)mb, s->stage + 1, &grad);
+    if (rc == CM_OK && x->held != mb) { /* the same inputs, the same ops: the same activations */
+        struct kern_batch kb = batch_of(in);
+        x->held = -1;
+        rc = kern_tfm_stage_forward(s->tr.model, &kb, in->act ? in->act->values : NULL, x->x_out, NULL);
+        x->recomputed++;
+    }
+    if (rc == CM_OK)
+        rc = kern_tfm_stage_backward(s->tr.model, x->last ? NULL : grad->values, 1.0f / (float)x->M, x->dx_in);
+    x->held = -1;
+    if (rc == CM_OK && !x->first) {
+        struct pipe_msg msg = {.type = PIPE_MSG_GRAD, .step = x->step, .replica = s->replica, .stage = s->stage,
+                               .mb = (uint32_t)mb, .B = (uint32_t)in->B, .T = (uint32_t)in->T,
+                               .C = (uint32_t)s->tc.tfm.d_model, .total = (uint32_t)x->act_n};
+        rc = pipe_sender_push(x->prev, &msg, x->dx_in, NULL);
+    }
+    pipe_entry_free(grad);
+    mb_in_clear(in);
+    return rc;
+}
+
+/* Forward and backward of the step's M micro-batches (see above). */
+static int run_micro_batches(struct mbs *x, double *t_wait)
+{
+    struct pstage *s = x->s;
+    int limit = x->last ? 1 : (int)(s->S - s->stage);
+    int nf = 0, nb = 0, rc = CM_OK;
+    struct pipe_sender *senders[2] = {x->next, x->prev};
+    while (rc == CM_OK && nb < x->M) {
+        int want_b = nb < nf, want_f = nf < x->M && nf - nb < limit;
+        struct pipe_want w[2];
+        size_t nw = 0, which = 0;
+        if (want_b && !x->last)
+            w[nw++] = (struct pipe_want){PIPE_MSG_GRAD, x->step, (uint32_t)nb, s->stage + 1};
+        if (want_f && !x->first)
+            w[nw++] = (struct pipe_want){PIPE_MSG_ACT, x->step, (uint32_t)nf, s->stage - 1};
+        if (want_b && x->last) {
+            rc = mb_backward(x, nb++);
+        } else if (want_f && x->first) { /* its input is always there: a backward first if it can */
+            if (nw && pipe_inbox_wait_any(s->inbox, w, nw, 0, NULL, &which) == CM_OK)
+                rc = mb_backward(x, nb++);
+            else
+                rc = mb_forward(x, nf++);
+        } else {
+            double t0 = peer_mono_s();
+            rc = pipe_wait_any(s, w, nw, senders, 2, &which);
+            *t_wait += peer_mono_s() - t0;
+            if (rc == CM_OK)
+                rc = w[which].type == PIPE_MSG_GRAD ? mb_backward(x, nb++) : mb_forward(x, nf++);
+        }
+        if (nf - nb > x->in_flight)
+            x->in_flight = nf - nb;
+    }
+    double t0 = peer_mono_s();
+    for (int k = 0; k < 2 && rc == CM_OK; k++)
+        if (senders[k])
+            rc = pipe_sender_flush(senders[k]);
+    *t_wait += peer_mono_s() - t0;
+    return rc;
+}
+
 int pipe_stage_step(struct pstage *s, int64_t step)
 {
     struct agent_trainer *t = &s->tr;
     struct kern_model *m = t->model;
-    int first = s->stage == 0, last = s->stage == s->S - 1;
-    int M = s->tc.batch_size / s->tc.micro_batch / (int)s->D; /* ours: 1/D of the step's */
-    size_t act_n = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * (size_t)s->tc.tfm.d_model;
-    float *x_out = last ? NULL : malloc(act_n * sizeof *x_out);
-    float *dx_in = first ? NULL : malloc(act_n * sizeof *dx_in);
-    if ((!last && !x_out) || (!first && !dx_in)) {
-        free(x_out);
-        free(dx_in);
-        return CM_ENOMEM;
-    }
+    struct mbs x = {.s = s, .step = step, .first = s->stage == 0, .last = s->stage == s->S - 1, .held = -1};
+    x.M = s->tc.batch_size / s->tc.micro_batch / (int)s->D; /* ours: 1/D of the step's */
+    x.act_n = (size_t)s->tc.micro_batch * (size_t)s->tc.tfm.max_T * (size_t)s->tc.tfm.d_model;
+    x.x_out = x.last ? NULL : malloc(x.act_n * sizeof *x.x_out);
+    x.dx_in = x.first ? NULL : malloc(x.act_n * sizeof *x.dx_in);
+    x.in = calloc((size_t)x.M, sizeof *x.in);
+    int rc = (x.last || x.x_out) && (x.first || x.dx_in) && x.in ? CM_OK : CM_ENOMEM;
+    if (rc == CM_OK && !x.last)
+        rc = pipe_sender_start(s, s->stage + 1, &x.next);
+    if (rc == CM_OK && !x.first)
+        rc = pipe_sender_start(s, s->stage - 1, &x.prev);
     double t_start = peer_mono_s(), t_wait = 0;
-    uint64_t sent0 = s->bytes_sent, avg0 = s->avg_bytes_sent;
-    struct kern_eval ev = {0};
+    uint64_t sent0 = __atomic_load_n(&s->bytes_sent, __ATOMIC_RELAXED), avg0 = s->avg_bytes_sent;
     kern_model_zero_grad(m);
-    int rc = CM_OK;
-    for (int mb = 0; mb < M && rc == CM_OK; mb++) {
-        struct kern_batch kb = {0};
-        struct pipe_entry *act = NULL, *grad = NULL;
-        double t0 = peer_mono_s();
-        if (first) {
-            rc = skip_micro(s, mb == 0 ? s->replica : s->D - 1);
-            if (rc == CM_OK)
-                rc = agent_trainer_next_micro(t, &kb);
-        } else if ((rc = pipe_take(s, PIPE_MSG_ACT, step, (uint32_t)mb, s->stage - 1, &act)) == CM_OK) {
-            if (act->B != (uint32_t)s->tc.micro_batch || act->T != (uint32_t)s->tc.tfm.max_T ||
-                act->C != (uint32_t)s->tc.tfm.d_model) {
-                fprintf(stderr, "error: stage %u sent activations of shape (%u,%u,%u), not this run's\n",
-                        s->stage - 1, act->B, act->T, act->C);
-                rc = CM_ERANGE;
-            }
-            kb.B = (int)act->B;
-            kb.T = (int)act->T;
-            kb.targets = (const int *)act->targets;
-        }
-        t_wait += first ? 0 : peer_mono_s() - t0;
-        if (rc == CM_OK)
-            rc = kern_tfm_stage_forward(m, &kb, first ? NULL : act->values, x_out, last ? &ev : NULL);
-        if (rc == CM_OK && !last) {
-            struct pipe_msg msg = {.type = PIPE_MSG_ACT, .step = step, .replica = s->replica,
-                                   .stage = s->stage, .mb = (uint32_t)mb, .B = (uint32_t)kb.B,
-                                   .T = (uint32_t)kb.T, .C = (uint32_t)s->tc.tfm.d_model,
-                                   .total = (uint32_t)act_n};
-            rc = pipe_send_tensor(s, s->stage + 1, &msg, x_out, (const int32_t *)kb.targets);
-            t0 = peer_mono_s();
-            if (rc == CM_OK)
-                rc = pipe_take(s, PIPE_MSG_GRAD, step, (uint32_t)mb, s->stage + 1, &grad);
-            t_wait += peer_mono_s() - t0;
-        }
-        if (rc == CM_OK)
-            rc = kern_tfm_stage_backward(m, last ? NULL : grad->values, 1.0f / (float)M, dx_in);
-        if (rc == CM_OK && !first) {
-            struct pipe_msg msg = {.type = PIPE_MSG_GRAD, .step = step, .replica = s->replica,
-                                   .stage = s->stage, .mb = (uint32_t)mb, .B = (uint32_t)kb.B,
-                                   .T = (uint32_t)kb.T, .C = (uint32_t)s->tc.tfm.d_model,
-                                   .total = (uint32_t)act_n};
-            rc = pipe_send_tensor(s, s->stage - 1, &msg, dx_in, NULL);
-        }
-        pipe_entry_free(act);
-        pipe_entry_free(grad);
-    }
-    free(x_out);
-    free(dx_in);
+    if (rc == CM_OK)
+        rc = run_micro_batches(&x, &t_wait);
+    pipe_sender_stop(x.next);
+    pipe_sender_stop(x.prev);
+    for (int k = 0; x.in && k < x.M; k++)
+        mb_in_clear(&x.in[k]);
+    free(x.in);
+    free(x.x_out);
+    free(x.dx_in);
+    struct kern_eval ev = x.ev;
+    int first = x.first, last = x.last, M = x.M;
     double norm = 0;
     float lr = 0;
     if (rc == CM_OK && first)
@@ -283,9 +411,10 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         snprintf(line, sizeof line,
                  "{\"step\":%lld,\"stage\":%u,\"stages\":%u,\"replica\":%u,\"version\":%lld,\"loss\":%s,"
                  "\"hash\":\"%.16s\",\"grad_norm\":%.6g,\"lr\":%.6g,\"micro_batches\":%d,\"step_s\":%.3f,"
-                 "\"wait_s\":%.3f,\"sent_kb\":%.1f,\"avg_sent_kb\":%.1f,\"t_ms\":%lld}",
+                 "\"wait_s\":%.3f,\"in_flight\":%d,\"recomputed\":%d,\"sent_kb\":%.1f,\"avg_sent_kb\":%.1f,\"t_ms\":%lld}",
                  (long long)step + 1, s->stage, s->S, s->replica, (long long)s->version, ls, hash, norm, lr, M,
-                 secs, t_wait, (double)(s->bytes_sent - sent0) / 1024, (double)(s->avg_bytes_sent - avg0) / 1024,
+                 secs, t_wait, x.in_flight, x.recomputed, (double)(s->bytes_sent - sent0) / 1024,
+                 (double)(s->avg_bytes_sent - avg0) / 1024,
                  (long long)peer_rt_now_ms(&s->rt));
         agent_steplog_write(s->steplog, line);
     }

@@ -226,6 +226,7 @@ struct slog {
     int n, stage, replica;
     double loss[STEPS + 2], norm[STEPS + 2], loss_t[STEPS + 2]; /* loss_t: t_ms of the line with the loss */
     char hash[STEPS + 2][17];
+    int max_in_flight; /* most micro-batches a step had in flight */
 };
 
 static int read_slog(const char *path, struct slog *s)
@@ -260,6 +261,8 @@ static int read_slog(const char *path, struct slog *s)
             json_t *gn = json_object_get(j, "grad_norm");
             if (json_is_number(gn))
                 s->norm[step] = json_number_value(gn);
+            long fl = (long)json_integer_value(json_object_get(j, "in_flight"));
+            s->max_in_flight = fl > s->max_in_flight ? (int)fl : s->max_in_flight;
         }
         json_decref(j);
     }
@@ -324,6 +327,15 @@ static void test_stages_match_single_process(void **state)
     for (int j = 0; j < STAGES; j++)
         assert_int_equal(seen[j], 1); /* each stage ran by one agent */
     assert_true(last >= 0);
+    /* 1F1B (stage_step.c): stage j keeps at most S - j micro-batches in
+       flight, the last one; the first stage started a second micro-batch
+       before the first one's gradient came back (the stages overlapped) */
+    for (int i = 0; i < NAGENTS; i++) {
+        printf("stage %d: at most %d micro-batches in flight\n", s[i].stage, s[i].max_in_flight);
+        assert_true(s[i].max_in_flight >= 1 && s[i].max_in_flight <= STAGES - s[i].stage);
+        if (s[i].stage == 0)
+            assert_true(s[i].max_in_flight >= 2);
+    }
     double worst = 0;
     printf("step  pipeline  single    |diff|   grad norm\n");
     for (int k = 1; k <= STEPS; k++) {

@@ -189,12 +189,52 @@ static void test_steps_and_limits(void **state)
     pipe_inbox_free(ib);
 }
 
+/* wait_any (the 1F1B loop's wait): the first complete one of the wants,
+ * left in the inbox; incomplete tensors do not count; a deadline. */
+static void test_wait_any(void **state)
+{
+    (void)state;
+    const uint32_t B = 1, T = 2, C = 3;
+    float v[6] = {1, 2, 3, 4, 5, 6};
+    int32_t tg[2] = {0, 1};
+    struct pipe_inbox *ib = inbox_for(1, 8, 1u << 20);
+    struct pipe_want w[2] = {{PIPE_MSG_GRAD, 5, 0, 2}, {PIPE_MSG_ACT, 5, 1, 0}};
+    size_t which = 9;
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 0, NULL, &which), CM_ETIMEOUT);
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 30, NULL, &which), CM_ETIMEOUT);
+    /* an ACT of another micro-batch: not wanted */
+    struct pipe_msg m = act_chunk(0, 5, B, T, C, 0, v, tg);
+    assert_int_equal(pipe_inbox_put(ib, g_keys[0], &m), CM_OK);
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 0, NULL, &which), CM_ETIMEOUT);
+    m.mb = 1;
+    assert_int_equal(pipe_inbox_put(ib, g_keys[0], &m), CM_OK);
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 0, NULL, &which), CM_OK);
+    assert_int_equal(which, 1);
+    /* a gradient from the next stage too: the first want wins */
+    struct pipe_msg g = {.type = PIPE_MSG_GRAD, .step = 5, .stage = 2, .B = B, .T = T, .C = C, .total = 6,
+                         .count = 6, .values = (const uint8_t *)v};
+    assert_int_equal(pipe_inbox_put(ib, g_keys[2], &g), CM_OK);
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 0, NULL, &which), CM_OK);
+    assert_int_equal(which, 0);
+    /* still held: taken now */
+    struct pipe_entry *e = NULL;
+    assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_GRAD, 5, 0, 2, 0, NULL, &e), CM_OK);
+    assert_memory_equal(e->values, v, sizeof v);
+    pipe_entry_free(e);
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 2, 0, NULL, &which), CM_OK);
+    assert_int_equal(which, 1);
+    volatile sig_atomic_t stop = 1;
+    assert_int_equal(pipe_inbox_wait_any(ib, w, 1, 1000, &stop, &which), CM_ECANCELED);
+    pipe_inbox_free(ib);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunks_any_order),
         cmocka_unit_test(test_who_may_send),
         cmocka_unit_test(test_steps_and_limits),
+        cmocka_unit_test(test_wait_any),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
