@@ -383,14 +383,19 @@ int pipe_stage_step(struct pstage *s, int64_t step)
     int first = x.first, last = x.last, M = x.M;
     double norm = 0;
     float lr = 0;
+    /* phases' seconds for the step log: micro-batches, tied, average, norm */
+    double ph[5] = {t_start, peer_mono_s(), 0, 0, 0};
     if (rc == CM_OK && first)
         rc = skip_micro(s, s->D - 1 - s->replica);
     if (rc == CM_OK && s->S > 1 && (first || last))
         rc = exchange_tied(s, step, &t_wait);
+    ph[2] = peer_mono_s();
     if (rc == CM_OK && s->D > 1)
         rc = average_stage(s, step, &ev, &t_wait);
+    ph[3] = peer_mono_s();
     if (rc == CM_OK)
         rc = global_norm(s, step, &norm, &t_wait);
+    ph[4] = peer_mono_s();
     if (rc == CM_OK)
         rc = pipe_snapshot(s); /* what a re-scheduling may go back to */
     if (rc == CM_OK && (rc = kern_optim_step_norm(t->opt, m, norm, &lr)) == CM_ENUMERIC)
@@ -403,7 +408,7 @@ int pipe_stage_step(struct pstage *s, int64_t step)
     double loss = last && ev.count ? ev.loss_sum / (double)ev.count : NAN;
     double secs = peer_mono_s() - t_start;
     if (s->steplog) {
-        char line[640], ls[32];
+        char line[768], ls[32];
         if (isfinite(loss))
             snprintf(ls, sizeof ls, "%.6f", loss);
         else
@@ -411,9 +416,9 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         snprintf(line, sizeof line,
                  "{\"step\":%lld,\"stage\":%u,\"stages\":%u,\"replica\":%u,\"version\":%lld,\"loss\":%s,"
                  "\"hash\":\"%.16s\",\"grad_norm\":%.6g,\"lr\":%.6g,\"micro_batches\":%d,\"step_s\":%.3f,"
-                 "\"wait_s\":%.3f,\"in_flight\":%d,\"recomputed\":%d,\"sent_kb\":%.1f,\"avg_sent_kb\":%.1f,\"t_ms\":%lld}",
+                 "\"wait_s\":%.3f,\"in_flight\":%d,\"recomputed\":%d,\"micro_s\":%.3f,\"tied_s\":%.3f,\"average_s\":%.3f,\"norm_s\":%.3f,\"sent_kb\":%.1f,\"avg_sent_kb\":%.1f,\"t_ms\":%lld}",
                  (long long)step + 1, s->stage, s->S, s->replica, (long long)s->version, ls, hash, norm, lr, M,
-                 secs, t_wait, x.in_flight, x.recomputed, (double)(s->bytes_sent - sent0) / 1024,
+                 secs, t_wait, x.in_flight, x.recomputed, ph[1] - ph[0], ph[2] - ph[1], ph[3] - ph[2], ph[4] - ph[3], (double)(s->bytes_sent - sent0) / 1024,
                  (double)(s->avg_bytes_sent - avg0) / 1024,
                  (long long)peer_rt_now_ms(&s->rt));
         agent_steplog_write(s->steplog, line);

@@ -21,9 +21,9 @@
  *  - a compute term the paper does not have: with per-stage work and
  *    per-device speeds, the sum over the stages of the slowest replica's
  *    work(stage) / speed(device), the stage being the group's position in
- *    the path (our stage agents run a step's micro-batches one after the
- *    other, so the stages compute in turn; with overlapping micro-batches
- *    it would be the slowest stage plus the pipeline's fill and drain).
+ *    the path (the stages computing in turn, as the stage agents did
+ *    before they ran micro-batches 1F1B; with 1F1B it over-predicts:
+ *    docs/pipelines.md, "The cost model against real hosts").
  *
  * total = data-parallel + pipeline + compute. Delays and bandwidths are
  * symmetrized as in §2: ((a_dd' + a_d'd) / 2, (b_dd' + b_d'd) / 2).

@@ -380,8 +380,8 @@ double dtfm_tsp_open(const double *w, size_t s, uint32_t *order)
     return total;
 }
 
-/* The stage agents run a step's micro-batches one after the other
- * (docs/pipelines.md, "Stage agents"): each stage computes in turn, and a
+/* With a step's micro-batches one after the other (how the stage agents
+ * ran them before 1F1B, docs/pipelines.md): each stage computes in turn, and a
  * stage's replicas wait for the slowest of them (they average before the
  * update). So the step's computing is the sum over the stages of the
  * slowest replica's time. */

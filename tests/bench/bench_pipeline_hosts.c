@@ -17,8 +17,9 @@
  *
  * Not emulated: latency (the agents would need pairwise round trips in
  * their capability reports for the model to see it; netns links have
- * ~0.1 ms). The agents run the micro-batches one after the other (no
- * overlap yet), which the model, like the paper's, does not assume. */
+ * ~0.1 ms). The agents run the micro-batches 1F1B (stage_step.c); the
+ * model's PP and compute terms still add the micro-batches up one after the
+ * other (docs/pipelines.md, "The cost model against real hosts"). */
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
