@@ -77,6 +77,9 @@ static const struct cm_opt STAGE_OPTS[] = {
     {"samples-per-s", CM_OPT_DBL, O(samples_per_s), "0", "X",
      "declare this device's speed (samples per second of the whole model) instead of measuring it; the "
      "coordinator gives stages to the fastest devices", 0},
+    {"max-cpu-percent", CM_OPT_DBL, O(max_cpu_percent), "0", "P",
+     "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two cores' worth), "
+     "0 = no limit; the speed reported is the limited one", 0},
     {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",
      "add this one-way delay to every frame sent (latency emulation for tests and benchmarks)", 0},
 };
@@ -126,6 +129,8 @@ static int check_opts(const struct pstage *s)
         bad = "--latency-ms must be from 0 to 10000";
     else if (!(s->o.samples_per_s >= 0 && s->o.samples_per_s <= 1e9))
         bad = "--samples-per-s must be from 0 (measure) to 1e9";
+    else if (s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
+        bad = "--max-cpu-percent must be 0 (no limit) or from 1 to 100";
     if (bad)
         fprintf(stderr, "error: %s\n", bad);
     return bad ? -1 : 0;
@@ -194,6 +199,17 @@ static int fetch_run(struct pstage *s)
         s->tc.steps = s->o.steps;
     if (s->o.device)
         snprintf(s->tc.device, sizeof s->tc.device, "%s", s->o.device);
+    if (s->o.max_cpu_percent > 0) {
+        /* no more compute threads than the budget's cores, paced between
+           micro-batches (cpu_limit.h) */
+        int ncpu = agent_cpu_count(), t = agent_cpu_limit_threads(s->o.max_cpu_percent, ncpu);
+        if (s->tc.threads == 0 || s->tc.threads > t)
+            s->tc.threads = t;
+        agent_cpu_limit_init(&s->cpu, s->o.max_cpu_percent, ncpu);
+        printf("CPU limit: %g%% of %d cores (%.2f cores' worth): %d compute thread%s, paced between "
+               "micro-batches\n", s->o.max_cpu_percent, ncpu, s->cpu.cores, s->tc.threads,
+               s->tc.threads == 1 ? "" : "s");
+    }
     return CM_OK;
 }
 
@@ -237,6 +253,9 @@ static int measure_speed(struct pstage *s)
         return rc;
     }
     s->sps = 2.0 * s->tc.micro_batch / fmax(secs, 1e-6) / s->S;
+    /* timed on tc.threads threads; a budget below them slows us down */
+    if (s->cpu.cores > 0 && s->cpu.cores < s->tc.threads)
+        s->sps *= s->cpu.cores / s->tc.threads;
     return CM_OK;
 }
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "agent/cpu_limit.h"
 #include "agent/peer/runtime.h"
 #include "agent/pipe/inbox.h"
 #include "agent/train/trainer.h"
@@ -20,13 +21,14 @@
 struct stage_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *step_log;
     long steps, dht_port, ar_port, stage_timeout_ms, wait_s, latency_ms;
-    double samples_per_s;
+    double samples_per_s, max_cpu_percent;
 };
 
 struct pstage {
     struct stage_opts o;
     struct peer_rt rt;
     struct agent_train_config tc;
+    struct agent_cpu_limit cpu; /* --max-cpu-percent (cores 0: none) */
     uint32_t S, D, replica, stage;
     uint8_t keys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our pipeline's stages (row `replica`) */
     struct sockaddr_storage addr[PIPE_MAX_STAGES];     /* their message (state host) addresses */

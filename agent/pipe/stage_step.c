@@ -327,6 +327,7 @@ static int run_micro_batches(struct mbs *x, double *t_wait)
             w[nw++] = (struct pipe_want){PIPE_MSG_GRAD, x->step, (uint32_t)nb, s->stage + 1};
         if (want_f && !x->first)
             w[nw++] = (struct pipe_want){PIPE_MSG_ACT, x->step, (uint32_t)nf, s->stage - 1};
+        agent_cpu_limit_pace(&s->cpu, &pipe_g_interrupts); /* --max-cpu-percent: between micro-batches */
         if (want_b && x->last) {
             rc = mb_backward(x, nb++);
         } else if (want_f && x->first) { /* its input is always there: a backward first if it can */

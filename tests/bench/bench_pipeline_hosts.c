@@ -41,6 +41,7 @@
 #define PORT "8443"
 #define FAST_MBPS 200.0
 #define SLOW_MBPS 20.0
+#define CPU_PERCENT "12.5" /* 100 / N: each host an eighth of the machine */
 
 static struct ct_net g_net;
 static struct ct_pg g_pg;
@@ -115,8 +116,13 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
     for (int i = 0; i < N; i++) {
         snprintf(logs[i], sizeof logs[i], "%.250s/pipeline.log", dirs[i]);
         snprintf(steps[i], sizeof steps[i], "%.250s/pipeline.steps", dirs[i]);
+        /* the 8 hosts share this machine's cores: each gets an eighth of
+           them, as if it had its own small CPU (1F1B has all stages
+           computing at once; unlimited, they would slow each other down,
+           which no host of a real collaboration does) */
         const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", run, "--config-dir", dirs[i],
-                              "--device", "cpu", "--step-log", steps[i], "--wait-s", "300", NULL};
+                              "--device", "cpu", "--step-log", steps[i], "--wait-s", "300",
+                              "--max-cpu-percent", CPU_PERCENT, NULL};
         pid[i] = ct_net_spawn(&g_net, hosts[i], argv, logs[i]);
     }
     int st[N], left = N;

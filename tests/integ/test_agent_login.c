@@ -194,6 +194,26 @@ static void test_failures_are_clear(void **state)
         snprintf(p, sizeof p, "%s/demo", g_dir);
         assert_int_not_equal(access(p, F_OK), 0); /* no run directory */
     }
+    /* pipeline: the same, for its own options */
+    static const char *const bad_pipe[][2] = {
+        {"--max-cpu-percent", "0.5"}, {"--max-cpu-percent", "101"}, {"--samples-per-s", "-1"},
+        {"--latency-ms", "20000"},    {"--stage-timeout-ms", "10"},
+    };
+    static const char *const why_pipe[] = {
+        "--max-cpu-percent must be 0 (no limit) or from 1 to 100",
+        "--max-cpu-percent must be 0 (no limit) or from 1 to 100", "--samples-per-s must be from 0",
+        "--latency-ms must be from 0 to 10000", "--stage-timeout-ms must be from 1000",
+    };
+    for (size_t k = 0; k < sizeof bad_pipe / sizeof bad_pipe[0]; k++) {
+        const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", "demo", bad_pipe[k][0],
+                              bad_pipe[k][1], "--config-dir", g_dir, NULL};
+        rc = ct_run(argv, NULL, &out, 10);
+        if (rc != 2 || !strstr(out, why_pipe[k]))
+            fail_msg("pipeline %s %s: exit %d, said: %s", bad_pipe[k][0], bad_pipe[k][1], rc, out);
+        free(out);
+        snprintf(p, sizeof p, "%s/demo", g_dir);
+        assert_int_not_equal(access(p, F_OK), 0);
+    }
     /* an untrusted certificate is explained */
     const char *nocert[] = {ct_bin("crowdtrain-agent"), "login", "--coordinator", g_c.url, "--username", "vol",
                             "--password-stdin", "--config-dir", g_dir, NULL};
