@@ -539,6 +539,8 @@ static int start(struct pstage *s)
         fprintf(stderr, "error: no address the other stages can reach this agent at\n");
         return 1;
     }
+    if (peer_rt_start(&s->rt, PEER_STAGE_REPORTS) != CM_OK) /* contribution reports (stage_step.c) */
+        return 1;
     if (s->o.samples_per_s > 0)
         s->sps = s->o.samples_per_s;
     else if (measure_speed(s) != CM_OK)

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/peer/report.h"
 #include "agent/train/steplog.h"
 #include "ar/ar.h"
+#include "cm_crypto.h"
 #include "cm_err.h"
 
 static int wte_tensor(const struct kern_model *m)
@@ -111,7 +113,7 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
  * the average is the step's mean over all of them (seed 003 §2: stage j's
  * data-parallel group C_j). fp32 and member order: the first and the last
  * stage's groups average the same tied sums to the same bits. */
-static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, double *t_wait)
+static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, double *t_wait, int parts[2])
 {
     struct kern_model *m = s->tr.model;
     const struct kern_backend *be = s->tr.be;
@@ -161,6 +163,8 @@ static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, d
         rc = sum.status != CM_OK ? sum.status : CM_ECONN;
     }
     if (rc == CM_OK) {
+        parts[0] = (int)sum.n_parts;
+        parts[1] = (int)sum.n_averaged;
         s->avg_bytes_sent += sum.bytes_sent;
         rc = be->upload(m->grads, buf, n * sizeof *buf);
     }
@@ -185,6 +189,45 @@ static int skip_micro(struct pstage *s, uint32_t n)
             return rc;
     }
     return CM_OK;
+}
+
+/* The step's contribution report (docs/accounting.md, "Pipeline stages"):
+ * the S stages of a pipeline are one round (its id hashes run, assignment
+ * version, step and replica), each claims its share of the whole model's
+ * work, the pipeline's samples / S, and attests the same for the
+ * neighbours whose activations or gradients it took for all M
+ * micro-batches (the step completed: it took all of them). */
+static void report_step(struct pstage *s, int64_t step, int M, double secs, double t_wait, double loss,
+                        const int parts[2])
+{
+    if (!s->rt.rep)
+        return;
+    struct peer_report *r = calloc(1, sizeof *r);
+    if (!r)
+        return;
+    char seed[256];
+    int n = snprintf(seed, sizeof seed, "crowdtrain-pipe-round/1\n%s\n%lld\n%lld\n%u", s->o.run,
+                     (long long)s->version, (long long)step, s->replica);
+    cm_sha256(seed, (size_t)n, r->round_id);
+    double share = (double)M * s->tc.micro_batch / s->S;
+    r->step = step;
+    snprintf(r->group, sizeof r->group, "pipeline.%lld.%u", (long long)s->version, s->replica);
+    r->samples = share;
+    r->compute_s = fmax(0, secs - t_wait);
+    r->loss = loss; /* NAN (not written) but on the last stage */
+    r->sps = secs > 0 ? share / secs : 0;
+    r->round_ms = secs * 1000;
+    r->parts = parts[0];
+    r->parts_averaged = parts[1];
+    for (int d = -1; d <= 1; d += 2) {
+        int j = (int)s->stage + d;
+        if (j < 0 || j >= (int)s->S)
+            continue;
+        memcpy(r->members[r->n_members].pub, s->keys[j], 32);
+        r->members[r->n_members++].samples = share;
+    }
+    peer_reporter_submit(s->rt.rep, r);
+    free(r);
 }
 
 /* ---- the micro-batches of one step: 1F1B ----
@@ -391,8 +434,9 @@ int pipe_stage_step(struct pstage *s, int64_t step)
     if (rc == CM_OK && s->S > 1 && (first || last))
         rc = exchange_tied(s, step, &t_wait);
     ph[2] = peer_mono_s();
+    int parts[2] = {0, 0};
     if (rc == CM_OK && s->D > 1)
-        rc = average_stage(s, step, &ev, &t_wait);
+        rc = average_stage(s, step, &ev, &t_wait, parts);
     ph[3] = peer_mono_s();
     if (rc == CM_OK)
         rc = global_norm(s, step, &norm, &t_wait);
@@ -424,6 +468,7 @@ int pipe_stage_step(struct pstage *s, int64_t step)
                  (long long)peer_rt_now_ms(&s->rt));
         agent_steplog_write(s->steplog, line);
     }
+    report_step(s, step, M, secs, t_wait, loss, parts);
     long every = s->tc.log_every > 0 ? s->tc.log_every : 10;
     if ((step + 1) % every == 0 || step == 0) {
         if (last)

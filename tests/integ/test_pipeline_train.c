@@ -270,6 +270,43 @@ static int read_slog(const char *path, struct slog *s)
     return 0;
 }
 
+/* Every stage agent's contribution reports (docs/accounting.md, "Pipeline
+ * stages"): n devices, each with `steps` reports of `share` samples (its
+ * pipeline's samples / S), all of them verified by its neighbours, none
+ * flagged. The reporters post in the background and flush on exit. */
+static void expect_stage_credit(const char *run, int n, int steps, double share)
+{
+    char path[160];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/contributions", run);
+    json_t *peers = NULL;
+    struct ct_resp r = {0};
+    for (int tries = 0; tries < 50; tries++) {
+        ct_resp_free(&r);
+        assert_int_equal(ct_http(&g_c, "GET", path, g_org, NULL, &r), 0);
+        assert_int_equal(r.status, 200);
+        peers = json_object_get(r.json, "peers");
+        size_t full = 0;
+        for (size_t i = 0; i < json_array_size(peers); i++)
+            full += json_integer_value(json_object_get(json_array_get(peers, i), "steps")) == steps;
+        if (full == (size_t)n)
+            break;
+        usleep(200000);
+    }
+    assert_int_equal(json_array_size(peers), n);
+    for (int i = 0; i < n; i++) {
+        json_t *row = json_array_get(peers, (size_t)i);
+        double claimed = json_number_value(json_object_get(row, "claimed_samples"));
+        double verified = json_number_value(json_object_get(row, "verified_samples"));
+        printf("stage agent %d: %lld reports, claimed %.3f, verified %.3f samples\n", i,
+               (long long)json_integer_value(json_object_get(row, "reports")), claimed, verified);
+        assert_int_equal(json_integer_value(json_object_get(row, "steps")), steps);
+        assert_true(fabs(claimed - steps * share) < 1e-6);
+        assert_true(fabs(verified - claimed) < 1e-6);
+        assert_int_equal(json_integer_value(json_object_get(row, "flagged_reports")), 0);
+    }
+    ct_resp_free(&r);
+}
+
 /* The single process on the same recipe (once: both tests compare with it). */
 static void single_process(struct slog *local)
 {
@@ -349,6 +386,7 @@ static void test_stages_match_single_process(void **state)
     }
     printf("largest |pipeline - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
     assert_true(s[last].loss[STEPS] < s[last].loss[1] - 1.0);
+    expect_stage_credit(RUN, NAGENTS, STEPS, 16.0 / STAGES);
 }
 
 /* Two pipelines of two stages: pipeline i takes micro-batches i and i + 2
@@ -404,6 +442,7 @@ static void test_replicas_average(void **state)
     }
     printf("largest |2 x 2 pipelines - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
     assert_true(s[slot[0][1]].loss[STEPS] < s[slot[0][1]].loss[1] - 1.0);
+    expect_stage_credit(RUN2, NAGENTS2, STEPS, 16.0 / 2 / 2); /* a pipeline's 8 samples, 2 stages */
 }
 
 /* Churn (issue 19): 2 stages x 2 replicas with min_replicas 1 and
