@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ct_harness.h"
@@ -181,7 +182,27 @@ static void test_experts_train(void **state)
         srv[i] = ct_spawn(argv, logs[NTRAIN + i]);
         assert_true(srv[i] > 0);
     }
-    sleep(3); /* the servers log in, start and declare their experts */
+    /* the servers log in, start and declare their experts: each says so
+       once its declarations are stored (what the trainers' beam search reads) */
+    for (int i = 0; i < NSERVE; i++) {
+        char serving[128];
+        snprintf(serving, sizeof serving, "serving 8 experts of run '%s' at ", RUN);
+        int up = 0;
+        for (int t = 0; t < 600 && !up; t++) {
+            char *text = ct_read_file(logs[NTRAIN + i], NULL);
+            up = text && strstr(text, serving);
+            free(text);
+            int st;
+            if (!up && waitpid(srv[i], &st, WNOHANG) == srv[i]) {
+                char *l = ct_read_file(logs[NTRAIN + i], NULL);
+                fail_msg("server %d exited during start-up:\n%s", i, l ? l : "");
+            }
+            if (!up)
+                usleep(100000);
+        }
+        if (!up)
+            fail_msg("server %d did not declare its experts within 60 s (log %s)", i, logs[NTRAIN + i]);
+    }
     for (int i = 0; i < NTRAIN; i++) {
         snprintf(logs[i], sizeof logs[0], "%s/join.log", g_dirs[i]);
         snprintf(steplogs[i], sizeof steplogs[0], "%s/steps.jsonl", g_dirs[i]);
