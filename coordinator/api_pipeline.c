@@ -116,6 +116,21 @@ static double derived_sample_bytes(const json_t *config)
     return (double)json_integer_value(ctx) * (double)json_integer_value(dm) * PIPE_ACT_ELEM_BYTES;
 }
 
+/* The tied token embedding's gradient the first and the last stage of a
+ * GPT pipeline exchange each step (agent/pipe/stage_step.c): model.vocab x
+ * model.d_model fp32 values. 0 for other models, or when not derivable. */
+static double derived_tied_bytes(const json_t *config)
+{
+    const json_t *m = json_object_get(config, "model");
+    const char *type = json_string_value(json_object_get(m, "type"));
+    const json_t *v = json_object_get(m, "vocab"), *dm = json_object_get(m, "d_model");
+    if (!type || strcmp(type, "gpt") != 0 || !json_is_integer(v) || !json_is_integer(dm) ||
+        json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24) || json_integer_value(dm) < 1 ||
+        json_integer_value(dm) > (1 << 20))
+        return 0;
+    return (double)json_integer_value(v) * (double)json_integer_value(dm) * PIPE_ACT_ELEM_BYTES;
+}
+
 /* The derived activations of one micro-batch with D replicas: the paper's
  * micro-batch i is replica i's share of the step (seed 003 §2: tasklet
  * t_ij is stage j of micro-batch i), ceil(B / D) samples; agents that cut
@@ -135,6 +150,8 @@ struct pipe_cfg {
     double sample_bytes; /* > 0: activation_bytes is derived, this per sample */
     uint64_t seed;
     const char *search; /* PIPE_SEARCH_DTFM or PIPE_SEARCH_RANDOM (static text) */
+    double micro_batch; /* the run's micro_batch (samples), 0 when it has none */
+    double tied_bytes;  /* derived_tied_bytes */
 };
 
 #define PIPE_SEARCH_DTFM "dtfm"     /* the hybrid genetic algorithm (default) */
@@ -158,6 +175,10 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
         return cfg_fail(err, cap, "field '%s': an object {\"stages\", \"replicas\", ...}",
                         "config.pipeline");
     memset(out, 0, sizeof *out);
+    const json_t *mbj = json_object_get(config, "micro_batch"); /* checked with the training config */
+    if (json_is_integer(mbj) && json_integer_value(mbj) > 0)
+        out->micro_batch = (double)json_integer_value(mbj);
+    out->tied_bytes = derived_tied_bytes(config);
     const json_t *s = json_object_get(p, "stages"), *d = json_object_get(p, "replicas");
     if (!json_is_integer(s) || json_integer_value(s) < 1 ||
         json_integer_value(s) > DTFM_MAX_STAGES)
@@ -598,6 +619,17 @@ struct solved {
     int warm;
 };
 
+/* Micro-batches per replica and step, as the stage agents cut them: the
+ * run's batch / (micro_batch x D'), 1 without a micro_batch (dtfm.h: the
+ * agents' 1F1B schedule). */
+static size_t micro_batches(const struct pipe_cfg *pc, double batch)
+{
+    if (pc->micro_batch < 1)
+        return 1;
+    double m = floor(batch / (pc->micro_batch * (double)pc->replicas));
+    return m < 1 ? 1 : m > DTFM_MAX_MICRO_BATCHES ? DTFM_MAX_MICRO_BATCHES : (size_t)m;
+}
+
 /* Builds the problem from the chosen devices and solves it. pair (i, j):
  * the throughput either peer measured to the other (i's own measurement
  * first), else min(upload_i, download_j); the delay (alpha) is half the
@@ -641,7 +673,7 @@ static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batc
     for (size_t j = 0; j < pc->stages; j++)
         work[j] = batch / ((double)pc->replicas * pc->stages);
     struct dtfm_problem prob = {pc->stages, pc->replicas, delay, bw, pc->act_bytes,
-                                pc->grad_bytes, work, speed};
+                                pc->grad_bytes, work, speed, micro_batches(pc, batch), pc->tied_bytes};
     if ((rc = dtfm_model_new(&prob, &m, why)) != CM_OK)
         goto done;
     if (search_random(pc)) {

@@ -21,11 +21,34 @@
  *  - a compute term the paper does not have: with per-stage work and
  *    per-device speeds, the sum over the stages of the slowest replica's
  *    work(stage) / speed(device), the stage being the group's position in
- *    the path (the stages computing in turn, as the stage agents did
- *    before they ran micro-batches 1F1B; with 1F1B it over-predicts:
- *    docs/pipelines.md, "The cost model against real hosts").
+ *    the path (the stages compute in turn when a replica's share of the
+ *    step is one micro-batch).
  *
- * total = data-parallel + pipeline + compute. Delays and bandwidths are
+ * total = data-parallel + pipeline + compute.
+ *
+ * With M = micro_batches > 1 (ours, for the agents' 1F1B schedule, seed 003
+ * §3.5: stages work on different micro-batches at once, sending overlaps
+ * computing), the order and matchings are chosen as above, and the
+ * pipeline and compute terms of that structure become what one
+ * micro-batch takes through the whole path and back (fill and drain) plus
+ * M - 1 times the busiest resource per micro-batch:
+ *    e_k = max over replicas of alpha + c_PP / (M beta)   (edge k, one way)
+ *    c_j = max over replicas of work(j) / (M speed) x (4/3 before the last
+ *          stage: the agents compute a forward again, fwd:bwd ~ 1:2)
+ *    fill = sum_k 2 e_k + sum_j c_j,   b = max(max_k e_k, max_j c_j)
+ *    pipeline + compute = fill + (M - 1) b
+ * (the (M - 1) b part counted in pipeline when a link is the busiest, in
+ * compute otherwise). Each link direction and each stage is its own
+ * resource: activations and their gradients cross an edge in opposite
+ * directions. M = 1 gives the formulas above (without the 4/3). The stage
+ * order is then the better of two paths for this cost: the smallest sum of
+ * eq. 3's edges (the paper's) and the smallest longest edge (the busiest
+ * link, up to DTFM_TSP_EXACT_MAX stages).
+ *
+ * With tied_bytes > 0 (ours: a GPT's first and last stage share the token
+ * embedding and exchange its gradient each step), the pipeline term also
+ * holds the slowest replica's 2 (alpha + c_tied / beta) between its first
+ * and last stage. Delays and bandwidths are
  * symmetrized as in §2: ((a_dd' + a_d'd) / 2, (b_dd' + b_d'd) / 2).
  *
  * The search (dtfm_search) is the hybrid genetic algorithm of §3.4 with the
@@ -60,7 +83,16 @@ struct dtfm_problem {
      * and each device's speed in that unit per second. */
     const double *stage_work; /* stages entries, >= 0 */
     const double *speed;      /* devices entries, > 0 */
+    /* Micro-batches each replica cuts its share of the step into, run 1F1B
+     * (see above); 0 or 1: one. At most DTFM_MAX_MICRO_BATCHES. */
+    size_t micro_batches;
+    /* Bytes of the tied embedding's gradient the first and the last stage
+     * of each pipeline exchange every step (0: none); adds the slowest
+     * replica's 2 (alpha + c_tied / beta) between its ends to the pipeline
+     * term. */
+    double tied_bytes;
 };
+#define DTFM_MAX_MICRO_BATCHES 1000000
 
 struct dtfm_cost {
     double total, dp, pp, compute; /* seconds */

@@ -35,6 +35,14 @@ int dtfm_model_new(const struct dtfm_problem *p, struct dtfm_model **out, const 
         *why = "activation and gradient sizes must be finite and >= 0";
         return CM_EINVAL;
     }
+    if (!(p->tied_bytes >= 0 && p->tied_bytes < 1e15)) {
+        *why = "the tied embedding's size must be finite and >= 0";
+        return CM_EINVAL;
+    }
+    if (p->micro_batches > DTFM_MAX_MICRO_BATCHES) {
+        *why = "micro-batches must be at most 1,000,000";
+        return CM_EINVAL;
+    }
     if (!p->stage_work != !p->speed) {
         *why = "stage work and device speeds come together";
         return CM_EINVAL;
@@ -77,7 +85,13 @@ int dtfm_model_new(const struct dtfm_problem *p, struct dtfm_model **out, const 
         m->work = malloc(p->stages * sizeof *m->work);
         m->speed = malloc(n * sizeof *m->speed);
     }
-    if (!m->dp || !m->pp || (p->stage_work && (!m->work || !m->speed))) {
+    m->mb = p->micro_batches > 1 ? p->micro_batches : 1;
+    if (m->mb > 1)
+        m->pp_mb = calloc(n * n, sizeof *m->pp_mb);
+    if (p->tied_bytes > 0 && p->stages > 1)
+        m->tied = calloc(n * n, sizeof *m->tied);
+    if (!m->dp || !m->pp || (p->stage_work && (!m->work || !m->speed)) || (m->mb > 1 && !m->pp_mb) ||
+        (p->tied_bytes > 0 && p->stages > 1 && !m->tied)) {
         dtfm_model_free(m);
         return CM_ENOMEM;
     }
@@ -92,6 +106,10 @@ int dtfm_model_new(const struct dtfm_problem *p, struct dtfm_model **out, const 
             double beta = 0.5 * (p->bw_bps[a * n + b] + p->bw_bps[b * n + a]);
             m->dp[a * n + b] = 2.0 * (alpha + dp_bits / beta);
             m->pp[a * n + b] = 2.0 * (alpha + pp_bits / beta);
+            if (m->pp_mb)
+                m->pp_mb[a * n + b] = alpha + pp_bits / ((double)m->mb * beta);
+            if (m->tied)
+                m->tied[a * n + b] = 2.0 * (alpha + 8.0 * p->tied_bytes / beta);
         }
     if (p->stage_work) {
         memcpy(m->work, p->stage_work, p->stages * sizeof *m->work);
@@ -109,6 +127,8 @@ void dtfm_model_free(struct dtfm_model *m)
     free(m->pp);
     free(m->work);
     free(m->speed);
+    free(m->pp_mb);
+    free(m->tied);
     free(m);
 }
 
@@ -417,6 +437,158 @@ double dtfm_compute_term(const struct dtfm_model *m, const uint32_t *members, ui
     return fwd;
 }
 
+/* The open path through all s <= DTFM_TSP_EXACT_MAX nodes whose longest
+ * edge is shortest (ties: the shorter sum), by Held-Karp on (max, sum);
+ * with many micro-batches the busiest link matters more than the sum
+ * (dtfm.h). 0 when it cannot (s too large, no memory): order untouched. */
+static int bottleneck_path(const double *w, size_t s, uint32_t *order)
+{
+    if (s < 3 || s > DTFM_TSP_EXACT_MAX)
+        return 0;
+    size_t full = (size_t)1 << s;
+    double *bmax = malloc(full * s * sizeof *bmax), *bsum = malloc(full * s * sizeof *bsum);
+    uint8_t *prev = calloc(full * s, 1);
+    if (!bmax || !bsum || !prev) {
+        free(bmax);
+        free(bsum);
+        free(prev);
+        return 0;
+    }
+    for (size_t i = 0; i < full * s; i++)
+        bmax[i] = bsum[i] = INFINITY;
+    for (size_t v = 0; v < s; v++) {
+        bmax[((size_t)1 << v) * s + v] = bsum[((size_t)1 << v) * s + v] = 0;
+        prev[((size_t)1 << v) * s + v] = (uint8_t)v;
+    }
+    for (size_t mask = 1; mask < full; mask++)
+        for (size_t v = 0; v < s; v++) {
+            size_t k = mask * s + v;
+            if (!(mask >> v & 1) || bmax[k] == INFINITY)
+                continue;
+            for (size_t u = 0; u < s; u++) {
+                if (mask >> u & 1)
+                    continue;
+                size_t nk = (mask | (size_t)1 << u) * s + u;
+                double nm = fmax(bmax[k], w[v * s + u]), ns = bsum[k] + w[v * s + u];
+                if (nm < bmax[nk] || (nm == bmax[nk] && ns < bsum[nk])) {
+                    bmax[nk] = nm;
+                    bsum[nk] = ns;
+                    prev[nk] = (uint8_t)v;
+                }
+            }
+        }
+    size_t last = 0, f = (full - 1) * s;
+    for (size_t v = 1; v < s; v++)
+        if (bmax[f + v] < bmax[f + last] || (bmax[f + v] == bmax[f + last] && bsum[f + v] < bsum[f + last]))
+            last = v;
+    size_t mask = full - 1;
+    for (size_t i = s; i-- > 0;) {
+        order[i] = (uint32_t)last;
+        size_t p = prev[mask * s + last];
+        mask &= ~((size_t)1 << last);
+        last = p;
+    }
+    free(bmax);
+    free(bsum);
+    free(prev);
+    return 1;
+}
+
+/* Replica i starts at the i-th device of the first group in `order` and
+ * follows the bottleneck matchings along the path. */
+static void assign_along(const struct dtfm_model *m, const uint32_t *members, const uint32_t *order,
+                         uint32_t *assign)
+{
+    size_t s = m->stages, r = m->replicas;
+    uint32_t cur[DTFM_MAX_REPLICAS], match[DTFM_MAX_REPLICAS];
+    for (size_t i = 0; i < r; i++)
+        cur[i] = (uint32_t)i; /* index within the current group */
+    for (size_t j = 0; j < s; j++) {
+        const uint32_t *g = members + (size_t)order[j] * r;
+        for (size_t i = 0; i < r; i++)
+            assign[i * s + j] = g[cur[i]];
+        if (j + 1 < s) {
+            dtfm_bottleneck(m, g, members + (size_t)order[j + 1] * r, match);
+            for (size_t i = 0; i < r; i++)
+                cur[i] = match[cur[i]];
+        }
+    }
+}
+
+/* The tied embedding's exchange between each pipeline's first and last
+ * stage (dtfm.h): the slowest replica's 2 (alpha + c_tied / beta). */
+static double tied_term(const struct dtfm_model *m, const uint32_t *assign)
+{
+    size_t s = m->stages;
+    if (!m->tied || s < 2)
+        return 0;
+    double t = 0;
+    for (size_t i = 0; i < m->replicas; i++)
+        t = fmax(t, m->tied[(size_t)assign[i * s] * m->n + assign[i * s + s - 1]]);
+    return t;
+}
+
+/* Pipeline and compute terms of an assignment run 1F1B with m->mb > 1
+ * micro-batches (dtfm.h), its stages read forward (rev 0: position j is
+ * column j) or backward (rev 1: position j is column S - 1 - j). */
+static void pipelined(const struct dtfm_model *m, const uint32_t *assign, int rev, double *pp, double *comp)
+{
+    size_t s = m->stages, r = m->replicas, n = m->n;
+    double M = (double)m->mb, sum_e = 0, max_e = 0, sum_c = 0, max_c = 0;
+    for (size_t j = 0; j < s; j++) {
+        size_t col = rev ? s - 1 - j : j;
+        if (m->work) {
+            double worst = 0;
+            for (size_t i = 0; i < r; i++) {
+                double t = m->work[j] / (M * m->speed[assign[i * s + col]]);
+                worst = t > worst ? t : worst;
+            }
+            worst *= j + 1 < s ? 4.0 / 3.0 : 1.0;
+            sum_c += worst;
+            max_c = worst > max_c ? worst : max_c;
+        }
+        if (j + 1 < s) {
+            size_t nxt = rev ? col - 1 : col + 1;
+            double e = 0;
+            for (size_t i = 0; i < r; i++) {
+                double c = m->pp_mb[(size_t)assign[i * s + col] * n + assign[i * s + nxt]];
+                e = c > e ? c : e;
+            }
+            sum_e += e;
+            max_e = e > max_e ? e : max_e;
+        }
+    }
+    *pp = 2 * sum_e;
+    *comp = sum_c;
+    if (max_e >= max_c)
+        *pp += (M - 1) * max_e;
+    else
+        *comp += (M - 1) * max_c;
+}
+
+/* With micro-batches: the better direction of assign's path under 1F1B
+ * (assign reversed to it when that is the backward one). */
+static void pipelined_best(const struct dtfm_model *m, uint32_t *assign, struct dtfm_cost *cost)
+{
+    double pf, cf, pb, cb;
+    pipelined(m, assign, 0, &pf, &cf);
+    pipelined(m, assign, 1, &pb, &cb);
+    if (pb + cb < pf + cf) {
+        size_t s = m->stages;
+        for (size_t i = 0; i < m->replicas; i++)
+            for (size_t j = 0; j < s / 2; j++) {
+                uint32_t t = assign[i * s + j];
+                assign[i * s + j] = assign[i * s + s - 1 - j];
+                assign[i * s + s - 1 - j] = t;
+            }
+        pf = pb;
+        cf = cb;
+    }
+    cost->pp = pf;
+    cost->compute = cf;
+    cost->total = cost->dp + pf + cf;
+}
+
 int dtfm_cost_partition(const struct dtfm_model *m, const uint16_t *group, struct dtfm_cost *cost,
                         uint32_t *assign)
 {
@@ -449,23 +621,38 @@ int dtfm_cost_partition(const struct dtfm_model *m, const uint16_t *group, struc
     cost->pp = pp;
     cost->compute = comp;
     cost->total = dp + pp + comp;
+    uint32_t *own = NULL, *alt = NULL;
+    int need = m->mb > 1 || m->tied; /* costs that depend on who talks to whom */
+    if ((!assign && need && !(assign = own = malloc(m->n * sizeof *assign))) ||
+        (m->mb > 1 && !(alt = malloc(m->n * sizeof *alt)))) {
+        free(own);
+        free(members);
+        free(w);
+        return CM_ENOMEM;
+    }
     if (assign) {
-        /* Replica i starts at the i-th device of the first group and follows
-         * the matchings along the path. */
-        uint32_t cur[DTFM_MAX_REPLICAS], match[DTFM_MAX_REPLICAS];
-        for (size_t i = 0; i < r; i++)
-            cur[i] = (uint32_t)i; /* index within the current group */
-        for (size_t j = 0; j < s; j++) {
-            const uint32_t *g = members + (size_t)order[j] * r;
-            for (size_t i = 0; i < r; i++)
-                assign[i * s + j] = g[cur[i]];
-            if (j + 1 < s) {
-                dtfm_bottleneck(m, g, members + (size_t)order[j + 1] * r, match);
-                for (size_t i = 0; i < r; i++)
-                    cur[i] = match[cur[i]];
+        assign_along(m, members, order, assign);
+        if (m->mb > 1) {
+            pipelined_best(m, assign, cost);
+            /* with micro-batches the path of the smallest busiest link may
+               beat the smallest sum's */
+            uint32_t order2[DTFM_MAX_STAGES];
+            struct dtfm_cost c2 = {.dp = dp};
+            if (bottleneck_path(w, s, order2)) {
+                assign_along(m, members, order2, alt);
+                pipelined_best(m, alt, &c2);
+                if (c2.total + tied_term(m, alt) < cost->total + tied_term(m, assign)) {
+                    *cost = c2;
+                    memcpy(assign, alt, m->n * sizeof *assign);
+                }
             }
         }
+        double t = tied_term(m, assign);
+        cost->pp += t;
+        cost->total += t;
     }
+    free(alt);
+    free(own);
     free(members);
     free(w);
     return CM_OK;
@@ -507,5 +694,9 @@ int dtfm_cost_assignment(const struct dtfm_model *m, const uint32_t *assign, str
     cost->pp = pp;
     cost->compute = comp;
     cost->total = dp + pp + comp;
+    if (m->mb > 1) /* as it is: forward */
+        pipelined(m, assign, 0, &cost->pp, &cost->compute);
+    cost->pp += tied_term(m, assign);
+    cost->total = dp + cost->pp + cost->compute;
     return CM_OK;
 }

@@ -10,6 +10,9 @@ struct dtfm_model {
     double *pp;    /* n x n: 2 (alpha + c_PP / beta), eq. 3's term */
     double *work;  /* stages entries, or NULL */
     double *speed; /* n entries, or NULL */
+    size_t mb;     /* micro-batches M >= 1 */
+    double *pp_mb; /* n x n when mb > 1: alpha + c_PP / (M beta), one micro-batch one way */
+    double *tied;  /* n x n when tied_bytes > 0 and stages > 1: 2 (alpha + c_tied / beta) */
 };
 
 /* Eq. 2 for one group of `replicas` devices. */

@@ -581,6 +581,116 @@ static void test_compute_term(void **state)
     inst_free(&in);
 }
 
+/* Micro-batches run 1F1B (dtfm.h): 3 stages x 1 replica, two fast links
+ * (alpha 10 ms, 8 Mbit/s) and a slow one (0.8 Mbit/s) that the path avoids,
+ * c_PP 0.4 MB, M = 4. Per micro-batch one way: e = 0.01 + 3.2e6 / (4 x
+ * 8e6) = 0.11 s on each edge of the path. */
+static void test_pipelined_by_hand(void **state)
+{
+    (void)state;
+    struct inst in;
+    inst_alloc(&in, 3, 1, 1);
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++) {
+            in.delay[a * 3 + b] = 0.01;
+            in.bw[a * 3 + b] = (a == 0 && b == 2) || (a == 2 && b == 0) ? 0.8e6 : 8e6;
+        }
+    in.p.act_bytes = 4e5;
+    for (size_t j = 0; j < 3; j++)
+        in.work[j] = 8;
+    static const uint16_t group[3] = {0, 1, 2};
+    struct dtfm_cost c, ca;
+    uint32_t assign[3];
+    /* M = 1: the sequential model, 2 x 0.41 x 2 edges; 3 stages x 8/2 */
+    for (size_t d = 0; d < 3; d++)
+        in.speed[d] = 2;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, assign), CM_OK);
+    assert_int_equal(assign[1], 1);
+    assert_close(c.pp, 1.64);
+    assert_close(c.compute, 12);
+    dtfm_model_free(in.m);
+    /* M = 4, compute-bound: c = 8 / (4 x 2) = 1 per micro-batch, 4/3 before
+       the last stage: fill 2 x 0.22 + (4/3 + 4/3 + 1), then 3 x 4/3 */
+    in.p.micro_batches = 4;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, assign), CM_OK);
+    assert_int_equal(assign[1], 1);
+    assert_close(c.pp, 0.44);
+    assert_close(c.compute, 11.0 / 3.0 + 3 * 4.0 / 3.0);
+    assert_close(c.total, c.dp + c.pp + c.compute);
+    assert_int_equal(dtfm_cost_assignment(in.m, assign, &ca), CM_OK);
+    assert_close(ca.total, c.total);
+    dtfm_model_free(in.m);
+    /* link-bound: speed 200, c = 0.01 (x 4/3): then 3 x 0.11 in the pipeline */
+    for (size_t d = 0; d < 3; d++)
+        in.speed[d] = 200;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, assign), CM_OK);
+    assert_close(c.pp, 0.44 + 3 * 0.11);
+    assert_close(c.compute, 0.01 * (4.0 / 3.0 + 4.0 / 3.0 + 1));
+    assert_int_equal(dtfm_cost_assignment(in.m, assign, &ca), CM_OK);
+    assert_close(ca.total, c.total);
+    /* the slow link in the path, as an assignment is costed as it is:
+       e = 0.01 + 3.2e6 / (4 x 0.8e6) = 1.01 on edge 0-2 */
+    static const uint32_t slow[3] = {1, 0, 2};
+    assert_int_equal(dtfm_cost_assignment(in.m, slow, &ca), CM_OK);
+    assert_close(ca.pp, 2 * (0.11 + 1.01) + 3 * 1.01);
+    dtfm_model_free(in.m);
+    in.m = NULL;
+    in.p.micro_batches = DTFM_MAX_MICRO_BATCHES + 1;
+    expect_einval(&in.p, "too many micro-batches");
+    inst_free(&in);
+}
+
+/* With many micro-batches the busiest link counts M - 1 times: 5 stages x
+ * 1 replica whose cheapest path (0-2-1-3-4: edges 1, 1, 2, 6 s, sum 10) has
+ * a longer longest edge than 3-1-0-2-4 (2, 4, 1, 4: sum 11, longest 4).
+ * M = 1 keeps the paper's path; M = 10 (one micro-batch one way: W / 20):
+ * 2 x 10/20 + 9 x 6/20 = 3.7 against 2 x 11/20 + 9 x 4/20 = 2.9. The tied
+ * embedding adds its exchange between the path's two ends. */
+static void test_pipelined_bottleneck_path(void **state)
+{
+    (void)state;
+    static const double W[5][5] = {{0, 4, 1, 6, 10}, {4, 0, 1, 2, 10}, {1, 1, 0, 6, 4},
+                                   {6, 2, 6, 0, 6},  {10, 10, 4, 6, 0}};
+    struct inst in;
+    inst_alloc(&in, 5, 1, 0);
+    in.p.act_bytes = 1e6; /* W = 2 x 8e6 bits / beta */
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 5; b++)
+            in.bw[a * 5 + b] = a == b ? 1 : 16e6 / W[a][b];
+    static const uint16_t group[5] = {0, 1, 2, 3, 4};
+    struct dtfm_cost c, ca;
+    uint32_t as[5];
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, as), CM_OK);
+    assert_close(c.pp, 10);
+    dtfm_model_free(in.m);
+    in.p.micro_batches = 10;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, as), CM_OK);
+    assert_close(c.pp, 2.9);
+    static const uint32_t want[5] = {3, 1, 0, 2, 4}, rev[5] = {4, 2, 0, 1, 3};
+    assert_true(!memcmp(as, want, sizeof as) || !memcmp(as, rev, sizeof as));
+    assert_int_equal(dtfm_cost_assignment(in.m, as, &ca), CM_OK);
+    assert_close(ca.total, c.total);
+    dtfm_model_free(in.m);
+    /* the tied gradient, 1e5 bytes: 2 x 8e5 / beta between the ends (3 and
+       4: beta = 16e6 / 6, so 0.6 s), in the pipeline term */
+    in.p.tied_bytes = 1e5;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c, as), CM_OK);
+    assert_close(c.pp, 2.9 + 0.6);
+    assert_int_equal(dtfm_cost_assignment(in.m, as, &ca), CM_OK);
+    assert_close(ca.pp, c.pp);
+    dtfm_model_free(in.m);
+    in.m = NULL;
+    in.p.tied_bytes = -1;
+    expect_einval(&in.p, "negative tied size");
+    inst_free(&in);
+}
+
 /* ---- 6-8. the search (§3.4) ---- */
 
 static void test_search_deterministic(void **state)
@@ -874,6 +984,8 @@ int main(void)
         cmocka_unit_test(test_tsp_heuristic),
         cmocka_unit_test(test_partition_assignment),
         cmocka_unit_test(test_compute_term),
+        cmocka_unit_test(test_pipelined_by_hand),
+        cmocka_unit_test(test_pipelined_bottleneck_path),
         cmocka_unit_test(test_search_deterministic),
         cmocka_unit_test(test_search_quality),
         cmocka_unit_test(test_search_warm_start),
