@@ -106,6 +106,9 @@ int api_pipeline_config_check(const json_t *config, long long target_batch, char
 /* The lifetime of a capability report for a run whose config.pipeline has
  * this liveness_s (NULL or anything but a valid one: API_CAP_TTL_S). */
 int api_pipeline_liveness_s(const json_t *liveness);
+/* api_pipeline_stages.c: GET /runs/{run}/pipeline/stages, the assignment the
+ * stage agents run with their measured step times (the dashboard's page) */
+void api_pipeline_stages(struct coord_req *req, struct coord_resp *resp);
 
 /* api_caps.c: capability reports and the live peers (organizers, auditors) */
 #define API_CAP_TTL_S 120   /* a capability report is live this long */

@@ -48,6 +48,7 @@ const struct coord_route coord_routes[] = {
     {"POST", "/api/v1/runs/{}/reachability", api_reachability_post, COORD_ROLES_ANY, BODY_SMALL, 1},
     {"GET", "/api/v1/runs/{}/schedule", api_schedule_get, COORD_PUBLIC, 0, 0},
     {"GET", "/api/v1/runs/{}/pipeline", api_pipeline_get, COORD_PUBLIC, 0, 0},
+    {"GET", "/api/v1/runs/{}/pipeline/stages", api_pipeline_stages, COORD_ROLES_ANY, 0, 0},
     {"GET", "/api/v1/runs/{}/schedules", api_schedules_list, COORD_ROLES_READ_ADMIN, 0, 0},
     {"GET", "/api/v1/runs/{}/peers", api_peers_list, COORD_ROLES_READ_ADMIN, 0, 0},
     {"GET", "/api/v1/runs/{}/schedules/{}", api_schedules_get, COORD_PUBLIC, 0, 0},

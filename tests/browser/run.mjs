@@ -269,6 +269,51 @@ test('experts-page', async (page) => {
   assert.ok(!tabs.includes('Experts'), `tabs: ${tabs}`);
 });
 
+// Pipeline runs (tests/integ/test_dashboard.c, test_pipeline_runs, made
+// them): pipe-demo (2 stages, dave's two devices, 5 signed steps, stage 0
+// at 200 ms a step and stage 1 at 300 ms) gets a Pipeline tab and a grid
+// equal to the API's; pipe-wait (2 x 2, no device) shows the waiting state;
+// the MLP run has no Pipeline tab.
+test('pipeline-page', async (page) => {
+  await login(page, 'organizer');
+  await page.goto(`${seed.url}/#/run/pipe-demo`);
+  await page.waitForSelector('ul.tabs a[href$="/pipeline"]');
+  await page.click('ul.tabs a[href$="/pipeline"]');
+  await page.waitForSelector('#pipeline-grid tbody .slot');
+  const tok = await page.evaluate(() => JSON.parse(sessionStorage.getItem('crowdtrain.session')).token);
+  const api = await call('GET', '/api/v1/runs/pipe-demo/pipeline/stages', { token: tok });
+  assert.equal(api.status, 200, api.text);
+  const rows = await rowsOf(page, '#pipeline-grid');
+  assert.equal(rows.length, 1, `rows: ${JSON.stringify(rows)}`);
+  assert.equal(rows[0].length, 3);
+  api.json.slots.forEach((s, j) => {
+    const c = rows[0][1 + j];
+    assert.ok(c.startsWith('dave '), c);
+    assert.ok(c.includes(`${s.peer_public_key.slice(0, 8)}…`), c);
+    assert.ok(c.includes(`${fmt(s.round_ms)} ms/step`), c);
+    assert.ok(c.includes(`${s.sps.toLocaleString('en-US', { maximumFractionDigits: 1 })} samples/s`), c);
+    assert.ok(c.includes('step 4'), c);
+  });
+  assert.ok(rows[0][1].includes('200 ms/step') && rows[0][2].includes('300 ms/step'), JSON.stringify(rows));
+  const secs = (x) => `${x.toLocaleString('en-US', { maximumFractionDigits: 3 })} s`;
+  assert.equal(await page.textContent('#pipeline-predicted'), secs(api.json.predicted.total_s));
+  assert.ok((await page.textContent('#pipeline-predicted-split')).startsWith(`dp ${secs(api.json.predicted.dp_s)} + pp `));
+  assert.equal(await page.textContent('#pipeline-measured'), '0.3 s');
+  assert.equal(await page.textContent('#pipeline-random'), secs(api.json.random_mean_s));
+  const tp = await rowsOf(page, '#pipeline-throughput');
+  assert.deepEqual(tp.map((r) => r[0]), ['0', '1']);
+  assert.equal(tp[1][1], (8000 / 300).toLocaleString('en-US', { maximumFractionDigits: 1 }));
+  await shot(page, 'pipeline');
+  await page.goto(`${seed.url}/#/run/pipe-wait/pipeline`);
+  await page.waitForSelector('#pipeline-waiting');
+  assert.equal(await page.textContent('#pipeline-waiting'), 'waiting for volunteers: 0 of 2 x 2');
+  await page.goto(`${seed.url}/#/run/${RUN}`);
+  await page.waitForSelector('#run-status');
+  await page.waitForTimeout(300); /* the tab bar's own read of the run */
+  const tabs = await page.$$eval('ul.tabs a', (a) => a.map((x) => x.textContent));
+  assert.ok(!tabs.includes('Pipeline'), `tabs: ${tabs}`);
+});
+
 test('overview-empty-run', async (page) => {
   await page.goto(`${seed.url}/#/run/${seed.empty_run}`);
   await page.waitForFunction(() => /^updated /.test(document.querySelector('#updated')?.textContent || ''));

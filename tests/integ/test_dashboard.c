@@ -530,6 +530,115 @@ static void test_leaderboard_endpoint(void **state)
     json_decref(j);
 }
 
+/* ---- the pipeline page's runs ----
+ * Two pipeline runs for the browser's "pipeline-page" test
+ * (tests/browser/run.mjs): "pipe-wait" (2 stages x 2 replicas, no device
+ * yet: the waiting state) and "pipe-demo" (2 stages x 1), whose two devices
+ * of dave's report capabilities, get an assignment from GET /pipeline and
+ * send PIPE_STEPS signed stage reports each as stage agents do
+ * (docs/accounting.md, "Pipeline stages"); then GET /pipeline/stages
+ * joins them. */
+#define PIPE_STEPS 5
+#define PIPE_CFG(s, d)                                                                            \
+    "\"config\":{\"pipeline\":{\"stages\":" #s ",\"replicas\":" #d ","                           \
+    "\"activation_bytes\":1e6,\"gradient_bytes\":1e6}}"
+
+static long pipe_report(const struct cm_ed25519 *key, const char *pk, const char *pass,
+                        const char *other, long step, double round_ms)
+{
+    char rs[96], round[2 * CM_SHA256_LEN + 1], payload[2048];
+    uint8_t rid[CM_SHA256_LEN];
+    snprintf(rs, sizeof rs, "crowdtrain-pipe-round/1\npipe-demo\n1\n%ld\n0", step);
+    cm_sha256(rs, strlen(rs), rid);
+    cm_hex_encode(rid, sizeof rid, round);
+    /* a pipeline of 16 samples a step in 2 stages: 8 each */
+    int n = snprintf(payload, sizeof payload,
+                     "{\"format\":\"crowdtrain-report/1\",\"run\":\"pipe-demo\",\"peer\":\"%s\","
+                     "\"step\":%ld,\"group\":\"pipeline.1.0\",\"round\":\"%s\",\"samples\":8,"
+                     "\"compute_s\":%g,\"sps\":%g,\"round_ms\":%g,\"parts\":0,\"parts_averaged\":0,"
+                     "\"members\":{\"%s\":8},\"excluded\":[],\"t\":%lld}",
+                     pk, step, round, round_ms / 2e3, 8e3 / round_ms, round_ms, other,
+                     (long long)time(NULL));
+    static const char prefix[] = "crowdtrain-report/1\n";
+    char msg[sizeof prefix + sizeof payload], p64[4096], s64[128], body[8192];
+    memcpy(msg, prefix, sizeof prefix - 1);
+    memcpy(msg + sizeof prefix - 1, payload, (size_t)n);
+    uint8_t sig[CM_ED25519_SIG_LEN];
+    if (cm_ed25519_sign(key, msg, sizeof prefix - 1 + (size_t)n, sig) != CM_OK)
+        return -1;
+    cm_b64url_encode(payload, (size_t)n, p64);
+    cm_b64url_encode(sig, sizeof sig, s64);
+    snprintf(body, sizeof body, "{\"pass\":\"%s\",\"payload\":\"%s\",\"sig\":\"%s\"}", pass, p64, s64);
+    return req("POST", "/api/v1/runs/pipe-demo/reports", NULL, body, NULL);
+}
+
+static void test_pipeline_runs(void **state)
+{
+    (void)state;
+    json_t *j = NULL;
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"pipe-wait\",\"target_batch_size\":16,\"model_summary\":\"GPT in 2 "
+                         "stages x 2\"," PIPE_CFG(2, 2) "}",
+                         NULL),
+                     201);
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"pipe-demo\",\"target_batch_size\":16,\"model_summary\":\"GPT in 2 "
+                         "stages\"," PIPE_CFG(2, 1) "}",
+                         NULL),
+                     201);
+    assert_int_equal(req("PUT", "/api/v1/runs/pipe-demo/allowlist/dave", g_org, NULL, NULL), 201);
+    struct cm_ed25519 key[2];
+    char pk[2][64], body[4096], *pass[2] = {NULL, NULL};
+    for (int d = 0; d < 2; d++) {
+        assert_int_equal(cm_ed25519_generate(&key[d]), CM_OK);
+        cm_b64url_encode(key[d].pub, CM_ED25519_PUB_LEN, pk[d]);
+        assert_int_equal(ct_pass_body("pipe-demo", "dave", &key[d], body, sizeof body), 0);
+        assert_int_equal(req("POST", "/api/v1/runs/pipe-demo/passes", g_tok[2], body, &j), 201);
+        pass[d] = strdup(json_string_value(json_object_get(j, "access_token")));
+        json_decref(j);
+        snprintf(body, sizeof body,
+                 "{\"peer_public_key\":\"%s\",\"samples_per_s\":%d,\"upload_mbps\":100,"
+                 "\"download_mbps\":100,\"accepts_inbound\":true}",
+                 pk[d], 50 - 20 * d);
+        assert_int_equal(req("POST", "/api/v1/runs/pipe-demo/capabilities", g_tok[2], body, NULL), 200);
+    }
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-demo/pipeline", NULL, NULL, &j), 200);
+    json_t *asg = json_object_get(json_object_get(j, "pipeline"), "assignment");
+    int first = !strcmp(json_string_value(json_array_get(json_array_get(asg, 0), 0)), pk[0]) ? 0 : 1;
+    json_decref(j);
+    /* stage 0 takes 200 ms a step, stage 1 300 ms: the pipeline's step is the slower one's */
+    for (long st = 0; st < PIPE_STEPS; st++)
+        for (int d = 0; d < 2; d++)
+            assert_int_equal(pipe_report(&key[d], pk[d], pass[d], pk[1 - d], st, d == first ? 200 : 300),
+                             201);
+    /* dave is on pipe-demo's allowlist, bob on neither's; the waiting run has nothing yet */
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-demo/pipeline/stages", NULL, NULL, NULL), 401);
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-demo/pipeline/stages", g_tok[0], NULL, NULL), 403);
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-nope/pipeline/stages", g_org, NULL, NULL), 404);
+    assert_int_equal(req("GET", "/api/v1/runs/" RUN "/pipeline/stages", g_org, NULL, NULL), 422);
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-wait/pipeline/stages", g_org, NULL, &j), 200);
+    assert_true(json_is_null(json_object_get(j, "version")));
+    assert_int_equal(json_integer_value(json_object_get(j, "live_devices")), 0);
+    json_decref(j);
+    assert_int_equal(req("GET", "/api/v1/runs/pipe-demo/pipeline/stages", g_tok[2], NULL, &j), 200);
+    json_t *slots = json_object_get(j, "slots");
+    assert_int_equal(json_array_size(slots), 2);
+    for (int k = 0; k < 2; k++) {
+        json_t *s = json_array_get(slots, (size_t)k);
+        assert_string_equal(json_string_value(json_object_get(s, "username")), "dave");
+        assert_int_equal(json_integer_value(json_object_get(s, "step")), PIPE_STEPS - 1);
+        assert_true(fabs(json_number_value(json_object_get(s, "round_ms")) - (k ? 300 : 200)) < 1e-9);
+        assert_true(fabs(json_number_value(json_object_get(s, "verified_samples")) - 8 * PIPE_STEPS) < 1e-9);
+    }
+    assert_true(fabs(json_number_value(json_object_get(json_object_get(j, "measured"), "step_s")) - 0.3) <
+                1e-9);
+    json_decref(j);
+    for (int d = 0; d < 2; d++) {
+        cm_ed25519_cleanup(&key[d]);
+        free(pass[d]);
+    }
+}
+
 /* ---- the browser suite ---- */
 
 static int write_seed(const char *path)
@@ -634,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_static_files),
         cmocka_unit_test(test_own_records),
         cmocka_unit_test(test_leaderboard_endpoint),
+        cmocka_unit_test(test_pipeline_runs),
         cmocka_unit_test(test_browser),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

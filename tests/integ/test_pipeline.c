@@ -15,9 +15,11 @@
  * 503 rather than waiting. With config.pipeline.search "random" the
  * assignment is the seed's random permutation of the chosen devices, the
  * same on a re-solve, another for another seed, and costlier than DT-FM's
- * on the two regions. Fewer replicas when devices leave, and the reports'
- * liveness: tests/integ/test_pipeline_replicas.c; the fetch-and-verify of
- * an assignment both use: tests/harness/ct_pipeline.c. */
+ * on the two regions. GET /pipeline/stages (the dashboard's page): its
+ * roles and its answer while there is no assignment (its figures:
+ * test_pipeline_train, test_dashboard). Fewer replicas when devices leave,
+ * and the reports' liveness: tests/integ/test_pipeline_replicas.c; the
+ * fetch-and-verify of an assignment both use: tests/harness/ct_pipeline.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -249,6 +251,35 @@ static void test_config_validated(void **state)
            201, NULL, NULL);
 }
 
+/* GET /pipeline/stages (the dashboard's Pipeline page) while the run has no
+ * assignment: who may read it, and the waiting state (3 of 2 x 2 devices
+ * live; the peer that cannot compute is not one). */
+static void expect_stages_waiting(void)
+{
+    expect("GET", "/api/v1/runs/pipe/pipeline/stages", NULL, NULL, 401, NULL, NULL);
+    expect("GET", "/api/v1/runs/nope/pipeline/stages", g_org, NULL, 404, "not_found", NULL);
+    expect("GET", "/api/v1/runs/plain/pipeline/stages", g_org, NULL, 422, "not_pipeline", NULL);
+    char *out = NULL;
+    assert_int_equal(req("POST", "/api/v1/users", g_org,
+                         "{\"username\":\"outsider\",\"role\":\"volunteer\",\"password\":\"" PW
+                         "\"}"),
+                     201);
+    assert_non_null(out = ct_login(&g_c, "outsider", PW));
+    expect("GET", "/api/v1/runs/pipe/pipeline/stages", out, NULL, 403, "not_allowlisted", NULL);
+    free(out);
+    struct ct_resp r;
+    assert_int_equal(ct_http(&g_c, "GET", "/api/v1/runs/pipe/pipeline/stages", g_vol, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_true(json_is_null(json_object_get(r.json, "version")));
+    assert_true(json_is_null(json_object_get(r.json, "predicted")));
+    assert_true(json_is_null(json_object_get(r.json, "measured")));
+    assert_int_equal(json_array_size(json_object_get(r.json, "slots")), 0);
+    assert_int_equal(json_integer_value(json_object_get(r.json, "stages")), 2);
+    assert_int_equal(json_integer_value(json_object_get(r.json, "replicas")), 2);
+    assert_int_equal(json_integer_value(json_object_get(r.json, "live_devices")), 3);
+    ct_resp_free(&r);
+}
+
 static void test_not_pipeline_and_too_few(void **state)
 {
     (void)state;
@@ -269,6 +300,7 @@ static void test_not_pipeline_and_too_few(void **state)
     expect("GET", "/api/v1/runs/pipe/pipeline", NULL, NULL, 409, "not_enough_peers",
            "needs 4 devices (2 stages x min_replicas 2), 3 live");
     assert_int_equal(scalar("SELECT count(*) FROM pipelines"), 0);
+    expect_stages_waiting();
 }
 
 static void fetch_verified_run(const char *run, size_t stages, size_t replicas, struct ct_served *sv)

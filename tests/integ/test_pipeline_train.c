@@ -22,7 +22,9 @@
  * parameters at every step, and the loss is again the single process's.
  * Churn, on a third run of 2 x 2 that may go on with one pipeline: one of
  * the four agents killed with SIGKILL mid-run; the others re-schedule and
- * finish, and every step's loss is still the single process's. The
+ * finish, and every step's loss is still the single process's. After the
+ * first two runs, GET /pipeline/stages (the dashboard's page) shows every
+ * slot with its agent's key, steps and measured step times. The
  * assignment's signature and decoder have their own tests
  * (tests/unit/sched/test_dtfm_payload.c, tests/fuzz/fuzz_pipeline.c). The
  * second test starts the agents again: their new addresses replace the
@@ -307,6 +309,76 @@ static void expect_stage_credit(const char *run, int n, int steps, double share)
     ct_resp_free(&r);
 }
 
+/* GET /pipeline/stages, the dashboard's Pipeline page, after the run: one
+ * slot per (replica, stage) with the assignment's key (GET /pipeline) and
+ * its owner, every agent's `steps` steps (the newest report's step is
+ * steps - 1: reports name the step before it is applied), positive median
+ * step times and samples/s, a stage's throughput the sum of its replicas',
+ * a measured step time over the steps every slot reported, and the
+ * assignment's predicted one with its split. */
+static void expect_stages_view(const char *run, int stages, int replicas, int steps, double share)
+{
+    char path[160];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline", run);
+    struct ct_resp a = {0}, r = {0};
+    assert_int_equal(ct_http(&g_c, "GET", path, NULL, NULL, &a), 0);
+    assert_int_equal(a.status, 200);
+    json_t *asg = json_object_get(json_object_get(a.json, "pipeline"), "assignment");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline/stages", run);
+    assert_int_equal(ct_http(&g_c, "GET", path, NULL, NULL, &r), 0);
+    assert_int_equal(r.status, 401);
+    ct_resp_free(&r);
+    assert_int_equal(ct_http(&g_c, "GET", path, g_org, NULL, &r), 0);
+    assert_int_equal(r.status, 200);
+    printf("pipeline/stages: %s\n", r.body);
+    json_t *j = r.json, *slots = json_object_get(j, "slots"), *tp = json_object_get(j, "throughput");
+    assert_int_equal(json_integer_value(json_object_get(j, "version")),
+                     json_integer_value(json_object_get(a.json, "version")));
+    assert_int_equal(json_integer_value(json_object_get(j, "stages")), stages);
+    assert_int_equal(json_integer_value(json_object_get(j, "replicas")), replicas);
+    assert_int_equal(json_array_size(slots), (size_t)(stages * replicas));
+    assert_int_equal(json_array_size(tp), (size_t)stages);
+    double stage_sps[64] = {0};
+    for (int k = 0; k < stages * replicas; k++) {
+        json_t *s = json_array_get(slots, (size_t)k);
+        int i = k / stages, st = k % stages;
+        assert_int_equal(json_integer_value(json_object_get(s, "replica")), i);
+        assert_int_equal(json_integer_value(json_object_get(s, "stage")), st);
+        assert_string_equal(json_string_value(json_object_get(s, "peer_public_key")),
+                            json_string_value(json_array_get(json_array_get(asg, (size_t)i), (size_t)st)));
+        const char *user = json_string_value(json_object_get(s, "username"));
+        assert_non_null(user);
+        assert_true(user[0] != '\0');
+        assert_int_equal(json_integer_value(json_object_get(s, "steps")), steps);
+        assert_int_equal(json_integer_value(json_object_get(s, "step")), steps - 1);
+        assert_int_equal(json_integer_value(json_object_get(s, "reports")), steps < 20 ? steps : 20);
+        assert_true(json_number_value(json_object_get(s, "round_ms")) > 0);
+        assert_true(json_number_value(json_object_get(s, "sps")) > 0);
+        assert_true(fabs(json_number_value(json_object_get(s, "verified_samples")) - steps * share) < 1e-6);
+        stage_sps[st] += json_number_value(json_object_get(s, "sps"));
+    }
+    for (int st = 0; st < stages; st++) {
+        json_t *t = json_array_get(tp, (size_t)st);
+        assert_int_equal(json_integer_value(json_object_get(t, "replicas")), replicas);
+        assert_true(fabs(json_number_value(json_object_get(t, "sps")) - stage_sps[st]) < 1e-9 * stage_sps[st]);
+    }
+    json_t *m = json_object_get(j, "measured"), *pr = json_object_get(j, "predicted");
+    assert_int_equal(json_integer_value(json_object_get(m, "steps")), steps < 20 ? steps : 20);
+    double measured = json_number_value(json_object_get(m, "step_s"));
+    assert_true(measured > 0 && measured < 60);
+    json_t *want = json_object_get(json_object_get(a.json, "pipeline"), "predicted");
+    static const char *const parts[] = {"total_s", "dp_s", "pp_s", "compute_s"};
+    for (size_t k = 0; k < 4; k++)
+        assert_true(json_number_value(json_object_get(pr, parts[k])) ==
+                    json_number_value(json_object_get(want, parts[k])));
+    assert_true(json_number_value(json_object_get(pr, "total_s")) > 0);
+    assert_true(json_number_value(json_object_get(j, "random_mean_s")) > 0);
+    printf("%s: measured %.3f s per step, predicted %.3f s\n", run, measured,
+           json_number_value(json_object_get(pr, "total_s")));
+    ct_resp_free(&r);
+    ct_resp_free(&a);
+}
+
 /* The single process on the same recipe (once: both tests compare with it). */
 static void single_process(struct slog *local)
 {
@@ -387,6 +459,7 @@ static void test_stages_match_single_process(void **state)
     printf("largest |pipeline - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
     assert_true(s[last].loss[STEPS] < s[last].loss[1] - 1.0);
     expect_stage_credit(RUN, NAGENTS, STEPS, 16.0 / STAGES);
+    expect_stages_view(RUN, STAGES, 1, STEPS, 16.0 / STAGES);
 }
 
 /* Two pipelines of two stages: pipeline i takes micro-batches i and i + 2
@@ -443,6 +516,7 @@ static void test_replicas_average(void **state)
     printf("largest |2 x 2 pipelines - single process| loss difference over %d steps: %.2e\n", STEPS, worst);
     assert_true(s[slot[0][1]].loss[STEPS] < s[slot[0][1]].loss[1] - 1.0);
     expect_stage_credit(RUN2, NAGENTS2, STEPS, 16.0 / 2 / 2); /* a pipeline's 8 samples, 2 stages */
+    expect_stages_view(RUN2, 2, 2, STEPS, 16.0 / 2 / 2);
 }
 
 /* Churn (issue 19): 2 stages x 2 replicas with min_replicas 1 and

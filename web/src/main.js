@@ -5,6 +5,7 @@
 //   #/run/NAME              run overview: live loss curve, peers, throughput, ETA
 //   #/run/NAME/leaderboard  verified contributions per user
 //   #/run/NAME/experts      dmoe runs: who serves each expert, its checkpoints
+//   #/run/NAME/pipeline     pipeline runs: devices x stages, step times, throughput
 //   #/run/NAME/admin        organizers: allowlist, passes, peers and roles
 //   #/run/NAME/audit        organizers, auditors: contributions, filters, CSV
 //   #/me                    the logged-in user's devices, sessions, contribution
@@ -19,6 +20,7 @@ import * as loginPage from './pages/login.js';
 import * as overview from './pages/overview.js';
 import * as leaderboard from './pages/leaderboard.js';
 import * as experts from './pages/experts.js';
+import * as pipeline from './pages/pipeline.js';
 import * as runAdmin from './pages/run_admin.js';
 import * as audit from './pages/audit.js';
 import * as me from './pages/me.js';
@@ -31,6 +33,7 @@ const ROUTES = [
   [/^\/run\/([^/]+)$/, overview],
   [/^\/run\/([^/]+)\/leaderboard$/, leaderboard],
   [/^\/run\/([^/]+)\/experts$/, experts],
+  [/^\/run\/([^/]+)\/pipeline$/, pipeline],
   [/^\/run\/([^/]+)\/admin$/, runAdmin],
   [/^\/run\/([^/]+)\/audit$/, audit],
   [/^\/me$/, me],

@@ -16,7 +16,13 @@ export function runInfo(run) {
 }
 
 // The tab bar; runs with a mixture-of-experts layer (their config, which
-// logged-in users may read, says model.type "dmoe") get an Experts tab.
+// logged-in users may read, says model.type "dmoe") get an Experts tab,
+// pipeline runs (a "pipeline" object in the config) a Pipeline tab.
+const RUN_KIND_TABS = [
+  ['/experts', 'Experts', (c) => c.model && c.model.type === 'dmoe'],
+  ['/pipeline', 'Pipeline', (c) => c.pipeline !== null && typeof c.pipeline === 'object'],
+];
+
 export function runTabs(run, active) {
   const r = role();
   const tabs = [['', 'Overview'], ['/leaderboard', 'Leaderboard']];
@@ -27,12 +33,12 @@ export function runTabs(run, active) {
     'aria-current': suffix === active ? 'page' : null,
   }, text));
   const ul = h('ul.tabs', tabs.map(tab));
-  const expertsTab = ['/experts', 'Experts'];
-  if (active === '/experts') ul.insertBefore(tab(expertsTab), ul.children[2] || null);
+  const here = RUN_KIND_TABS.find(([suffix]) => suffix === active);
+  if (here) ul.insertBefore(tab(here), ul.children[2] || null);
   else if (session()) {
     runInfo(run).then((x) => {
-      const m = x && x.config && x.config.model;
-      if (m && m.type === 'dmoe' && ul.isConnected) ul.insertBefore(tab(expertsTab), ul.children[2] || null);
+      const c = (x && x.config) || {};
+      for (const t of RUN_KIND_TABS) if (t[2](c) && ul.isConnected) ul.insertBefore(tab(t), ul.children[2] || null);
     }).catch(() => {});
   }
   return h('div.run-head',
