@@ -408,6 +408,28 @@ int64_t pipe_served_version(struct pstage *s)
     return v;
 }
 
+int pipe_newer_assignment(struct pstage *s, int now_or_never)
+{
+    double now = peer_mono_s();
+    if (!now_or_never && now < s->next_version)
+        return 0;
+    s->next_version = now + PIPE_VERSION_EVERY_S;
+    struct dtfm_payload p;
+    char why[256];
+    if (fetch_assignment(s, &p, why, sizeof why) != CM_OK)
+        return 0;
+    /* A re-solve that gives every slot to the same agent (the coordinator
+       solves again when an assignment ages, or figures moved) changes
+       nothing for the stages: they keep working under the version they
+       entered, which names their averaging groups. Only new slots move
+       them. */
+    size_t n = p.stages * p.replicas;
+    int moved = p.version > s->version &&
+                (n != s->n_members || memcmp(p.assign, s->all, n * CM_ED25519_PUB_LEN) != 0);
+    dtfm_payload_cleanup(&p);
+    return moved;
+}
+
 int pipe_wait_assignment(struct pstage *s, int64_t after_version)
 {
     double end = peer_mono_s() + (double)s->o.wait_s;
@@ -446,6 +468,7 @@ int pipe_wait_assignment(struct pstage *s, int64_t after_version)
             if (s->n_spares)
                 memcpy(s->all + s->n_members, p.spares, s->n_spares * CM_ED25519_PUB_LEN);
             s->version = p.version;
+            s->ar_max_ms = 0; /* no averaging timed under it yet */
             if (dtfm_payload_find(&p, s->rt.key.pub, &replica, &stage) == CM_OK) {
                 s->D = (uint32_t)p.replicas;
                 s->replica = (uint32_t)replica;
@@ -596,8 +619,9 @@ static void say_stage(const struct pstage *s, int64_t from)
 static int peer_failure(int rc)
 {
     /* CM_EAUTH: a neighbour that moved on to a newer assignment refuses us */
+    /* CM_EVERSION: the coordinator serves a newer assignment */
     return rc == CM_ETIMEOUT || rc == CM_ECONN || rc == CM_ECLOSED || rc == CM_EBUSY || rc == CM_EPROTO ||
-           rc == CM_EAUTH;
+           rc == CM_EAUTH || rc == CM_EVERSION;
 }
 
 int agent_cmd_pipeline(int argc, char **argv)
@@ -653,15 +677,23 @@ int agent_cmd_pipeline(int argc, char **argv)
         peer_rt_renew_pass_if_due(&s->rt);
         if (rc == CM_OK) {
             pipe_inbox_set_step(s->inbox, ++step);
-            continue;
+            /* every agent of the assignment agreed in the step whether to
+               move (stage_step.c) */
+            if (step >= s->tc.steps || !s->move_after)
+                continue;
+            rc = CM_EVERSION; /* a volunteer joined or left: the coordinator re-solved */
         }
         if (!peer_failure(rc) || pipe_g_interrupts)
             break;
-        /* a stage agent left or a link broke: the coordinator re-solves once
-           its capability report expires; every agent of the new assignment
-           goes on from the same step */
-        printf("step %lld failed (%s): waiting for a new assignment (the coordinator drops agents that stop "
-               "reporting)\n", (long long)step + 1, cm_strerror(rc));
+        if (rc == CM_EVERSION) {
+            /* every agent of the new assignment goes on from the same step */
+            printf("after step %lld: the coordinator serves a newer assignment; moving to it\n", (long long)step);
+        } else {
+            /* a stage agent left or a link broke: the coordinator re-solves
+               once its capability report expires */
+            printf("step %lld failed (%s): waiting for a new assignment (the coordinator drops agents that "
+                   "stop reporting)\n", (long long)step + 1, cm_strerror(rc));
+        }
         fflush(stdout);
         pipe_inbox_set_peers(s->inbox, NULL, 0, 0, 0);
         s->rt.coord.cancel = &pipe_g_interrupts;

@@ -45,6 +45,9 @@ struct pstage {
     int64_t spare_served;    /* the newest assignment we were a spare of and served our state in */
     int run_finished;        /* a spare saw every member finish the run */
     double next_announce;    /* mono s of our addresses' next put on the DHT */
+    double next_version;     /* mono s of the next look at the served version */
+    double ar_max_ms;        /* the longest averaging under it so far (0: none yet) */
+    int move_after;          /* the step just taken agreed to move to a newer assignment */
     pthread_t caps_th;       /* renews our capability report (stage.c) */
     pthread_mutex_t caps_mu;
     pthread_cond_t caps_cv;
@@ -93,7 +96,9 @@ void pipe_sender_stop(struct pipe_sender *q);
 
 /* The first of w[0..n-1] complete in the inbox (*which), waited for up to
  * --stage-timeout-ms, or until a sender in senders[0..ns-1] (NULLs
- * skipped) fails: its error. Says why on stderr on a timeout. */
+ * skipped) fails: its error; CM_EVERSION when the coordinator serves a
+ * newer assignment meanwhile (the others may have moved to it). Says why
+ * on stderr on a timeout. */
 int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct pipe_sender *const *senders,
                   size_t ns, size_t *which);
 
@@ -122,6 +127,12 @@ void pipe_keep_announced(struct pstage *s);
 /* stage.c: the version of the assignment the coordinator serves now
  * (verified), -1 when none or unreadable. */
 int64_t pipe_served_version(struct pstage *s);
+/* stage.c: 1 when the coordinator serves an assignment newer than ours
+ * whose slots differ (it re-solved: a volunteer joined or left); asks at
+ * most every PIPE_VERSION_EVERY_S seconds, 0 in between, unless
+ * now_or_never. */
+#define PIPE_VERSION_EVERY_S 2.0
+int pipe_newer_assignment(struct pstage *s, int now_or_never);
 
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */
 int pipe_stage_step(struct pstage *s, int64_t step);

@@ -11,6 +11,7 @@
 #include "cm_err.h"
 
 #define SEND_TRIES_MS 200 /* pause before sending refused chunks again */
+#define PIPE_MOVED_WAIT_S 5.0 /* waiting this long, pipe_wait_any looks at the served assignment */
 
 /* ---- the net's loop thread ---- */
 
@@ -238,11 +239,10 @@ static void said_nothing(struct pstage *s, const uint32_t *from, size_t n, int64
 
 int pipe_take(struct pstage *s, uint32_t type, int64_t step, uint32_t mb, uint32_t from, struct pipe_entry **e)
 {
-    int rc = pipe_inbox_take(s->inbox, type, step, mb, from, (uint32_t)s->o.stage_timeout_ms, &pipe_g_interrupts,
-                             e);
-    if (rc == CM_ETIMEOUT)
-        said_nothing(s, &from, 1, step);
-    return rc;
+    struct pipe_want w = {type, step, mb, from};
+    size_t which;
+    int rc = pipe_wait_any(s, &w, 1, NULL, 0, &which); /* says why on a timeout */
+    return rc != CM_OK ? rc : pipe_inbox_take(s->inbox, type, step, mb, from, 0, &pipe_g_interrupts, e);
 }
 
 /* ---- senders ---- */
@@ -390,7 +390,7 @@ void pipe_sender_stop(struct pipe_sender *q)
 int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct pipe_sender *const *senders,
                   size_t ns, size_t *which)
 {
-    double end = mono_s() + (double)s->o.stage_timeout_ms / 1000;
+    double start = mono_s(), end = start + (double)s->o.stage_timeout_ms / 1000;
     for (;;) {
         for (size_t k = 0; k < ns; k++) {
             int err = senders[k] ? pipe_sender_error(senders[k]) : CM_OK;
@@ -400,11 +400,23 @@ int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct 
         double left = end - mono_s();
         if (left <= 0)
             break;
+
         /* slices of 200 ms: a sender's failure ends the wait soon */
         int rc = pipe_inbox_wait_any(s->inbox, w, n, (uint32_t)fmin(200, ceil(left * 1000)), &pipe_g_interrupts,
                                      which);
         if (rc != CM_ETIMEOUT)
             return rc;
+        /* nothing for a while: a stage agent may have left (the
+           coordinator re-solves once its report expires) and the others
+           moved to the newer assignment. Not sooner: between live agents
+           the move is agreed within a step (stage_step.c), and leaving a
+           step the others go on with would make them wait for us. */
+        if (mono_s() - start >= PIPE_MOVED_WAIT_S && pipe_newer_assignment(s, 0)) {
+            printf("the coordinator serves a newer assignment: leaving step %lld\n",
+                   (long long)(n ? w[0].step + 1 : 0));
+            fflush(stdout);
+            return CM_EVERSION;
+        }
     }
     uint32_t from[8];
     size_t nf = 0;

@@ -65,7 +65,7 @@ static int exchange_tied(struct pstage *s, int64_t step, double *t_wait)
 /* The whole model's gradient norm: every stage's squared norm, the last
  * stage's without wte (the first one counts it), summed in stage order on
  * every stage, so all of them clip with the same number. */
-static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_wait)
+static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_wait, int *move)
 {
     struct kern_model *m = s->tr.model;
     const struct kern_backend *be = s->tr.be;
@@ -82,7 +82,7 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
     double part[PIPE_MAX_STAGES] = {0};
     part[s->stage] = own;
     struct pipe_msg msg = {.type = PIPE_MSG_NORM, .step = step, .replica = s->replica, .stage = s->stage,
-                           .sumsq = own};
+                           .mb = *move ? 1 : 0, .sumsq = own};
     for (uint32_t j = 0; j < s->S; j++)
         if (j != s->stage) {
             int rc = pipe_send_tensor(s, j, &msg, NULL, NULL);
@@ -97,6 +97,7 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
             if (rc)
                 return rc;
             part[j] = e->sumsq;
+            *move |= e->move != 0;
             pipe_entry_free(e);
         }
     *t_wait += peer_mono_s() - t0;
@@ -107,18 +108,33 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
     return CM_OK;
 }
 
+/* The averaging's deadline: --stage-timeout-ms for the first under an
+ * assignment, then 4 x the longest so far, at least AR_DEADLINE_MIN_MS.
+ * It also bounds how long a replica that went on waits for one that moved
+ * to a newer assignment (stage.c's loop): the averaging cannot look at
+ * the served assignment while it waits. */
+#define AR_DEADLINE_MIN_MS 10000.0
+static uint32_t ar_deadline_ms(const struct pstage *s)
+{
+    double d = (double)s->o.stage_timeout_ms;
+    if (s->ar_max_ms > 0)
+        d = fmin(d, fmax(AR_DEADLINE_MIN_MS, 4 * s->ar_max_ms));
+    return (uint32_t)d;
+}
+
 /* The replicas of our stage average its gradients (and, on the last stage,
  * the loss sums: two more values) with the butterfly all-reduce, equal
  * weights: each replica's gradient is the mean over its micro-batches, so
  * the average is the step's mean over all of them (seed 003 §2: stage j's
  * data-parallel group C_j). fp32 and member order: the first and the last
  * stage's groups average the same tied sums to the same bits. */
-static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, double *t_wait, int parts[2])
+static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, double *t_wait, int parts[2],
+                         int *move)
 {
     struct kern_model *m = s->tr.model;
     const struct kern_backend *be = s->tr.be;
     int last = s->stage == s->S - 1;
-    size_t n = m->nparams, extra = last ? 2 : 0;
+    size_t n = m->nparams, extra = last ? 3 : 1; /* [loss sum, count,] move flag */
     float *buf = malloc((n + extra) * sizeof *buf);
     struct ar_member *mem = calloc(s->D, sizeof *mem);
     int rc = buf && mem ? be->download(buf, m->grads, n * sizeof *buf) : CM_ENOMEM;
@@ -126,6 +142,8 @@ static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, d
         buf[n] = (float)ev->loss_sum;
         buf[n + 1] = (float)ev->count;
     }
+    if (rc == CM_OK)
+        buf[n + extra - 1] = *move ? 1.0f : 0.0f;
     for (uint32_t k = 0; rc == CM_OK && k < s->D; k++) {
         memcpy(mem[k].pub, s->gkeys[k], CM_ED25519_PUB_LEN);
         if (k == s->replica)
@@ -147,12 +165,14 @@ static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, d
                                   .n = n + extra,
                                   .weight = 1.0,
                                   .comp = AR_COMP_NONE,
-                                  .deadline_ms = (uint32_t)s->o.stage_timeout_ms};
+                                  .deadline_ms = ar_deadline_ms(s)};
     struct peer_round_summary sum;
     double t0 = peer_mono_s();
     if (rc == CM_OK)
         rc = peer_net_allreduce(s->rt.net, &cfg, &sum);
     *t_wait += peer_mono_s() - t0;
+    if (rc == CM_OK && sum.status == CM_OK)
+        s->ar_max_ms = fmax(s->ar_max_ms, (peer_mono_s() - t0) * 1000);
     if (rc == CM_OK && (sum.status != CM_OK || sum.n_averaged != sum.n_parts)) {
         fprintf(stderr, "error: step %lld: averaging stage %u's gradients with its %u replicas failed (%zu of "
                         "%zu parts averaged): %s\n", (long long)step + 1, s->stage, s->D, sum.n_averaged,
@@ -172,6 +192,8 @@ static int average_stage(struct pstage *s, int64_t step, struct kern_eval *ev, d
         ev->loss_sum = buf[n];
         ev->count = (long)llround(buf[n + 1]);
     }
+    if (rc == CM_OK)
+        *move = buf[n + extra - 1] > 0; /* the mean: > 0 when any replica saw it */
     free(buf);
     free(mem);
     return rc;
@@ -434,12 +456,18 @@ int pipe_stage_step(struct pstage *s, int64_t step)
     if (rc == CM_OK && s->S > 1 && (first || last))
         rc = exchange_tied(s, step, &t_wait);
     ph[2] = peer_mono_s();
-    int parts[2] = {0, 0};
+    /* Whether every agent of the assignment moves to a newer one after
+       this step: any of them saw one with other slots (the coordinator
+       re-solved: a volunteer joined or left). The flags travel with the
+       averaging (the replicas of a stage) and then the norms (the stages
+       of a pipeline), so every agent reaches the same answer from the same
+       messages, and all of them move after the same step. */
+    int parts[2] = {0, 0}, move = pipe_newer_assignment(s, 0);
     if (rc == CM_OK && s->D > 1)
-        rc = average_stage(s, step, &ev, &t_wait, parts);
+        rc = average_stage(s, step, &ev, &t_wait, parts, &move);
     ph[3] = peer_mono_s();
     if (rc == CM_OK)
-        rc = global_norm(s, step, &norm, &t_wait);
+        rc = global_norm(s, step, &norm, &t_wait, &move);
     ph[4] = peer_mono_s();
     if (rc == CM_OK)
         rc = pipe_snapshot(s); /* what a re-scheduling may go back to */
@@ -447,6 +475,7 @@ int pipe_stage_step(struct pstage *s, int64_t step)
         fprintf(stderr, "error: step %lld: this stage's gradients are not finite\n", (long long)step);
     if (rc != CM_OK)
         return rc;
+    s->move_after = move;
     char hash[65];
     if ((rc = agent_param_hash(m, hash)) != CM_OK)
         return rc;

@@ -42,7 +42,7 @@ static int fields_check(const struct pipe_msg *m)
     if (!isfinite(m->sumsq))
         return CM_ENUMERIC;
     if (m->type == PIPE_MSG_NORM) {
-        if (m->mb || m->B || m->T || m->C || m->total || m->offset || m->count || m->ntargets ||
+        if (m->mb > 1 || m->B || m->T || m->C || m->total || m->offset || m->count || m->ntargets ||
             m->sumsq < 0)
             return CM_ERANGE;
         return CM_OK;

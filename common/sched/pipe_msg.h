@@ -46,7 +46,7 @@ struct pipe_msg {
     int64_t step;       /* the optimizer step this belongs to, 0 .. 2^62 */
     uint32_t replica;   /* the sender's pipeline (0 .. PIPE_MAX_STAGES-1) */
     uint32_t stage;     /* the sender's stage (0 .. PIPE_MAX_STAGES-1) */
-    uint32_t mb;        /* ACT, GRAD: micro-batch index (< PIPE_MAX_MB); TIED, NORM: 0 */
+    uint32_t mb;        /* ACT, GRAD: micro-batch index (< PIPE_MAX_MB); TIED: 0; NORM: 0 or 1, move after this step */
     uint32_t B, T, C;   /* ACT, GRAD: the micro-batch's shape, each 1 .. PIPE_MAX_DIM, and
                            B*T*C == total; TIED, NORM: 0 */
     uint32_t total;     /* ACT, GRAD, TIED: values of the whole tensor, 1 .. PIPE_MAX_TOTAL;

@@ -530,7 +530,8 @@ static void test_norm_rules(void **state)
         edit;                                                                                      \
         expect(&m, want);                                                                          \
     } while (0)
-    CASE(m.mb = 1, CM_ERANGE);
+    CASE(m.mb = 1, CM_OK); /* the move flag (docs/protocol.md) */
+    CASE(m.mb = 2, CM_ERANGE);
     CASE(m.B = 1, CM_ERANGE);
     CASE(m.T = 1, CM_ERANGE);
     CASE(m.C = 1, CM_ERANGE);
