@@ -93,23 +93,12 @@ deps:
 
 # `make test` installs packages first, then re-enters make so pkg-config sees them.
 # Builds run on every core (CI has 2); the tests themselves one at a time.
-# The sanitizer build runs while the normal build's tests do, in the idle
-# scheduling class (chrt --idle: it gets a core only when no test wants
-# it; the integration tests mostly wait on their networks and timers), so
-# its ~1.5 minutes on 2 cores mostly vanish; the sanitizer suites wait for
-# it. Its output goes to build-san/make-test-build.log (shown on failure).
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-IDLE := $(shell chrt --idle 0 true >/dev/null 2>&1 && echo chrt --idle 0)
-SANLOG := build-san/make-test-build.log
 test: deps
 	$(Q)$(MAKE) --no-print-directory -j$(NPROC) all
-	$(Q)rc=0; mkdir -p build-san; \
-	  t0=$$(date +%s); \
-	  ( $(IDLE) $(MAKE) --no-print-directory -j$(NPROC) SANITIZER=address,undefined all >$(SANLOG) 2>&1 ) & san=$$!; \
+	$(Q)rc=0; \
 	  ./scripts/run-tests.sh --suite unit $(UNIT_TESTS) || rc=1; \
 	  ./scripts/run-tests.sh --suite integration $(INTEG_TESTS) || rc=1; \
-	  if wait $$san; then echo "sanitizer build: done alongside the tests ($$(( $$(date +%s) - t0 )) s after they began)"; \
-	  else echo "sanitizer build FAILED:"; tail -40 $(SANLOG); rc=1; fi; \
 	  $(MAKE) --no-print-directory unit-san || rc=1; \
 	  $(MAKE) --no-print-directory integ-san || rc=1; \
 	  if [ $$rc -ne 0 ]; then echo "make test: FAILED"; else echo "make test: all suites passed"; fi; exit $$rc
