@@ -3,6 +3,7 @@
 #include "agent/cpu_limit.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -76,4 +77,15 @@ void agent_cpu_limit_pace(struct agent_cpu_limit *l, const volatile sig_atomic_t
     double w;
     while ((w = agent_cpu_limit_wait_s(l)) > 0 && !(stop && *stop))
         usleep((useconds_t)(w > 0.1 ? 100000 : w * 1e6 + 1));
+}
+
+void agent_cpu_limit_apply(struct agent_cpu_limit *l, double percent, int *threads)
+{
+    /* no more compute threads than the budget's cores */
+    int ncpu = agent_cpu_count(), t = agent_cpu_limit_threads(percent, ncpu);
+    if (*threads == 0 || *threads > t)
+        *threads = t;
+    agent_cpu_limit_init(l, percent, ncpu);
+    printf("CPU limit: %g%% of %d cores (%.2f cores' worth): %d compute thread%s, paced between "
+           "micro-batches\n", percent, ncpu, l->cores, *threads, *threads == 1 ? "" : "s");
 }

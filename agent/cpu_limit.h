@@ -37,6 +37,9 @@ void agent_cpu_limit_init(struct agent_cpu_limit *l, double percent, int ncpu);
 /* Compute threads for the budget: ceil(percent/100 x ncpu), at least 1
    (0 when there is no limit: the backend's default, one per core). */
 int agent_cpu_limit_threads(double percent, int ncpu);
+/* A role's --max-cpu-percent (> 0): *threads capped at the budget's cores
+   (0 = all becomes that), l initialised, and the limit said on stdout. */
+void agent_cpu_limit_apply(struct agent_cpu_limit *l, double percent, int *threads);
 /* Online CPUs (at least 1). */
 int agent_cpu_count(void);
 

@@ -220,16 +220,8 @@ static int fetch_run(struct dp_state *s)
     s->tcfg.batch_size = s->tcfg.micro_batch;
     if (s->o.device)
         snprintf(s->tcfg.device, sizeof s->tcfg.device, "%s", s->o.device);
-    if (s->o.max_cpu_percent > 0) {
-        /* no more compute threads than the budget's cores (cpu_limit.h) */
-        int ncpu = agent_cpu_count(), t = agent_cpu_limit_threads(s->o.max_cpu_percent, ncpu);
-        if (s->tcfg.threads == 0 || s->tcfg.threads > t)
-            s->tcfg.threads = t;
-        agent_cpu_limit_init(&s->cpu, s->o.max_cpu_percent, ncpu);
-        printf("CPU limit: %g%% of %d cores (%.2f cores' worth): %d compute thread%s, paced between "
-               "micro-batches\n", s->o.max_cpu_percent, ncpu, s->cpu.cores, s->tcfg.threads,
-               s->tcfg.threads == 1 ? "" : "s");
-    }
+    if (s->o.max_cpu_percent > 0)
+        agent_cpu_limit_apply(&s->cpu, s->o.max_cpu_percent, &s->tcfg.threads);
     s->steps = s->o.steps > 0 ? s->o.steps : s->tcfg.steps;
     /* every peer its own data order, everyone the same initial weights */
     uint8_t h[CM_SHA256_LEN];

@@ -199,17 +199,8 @@ static int fetch_run(struct pstage *s)
         s->tc.steps = s->o.steps;
     if (s->o.device)
         snprintf(s->tc.device, sizeof s->tc.device, "%s", s->o.device);
-    if (s->o.max_cpu_percent > 0) {
-        /* no more compute threads than the budget's cores, paced between
-           micro-batches (cpu_limit.h) */
-        int ncpu = agent_cpu_count(), t = agent_cpu_limit_threads(s->o.max_cpu_percent, ncpu);
-        if (s->tc.threads == 0 || s->tc.threads > t)
-            s->tc.threads = t;
-        agent_cpu_limit_init(&s->cpu, s->o.max_cpu_percent, ncpu);
-        printf("CPU limit: %g%% of %d cores (%.2f cores' worth): %d compute thread%s, paced between "
-               "micro-batches\n", s->o.max_cpu_percent, ncpu, s->cpu.cores, s->tc.threads,
-               s->tc.threads == 1 ? "" : "s");
-    }
+    if (s->o.max_cpu_percent > 0) /* paced between micro-batches (stage_step.c) */
+        agent_cpu_limit_apply(&s->cpu, s->o.max_cpu_percent, &s->tc.threads);
     return CM_OK;
 }
 

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -130,3 +131,35 @@ void ct_pipeline_fetch_verified(const struct ct_coord *c, const char *run, size_
     ct_resp_free(&r);
 }
 
+
+json_t *ct_pipeline_recipe(const char *data_dir, int layers, int steps, uint64_t seed)
+{
+    char tr[300], ev[300];
+    if (ct_text_manifest(data_dir, "train", 100000, seed, tr, sizeof tr) != 0 ||
+        ct_text_manifest(data_dir, "eval", 10000, seed + 1, ev, sizeof ev) != 0)
+        return NULL;
+    return json_pack("{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:s, s:f, s:f, s:f},"
+                     " s:{s:s, s:i, s:f}, s:i, s:i, s:i, s:i, s:{s:s, s:s, s:i}, s:i}",
+                     "model", "type", "gpt", "vocab", 256, "context", 32, "layers", layers, "heads", 2, "d_model",
+                     64, "d_ff", 128, "optimizer", "type", "adamw", "lr", 0.005, "weight_decay", 0.01, "clip_norm",
+                     0.5, "schedule", "type", "cosine", "warmup_steps", 2, "min_lr_ratio", 0.1, "batch_size", 16,
+                     "micro_batch", 4, "steps", steps, "seed", 1, "data", "train", tr, "eval", ev,
+                     "shuffle_buffer", 4096, "log_every", 4);
+}
+
+int ct_pipeline_create_run(const struct ct_coord *c, const char *org, const char *name, const char *summary,
+                           json_t *cfg)
+{
+    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size", (json_int_t)16,
+                             "model_summary", summary, "config", cfg);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    struct ct_resp r;
+    ct_http(c, "POST", "/api/v1/runs", org, text, &r);
+    free(text);
+    long st = r.status;
+    if (st != 201)
+        fprintf(stderr, "creating run %s: %ld %s\n", name, st, r.body ? r.body : "");
+    ct_resp_free(&r);
+    return st == 201 ? 0 : -1;
+}

@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ct_harness.h"
 
@@ -30,5 +31,16 @@ long ct_status(const struct ct_coord *c, const char *method, const char *path, c
  * (code NULL: any) and a message containing `says` (NULL: any). */
 void ct_expect(const struct ct_coord *c, const char *method, const char *path, const char *bearer,
                const char *body, long status, const char *code, const char *says);
+
+/* The pipeline tests' recipe: a byte GPT of `layers` layers (vocab 256,
+ * context 32, d_model 64, 2 heads), 4 micro-batches of 4 per step, AdamW
+ * with clipping at 0.5 (so the global norm matters), cosine schedule over
+ * `steps`, on two text shards written into data_dir ("train", "eval",
+ * generated from seed and seed + 1). NULL when a shard cannot be written. */
+json_t *ct_pipeline_recipe(const char *data_dir, int layers, int steps, uint64_t seed);
+/* Creates run `name` with config cfg (taken) and a target batch of 16:
+ * 0, or -1 (said on stderr). */
+int ct_pipeline_create_run(const struct ct_coord *c, const char *org, const char *name, const char *summary,
+                           json_t *cfg);
 
 #endif

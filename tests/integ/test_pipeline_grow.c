@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "ct_harness.h"
+#include "ct_pipeline.h"
 
 #define N 6
 #define FIRST 4 /* the volunteers that start; the others join */
@@ -48,23 +49,6 @@ static char g_dirs[N][256];
 static char g_data[256];
 static char g_recipe[300];
 
-/* A byte GPT of 2 layers, 4 micro-batches of 4 per step, AdamW with
- * clipping: test_pipeline_train's recipe with one layer less. */
-static json_t *recipe(void)
-{
-    char tr[300], ev[300];
-    if (ct_text_manifest(g_data, "train", 100000, 21, tr, sizeof tr) != 0 ||
-        ct_text_manifest(g_data, "eval", 10000, 22, ev, sizeof ev) != 0)
-        return NULL;
-    return json_pack("{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:s, s:f, s:f, s:f},"
-                     " s:{s:s, s:i, s:f}, s:i, s:i, s:i, s:i, s:{s:s, s:s, s:i}, s:i}",
-                     "model", "type", "gpt", "vocab", 256, "context", 32, "layers", 2, "heads", 2, "d_model", 64,
-                     "d_ff", 128, "optimizer", "type", "adamw", "lr", 0.005, "weight_decay", 0.01, "clip_norm",
-                     0.5, "schedule", "type", "cosine", "warmup_steps", 2, "min_lr_ratio", 0.1, "batch_size",
-                     16, "micro_batch", 4, "steps", STEPS, "seed", 1, "data", "train", tr, "eval", ev,
-                     "shuffle_buffer", 4096, "log_every", 4);
-}
-
 static int setup(void **state)
 {
     (void)state;
@@ -77,8 +61,8 @@ static int setup(void **state)
         ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0)
         return -1;
     g_org = ct_login(&g_c, "org", "organizer-password");
-    json_t *cfg = recipe();
-    if (!cfg || !g_org)
+    json_t *cfg = g_org ? ct_pipeline_recipe(g_data, 2, STEPS, 21) : NULL; /* tests/harness/ct_pipeline.h */
+    if (!cfg)
         return -1;
     snprintf(g_recipe, sizeof g_recipe, "%.250s/local.json", g_data);
     if (json_dump_file(cfg, g_recipe, 0) != 0)
@@ -86,18 +70,7 @@ static int setup(void **state)
     json_object_set_new(cfg, "pipeline",
                         json_pack("{s:i, s:i, s:i, s:i, s:f}", "stages", 2, "replicas", 2, "min_replicas", 1,
                                   "liveness_s", 10, "gradient_bytes", 1e6));
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", RUN, "target_batch_size", (json_int_t)16,
-                             "model_summary", "tiny byte GPT in 2 stages x 2 replicas", "config", cfg);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    struct ct_resp r;
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
-    free(text);
-    long st = r.status;
-    if (st != 201)
-        fprintf(stderr, "creating the run: %ld %s\n", st, r.body ? r.body : "");
-    ct_resp_free(&r);
-    if (st != 201)
+    if (ct_pipeline_create_run(&g_c, g_org, RUN, "tiny byte GPT in 2 stages x 2 replicas", cfg) != 0)
         return -1;
     return ct_volunteers(&g_c, g_org, RUN, N, g_dirs);
 }

@@ -46,6 +46,7 @@
 
 #include "cm_crypto.h"
 #include "ct_harness.h"
+#include "ct_pipeline.h"
 
 #define NAGENTS 3
 #define STAGES 3
@@ -68,43 +69,15 @@ static char g_dirs[NAGENTS][256], g_dirs2[NAGENTS2][256], g_dirs3[NAGENTS2][256]
 static char g_data[256];
 static char g_recipe[300];
 
-static int write_manifest(const char *name, size_t len, uint64_t seed, char *mpath, size_t cap)
-{
-    return ct_text_manifest(g_data, name, len, seed, mpath, cap);
-}
-
-/* The recipe: a byte GPT of 3 layers, 4 micro-batches of 4 per step,
- * AdamW with clipping (so the global norm matters). */
+/* The recipe: a byte GPT of 3 layers (tests/harness/ct_pipeline.h). */
 static json_t *recipe(void)
 {
-    char tr[300], ev[300];
-    if (write_manifest("train", 100000, 11, tr, sizeof tr) != 0 ||
-        write_manifest("eval", 10000, 12, ev, sizeof ev) != 0)
-        return NULL;
-    return json_pack("{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:s, s:f, s:f, s:f},"
-                     " s:{s:s, s:i, s:f}, s:i, s:i, s:i, s:i, s:{s:s, s:s, s:i}, s:i}",
-                     "model", "type", "gpt", "vocab", 256, "context", 32, "layers", 3, "heads", 2, "d_model", 64,
-                     "d_ff", 128, "optimizer", "type", "adamw", "lr", 0.005, "weight_decay", 0.01, "clip_norm",
-                     0.5, "schedule", "type", "cosine", "warmup_steps", 2, "min_lr_ratio", 0.1, "batch_size",
-                     16, "micro_batch", 4, "steps", STEPS, "seed", 1, "data", "train", tr, "eval", ev,
-                     "shuffle_buffer", 4096, "log_every", 4);
+    return ct_pipeline_recipe(g_data, 3, STEPS, 11);
 }
 
-/* Creates run `name` with config cfg (taken). */
 static int create_run(const char *name, json_t *cfg)
 {
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", name, "target_batch_size", (json_int_t)16,
-                             "model_summary", "tiny byte GPT in stages", "config", cfg);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    struct ct_resp r;
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
-    free(text);
-    long st = r.status;
-    if (st != 201)
-        fprintf(stderr, "creating run %s: %ld %s\n", name, st, r.body ? r.body : "");
-    ct_resp_free(&r);
-    return st == 201 ? 0 : -1;
+    return ct_pipeline_create_run(&g_c, g_org, name, "tiny byte GPT in stages", cfg);
 }
 
 /* NAGENTS2 volunteers PREFIX0.. on run, logged in with state dirs dirs. */
@@ -148,36 +121,14 @@ static int setup(void **state)
         return -1;
     json_object_set_new(cfg, "pipeline",
                         json_pack("{s:i, s:i, s:f}", "stages", STAGES, "replicas", 1, "gradient_bytes", 1e6));
-    json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", RUN, "target_batch_size", (json_int_t)16,
-                             "model_summary", "tiny byte GPT in 3 stages", "config", cfg);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    struct ct_resp r;
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
-    free(text);
-    if (r.status != 201) {
-        fprintf(stderr, "creating the run: %ld %s\n", (long)r.status, r.body ? r.body : "");
-        ct_resp_free(&r);
+    if (create_run(RUN, cfg) != 0)
         return -1;
-    }
-    ct_resp_free(&r);
     /* the second run: 2 stages x 2 replicas, four other volunteers */
-    cfg = recipe();
-    if (!cfg)
+    if (!(cfg = recipe()))
         return -1;
     json_object_set_new(cfg, "pipeline",
                         json_pack("{s:i, s:i, s:f}", "stages", 2, "replicas", 2, "gradient_bytes", 1e6));
-    body = json_pack("{s:s, s:I, s:s, s:o}", "name", RUN2, "target_batch_size", (json_int_t)16,
-                     "model_summary", "tiny byte GPT in 2 stages x 2 replicas", "config", cfg);
-    text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    ct_http(&g_c, "POST", "/api/v1/runs", g_org, text, &r);
-    free(text);
-    long st = r.status;
-    ct_resp_free(&r);
-    if (st != 201)
-        return -1;
-    if (volunteers(RUN2, "rep", g_dirs2) != 0)
+    if (create_run(RUN2, cfg) != 0 || volunteers(RUN2, "rep", g_dirs2) != 0)
         return -1;
     /* the third: the same, ready to go on with one pipeline, reports live 10 s */
     if (!(cfg = recipe()))
