@@ -94,6 +94,8 @@ static void send_on_loop(void *arg, struct peer_net *n)
 }
 
 static int name_the_gone(struct pstage *s);
+static int send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const float *values,
+                       const int32_t *targets, const int *cancel);
 
 /* Stage j's message address as text, read under addr_mu. */
 static void addr_of(struct pstage *s, uint32_t j, char out[PEER_ADDR_MAX])
@@ -110,6 +112,14 @@ static double mono_s(void)
 
 int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const float *values,
                      const int32_t *targets)
+{
+    return send_tensor(s, j, m, values, targets, NULL);
+}
+
+/* pipe_send_tensor, also given up between two tries once *cancel (read
+ * atomically; NULL: never) is nonzero. */
+static int send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const float *values,
+                       const int32_t *targets, const int *cancel)
 {
     uint32_t ntg = m->type == PIPE_MSG_ACT ? m->B * m->T : 0;
     uint32_t n = m->type == PIPE_MSG_NORM ? 1 : pipe_chunks(m->total, ntg);
@@ -161,7 +171,7 @@ int pipe_send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const flo
             }
         if (!left || rc != CM_OK)
             break;
-        if (pipe_g_interrupts) {
+        if (pipe_g_interrupts || (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))) {
             rc = CM_ECANCELED;
             break;
         }
@@ -287,7 +297,7 @@ static void *sender_main(void *arg)
         q->busy = 1;
         int failed = q->err != CM_OK;
         pthread_mutex_unlock(&q->mu);
-        int rc = failed ? CM_OK : pipe_send_tensor(q->s, q->to, &it->m, it->values, it->targets);
+        int rc = failed ? CM_OK : send_tensor(q->s, q->to, &it->m, it->values, it->targets, &q->stop);
         item_free(it);
         pthread_mutex_lock(&q->mu);
         if (rc != CM_OK && q->err == CM_OK)
@@ -373,7 +383,7 @@ void pipe_sender_stop(struct pipe_sender *q)
     if (!q)
         return;
     pthread_mutex_lock(&q->mu);
-    q->stop = 1;
+    __atomic_store_n(&q->stop, 1, __ATOMIC_RELEASE); /* a send in progress gives up at its next try */
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     pthread_join(q->th, NULL);
