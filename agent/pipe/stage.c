@@ -399,10 +399,10 @@ int64_t pipe_served_version(struct pstage *s)
     return v;
 }
 
-int pipe_newer_assignment(struct pstage *s, int now_or_never)
+int pipe_newer_assignment(struct pstage *s, int gone_only)
 {
     double now = peer_mono_s();
-    if (!now_or_never && now < s->next_version)
+    if (now < s->next_version)
         return 0;
     s->next_version = now + PIPE_VERSION_EVERY_S;
     struct dtfm_payload p;
@@ -417,6 +417,20 @@ int pipe_newer_assignment(struct pstage *s, int now_or_never)
     size_t n = p.stages * p.replicas;
     int moved = p.version > s->version &&
                 (n != s->n_members || memcmp(p.assign, s->all, n * CM_ED25519_PUB_LEN) != 0);
+    if (moved && gone_only) {
+        /* only when an agent of our pipeline or of our stage's replicas is
+           in it no more (dropped: it left) */
+        int gone = 0;
+        for (uint32_t j = 0; j < s->S + s->D && !gone; j++) {
+            const uint8_t *k = j < s->S ? s->keys[j] : s->gkeys[j - s->S];
+            size_t r, st;
+            int spare = 0;
+            for (size_t i = 0; i < p.nspares; i++)
+                spare |= !memcmp(p.spares[i], k, CM_ED25519_PUB_LEN);
+            gone = !spare && dtfm_payload_find(&p, k, &r, &st) != CM_OK;
+        }
+        moved = gone;
+    }
     dtfm_payload_cleanup(&p);
     return moved;
 }

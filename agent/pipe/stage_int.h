@@ -128,11 +128,12 @@ void pipe_keep_announced(struct pstage *s);
  * (verified), -1 when none or unreadable. */
 int64_t pipe_served_version(struct pstage *s);
 /* stage.c: 1 when the coordinator serves an assignment newer than ours
- * whose slots differ (it re-solved: a volunteer joined or left); asks at
- * most every PIPE_VERSION_EVERY_S seconds, 0 in between, unless
- * now_or_never. */
+ * whose slots differ (it re-solved: a volunteer joined or left); with
+ * gone_only, only when it no longer holds an agent of our pipeline or of
+ * our stage's replicas (one left). Asks at most every PIPE_VERSION_EVERY_S
+ * seconds, 0 in between. */
 #define PIPE_VERSION_EVERY_S 2.0
-int pipe_newer_assignment(struct pstage *s, int now_or_never);
+int pipe_newer_assignment(struct pstage *s, int gone_only);
 
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */
 int pipe_stage_step(struct pstage *s, int64_t step);

@@ -417,11 +417,11 @@ int pipe_wait_any(struct pstage *s, const struct pipe_want *w, size_t n, struct 
         if (rc != CM_ETIMEOUT)
             return rc;
         /* nothing for a while: a stage agent may have left (the
-           coordinator re-solves once its report expires) and the others
-           moved to the newer assignment. Not sooner: between live agents
-           the move is agreed within a step (stage_step.c), and leaving a
-           step the others go on with would make them wait for us. */
-        if (mono_s() - start >= PIPE_MOVED_WAIT_S && pipe_newer_assignment(s, 0)) {
+           coordinator re-solves once its report expires, without it).
+           Only then: between live agents the move is agreed within a step
+           (stage_step.c), and leaving a step the others go on with would
+           make them wait for us. */
+        if (mono_s() - start >= PIPE_MOVED_WAIT_S && pipe_newer_assignment(s, 1)) {
             printf("the coordinator serves a newer assignment: leaving step %lld\n",
                    (long long)(n ? w[0].step + 1 : 0));
             fflush(stdout);

@@ -357,6 +357,13 @@ static int mb_backward(struct mbs *x, int mb)
     int rc = CM_OK;
     if (!x->last)
         rc = pipe_take(s, PIPE_MSG_GRAD, x->step, (uint32_t)mb, s->stage + 1, &grad);
+    if (rc == CM_OK && grad &&
+        (grad->B != (uint32_t)in->B || grad->T != (uint32_t)in->T || grad->C != (uint32_t)s->tc.tfm.d_model)) {
+        /* the backward reads B x T x C of them */
+        fprintf(stderr, "error: stage %u sent gradients of shape (%u,%u,%u) for activations of (%d,%d,%d)\n",
+                s->stage + 1, grad->B, grad->T, grad->C, in->B, in->T, s->tc.tfm.d_model);
+        rc = CM_ERANGE;
+    }
     if (rc == CM_OK && x->held != mb) { /* the same inputs, the same ops: the same activations */
         struct kern_batch kb = batch_of(in);
         x->held = -1;
