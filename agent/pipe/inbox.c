@@ -18,9 +18,19 @@ struct slot {
     size_t bytes;
 };
 
+/* A tensor already handed over (a chunk of it repeated later, because its
+ * answer was lost, is a repeat, not the start of a new tensor). */
+struct taken {
+    uint32_t type, mb, stage;
+    int64_t step;
+};
+#define INBOX_TAKEN_MAX 512 /* a ring: the newest handed over */
+
 struct pipe_inbox {
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    struct taken taken[INBOX_TAKEN_MAX];
+    size_t n_taken, next_taken;
     struct slot *slots;
     size_t n, max_n, bytes, max_bytes;
     int64_t step;
@@ -94,7 +104,19 @@ void pipe_inbox_set_peers(struct pipe_inbox *ib, const uint8_t (*keys)[CM_ED2551
         memcpy(ib->keys, keys, (size_t)ib->S * CM_ED25519_PUB_LEN);
     ib->replica = replica;
     ib->mine = mine;
+    ib->n_taken = ib->next_taken = 0;
     pthread_mutex_unlock(&ib->mu);
+}
+
+/* Under ib->mu: whether (type, step, mb, stage) was handed over already. */
+static int was_taken(const struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t mb, uint32_t stage)
+{
+    for (size_t i = 0; i < ib->n_taken; i++) {
+        const struct taken *t = &ib->taken[i];
+        if (t->type == type && t->step == step && t->mb == mb && t->stage == stage)
+            return 1;
+    }
+    return 0;
 }
 
 void pipe_inbox_set_step(struct pipe_inbox *ib, int64_t step)
@@ -214,6 +236,8 @@ int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN]
         goto out;
     }
     uint32_t key_mb = m->type == PIPE_MSG_NORM ? 0 : m->mb; /* a NORM's mb is its move flag */
+    if (was_taken(ib, m->type, m->step, key_mb, m->stage)) /* a chunk sent again after its answer was lost */
+        goto out;
     s = find(ib, m->type, m->step, key_mb, m->stage);
     if (!s && (rc = slot_new(ib, m, &s)) != CM_OK)
         goto out;
@@ -315,6 +339,10 @@ int pipe_inbox_take(struct pipe_inbox *ib, uint32_t type, int64_t step, uint32_t
             s->e.targets = NULL;
             *p = s->next;
             slot_free(ib, s);
+            ib->taken[ib->next_taken] = (struct taken){e->type, e->mb, e->stage, e->step};
+            ib->next_taken = (ib->next_taken + 1) % INBOX_TAKEN_MAX;
+            if (ib->n_taken < INBOX_TAKEN_MAX)
+                ib->n_taken++;
             *out = e;
             rc = CM_OK;
             break;

@@ -232,6 +232,15 @@ static void test_wait_any(void **state)
     assert_int_equal(e->move, 1);
     assert_true(e->sumsq == 2.5);
     pipe_entry_free(e);
+    /* a chunk of a tensor already taken, sent again (its answer was lost):
+       a repeat, not a new tensor that would hold room until the step ends */
+    assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_ACT, 5, 1, 0, 0, NULL, &e), CM_OK);
+    pipe_entry_free(e);
+    m.mb = 1;
+    assert_int_equal(pipe_inbox_put(ib, g_keys[0], &m), CM_OK);
+    assert_int_equal(pipe_inbox_wait_any(ib, &w[1], 1, 0, NULL, &which), CM_ETIMEOUT);
+    assert_int_equal(pipe_inbox_put(ib, g_keys[0], &nm), CM_OK);
+    assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_NORM, 5, 0, 0, 0, NULL, &e), CM_ETIMEOUT);
     pipe_inbox_free(ib);
 }
 
