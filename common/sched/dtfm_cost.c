@@ -343,51 +343,51 @@ static double tsp_heuristic(const double *w, size_t s, uint32_t *order)
     return best;
 }
 
-/* Held-Karp for open paths: best[mask][v] = the cheapest path visiting the
- * nodes of mask and ending at v, starting anywhere. */
-double dtfm_tsp_open(const double *w, size_t s, uint32_t *order)
+/* Held-Karp for open paths: for each (mask, v) the best path visiting the
+ * nodes of mask and ending at v, starting anywhere; "best" is the smallest
+ * sum of its edges, or with `longest` the smallest longest edge, ties
+ * broken by the smaller sum. The best whole path goes into order; *value
+ * gets its sum (or longest edge). 0 when out of memory (order untouched).
+ * s in 2..DTFM_TSP_EXACT_MAX. */
+static int held_karp(const double *w, size_t s, int longest, uint32_t *order, double *value)
 {
-    if (s == 1) {
-        order[0] = 0;
+    size_t full = (size_t)1 << s;
+    double *key = calloc(full * s, sizeof *key), *sum = calloc(full * s, sizeof *sum);
+    uint8_t *prev = calloc(full * s, 1);
+    if (!key || !sum || !prev) {
+        free(key);
+        free(sum);
+        free(prev);
         return 0;
     }
-    if (s > DTFM_TSP_EXACT_MAX)
-        return tsp_heuristic(w, s, order);
-    size_t full = (size_t)1 << s;
-    double *best = calloc(full * s, sizeof *best);
-    uint8_t *prev = calloc(full * s, 1);
-    if (!best || !prev) {
-        free(best);
-        free(prev);
-        return tsp_heuristic(w, s, order);
-    }
     for (size_t i = 0; i < full * s; i++)
-        best[i] = INFINITY;
+        key[i] = sum[i] = INFINITY;
     for (size_t v = 0; v < s; v++) {
-        best[((size_t)1 << v) * s + v] = 0;
+        key[((size_t)1 << v) * s + v] = sum[((size_t)1 << v) * s + v] = 0;
         prev[((size_t)1 << v) * s + v] = (uint8_t)v;
     }
     for (size_t mask = 1; mask < full; mask++)
         for (size_t v = 0; v < s; v++) {
-            double c = best[mask * s + v];
-            if (!(mask >> v & 1) || c == INFINITY)
+            size_t k = mask * s + v;
+            if (!(mask >> v & 1) || key[k] == INFINITY)
                 continue;
             for (size_t u = 0; u < s; u++) {
                 if (mask >> u & 1)
                     continue;
-                size_t nm = mask | (size_t)1 << u;
-                double nc = c + w[v * s + u];
-                if (nc < best[nm * s + u]) {
-                    best[nm * s + u] = nc;
-                    prev[nm * s + u] = (uint8_t)v;
+                size_t nk = (mask | (size_t)1 << u) * s + u;
+                double ns = sum[k] + w[v * s + u], nkey = longest ? fmax(key[k], w[v * s + u]) : ns;
+                if (nkey < key[nk] || (nkey == key[nk] && ns < sum[nk])) {
+                    key[nk] = nkey;
+                    sum[nk] = ns;
+                    prev[nk] = (uint8_t)v;
                 }
             }
         }
-    size_t last = 0;
+    size_t last = 0, f = (full - 1) * s;
     for (size_t v = 1; v < s; v++)
-        if (best[(full - 1) * s + v] < best[(full - 1) * s + last])
+        if (key[f + v] < key[f + last] || (key[f + v] == key[f + last] && sum[f + v] < sum[f + last]))
             last = v;
-    double total = best[(full - 1) * s + last];
+    *value = key[f + last];
     size_t mask = full - 1;
     for (size_t i = s; i-- > 0;) {
         order[i] = (uint32_t)last;
@@ -395,8 +395,21 @@ double dtfm_tsp_open(const double *w, size_t s, uint32_t *order)
         mask &= ~((size_t)1 << last);
         last = p;
     }
-    free(best);
+    free(key);
+    free(sum);
     free(prev);
+    return 1;
+}
+
+double dtfm_tsp_open(const double *w, size_t s, uint32_t *order)
+{
+    if (s == 1) {
+        order[0] = 0;
+        return 0;
+    }
+    double total;
+    if (s > DTFM_TSP_EXACT_MAX || !held_karp(w, s, 0, order, &total))
+        return tsp_heuristic(w, s, order);
     return total;
 }
 
@@ -438,60 +451,13 @@ double dtfm_compute_term(const struct dtfm_model *m, const uint32_t *members, ui
 }
 
 /* The open path through all s <= DTFM_TSP_EXACT_MAX nodes whose longest
- * edge is shortest (ties: the shorter sum), by Held-Karp on (max, sum);
- * with many micro-batches the busiest link matters more than the sum
- * (dtfm.h). 0 when it cannot (s too large, no memory): order untouched. */
+ * edge is shortest (ties: the shorter sum); with many micro-batches the
+ * busiest link matters more than the sum (dtfm.h). 0 when it cannot (s too
+ * large, no memory): order untouched. */
 static int bottleneck_path(const double *w, size_t s, uint32_t *order)
 {
-    if (s < 3 || s > DTFM_TSP_EXACT_MAX)
-        return 0;
-    size_t full = (size_t)1 << s;
-    double *bmax = malloc(full * s * sizeof *bmax), *bsum = malloc(full * s * sizeof *bsum);
-    uint8_t *prev = calloc(full * s, 1);
-    if (!bmax || !bsum || !prev) {
-        free(bmax);
-        free(bsum);
-        free(prev);
-        return 0;
-    }
-    for (size_t i = 0; i < full * s; i++)
-        bmax[i] = bsum[i] = INFINITY;
-    for (size_t v = 0; v < s; v++) {
-        bmax[((size_t)1 << v) * s + v] = bsum[((size_t)1 << v) * s + v] = 0;
-        prev[((size_t)1 << v) * s + v] = (uint8_t)v;
-    }
-    for (size_t mask = 1; mask < full; mask++)
-        for (size_t v = 0; v < s; v++) {
-            size_t k = mask * s + v;
-            if (!(mask >> v & 1) || bmax[k] == INFINITY)
-                continue;
-            for (size_t u = 0; u < s; u++) {
-                if (mask >> u & 1)
-                    continue;
-                size_t nk = (mask | (size_t)1 << u) * s + u;
-                double nm = fmax(bmax[k], w[v * s + u]), ns = bsum[k] + w[v * s + u];
-                if (nm < bmax[nk] || (nm == bmax[nk] && ns < bsum[nk])) {
-                    bmax[nk] = nm;
-                    bsum[nk] = ns;
-                    prev[nk] = (uint8_t)v;
-                }
-            }
-        }
-    size_t last = 0, f = (full - 1) * s;
-    for (size_t v = 1; v < s; v++)
-        if (bmax[f + v] < bmax[f + last] || (bmax[f + v] == bmax[f + last] && bsum[f + v] < bsum[f + last]))
-            last = v;
-    size_t mask = full - 1;
-    for (size_t i = s; i-- > 0;) {
-        order[i] = (uint32_t)last;
-        size_t p = prev[mask * s + last];
-        mask &= ~((size_t)1 << last);
-        last = p;
-    }
-    free(bmax);
-    free(bsum);
-    free(prev);
-    return 1;
+    double longest;
+    return s >= 3 && s <= DTFM_TSP_EXACT_MAX && held_karp(w, s, 1, order, &longest);
 }
 
 /* Replica i starts at the i-th device of the first group in `order` and
