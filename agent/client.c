@@ -85,8 +85,9 @@ int agent_request(const struct agent_client *c, const char *method, const char *
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 30000L);
+    long total_ms = c->timeout_ms > 0 ? c->timeout_ms : 30000L;
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, total_ms < 10000L ? total_ms : 10000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, total_ms);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "https,http");
     if (c->ca_cert)

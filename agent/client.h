@@ -18,6 +18,9 @@ struct agent_client {
     /* When set and nonzero (Ctrl-C), a request in flight is abandoned with
        CM_ECANCELED, without a message (a download leaves no file). */
     const volatile sig_atomic_t *cancel;
+    /* Whole request, ms; 0: 30 s (the connection gets at most 10 s of it).
+       For a request on a hot path that may rather fail than wait. */
+    long timeout_ms;
 };
 
 struct agent_reply {

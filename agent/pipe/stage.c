@@ -335,12 +335,13 @@ int pipe_resolve(struct pstage *s, int only)
 /* The coordinator's newest assignment, verified and decoded: CM_OK with
  * *p filled, CM_EBUSY (none yet: why on stdout when it changed), or an
  * error. */
-static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why, size_t cap)
+static int fetch_assignment_with(struct pstage *s, const struct agent_client *coord, struct dtfm_payload *p,
+                                 char *why, size_t cap)
 {
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s/pipeline", s->o.run);
     struct agent_reply r;
-    int rc = agent_request(&s->rt.coord, "GET", path, NULL, &r);
+    int rc = agent_request(coord, "GET", path, NULL, &r);
     if (rc != CM_OK)
         return rc;
     if (r.status == 409 || r.status == 503) {
@@ -388,6 +389,11 @@ static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why,
     return CM_OK;
 }
 
+static int fetch_assignment(struct pstage *s, struct dtfm_payload *p, char *why, size_t cap)
+{
+    return fetch_assignment_with(s, &s->rt.coord, p, why, cap);
+}
+
 int64_t pipe_served_version(struct pstage *s)
 {
     struct dtfm_payload p;
@@ -405,10 +411,19 @@ int pipe_newer_assignment(struct pstage *s, int gone_only)
     if (now < s->next_version)
         return 0;
     s->next_version = now + PIPE_VERSION_EVERY_S;
+    /* On the step's path (before the averaging the other replicas wait
+       in): a coordinator slower than this is asked again later, not
+       waited for. */
+    struct agent_client quick = s->rt.coord;
+    quick.timeout_ms = PIPE_VERSION_TIMEOUT_MS;
     struct dtfm_payload p;
     char why[256];
-    if (fetch_assignment(s, &p, why, sizeof why) != CM_OK)
+    int rc = fetch_assignment_with(s, &quick, &p, why, sizeof why);
+    if (rc != CM_OK) {
+        if (rc != CM_EBUSY)
+            s->next_version = now + PIPE_VERSION_BACKOFF_S;
         return 0;
+    }
     /* A re-solve that gives every slot to the same agent (the coordinator
        solves again when an assignment ages, or figures moved) changes
        nothing for the stages: they keep working under the version they

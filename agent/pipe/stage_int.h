@@ -133,6 +133,8 @@ int64_t pipe_served_version(struct pstage *s);
  * our stage's replicas (one left). Asks at most every PIPE_VERSION_EVERY_S
  * seconds, 0 in between. */
 #define PIPE_VERSION_EVERY_S 2.0
+#define PIPE_VERSION_TIMEOUT_MS 2000L /* one ask; a failed one waits PIPE_VERSION_BACKOFF_S */
+#define PIPE_VERSION_BACKOFF_S 30.0
 int pipe_newer_assignment(struct pstage *s, int gone_only);
 
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */
