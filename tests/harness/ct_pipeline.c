@@ -163,3 +163,29 @@ int ct_pipeline_create_run(const struct ct_coord *c, const char *org, const char
     ct_resp_free(&r);
     return st == 201 ? 0 : -1;
 }
+
+int ct_pipeline_backbone(struct ct_pg *pg, struct ct_coord *c, char **org, const char *tag, char *data,
+                         size_t cap)
+{
+    int rc = ct_pg_start(pg);
+    if (rc == CT_SKIP)
+        exit(CT_SKIP);
+    if (rc != 0 || ct_tempdir(tag, data, cap) != 0 ||
+        ct_create_user(pg->url, "org", "organizer", "organizer-password") != 0 ||
+        ct_coord_start(c, pg->url, NULL, NULL) != 0)
+        return -1;
+    *org = ct_login(c, "org", "organizer-password");
+    return *org ? 0 : -1;
+}
+
+void ct_pipeline_train_local(const char *recipe, const char *steplog)
+{
+    const char *argv[] = {ct_bin("crowdtrain-agent"), "train", "--local", "--config", recipe, "--device", "cpu",
+                          "--step-log", steplog, NULL};
+    char *out = NULL;
+    int rc = ct_run(argv, NULL, &out, 240);
+    if (rc != 0)
+        fprintf(stderr, "train --local: %s\n", out ? out : "");
+    free(out);
+    assert_int_equal(rc, 0);
+}

@@ -38,6 +38,14 @@ void ct_expect(const struct ct_coord *c, const char *method, const char *path, c
  * `steps`, on two text shards written into data_dir ("train", "eval",
  * generated from seed and seed + 1). NULL when a shard cannot be written. */
 json_t *ct_pipeline_recipe(const char *data_dir, int layers, int steps, uint64_t seed);
+/* What the pipeline tests start from: PostgreSQL (exit(CT_SKIP) when it
+ * cannot run here), a data directory ct_tempdir(tag) in data (cap bytes),
+ * an organizer "org", the coordinator, *org its session. 0, or -1. */
+int ct_pipeline_backbone(struct ct_pg *pg, struct ct_coord *c, char **org, const char *tag, char *data,
+                         size_t cap);
+/* `crowdtrain-agent train --local` of the recipe file on the CPU, with its
+ * step log at steplog; fails the running test unless it exits 0. */
+void ct_pipeline_train_local(const char *recipe, const char *steplog);
 /* Creates run `name` with config cfg (taken) and a target batch of 16:
  * 0, or -1 (said on stderr). */
 int ct_pipeline_create_run(const struct ct_coord *c, const char *org, const char *name, const char *summary,

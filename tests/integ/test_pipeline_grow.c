@@ -52,16 +52,9 @@ static char g_recipe[300];
 static int setup(void **state)
 {
     (void)state;
-    int rc = ct_pg_start(&g_pg);
-    if (rc == CT_SKIP)
-        exit(CT_SKIP);
-    if (rc != 0 || ct_tempdir("pipegrow", g_data, sizeof g_data) != 0)
+    if (ct_pipeline_backbone(&g_pg, &g_c, &g_org, "pipegrow", g_data, sizeof g_data) != 0)
         return -1;
-    if (ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
-        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0)
-        return -1;
-    g_org = ct_login(&g_c, "org", "organizer-password");
-    json_t *cfg = g_org ? ct_pipeline_recipe(g_data, 2, STEPS, 21) : NULL; /* tests/harness/ct_pipeline.h */
+    json_t *cfg = ct_pipeline_recipe(g_data, 2, STEPS, 21); /* tests/harness/ct_pipeline.h */
     if (!cfg)
         return -1;
     snprintf(g_recipe, sizeof g_recipe, "%.250s/local.json", g_data);
@@ -237,14 +230,7 @@ static void test_grow_while_alive(void **state)
     /* every step's loss: the single process's */
     char local_log[320];
     snprintf(local_log, sizeof local_log, "%.250s/local.steps", g_data);
-    const char *argv[] = {ct_bin("crowdtrain-agent"), "train", "--local", "--config", g_recipe, "--device",
-                          "cpu", "--step-log", local_log, NULL};
-    char *out = NULL;
-    int rc = ct_run(argv, NULL, &out, 240);
-    if (rc != 0)
-        fprintf(stderr, "train --local: %s\n", out ? out : "");
-    free(out);
-    assert_int_equal(rc, 0);
+    ct_pipeline_train_local(g_recipe, local_log);
     static struct slog local;
     assert_int_equal(read_slog(local_log, &local), 0);
     printf("step  version  pipeline  single\n");

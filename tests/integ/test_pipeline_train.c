@@ -104,17 +104,10 @@ static int volunteers(const char *run, const char *prefix, char (*dirs)[256])
 static int setup(void **state)
 {
     (void)state;
-    int rc = ct_pg_start(&g_pg);
-    if (rc == CT_SKIP)
-        exit(CT_SKIP);
-    if (rc != 0 || ct_tempdir("pipedata", g_data, sizeof g_data) != 0)
+    if (ct_pipeline_backbone(&g_pg, &g_c, &g_org, "pipedata", g_data, sizeof g_data) != 0)
         return -1;
-    if (ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
-        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0)
-        return -1;
-    g_org = ct_login(&g_c, "org", "organizer-password");
     json_t *cfg = recipe();
-    if (!cfg || !g_org)
+    if (!cfg)
         return -1;
     snprintf(g_recipe, sizeof g_recipe, "%.250s/local.json", g_data);
     if (json_dump_file(cfg, g_recipe, 0) != 0)
@@ -338,14 +331,7 @@ static void single_process(struct slog *local)
     if (!have) {
         char local_log[320];
         snprintf(local_log, sizeof local_log, "%.250s/local.steps", g_data);
-        const char *argv[] = {ct_bin("crowdtrain-agent"), "train", "--local", "--config", g_recipe, "--device",
-                              "cpu", "--step-log", local_log, NULL};
-        char *out = NULL;
-        int rc = ct_run(argv, NULL, &out, 240);
-        if (rc != 0)
-            fprintf(stderr, "train --local: %s\n", out ? out : "");
-        free(out);
-        assert_int_equal(rc, 0);
+        ct_pipeline_train_local(g_recipe, local_log);
         assert_int_equal(read_slog(local_log, &done), 0);
         assert_int_equal(done.n, STEPS);
         have = 1;
