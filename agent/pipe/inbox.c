@@ -176,7 +176,7 @@ static int slot_new(struct pipe_inbox *ib, const struct pipe_msg *m, struct slot
     s->e.type = m->type;
     s->e.step = m->step;
     s->e.stage = m->stage;
-    s->e.mb = m->type == PIPE_MSG_NORM ? 0 : m->mb;
+    s->e.mb = m->mb;
     s->e.B = m->B;
     s->e.T = m->T;
     s->e.C = m->C;
@@ -235,15 +235,14 @@ int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN]
         rc = CM_EBUSY;
         goto out;
     }
-    uint32_t key_mb = m->type == PIPE_MSG_NORM ? 0 : m->mb; /* a NORM's mb is its move flag */
-    if (was_taken(ib, m->type, m->step, key_mb, m->stage)) /* a chunk sent again after its answer was lost */
+    if (was_taken(ib, m->type, m->step, m->mb, m->stage)) /* a chunk sent again after its answer was lost */
         goto out;
-    s = find(ib, m->type, m->step, key_mb, m->stage);
+    s = find(ib, m->type, m->step, m->mb, m->stage);
     if (!s && (rc = slot_new(ib, m, &s)) != CM_OK)
         goto out;
     if (m->type == PIPE_MSG_NORM) {
         s->e.sumsq = m->sumsq;
-        s->e.move = m->mb;
+        s->e.flags = m->flags;
         pthread_cond_broadcast(&ib->cv);
         goto out;
     }

@@ -29,7 +29,7 @@ struct pipe_entry {
     float *values;    /* total values (NULL for NORM) */
     int32_t *targets; /* ACT: B*T targets; otherwise NULL */
     double sumsq;     /* NORM */
-    uint32_t move;    /* NORM: its mb field, 1 = every stage moves to a newer assignment after this step */
+    uint32_t flags;   /* NORM: its flags (PIPE_FLAG_MOVE) */
 };
 void pipe_entry_free(struct pipe_entry *e);
 

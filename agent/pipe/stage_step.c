@@ -82,7 +82,7 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
     double part[PIPE_MAX_STAGES] = {0};
     part[s->stage] = own;
     struct pipe_msg msg = {.type = PIPE_MSG_NORM, .step = step, .replica = s->replica, .stage = s->stage,
-                           .mb = *move ? 1 : 0, .sumsq = own};
+                           .flags = *move ? PIPE_FLAG_MOVE : 0, .sumsq = own};
     for (uint32_t j = 0; j < s->S; j++)
         if (j != s->stage) {
             int rc = pipe_send_tensor(s, j, &msg, NULL, NULL);
@@ -97,7 +97,7 @@ static int global_norm(struct pstage *s, int64_t step, double *norm, double *t_w
             if (rc)
                 return rc;
             part[j] = e->sumsq;
-            *move |= e->move != 0;
+            *move |= (e->flags & PIPE_FLAG_MOVE) != 0;
             pipe_entry_free(e);
         }
     *t_wait += peer_mono_s() - t0;

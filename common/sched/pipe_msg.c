@@ -42,12 +42,12 @@ static int fields_check(const struct pipe_msg *m)
     if (!isfinite(m->sumsq))
         return CM_ENUMERIC;
     if (m->type == PIPE_MSG_NORM) {
-        if (m->mb > 1 || m->B || m->T || m->C || m->total || m->offset || m->count || m->ntargets ||
-            m->sumsq < 0)
+        if (m->mb || (m->flags & ~PIPE_FLAG_MOVE) || m->B || m->T || m->C || m->total || m->offset ||
+            m->count || m->ntargets || m->sumsq < 0)
             return CM_ERANGE;
         return CM_OK;
     }
-    if (m->sumsq != 0 || m->total == 0 || m->total > PIPE_MAX_TOTAL || m->count == 0 ||
+    if (m->flags || m->sumsq != 0 || m->total == 0 || m->total > PIPE_MAX_TOTAL || m->count == 0 ||
         (uint64_t)m->offset + m->count > m->total)
         return CM_ERANGE;
     if (m->type == PIPE_MSG_TIED)
@@ -88,7 +88,7 @@ int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg 
 {
     memset(out, 0, sizeof *out);
     if (!b || len < PIPE_HDR_LEN || !type_valid(type) || b[0] != PIPE_MSG_VERSION ||
-        b[2] != type || b[3] || cm_get_be(b + 52, 4))
+        b[2] != type || b[3])
         return CM_EPARSE;
     if (b[1] != PIPE_ENC_FP32)
         return CM_EUNSUPPORTED;
@@ -105,6 +105,7 @@ int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg 
         .offset = (uint32_t)cm_get_be(b + 40, 4),
         .count = (uint32_t)cm_get_be(b + 44, 4),
         .ntargets = (uint32_t)cm_get_be(b + 48, 4),
+        .flags = (uint32_t)cm_get_be(b + 52, 4),
     };
     /* Both counts are below 2^32: no overflow in 64 bits. */
     if ((uint64_t)len != PIPE_HDR_LEN + 4 * (uint64_t)m.ntargets + 4 * (uint64_t)m.count)
@@ -162,7 +163,7 @@ int pipe_msg_build(const struct pipe_msg *m, uint8_t **out, size_t *out_len)
     cm_put_be(p + 40, m->offset, 4);
     cm_put_be(p + 44, m->count, 4);
     cm_put_be(p + 48, m->ntargets, 4);
-    cm_put_be(p + 52, 0, 4);
+    cm_put_be(p + 52, m->flags, 4);
     cm_put_be(p + 56, bits, 8);
     if (tlen)
         memcpy(p + PIPE_HDR_LEN, m->targets, tlen);

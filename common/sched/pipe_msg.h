@@ -38,6 +38,9 @@ enum pipe_msg_type {
 #define PIPE_MAX_STAGES 64
 #define PIPE_MAX_MB 65536         /* micro-batches of one step */
 #define PIPE_HDR_LEN 64           /* every message: see docs/protocol.md */
+/* NORM's flags: the sender, or a replica of its stage, saw a newer
+ * assignment with other slots; every stage moves to it after this step. */
+#define PIPE_FLAG_MOVE 1u
 
 struct pipe_msg {
     uint32_t type;      /* PIPE_MSG_*: the p2p type, repeated in byte 2 of the body (set
@@ -46,7 +49,7 @@ struct pipe_msg {
     int64_t step;       /* the optimizer step this belongs to, 0 .. 2^62 */
     uint32_t replica;   /* the sender's pipeline (0 .. PIPE_MAX_STAGES-1) */
     uint32_t stage;     /* the sender's stage (0 .. PIPE_MAX_STAGES-1) */
-    uint32_t mb;        /* ACT, GRAD: micro-batch index (< PIPE_MAX_MB); TIED: 0; NORM: 0 or 1, move after this step */
+    uint32_t mb;        /* ACT, GRAD: micro-batch index (< PIPE_MAX_MB); TIED, NORM: 0 */
     uint32_t B, T, C;   /* ACT, GRAD: the micro-batch's shape, each 1 .. PIPE_MAX_DIM, and
                            B*T*C == total; TIED, NORM: 0 */
     uint32_t total;     /* ACT, GRAD, TIED: values of the whole tensor, 1 .. PIPE_MAX_TOTAL;
@@ -56,6 +59,7 @@ struct pipe_msg {
     uint32_t ntargets;  /* ACT at offset 0: B*T; otherwise 0. The targets travel only in
                            the first chunk, which needs at least one value too, so a
                            micro-batch with B*T >= PIPE_MAX_ITEMS cannot be sent */
+    uint32_t flags;     /* NORM: PIPE_FLAG_MOVE or 0; otherwise 0 */
     double sumsq;       /* NORM: the squared L2 norm, finite and >= 0; otherwise 0 */
     const uint8_t *targets; /* ntargets int32 (-1 = no loss, else >= 0) */
     const uint8_t *values;  /* count fp32 */

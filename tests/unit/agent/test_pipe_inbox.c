@@ -225,11 +225,11 @@ static void test_wait_any(void **state)
     assert_int_equal(which, 1);
     volatile sig_atomic_t stop = 1;
     assert_int_equal(pipe_inbox_wait_any(ib, w, 1, 1000, &stop, &which), CM_ECANCELED);
-    /* a norm's mb is its move flag: taken as micro-batch 0, the flag kept */
-    struct pipe_msg nm = {.type = PIPE_MSG_NORM, .step = 5, .stage = 0, .mb = 1, .sumsq = 2.5};
+    /* a norm's flags come with it */
+    struct pipe_msg nm = {.type = PIPE_MSG_NORM, .step = 5, .stage = 0, .flags = PIPE_FLAG_MOVE, .sumsq = 2.5};
     assert_int_equal(pipe_inbox_put(ib, g_keys[0], &nm), CM_OK);
     assert_int_equal(pipe_inbox_take(ib, PIPE_MSG_NORM, 5, 0, 0, 0, NULL, &e), CM_OK);
-    assert_int_equal(e->move, 1);
+    assert_int_equal(e->flags, PIPE_FLAG_MOVE);
     assert_true(e->sumsq == 2.5);
     pipe_entry_free(e);
     /* a chunk of a tensor already taken, sent again (its answer was lost):

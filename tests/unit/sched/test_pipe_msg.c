@@ -46,7 +46,7 @@ static uint8_t *raw(const struct pipe_msg *m, size_t *len)
     p[2] = (uint8_t)m->type;
     put_be(p + 4, (uint64_t)m->step, 8);
     const uint32_t f[11] = {m->replica, m->stage, m->mb,    m->B,     m->T,       m->C,
-                            m->total,   m->offset, m->count, m->ntargets, 0};
+                            m->total,   m->offset, m->count, m->ntargets, m->flags};
     for (int i = 0; i < 11; i++)
         put_be(p + 12 + 4 * i, f[i], 4);
     put_be(p + 56, bits, 8);
@@ -85,6 +85,7 @@ static void expect_at(const struct pipe_msg *m, int want, int line)
         assert_int_equal(p.offset, m->offset);
         assert_int_equal(p.count, m->count);
         assert_int_equal(p.ntargets, m->ntargets);
+        assert_int_equal(p.flags, m->flags);
         assert_memory_equal(&p.sumsq, &m->sumsq, sizeof p.sumsq);
         if (m->ntargets)
             assert_memory_equal(p.targets, m->targets, 4 * (size_t)m->ntargets);
@@ -167,7 +168,7 @@ static void test_layout(void **state)
                               0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3,  /* replica, stage, mb */
                               0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4,  /* B, T, C */
                               0, 0, 0, 24, 0, 0, 0, 0, 0, 0, 0, 24, /* total, offset, count */
-                              0, 0, 0, 6, 0, 0, 0, 0,              /* ntargets, reserved */
+                              0, 0, 0, 6, 0, 0, 0, 0,              /* ntargets, flags */
                               0, 0, 0, 0, 0, 0, 0, 0};             /* sumsq */
     assert_memory_equal(b, head, 64);
     const uint8_t t1[4] = {5, 0, 0, 0}, tm1[4] = {0xff, 0xff, 0xff, 0xff};
@@ -368,8 +369,8 @@ static void test_header_rejections(void **state)
         MUT(1, 0xff, CM_EUNSUPPORTED);
         MUT(2, m.type ^ 1, CM_EPARSE); /* type byte */
         MUT(3, 1, CM_EPARSE);          /* reserved */
-        for (int k = 52; k < 56; k++)
-            MUT(k, 1, CM_EPARSE);      /* reserved */
+        for (int k = 52; k < 56; k++) /* flags: only NORM's move bit (the low one) */
+            MUT(k, 1, TYPES[i] == PIPE_MSG_NORM && k == 55 ? CM_OK : CM_ERANGE);
 #undef MUT
         free(t);
         free(b);
@@ -438,6 +439,7 @@ static void test_act_rules(void **state)
     bad[2] = INT32_MIN;
     CASE(m.targets = (const uint8_t *)bad, CM_ERANGE);
     CASE(m.sumsq = 1, CM_ERANGE);
+    CASE(m.flags = PIPE_FLAG_MOVE, CM_ERANGE);
     CASE(m.sumsq = -1, CM_ERANGE);
     CASE(m.sumsq = NAN, CM_ENUMERIC);
     CASE(m.sumsq = INFINITY, CM_ENUMERIC);
@@ -530,8 +532,9 @@ static void test_norm_rules(void **state)
         edit;                                                                                      \
         expect(&m, want);                                                                          \
     } while (0)
-    CASE(m.mb = 1, CM_OK); /* the move flag (docs/protocol.md) */
-    CASE(m.mb = 2, CM_ERANGE);
+    CASE(m.mb = 1, CM_ERANGE);
+    CASE(m.flags = PIPE_FLAG_MOVE, CM_OK);
+    CASE(m.flags = 2, CM_ERANGE);
     CASE(m.B = 1, CM_ERANGE);
     CASE(m.T = 1, CM_ERANGE);
     CASE(m.C = 1, CM_ERANGE);
