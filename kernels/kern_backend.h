@@ -94,6 +94,9 @@ struct kern_backend {
     /* GELU, tanh approximation (GPT-2, ALBERT "gelu_new") */
     void (*gelu_fwd)(float *out, const float *inp, size_t n);
     void (*gelu_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* tanh (ALBERT's sentence-order pooler); bwd recomputes tanh(inp) */
+    void (*tanh_fwd)(float *out, const float *inp, size_t n);
+    void (*tanh_bwd)(float *dinp, const float *inp, const float *dout, size_t n);
 
     /* ---- layer norm over the last axis ----
      * out (N,C) = (inp - mean) * rstd * w (C) + b (C); mean, rstd (N) saved. */

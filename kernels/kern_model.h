@@ -60,6 +60,8 @@ struct kern_batch {
     const float *x;
     const int *tokens;
     const int *targets;
+    const int *segments; /* ALBERT with sentence_order: (B,T) 0 for [CLS] A [SEP], 1 for B [SEP] */
+    const int *sop;      /* ALBERT with sentence_order: (B) 1 when A and B were swapped */
 };
 
 /* Sums over the rows that carry a target. */
@@ -67,6 +69,9 @@ struct kern_eval {
     double loss_sum;
     long count;
     long correct;  /* argmax == target */
+    /* ALBERT's sentence-order prediction (sentence_order): one row per sequence */
+    double sop_loss_sum;
+    long sop_count, sop_correct;
 };
 
 struct kern_model;
@@ -109,6 +114,9 @@ struct kern_tfm_config {
     int d_embed;               /* E; GPT: must equal d_model; ALBERT: any (128 in the paper) */
     int d_ff;                  /* F, usually 4 C */
     int share_layers;          /* 1: one set of block parameters used by all L layers */
+    int post_ln;               /* ALBERT: BERT's post-LayerNorm blocks, embedding LayerNorm, no
+                                  final LayerNorm, ALBERT's initialization (0: pre-LN) */
+    int sop;                   /* ALBERT: segment embeddings and the sentence-order head */
 };
 
 /* Largest sizes accepted, so a config cannot ask for absurd allocations. */

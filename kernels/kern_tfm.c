@@ -10,9 +10,18 @@
  *      cross-layer sharing: with share_layers one parameter set serves all L
  *      blocks (gradients of every layer accumulate into it); no causal mask;
  *      MLM head: h = LN_E(gelu(x @ Wh^T + bh)); logits = h @ wte^T + bdec.
- *      Targets come from kern_mlm_mask (-1 where no loss). The sentence-order
- *      loss of ALBERT is not implemented. Pre-LN rather than BERT's post-LN:
- *      it trains stably without the warm-up tricks post-LN needs.
+ *      Targets come from kern_mlm_mask (-1 where no loss).
+ *      With sop (ALBERT's sentence-order prediction, Lan et al. 2020 §4.1;
+ *      seed 001 trains sahajBERT with it): segment embeddings wtt[seg] join
+ *      e0, and a head on each sequence's first position ([CLS]):
+ *      pooled = tanh(x[CLS] @ Wpool^T + bpool); sop_logits = pooled @
+ *      Wsop^T + bsop (2 classes: in order, swapped); the loss is the MLM
+ *      mean plus the SOP mean.
+ *      With post_ln (ALBERT as published, on BERT's encoder): e0 goes
+ *      through LayerNorm_E before the lift, the blocks are post-LN
+ *      (kern_tfm_int.h), there is no final LayerNorm, and every weight
+ *      starts N(0, 0.02) (ALBERT's initializer_range). Without it the blocks
+ *      are pre-LN, which trains stably without the warm-up post-LN needs.
  *
  * The block (forward, backward, tensor names, initialization) lives here and
  * is shared through kern_tfm_int.h with kern_tfm_stage.c, which runs a range
@@ -33,11 +42,17 @@
 struct tfm {
     struct kern_tfm_config c;
     size_t wte, wpe, projw, projb, lnfw, lnfb, headw, headb, hlnw, hlnb, decb;
+    size_t wtt, elnw, elnb, poolw, poolb, sopw, sopb; /* sop, post_ln */
     int nblk;
     struct kern__tfm_blk *blk;
     struct kern__tfm_act *act;
     struct kern__tfm_scratch s;      /* tmp (N,C) and the block backward's scratch */
     float *enc;                      /* (N,E) */
+    float *encn, *enc_mean, *enc_rstd; /* post_ln: LN_E(enc) (N,E) (N) (N) */
+    float *tte, *zpe, *dzpe;         /* sop: wtt[seg] (N,E); zeros (T,E) and its dump (T,E) */
+    float *cls, *pool_pre, *pool, *sop_logits, *sop_probs, *sop_losses; /* sop: (B,C) x3, (B,2) x2, (B) */
+    float *dcls, *dpool_pre, *dpool, *dsop_logits;                     /* sop backward */
+    int *seg, *sop_tgt;              /* (N) (B) */
     float *x0;                       /* (N,C) (ALBERT; GPT uses enc) */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *h, *hg, *hn, *hn_mean, *hn_rstd; /* ALBERT head (N,E) */
@@ -76,6 +91,14 @@ int kern_tfm_config_check(const struct kern_tfm_config *c, const char **why)
         *why = "transformer: n_head must divide d_model";
         return CM_EINVAL;
     }
+    if (c->kind != KERN_MODEL_ALBERT && (c->post_ln || c->sop)) {
+        *why = "transformer: post_ln and sentence_order are for albert";
+        return CM_EINVAL;
+    }
+    if (c->sop && c->max_T < 3) {
+        *why = "transformer: sentence_order needs a context of at least 3 ([CLS] A [SEP] B)";
+        return CM_EINVAL;
+    }
     if (c->kind == KERN_MODEL_GPT && c->d_embed != c->d_model) {
         *why = "transformer: gpt ties embedding and output, so d_embed must equal d_model";
         return CM_EINVAL;
@@ -95,6 +118,10 @@ size_t kern_tfm_param_count(const struct kern_tfm_config *c)
     size_t n = V * E + (size_t)c->max_T * E + nb * blk + 2 * C;
     if (c->kind == KERN_MODEL_ALBERT)
         n += C * E + C + E * C + E + 2 * E + V;
+    if (c->kind == KERN_MODEL_ALBERT && c->post_ln)
+        n += 2 * E - 2 * C; /* the embedding LayerNorm in, the final one out */
+    if (c->kind == KERN_MODEL_ALBERT && c->sop)
+        n += 2 * E + C * C + C + 2 * C + 2;
     return n;
 }
 
@@ -108,11 +135,22 @@ void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct ke
     size_t act = (size_t)c->n_layer * layer + N * E;                    /* + enc */
     if (c->kind == KERN_MODEL_ALBERT)
         act += N * C + 6 * N * E + 2 * N;               /* x0, h, hg, hn, dh, dhg, denc, hn stats */
-    act += N * C + 2 * N + 2 * N * V + N;               /* lnf, its stats, logits, probs, losses */
+    if (c->post_ln)
+        act += N * E + 2 * N;                           /* encn, its stats */
+    else
+        act += N * C + 2 * N;                           /* lnf, its stats */
+    size_t ints = 2 * N;                                /* tok, tgt */
+    if (c->sop) { /* tte, zpe, dzpe; cls, pool_pre, pool, dcls, dpool_pre, dpool; logits, probs,
+                     dlogits of 2; losses; seg, sop_tgt */
+        size_t Bm = (size_t)max_batch;
+        act += N * E + 2 * (size_t)c->max_T * E + 6 * Bm * C + 7 * Bm;
+        ints += N + Bm;
+    }
+    act += 2 * N * V + N;                               /* logits, probs, losses */
     act += 4 * N * C + 3 * N * C + 2 * att + 2 * N * F + N * V; /* tmp .. dlogits */
     memset(n, 0, sizeof *n);
     n->params = n->grads = np * sizeof(float);
-    n->act = act * sizeof(float) + 2 * N * sizeof(int);  /* + tok, tgt */
+    n->act = act * sizeof(float) + ints * sizeof(int);
     /* kern_cuda.cu: attention's permuted copies (7 (B,T,C) buffers in
      * backward), sumsq's partials and all_finite's flag; kern_cuda_gemm.cu */
     n->scratch = 7 * N * C * sizeof(float) + (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) +
@@ -230,6 +268,19 @@ void kern__tfm_blk_fwd(const struct kern_backend *be, const float *P, const stru
 {
     int N = d->B * d->T, C = d->C, F = d->F;
     size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    if (d->post_ln) {
+        be->matmul_fwd(a->qkv, res, P + k->qkvw, P + k->qkvb, N, C, 3 * C);
+        be->attention_fwd(a->atty, a->preatt, a->att, a->qkv, d->B, d->T, C, d->NH, d->causal);
+        be->matmul_fwd(s->tmp, a->atty, P + k->projw, P + k->projb, N, C, C);
+        be->add(a->res2, res, s->tmp, NC);
+        be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, a->res2, P + k->ln1w, P + k->ln1b, N, C);
+        be->matmul_fwd(a->fch, a->ln1, P + k->fcw, P + k->fcb, N, C, F);
+        be->gelu_fwd(a->fchg, a->fch, NF);
+        be->matmul_fwd(s->tmp, a->fchg, P + k->fc2w, P + k->fc2b, N, F, C);
+        be->add(a->ln2, a->ln1, s->tmp, NC);
+        be->layernorm_fwd(a->res3, a->ln2_mean, a->ln2_rstd, a->ln2, P + k->ln2w, P + k->ln2b, N, C);
+        return;
+    }
     be->layernorm_fwd(a->ln1, a->ln1_mean, a->ln1_rstd, res, P + k->ln1w, P + k->ln1b, N, C);
     be->matmul_fwd(a->qkv, a->ln1, P + k->qkvw, P + k->qkvb, N, C, 3 * C);
     be->attention_fwd(a->atty, a->preatt, a->att, a->qkv, d->B, d->T, C, d->NH, d->causal);
@@ -242,11 +293,45 @@ void kern__tfm_blk_fwd(const struct kern_backend *be, const float *P, const stru
     be->add(a->res3, a->res2, s->tmp, NC);
 }
 
+/* The post-LN block's backward (kern__tfm_blk_fwd): s->dres holds
+ * d/d res3 on entry, d/d res on return; s->dln carries d/d ln2, then
+ * d/d ln1 (the residual path plus the MLP branch). */
+static void blk_bwd_post(const struct kern_backend *be, const float *P, float *G,
+                         const struct kern__tfm_blk *k, const struct kern__tfm_act *a,
+                         const float *res, struct kern__tfm_scratch *s, const struct kern__tfm_dims *d)
+{
+    int N = d->B * d->T, C = d->C, F = d->F;
+    size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    be->fill(s->dln, 0.0f, NC);
+    be->layernorm_bwd(s->dln, G + k->ln2w, G + k->ln2b, s->dres, a->ln2, P + k->ln2w, a->ln2_mean,
+                      a->ln2_rstd, N, C);
+    be->fill(s->dfchg, 0.0f, NF);
+    be->matmul_bwd(s->dfchg, G + k->fc2w, G + k->fc2b, s->dln, a->fchg, P + k->fc2w, N, F, C);
+    be->fill(s->dfch, 0.0f, NF);
+    be->gelu_bwd(s->dfch, a->fch, s->dfchg, NF);
+    be->matmul_bwd(s->dln, G + k->fcw, G + k->fcb, s->dfch, a->ln1, P + k->fcw, N, C, F);
+    /* dln = d/d ln1; dres becomes d/d res2 */
+    be->fill(s->dres, 0.0f, NC);
+    be->layernorm_bwd(s->dres, G + k->ln1w, G + k->ln1b, s->dln, a->res2, P + k->ln1w, a->ln1_mean,
+                      a->ln1_rstd, N, C);
+    be->fill(s->datty, 0.0f, NC);
+    be->matmul_bwd(s->datty, G + k->projw, G + k->projb, s->dres, a->atty, P + k->projw, N, C, C);
+    be->fill(s->dqkv, 0.0f, NC * 3);
+    be->attention_bwd(s->dqkv, s->dpreatt, s->datt, s->datty, a->qkv, a->att, d->B, d->T, C, d->NH,
+                      d->causal);
+    /* the residual path's d/d res2 plus the attention branch's */
+    be->matmul_bwd(s->dres, G + k->qkvw, G + k->qkvb, s->dqkv, res, P + k->qkvw, N, C, 3 * C);
+}
+
 void kern__tfm_blk_bwd(const struct kern_backend *be, const float *P, float *G,
                        const struct kern__tfm_blk *k, const struct kern__tfm_act *a,
                        const float *res, struct kern__tfm_scratch *s,
                        const struct kern__tfm_dims *d)
 {
+    if (d->post_ln) {
+        blk_bwd_post(be, P, G, k, a, res, s, d);
+        return;
+    }
     int N = d->B * d->T, C = d->C, F = d->F;
     size_t NC = (size_t)N * C, NF = (size_t)N * F;
     /* dres = d/d res3: flows to res2 unchanged and into the MLP branch */
@@ -271,11 +356,13 @@ void kern__tfm_blk_bwd(const struct kern_backend *be, const float *P, float *G,
     /* dres = d/d res (the block's input) */
 }
 
-void kern__tfm_init_tensor(const struct kern_tensor *ts, float *x, int n_layer, uint64_t *rng)
+void kern__tfm_init_tensor(const struct kern_tensor *ts, float *x, const struct kern_tfm_config *c,
+                           uint64_t *rng)
 {
     /* GPT-2 initialization: N(0, 0.02), residual projections scaled by
-     * 1/sqrt(2L); LayerNorm weight 1, biases 0. */
-    float resid = 0.02f / sqrtf(2.0f * n_layer);
+     * 1/sqrt(2L); LayerNorm weight 1, biases 0. Post-LN ALBERT: N(0, 0.02)
+     * for every weight (its initializer_range), no scaling. */
+    float resid = c->post_ln ? 0.02f : 0.02f / sqrtf(2.0f * c->n_layer);
     const char *nm = ts->name;
     size_t ln = strlen(nm);
     int is_bias = ln > 4 && !strcmp(nm + ln - 4, "bias");
@@ -309,17 +396,59 @@ static void tfm_destroy(struct kern_model *m)
         for (int l = 0; l < t->c.n_layer; l++)
             kern__tfm_act_release(be, &t->act[l]);
     kern__tfm_scratch_release(be, &t->s);
-    float *bufs[] = {t->enc,    t->x0,      t->lnf,    t->lnf_mean, t->lnf_rstd, t->h,
-                     t->hg,     t->hn,      t->hn_mean, t->hn_rstd, t->logits,   t->probs,
-                     t->losses, t->dlogits, t->dh,     t->dhg,      t->denc};
+    float *bufs[] = {t->enc,     t->x0,      t->lnf,        t->lnf_mean,  t->lnf_rstd,  t->h,
+                     t->hg,      t->hn,      t->hn_mean,    t->hn_rstd,   t->logits,    t->probs,
+                     t->losses,  t->dlogits, t->dh,         t->dhg,       t->denc,      t->encn,
+                     t->enc_mean, t->enc_rstd, t->tte,      t->zpe,       t->dzpe,      t->cls,
+                     t->pool_pre, t->pool,   t->sop_logits, t->sop_probs, t->sop_losses, t->dcls,
+                     t->dpool_pre, t->dpool, t->dsop_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->release(bufs[i]);
     be->release(t->tok);
     be->release(t->tgt);
+    be->release(t->seg);
+    be->release(t->sop_tgt);
     free(t->act);
     free(t->blk);
     free(t);
     m->impl = NULL;
+}
+
+/* The sentence-order head's forward on the [CLS] rows of x (N,C): loss and
+ * accuracy sums into ev (sop_*). */
+static int sop_fwd(struct tfm *t, const struct kern_backend *be, const float *P, const float *x,
+                   const struct kern_batch *bt, struct kern_eval *ev)
+{
+    int B = bt->B, T = bt->T, C = t->c.d_model;
+    for (int b = 0; b < B; b++)
+        be->copy(t->cls + (size_t)b * C, x + (size_t)b * T * C, sizeof(float) * (size_t)C);
+    be->matmul_fwd(t->pool_pre, t->cls, P + t->poolw, P + t->poolb, B, C, C);
+    be->tanh_fwd(t->pool, t->pool_pre, (size_t)B * C);
+    be->matmul_fwd(t->sop_logits, t->pool, P + t->sopw, P + t->sopb, B, C, 2);
+    be->xent_fwd(t->sop_losses, t->sop_probs, t->sop_logits, t->sop_tgt, B, 2);
+    struct kern_eval sev = {0};
+    int rc = kern__score(be, t->sop_losses, t->sop_probs, bt->sop, B, 2, &sev);
+    ev->sop_loss_sum += sev.loss_sum;
+    ev->sop_count += sev.count;
+    ev->sop_correct += sev.correct;
+    return rc;
+}
+
+/* Its backward: d loss/d x of the [CLS] rows added into dx (N,C). */
+static void sop_bwd(struct tfm *t, const struct kern_backend *be, const float *P, float *G, float *dx,
+                    int B, int T, float scale)
+{
+    int C = t->c.d_model;
+    be->fill(t->dsop_logits, 0.0f, (size_t)B * 2);
+    be->xent_bwd(t->dsop_logits, t->sop_probs, t->sop_tgt, scale, B, 2);
+    be->fill(t->dpool, 0.0f, (size_t)B * C);
+    be->matmul_bwd(t->dpool, G + t->sopw, G + t->sopb, t->dsop_logits, t->pool, P + t->sopw, B, C, 2);
+    be->fill(t->dpool_pre, 0.0f, (size_t)B * C);
+    be->tanh_bwd(t->dpool_pre, t->pool_pre, t->dpool, (size_t)B * C);
+    be->fill(t->dcls, 0.0f, (size_t)B * C);
+    be->matmul_bwd(t->dcls, G + t->poolw, G + t->poolb, t->dpool_pre, t->cls, P + t->poolw, B, C, C);
+    for (int b = 0; b < B; b++)
+        be->axpy(dx + (size_t)b * T * C, 1.0f, t->dcls + (size_t)b * C, (size_t)C);
 }
 
 static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backward,
@@ -329,30 +458,50 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
     const struct kern_backend *be = m->be;
     const struct kern_tfm_config *c = &t->c;
     int B = bt->B, T = bt->T, C = c->d_model, E = c->d_embed, V = c->vocab;
-    int L = c->n_layer;
+    int L = c->n_layer, sop = c->sop, post = c->post_ln;
     if (B < 1 || B > m->max_batch || T < 1 || T > m->max_T || !bt->tokens || !bt->targets)
+        return CM_EINVAL;
+    if (sop && (!bt->segments || !bt->sop))
         return CM_EINVAL;
     size_t N = (size_t)B * T;
     int count = 0;
     for (size_t i = 0; i < N; i++) {
         if (bt->tokens[i] < 0 || bt->tokens[i] >= V || bt->targets[i] >= V)
             return CM_EINVAL;
+        if (sop && (bt->segments[i] < 0 || bt->segments[i] > 1))
+            return CM_EINVAL;
         count += bt->targets[i] >= 0;
     }
+    for (int b = 0; sop && b < B; b++)
+        if (bt->sop[b] < 0 || bt->sop[b] > 1)
+            return CM_EINVAL;
     int rc;
     if ((rc = be->upload(t->tok, bt->tokens, sizeof(int) * N)) ||
         (rc = be->upload(t->tgt, bt->targets, sizeof(int) * N)))
         return rc;
+    if (sop && ((rc = be->upload(t->seg, bt->segments, sizeof(int) * N)) ||
+                (rc = be->upload(t->sop_tgt, bt->sop, sizeof(int) * (size_t)B))))
+        return rc;
     const float *P = m->params;
     float *G = m->grads;
     struct kern__tfm_scratch *s = &t->s;
-    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, c->kind == KERN_MODEL_GPT};
+    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, c->kind == KERN_MODEL_GPT, post};
 
     /* ---- forward ---- */
     be->embed_fwd(t->enc, t->tok, P + t->wte, P + t->wpe, B, T, E);
+    if (sop) { /* + wtt[seg]: the embedding op with positions of zeros */
+        be->embed_fwd(t->tte, t->seg, P + t->wtt, t->zpe, B, T, E);
+        be->add(t->enc, t->enc, t->tte, N * E);
+    }
     const float *x0 = t->enc;
     if (albert(t)) {
-        be->matmul_fwd(t->x0, t->enc, P + t->projw, P + t->projb, (int)N, E, C);
+        const float *e = t->enc;
+        if (post) {
+            be->layernorm_fwd(t->encn, t->enc_mean, t->enc_rstd, t->enc, P + t->elnw, P + t->elnb,
+                              (int)N, E);
+            e = t->encn;
+        }
+        be->matmul_fwd(t->x0, e, P + t->projw, P + t->projb, (int)N, E, C);
         x0 = t->x0;
     }
     for (int l = 0; l < L; l++) {
@@ -360,25 +509,33 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         kern__tfm_blk_fwd(be, P, &t->blk[c->share_layers ? 0 : l], &t->act[l], res, s, &d);
     }
     const float *xl = t->act[L - 1].res3;
-    be->layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd, xl, P + t->lnfw, P + t->lnfb, (int)N, C);
+    const float *top = xl; /* what the heads read: LN_f(xl), or xl itself after post-LN blocks */
+    if (!post) {
+        be->layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd, xl, P + t->lnfw, P + t->lnfb, (int)N, C);
+        top = t->lnf;
+    }
     if (albert(t)) {
-        be->matmul_fwd(t->h, t->lnf, P + t->headw, P + t->headb, (int)N, C, E);
+        be->matmul_fwd(t->h, top, P + t->headw, P + t->headb, (int)N, C, E);
         be->gelu_fwd(t->hg, t->h, N * E);
         be->layernorm_fwd(t->hn, t->hn_mean, t->hn_rstd, t->hg, P + t->hlnw, P + t->hlnb, (int)N,
                           E);
         be->matmul_fwd(t->logits, t->hn, P + t->wte, P + t->decb, (int)N, E, V);
     } else {
-        be->matmul_fwd(t->logits, t->lnf, P + t->wte, NULL, (int)N, C, V);
+        be->matmul_fwd(t->logits, top, P + t->wte, NULL, (int)N, C, V);
     }
     be->xent_fwd(t->losses, t->probs, t->logits, t->tgt, (int)N, V);
     if ((rc = kern__score(be, t->losses, backward ? NULL : t->probs, bt->targets, (int)N, V, ev)))
         return rc;
-    if (!backward || count == 0)
+    if (sop && (rc = sop_fwd(t, be, P, top, bt, ev)))
+        return rc;
+    if (!backward || (count == 0 && !sop))
         return CM_OK;
 
-    /* ---- backward ---- */
+    /* ---- backward ---- (loss = the MLM mean over the targets, plus the
+       SOP mean over the sequences) */
     be->fill(t->dlogits, 0.0f, N * V);
-    be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
+    if (count)
+        be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
     be->fill(s->dln, 0.0f, N * C);
     if (albert(t)) {
         be->fill(t->dhg, 0.0f, N * E);
@@ -390,25 +547,41 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         be->layernorm_bwd(t->denc, G + t->hlnw, G + t->hlnb, t->dhg, t->hg, P + t->hlnw,
                           t->hn_mean, t->hn_rstd, (int)N, E);
         be->gelu_bwd(t->dh, t->h, t->denc, N * E);
-        be->matmul_bwd(s->dln, G + t->headw, G + t->headb, t->dh, t->lnf, P + t->headw, (int)N,
+        be->matmul_bwd(s->dln, G + t->headw, G + t->headb, t->dh, top, P + t->headw, (int)N,
                        C, E);
     } else {
-        be->matmul_bwd(s->dln, G + t->wte, NULL, t->dlogits, t->lnf, P + t->wte, (int)N, C, V);
+        be->matmul_bwd(s->dln, G + t->wte, NULL, t->dlogits, top, P + t->wte, (int)N, C, V);
     }
-    be->fill(s->dres, 0.0f, N * C);
-    be->layernorm_bwd(s->dres, G + t->lnfw, G + t->lnfb, s->dln, xl, P + t->lnfw, t->lnf_mean,
-                      t->lnf_rstd, (int)N, C);
+    if (sop)
+        sop_bwd(t, be, P, G, s->dln, B, T, grad_scale / B);
+    if (post) {
+        be->copy(s->dres, s->dln, sizeof(float) * N * C);
+    } else {
+        be->fill(s->dres, 0.0f, N * C);
+        be->layernorm_bwd(s->dres, G + t->lnfw, G + t->lnfb, s->dln, xl, P + t->lnfw, t->lnf_mean,
+                          t->lnf_rstd, (int)N, C);
+    }
     for (int l = L - 1; l >= 0; l--) {
         const float *res = l == 0 ? x0 : t->act[l - 1].res3;
         kern__tfm_blk_bwd(be, P, G, &t->blk[c->share_layers ? 0 : l], &t->act[l], res, s, &d);
     }
+    const float *denc = s->dres;
     if (albert(t)) {
         be->fill(t->denc, 0.0f, N * E);
-        be->matmul_bwd(t->denc, G + t->projw, G + t->projb, s->dres, t->enc, P + t->projw,
-                       (int)N, E, C);
-        be->embed_bwd(G + t->wte, G + t->wpe, t->denc, t->tok, B, T, E);
-    } else {
-        be->embed_bwd(G + t->wte, G + t->wpe, s->dres, t->tok, B, T, E);
+        be->matmul_bwd(t->denc, G + t->projw, G + t->projb, s->dres, post ? t->encn : t->enc,
+                       P + t->projw, (int)N, E, C);
+        denc = t->denc;
+        if (post) { /* dh (free by now) receives d/d enc */
+            be->fill(t->dh, 0.0f, N * E);
+            be->layernorm_bwd(t->dh, G + t->elnw, G + t->elnb, t->denc, t->enc, P + t->elnw,
+                              t->enc_mean, t->enc_rstd, (int)N, E);
+            denc = t->dh;
+        }
+    }
+    be->embed_bwd(G + t->wte, G + t->wpe, denc, t->tok, B, T, E);
+    if (sop) { /* the zero positions' gradient lands in dzpe, unread */
+        be->fill(t->dzpe, 0.0f, (size_t)T * E);
+        be->embed_bwd(G + t->wtt, t->dzpe, denc, t->seg, B, T, E);
     }
     return CM_OK;
 }
@@ -425,20 +598,34 @@ static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
     rc = kern__tensor_add(tl, name, decay, off, nd, a, b, 0, 0)
     ADD("wte", 1, &t->wte, 2, V, E);
     ADD("wpe", 1, &t->wpe, 2, c->max_T, E);
+    if (c->sop)
+        ADD("wtt", 1, &t->wtt, 2, 2, E);
+    if (albert(t) && c->post_ln) {
+        ADD("emb_ln.weight", 0, &t->elnw, 1, E, 0);
+        ADD("emb_ln.bias", 0, &t->elnb, 1, E, 0);
+    }
     if (albert(t)) {
         ADD("emb_proj.weight", 1, &t->projw, 2, C, E);
         ADD("emb_proj.bias", 0, &t->projb, 1, C, 0);
     }
     for (int l = 0; l < t->nblk && !rc; l++)
         rc = kern__tfm_blk_add(tl, &t->blk[l], l, C, F);
-    ADD("ln_f.weight", 0, &t->lnfw, 1, C, 0);
-    ADD("ln_f.bias", 0, &t->lnfb, 1, C, 0);
+    if (!c->post_ln) {
+        ADD("ln_f.weight", 0, &t->lnfw, 1, C, 0);
+        ADD("ln_f.bias", 0, &t->lnfb, 1, C, 0);
+    }
     if (albert(t)) {
         ADD("mlm.dense.weight", 1, &t->headw, 2, E, C);
         ADD("mlm.dense.bias", 0, &t->headb, 1, E, 0);
         ADD("mlm.ln.weight", 0, &t->hlnw, 1, E, 0);
         ADD("mlm.ln.bias", 0, &t->hlnb, 1, E, 0);
         ADD("mlm.decoder.bias", 0, &t->decb, 1, V, 0);
+    }
+    if (c->sop) {
+        ADD("pooler.weight", 1, &t->poolw, 2, C, C);
+        ADD("pooler.bias", 0, &t->poolb, 1, C, 0);
+        ADD("sop.weight", 1, &t->sopw, 2, 2, C);
+        ADD("sop.bias", 0, &t->sopb, 1, 2, 0);
     }
 #undef ADD
     return rc;
@@ -495,7 +682,7 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
     }
     uint64_t rng = seed;
     for (int i = 0; i < m->ntensors; i++)
-        kern__tfm_init_tensor(&m->tensors[i], host + m->tensors[i].off, c->n_layer, &rng);
+        kern__tfm_init_tensor(&m->tensors[i], host + m->tensors[i].off, c, &rng);
     if ((rc = kern_model_set_params(m, host)))
         goto fail;
     free(host);
@@ -518,9 +705,33 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
         t->dhg = kern__alloc_f(be, N * E, &err);
         t->denc = kern__alloc_f(be, N * E, &err);
     }
-    t->lnf = kern__alloc_f(be, N * C, &err);
-    t->lnf_mean = kern__alloc_f(be, N, &err);
-    t->lnf_rstd = kern__alloc_f(be, N, &err);
+    if (c->post_ln) {
+        t->encn = kern__alloc_f(be, N * E, &err);
+        t->enc_mean = kern__alloc_f(be, N, &err);
+        t->enc_rstd = kern__alloc_f(be, N, &err);
+    } else {
+        t->lnf = kern__alloc_f(be, N * C, &err);
+        t->lnf_mean = kern__alloc_f(be, N, &err);
+        t->lnf_rstd = kern__alloc_f(be, N, &err);
+    }
+    if (c->sop) {
+        size_t Bm = (size_t)max_batch, TE = (size_t)c->max_T * E;
+        t->tte = kern__alloc_f(be, N * E, &err);
+        t->zpe = kern__alloc_f(be, TE, &err); /* zero-filled (alloc), never written */
+        t->dzpe = kern__alloc_f(be, TE, &err);
+        t->cls = kern__alloc_f(be, Bm * C, &err);
+        t->pool_pre = kern__alloc_f(be, Bm * C, &err);
+        t->pool = kern__alloc_f(be, Bm * C, &err);
+        t->sop_logits = kern__alloc_f(be, Bm * 2, &err);
+        t->sop_probs = kern__alloc_f(be, Bm * 2, &err);
+        t->sop_losses = kern__alloc_f(be, Bm, &err);
+        t->dcls = kern__alloc_f(be, Bm * C, &err);
+        t->dpool_pre = kern__alloc_f(be, Bm * C, &err);
+        t->dpool = kern__alloc_f(be, Bm * C, &err);
+        t->dsop_logits = kern__alloc_f(be, Bm * 2, &err);
+        t->seg = kern__alloc_i(be, N, &err);
+        t->sop_tgt = kern__alloc_i(be, Bm, &err);
+    }
     t->logits = kern__alloc_f(be, N * V, &err);
     t->probs = kern__alloc_f(be, N * V, &err);
     t->losses = kern__alloc_f(be, N, &err);

@@ -48,7 +48,8 @@ struct kern__tfm_scratch {
 /* The sizes a block runs at. */
 struct kern__tfm_dims {
     int B, T, C, F, NH;
-    int causal; /* 1 for GPT */
+    int causal;  /* 1 for GPT */
+    int post_ln; /* 1: BERT's post-LN block (ALBERT with post_ln), below */
 };
 
 /* Appends the tensors of block l ("blocks.<l>.ln1.weight", ...) to tl and
@@ -73,6 +74,11 @@ void kern__tfm_scratch_release(const struct kern_backend *be, struct kern__tfm_s
 
 /* One pre-LN block forward, after llm.c's gpt2_forward:
  *   res2 = res + proj(attn(LN1(res))); res3 = res2 + fc2(gelu(fc(LN2(res2)))).
+ * With d->post_ln, BERT's post-LN block (ALBERT as published, Lan et al.
+ * 2020 §3, on BERT's Transformer encoder):
+ *   res2 = res + proj(attn(res)); ln1 = LN1(res2);
+ *   ln2 = ln1 + fc2(gelu(fc(ln1))); res3 = LN2(ln2)
+ * (the act buffers keep their names: ln2 holds the second sum).
  * res (N,C) is the block's input and must stay untouched until the block's
  * backward has run; a->res3 (N,C) receives the output. s->tmp is used. */
 void kern__tfm_blk_fwd(const struct kern_backend *be, const float *P, const struct kern__tfm_blk *k,
@@ -92,12 +98,15 @@ void kern__tfm_blk_bwd(const struct kern_backend *be, const float *P, float *G,
  * its parameters in. Frees nothing of tl on failure; the caller frees tl->v. */
 int kern__tfm_table(const struct kern_tfm_config *c, struct kern__tensor_list *tl);
 
-/* GPT-2 initialization of one tensor of the whole model's table, by name:
- * biases 0, LayerNorm weights 1, residual projections N(0, 0.02/sqrt(2L)),
- * the rest N(0, 0.02), drawing from rng in element order. x = NULL skips the
- * tensor but consumes exactly the draws initializing it would, so a model
- * that holds only some tensors (a pipeline stage) gets the same values as
- * the whole model for the ones it holds. */
-void kern__tfm_init_tensor(const struct kern_tensor *ts, float *x, int n_layer, uint64_t *rng);
+/* Initialization of one tensor of the whole model's table, by name: biases
+ * 0, LayerNorm weights 1, the rest N(0, 0.02), and (GPT-2's rule, for
+ * pre-LN models) residual projections N(0, 0.02/sqrt(2L)); post-LN ALBERT
+ * keeps 0.02 everywhere (ALBERT's initializer_range). Draws from rng in
+ * element order. x = NULL skips the tensor but consumes exactly the draws
+ * initializing it would, so a model that holds only some tensors (a
+ * pipeline stage) gets the same values as the whole model for the ones it
+ * holds. */
+void kern__tfm_init_tensor(const struct kern_tensor *ts, float *x, const struct kern_tfm_config *c,
+                           uint64_t *rng);
 
 #endif

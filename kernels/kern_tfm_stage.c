@@ -209,7 +209,7 @@ static int stage_init(const struct kern_model *m, const struct kern_tfm_config *
     uint64_t rng = seed;
     for (int i = 0; i < full.n; i++) {
         const struct kern_tensor *mine = kern_model_tensor(m, full.v[i].name);
-        kern__tfm_init_tensor(&full.v[i], mine ? host + mine->off : NULL, c->n_layer, &rng);
+        kern__tfm_init_tensor(&full.v[i], mine ? host + mine->off : NULL, c, &rng);
     }
     free(full.v);
     return CM_OK;
@@ -314,7 +314,7 @@ static int stage_forward(struct kern_model *m, const struct kern_batch *b, const
     if (st->has_head && (rc = be->upload(g->tgt, b->targets, sizeof(int) * N)))
         return rc;
     const float *P = m->params;
-    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, 1};
+    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, 1, 0};
 
     /* kern_tfm.c's GPT forward, restricted to this stage's part */
     if (st->has_embed)
@@ -368,7 +368,7 @@ int kern_tfm_stage_backward(struct kern_model *m, const float *dx_out, float gra
     const float *P = m->params;
     float *G = m->grads;
     struct kern__tfm_scratch *s = &g->s;
-    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, 1};
+    struct kern__tfm_dims d = {B, T, C, c->d_ff, c->n_head, 1, 0};
     int rc;
 
     if (st->has_head) {

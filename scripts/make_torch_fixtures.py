@@ -3,13 +3,16 @@
 
 Writes small binary fixtures into tests/fixtures/kernels/ so that `make test`
 checks our models against PyTorch without needing PyTorch: for the MLP, a
-tiny GPT and a tiny ALBERT (factorized embedding, shared layers, MLM head),
-each file holds the inputs, the initial flat parameter buffer (in our tensor
+tiny GPT, a tiny ALBERT (factorized embedding, shared layers, MLM head) and
+ALBERT as published (albert_sop.bin: segment embeddings, embedding LayerNorm,
+post-LN blocks, no final LayerNorm, MLM plus sentence-order loss on the
+tanh-pooled [CLS] position), each file holds the inputs, the initial flat parameter buffer (in our tensor
 order, kernels/kern_mlp.c and kern_tfm.c), the logits, the mean loss, the
 flat gradient, and the parameters after 3 AdamW steps and after 3 LAMB steps
 (fresh optimizer each, same batch every step).
 
-The models here mirror ours op for op: pre-LayerNorm blocks (eps 1e-5),
+The models here mirror ours op for op: pre-LayerNorm blocks (eps 1e-5; post-LN
+for albert_sop),
 tanh-GELU, fused qkv (3C, C) with heads contiguous inside q, k and v,
 attention scaled by 1/sqrt(head size), tied output embedding, mean
 cross-entropy over targets != -1. Weight decay applies to tensors of rank 2.
@@ -67,10 +70,16 @@ def layernorm(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
 
 
-def tfm_forward(P, tok, cfg):
+def tfm_forward(P, tok, cfg, seg=None):
+    """MLM or next-token logits, and with cfg["sop"] the sentence-order logits."""
     kind, L, NH = cfg["kind"], cfg["n_layer"], cfg["n_head"]
+    post, sop = cfg.get("post_ln", 0), cfg.get("sop", 0)
     B, T = tok.shape
     x = P["wte"][tok] + P["wpe"][:T]
+    if sop:
+        x = x + P["wtt"][seg]
+    if post:
+        x = layernorm(x, P["emb_ln.weight"], P["emb_ln.bias"])
     if kind == "albert":
         x = x @ P["emb_proj.weight"].t() + P["emb_proj.bias"]
     C = x.shape[-1]
@@ -78,7 +87,7 @@ def tfm_forward(P, tok, cfg):
     for l in range(L):
         k = 0 if cfg["share"] else l
         p = lambda n: P["blocks.%d.%s" % (k, n)]
-        h = layernorm(x, p("ln1.weight"), p("ln1.bias"))
+        h = x if post else layernorm(x, p("ln1.weight"), p("ln1.bias"))
         qkv = h @ p("attn.qkv.weight").t() + p("attn.qkv.bias")
         q, kk, v = qkv.split(C, dim=-1)
         q = q.view(B, T, NH, hs).transpose(1, 2)
@@ -91,20 +100,34 @@ def tfm_forward(P, tok, cfg):
         att = torch.softmax(att, dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + y @ p("attn.proj.weight").t() + p("attn.proj.bias")
-        h = layernorm(x, p("ln2.weight"), p("ln2.bias"))
+        if post:
+            x = layernorm(x, p("ln1.weight"), p("ln1.bias"))
+        h = x if post else layernorm(x, p("ln2.weight"), p("ln2.bias"))
         h = F.gelu(h @ p("mlp.fc.weight").t() + p("mlp.fc.bias"), approximate="tanh")
         x = x + h @ p("mlp.proj.weight").t() + p("mlp.proj.bias")
-    x = layernorm(x, P["ln_f.weight"], P["ln_f.bias"])
+        if post:
+            x = layernorm(x, p("ln2.weight"), p("ln2.bias"))
+    if not post:
+        x = layernorm(x, P["ln_f.weight"], P["ln_f.bias"])
+    sop_logits = None
+    if sop:
+        pooled = torch.tanh(x[:, 0] @ P["pooler.weight"].t() + P["pooler.bias"])
+        sop_logits = pooled @ P["sop.weight"].t() + P["sop.bias"]
     if kind == "albert":
         h = F.gelu(x @ P["mlm.dense.weight"].t() + P["mlm.dense.bias"], approximate="tanh")
         h = layernorm(h, P["mlm.ln.weight"], P["mlm.ln.bias"])
-        return h @ P["wte"].t() + P["mlm.decoder.bias"]
-    return x @ P["wte"].t()
+        return h @ P["wte"].t() + P["mlm.decoder.bias"], sop_logits
+    return x @ P["wte"].t(), sop_logits
 
 
 def tfm_layout(cfg):
     V, T, C, E, Fd = cfg["vocab"], cfg["max_T"], cfg["C"], cfg["E"], cfg["F"]
+    post, sop = cfg.get("post_ln", 0), cfg.get("sop", 0)
     names = [("wte", (V, E)), ("wpe", (T, E))]
+    if sop:
+        names += [("wtt", (2, E))]
+    if post:
+        names += [("emb_ln.weight", (E,)), ("emb_ln.bias", (E,))]
     if cfg["kind"] == "albert":
         names += [("emb_proj.weight", (C, E)), ("emb_proj.bias", (C,))]
     for l in range(1 if cfg["share"] else cfg["n_layer"]):
@@ -115,10 +138,14 @@ def tfm_layout(cfg):
                   (b + "ln2.weight", (C,)), (b + "ln2.bias", (C,)),
                   (b + "mlp.fc.weight", (Fd, C)), (b + "mlp.fc.bias", (Fd,)),
                   (b + "mlp.proj.weight", (C, Fd)), (b + "mlp.proj.bias", (C,))]
-    names += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
+    if not post:
+        names += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
     if cfg["kind"] == "albert":
         names += [("mlm.dense.weight", (E, C)), ("mlm.dense.bias", (E,)),
                   ("mlm.ln.weight", (E,)), ("mlm.ln.bias", (E,)), ("mlm.decoder.bias", (V,))]
+    if sop:
+        names += [("pooler.weight", (C, C)), ("pooler.bias", (C,)),
+                  ("sop.weight", (2, C)), ("sop.bias", (2,))]
     return names
 
 
@@ -127,7 +154,7 @@ def make_params(layout, gen):
     for name, shape in layout:
         t = torch.randn(shape, generator=gen) * (0.3 if len(shape) == 2 else 0.1)
         if name.endswith("ln1.weight") or name.endswith("ln2.weight") or "ln_f.weight" in name \
-                or name == "mlm.ln.weight":
+                or name in ("mlm.ln.weight", "emb_ln.weight"):
             t = 1.0 + t
         P[name] = t.requires_grad_(True)
     return P
@@ -174,10 +201,13 @@ def train_steps(make, layout, loss_fn, kind, steps=3, lr=1e-2, wd=0.01):
 
 def export(path, layout, make, loss_and_logits, inputs):
     P = make()
-    loss, logits = loss_and_logits(P)
+    out = loss_and_logits(P)
+    loss, logits = out[0], out[1]
     loss.backward()
     items = list(inputs) + [("params", flat(P, layout)), ("logits", logits), ("loss", loss.reshape(1)),
                             ("grads", flat(P, layout, grad=True))]
+    if len(out) > 2:
+        items.append(("sop_logits", out[2]))
     lf = lambda Q: loss_and_logits(Q)[0]
     items.append(("adamw3", train_steps(make, layout, lf, "adamw")))
     items.append(("lamb3", train_steps(make, layout, lf, "lamb")))
@@ -206,9 +236,10 @@ def main():
     export(os.path.join(OUT, "mlp.bin"), layout, make, mlp_ll,
            [("config", torch.tensor(dims)), ("x", x), ("y", y)])
 
-    for kind, share, E, L in (("gpt", 0, 16, 2), ("albert", 1, 8, 3)):
+    for name, kind, share, E, L, post in (("gpt", "gpt", 0, 16, 2, 0), ("albert", "albert", 1, 8, 3, 0),
+                                          ("albert_sop", "albert", 1, 8, 3, 1)):
         cfg = {"kind": kind, "share": share, "vocab": 13, "max_T": 8, "n_layer": L, "n_head": 2,
-               "C": 16, "E": E, "F": 32}
+               "C": 16, "E": E, "F": 32, "post_ln": post, "sop": post}
         layout = tfm_layout(cfg)
         g = torch.Generator().manual_seed(3)
         B, T = 2, 7   # T < max_T: the model must handle shorter sequences
@@ -219,16 +250,25 @@ def main():
         else:
             tgt = torch.full((B, T), -1, dtype=torch.long)
             tgt[0, 1], tgt[0, 4], tgt[1, 0], tgt[1, 5] = 3, 7, 12, 0
+        # [CLS] A [SEP] | B [SEP]: segment 0 up to the first [SEP], then 1; one pair swapped
+        seg = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]])
+        sop = torch.tensor([1, 0])
         init = make_params(layout, torch.Generator().manual_seed(4))
         make = lambda: {n: t.detach().clone().requires_grad_(True) for n, t in init.items()}
 
-        def tfm_ll(P, tok=tok, tgt=tgt, cfg=cfg):
-            logits = tfm_forward(P, tok, cfg)
-            return xent(logits, tgt), logits
-        conf = torch.tensor([cfg["vocab"], cfg["max_T"], cfg["n_layer"], cfg["n_head"], cfg["C"],
-                             cfg["E"], cfg["F"], share])
-        export(os.path.join(OUT, "%s.bin" % kind), layout, make, tfm_ll,
-               [("config", conf), ("tokens", tok), ("targets", tgt)])
+        def tfm_ll(P, tok=tok, tgt=tgt, cfg=cfg, seg=seg, sop=sop):
+            logits, sop_logits = tfm_forward(P, tok, cfg, seg)
+            if sop_logits is None:
+                return xent(logits, tgt), logits
+            # ALBERT's loss: the masked-LM mean plus the sentence-order mean
+            return xent(logits, tgt) + F.cross_entropy(sop_logits, sop), logits, sop_logits
+        conf = [cfg["vocab"], cfg["max_T"], cfg["n_layer"], cfg["n_head"], cfg["C"], cfg["E"], cfg["F"],
+                share]
+        conf = torch.tensor(conf + [post, post] if post else conf)  # + post_ln, sentence_order
+        inputs = [("config", conf), ("tokens", tok), ("targets", tgt)]
+        if post:
+            inputs += [("segments", seg), ("sop", sop)]
+        export(os.path.join(OUT, "%s.bin" % name), layout, make, tfm_ll, inputs)
 
 
 if __name__ == "__main__":

@@ -422,11 +422,16 @@ static void finish(struct dp_state *s)
         dp_linger(s, (int64_t)s->tr.opt->step);
     if (!s->o.aggregate_only && !s->o.no_eval && s->tcfg.eval_manifest[0]) {
         struct kern_eval ev;
-        if (agent_trainer_evaluate(&s->tr, s->tcfg.eval_batches, &ev, err, sizeof err) == CM_OK && ev.count)
-            printf("evaluation at step %llu: loss %.4f, accuracy %.2f%% (%ld examples)\n",
+        if (agent_trainer_evaluate(&s->tr, s->tcfg.eval_batches, &ev, err, sizeof err) == CM_OK && ev.count) {
+            printf("evaluation at step %llu: loss %.4f, accuracy %.2f%% (%ld examples)",
                    (unsigned long long)s->tr.opt->step, ev.loss_sum / (double)ev.count,
                    100.0 * (double)ev.correct / (double)ev.count, ev.count);
-        else
+            if (ev.sop_count)
+                printf("; sentence order: loss %.4f, accuracy %.2f%% (%ld pairs)",
+                       ev.sop_loss_sum / (double)ev.sop_count,
+                       100.0 * (double)ev.sop_correct / (double)ev.sop_count, ev.sop_count);
+            printf("\n");
+        } else
             fprintf(stderr, "warning: evaluation failed: %s\n", err);
     }
     if (!s->o.aggregate_only) {

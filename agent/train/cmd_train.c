@@ -59,6 +59,9 @@ static void print_eval(const struct agent_trainer *t, const char *when, const st
                loss / log(2.0));
     if (t->docs)
         printf(" | unigram baseline %.2f%%", 100.0 * t->eval_baseline);
+    if (ev->sop_count)
+        printf(" | sentence order: loss %.4f, accuracy %.2f%% (%ld/%ld)", ev->sop_loss_sum / ev->sop_count,
+               100.0 * ev->sop_correct / ev->sop_count, ev->sop_correct, ev->sop_count);
     printf("\n");
     fflush(stdout);
 }
@@ -181,8 +184,8 @@ static int train_steps(struct agent_trainer *t, const struct agent_train_config 
     double t0 = now_s(), tlast = t0;
     double samples_last = 0;
     long first = t->opt->step;
-    double win_loss = 0;
-    long win_count = 0;
+    double win_loss = 0, win_sop = 0;
+    long win_count = 0, win_sop_n = 0;
     while (t->opt->step < cfg->steps) {
         struct kern_eval bev;
         float gnorm = 0, lr = 0;
@@ -196,14 +199,18 @@ static int train_steps(struct agent_trainer *t, const struct agent_train_config 
         }
         win_loss += bev.loss_sum;
         win_count += bev.count;
+        win_sop += bev.sop_loss_sum;
+        win_sop_n += bev.sop_count;
         agent_cpu_limit_pace(lim, NULL); /* the volunteer's CPU limit, between steps */
         long s = t->opt->step;
         if (slog) {
-            char hash[65], line[256];
+            char hash[65], line[320], sop[48] = "";
             if ((rc = agent_param_hash(t->model, hash)))
                 return rc;
-            snprintf(line, sizeof line, "{\"step\":%ld,\"hash\":\"%s\",\"loss\":%.6f,\"samples\":%ld}", s,
-                     hash, bev.count ? bev.loss_sum / (double)bev.count : 0.0, bev.count);
+            if (bev.sop_count)
+                snprintf(sop, sizeof sop, ",\"sop_loss\":%.6f", bev.sop_loss_sum / (double)bev.sop_count);
+            snprintf(line, sizeof line, "{\"step\":%ld,\"hash\":\"%s\",\"loss\":%.6f%s,\"samples\":%ld}", s,
+                     hash, bev.count ? bev.loss_sum / (double)bev.count : 0.0, sop, bev.count);
             agent_steplog_write(slog, line);
         }
         if (s % cfg->log_every == 0 || s == cfg->steps) {
@@ -212,14 +219,17 @@ static int train_steps(struct agent_trainer *t, const struct agent_train_config 
             double eta = (now - t0) / (double)(s - first) * (double)(cfg->steps - s);
             char etas[32];
             fmt_dur(eta, etas, sizeof etas);
-            printf("step %ld/%ld | loss %.4f | lr %.2e | grad norm %.3f | %.0f samples/s | "
+            char sop[40] = "";
+            if (win_sop_n)
+                snprintf(sop, sizeof sop, " | sop loss %.4f", win_sop / (double)win_sop_n);
+            printf("step %ld/%ld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f samples/s | "
                    "ETA %s\n",
-                   s, cfg->steps, win_count ? win_loss / win_count : NAN, lr, gnorm, sps, etas);
+                   s, cfg->steps, win_count ? win_loss / win_count : NAN, sop, lr, gnorm, sps, etas);
             fflush(stdout);
             tlast = now;
             samples_last = t->samples;
-            win_loss = 0;
-            win_count = 0;
+            win_loss = win_sop = 0;
+            win_count = win_sop_n = 0;
         }
         if (cfg->ckpt_every && s % cfg->ckpt_every == 0 && s != cfg->steps &&
             (rc = agent_trainer_save(t, err, cap)))

@@ -196,7 +196,8 @@ static int parse_model(struct ctx *c, json_t *m, struct agent_train_config *o)
     if (!strcmp(type, "gpt") || !strcmp(type, "albert")) {
         static const char *const keys[] = {"type",    "vocab", "context",     "layers",
                                            "heads",   "d_model", "d_embed",   "d_ff",
-                                           "share_layers", "mask_prob", NULL};
+                                           "share_layers", "mask_prob", "post_ln", "sentence_order",
+                                           NULL};
         if ((rc = check_keys(c, m, "model", keys)))
             return rc;
         int alb = !strcmp(type, "albert");
@@ -212,10 +213,14 @@ static int parse_model(struct ctx *c, json_t *m, struct agent_train_config *o)
             (rc = get_int(c, m, "model", "d_ff", 0, 1, KERN_MAX_DIM, 4L * t->d_model,
                           &t->d_ff)) ||
             (rc = get_bool(c, m, "model", "share_layers", alb, &t->share_layers)) ||
+            (rc = get_bool(c, m, "model", "post_ln", 0, &t->post_ln)) ||
+            (rc = get_bool(c, m, "model", "sentence_order", 0, &t->sop)) ||
             (rc = get_float(c, m, "model", "mask_prob", 0.01, 0.9, 0.15, &o->mask_prob)))
             return rc;
         if (!alb && json_object_get(m, "mask_prob"))
             return FAIL(c, "model.mask_prob: only for albert");
+        if (!alb && (t->post_ln || t->sop))
+            return FAIL(c, "model.%s: only for albert", t->post_ln ? "post_ln" : "sentence_order");
         const char *why;
         if (kern_tfm_config_check(t, &why))
             return FAIL(c, "model: %s", why);

@@ -64,6 +64,10 @@ static int check_data(struct agent_trainer *t, const struct cm_data_manifest *m,
     if (t->docs && t->cfg.kind != KERN_MODEL_ALBERT)
         return fail(err, errlen, CM_EINVAL,
                     "%s: text-docs data (sentence pairs) is for albert, not gpt", what);
+    if (!t->docs && t->cfg.tfm.sop)
+        return fail(err, errlen, CM_EINVAL,
+                    "%s: model.sentence_order needs sentence pairs (text-docs data), not %s", what,
+                    cm_data_format_name(m->format));
     if (t->docs && t->have_tokenizer &&
         memcmp(t->tokenizer_sha, m->tokenizer.sha256, sizeof t->tokenizer_sha) != 0)
         return fail(err, errlen, CM_EINVAL,
@@ -233,7 +237,9 @@ static int init_any(struct agent_trainer *t, const struct agent_train_config *cf
         t->raw = malloc(sizeof(int32_t) * (size_t)mb * (T + 1));
         t->tokens = malloc(sizeof(int) * (size_t)mb * T);
         t->targets = malloc(sizeof(int) * (size_t)mb * T);
-        if (!t->raw || !t->tokens || !t->targets)
+        t->segs = malloc(sizeof(int32_t) * (size_t)mb * T);
+        t->sop = malloc(sizeof(int32_t) * (size_t)mb);
+        if (!t->raw || !t->tokens || !t->targets || !t->segs || !t->sop)
             return fail(err, errlen, CM_ENOMEM, "out of memory");
     }
     return CM_OK;
@@ -304,6 +310,10 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
         db.y = t->y;
     } else {
         db.tokens = t->raw;
+        if (t->docs) {
+            db.segments = t->segs;
+            db.sop = t->sop;
+        }
     }
     int rc = cm_data_next_batch(it, &db);
     if (rc)
@@ -329,6 +339,10 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
         kb->T = t->cfg.tfm.max_T;
         kb->tokens = t->tokens;
         kb->targets = t->targets;
+        if (t->cfg.tfm.sop) {
+            kb->segments = t->segs;
+            kb->sop = t->sop;
+        }
     }
     return CM_OK;
 }
@@ -591,6 +605,8 @@ void agent_trainer_cleanup(struct agent_trainer *t)
     free(t->y);
     free(t->raw);
     free(t->tokens);
+    free(t->segs);
+    free(t->sop);
     free(t->targets);
     memset(t, 0, sizeof *t);
 }

@@ -48,6 +48,7 @@ struct agent_trainer {
     int32_t *y;
     int32_t *raw;                   /* (mb, T+1) */
     int *tokens, *targets;
+    int32_t *segs, *sop;            /* text-docs: (mb, T) segment ids, (mb) swapped pairs */
     uint64_t mask_rng;
     double samples;                 /* examples consumed since start (this process) */
     int resume_keeps_stream;        /* 1: resume leaves the data stream as it is (a

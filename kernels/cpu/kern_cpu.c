@@ -365,6 +365,36 @@ static void cpu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_
     kern__parallel_for(n, KERN_CPU_PAR_MIN / 4, gelu_bwd_r, &e);
 }
 
+static void tanh_fwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++)
+        e->y[i] = tanhf(e->a[i]);
+}
+
+static void cpu_tanh_fwd(float *out, const float *inp, size_t n)
+{
+    struct ew e = {.y = out, .a = inp};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN / 4, tanh_fwd_r, &e);
+}
+
+static void tanh_bwd_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct ew *e = p;
+    (void)tid;
+    for (size_t i = lo; i < hi; i++) {
+        float th = tanhf(e->a[i]);
+        e->y[i] += (1.0f - th * th) * e->b[i];
+    }
+}
+
+static void cpu_tanh_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    struct ew e = {.y = dinp, .a = inp, .b = dout};
+    kern__parallel_for(n, KERN_CPU_PAR_MIN / 4, tanh_bwd_r, &e);
+}
+
 /* ---- layer norm ---- */
 
 struct ln {
@@ -786,6 +816,8 @@ static const struct kern_backend CPU_BACKEND = {
     .relu_bwd = cpu_relu_bwd,
     .gelu_fwd = cpu_gelu_fwd,
     .gelu_bwd = cpu_gelu_bwd,
+    .tanh_fwd = cpu_tanh_fwd,
+    .tanh_bwd = cpu_tanh_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,
     .layernorm_bwd = cpu_layernorm_bwd,
     .embed_fwd = cpu_embed_fwd,

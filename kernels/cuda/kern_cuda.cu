@@ -430,6 +430,22 @@ __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, siz
     }
 }
 
+__global__ void k_tanh_fwd(float *out, const float *inp, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = tanhf(inp[i]);
+}
+
+__global__ void k_tanh_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float th = tanhf(inp[i]);
+        dinp[i] += (1.0f - th * th) * dout[i];
+    }
+}
+
 static void cu_relu_fwd(float *out, const float *inp, size_t n)
 {
     k_relu_fwd<<<kern__cuda_blocks_for(n, 256), 256>>>(out, inp, n);
@@ -452,6 +468,18 @@ static void cu_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t
 {
     k_gelu_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
     LAUNCH_CHECK("gelu_bwd");
+}
+
+static void cu_tanh_fwd(float *out, const float *inp, size_t n)
+{
+    k_tanh_fwd<<<kern__cuda_blocks_for(n, 256), 256>>>(out, inp, n);
+    LAUNCH_CHECK("tanh_fwd");
+}
+
+static void cu_tanh_bwd(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    k_tanh_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK("tanh_bwd");
 }
 
 /* ---- block reductions ---- */
@@ -895,6 +923,8 @@ static const struct kern_backend CUDA_BACKEND = {
     cu_relu_bwd,
     cu_gelu_fwd,
     cu_gelu_bwd,
+    cu_tanh_fwd,
+    cu_tanh_bwd,
     cu_layernorm_fwd,
     cu_layernorm_bwd,
     cu_embed_fwd,

@@ -129,22 +129,29 @@ static void test_elementwise(void **state)
     size_t n = 5000;
     float *x = hrand(n, 2), *g = hrand(n, 1), *o = calloc(n, 4), *d = calloc(n, 4);
     float *d_x = up(x, n * 4), *d_g = up(g, n * 4), *d_o = up(o, n * 4), *d_d = up(d, n * 4);
-    for (int gelu = 0; gelu <= 1; gelu++) {
+    static const char *const act_name[3][2] = {{"relu fwd", "relu bwd"}, {"gelu fwd", "gelu bwd"},
+                                               {"tanh fwd", "tanh bwd"}};
+    for (int act = 0; act <= 2; act++) {
         memset(d, 0, n * 4);
         dev->fill(d_d, 0, n);
-        if (gelu) {
+        if (act == 1) {
             cpu->gelu_fwd(o, x, n);
             cpu->gelu_bwd(d, x, g, n);
             dev->gelu_fwd(d_o, d_x, n);
             dev->gelu_bwd(d_d, d_x, d_g, n);
+        } else if (act == 2) {
+            cpu->tanh_fwd(o, x, n);
+            cpu->tanh_bwd(d, x, g, n);
+            dev->tanh_fwd(d_o, d_x, n);
+            dev->tanh_bwd(d_d, d_x, d_g, n);
         } else {
             cpu->relu_fwd(o, x, n);
             cpu->relu_bwd(d, x, g, n);
             dev->relu_fwd(d_o, d_x, n);
             dev->relu_bwd(d_d, d_x, d_g, n);
         }
-        same(gelu ? "gelu fwd" : "relu fwd", o, d_o, n, 1e-5);
-        same(gelu ? "gelu bwd" : "relu bwd", d, d_d, n, 1e-5);
+        same(act_name[act][0], o, d_o, n, 1e-5);
+        same(act_name[act][1], d, d_d, n, 1e-5);
     }
     cpu->add(o, x, g, n);
     dev->add(d_o, d_x, d_g, n);

@@ -312,6 +312,15 @@ static void test_mem_need_matches_allocations(void **state)
     check_estimate("albert shared, lamb", KERN_OPT_LAMB, m, &n);
     kern_model_free(m);
 
+    /* ALBERT as published: post-LN, segment embeddings, sentence-order head */
+    ac.post_ln = ac.sop = 1;
+    g_alloc_bytes = 0;
+    assert_int_equal(kern_tfm_new(&g_counting, &ac, 5, 1, &m), CM_OK);
+    kern_tfm_mem_need(&ac, 5, &n);
+    check_estimate("albert post-LN + SOP, lamb", KERN_OPT_LAMB, m, &n);
+    assert_int_equal(m->nparams, kern_tfm_param_count(&ac));
+    kern_model_free(m);
+
     /* the example recipes (examples/gpt2-small.json, micro-batch 16 x 1024
      * tokens, AdamW; examples/albert-large.json, micro-batch 8 x 512, LAMB),
      * for the docs: the estimate only, nothing allocated */

@@ -101,15 +101,17 @@ static void test_matmul(void **state)
 /* ---- elementwise activations ---- */
 enum { AN = 40 };
 struct act_ctx {
-    int gelu;
+    int act; /* 0 relu, 1 gelu, 2 tanh */
     float x[AN], out[AN], R[AN];
 };
 
 static double act_loss(void *p)
 {
     struct act_ctx *c = p;
-    if (c->gelu)
+    if (c->act == 1)
         kern_backend_cpu()->gelu_fwd(c->out, c->x, AN);
+    else if (c->act == 2)
+        kern_backend_cpu()->tanh_fwd(c->out, c->x, AN);
     else
         kern_backend_cpu()->relu_fwd(c->out, c->x, AN);
     return dot(c->out, c->R, AN);
@@ -118,8 +120,9 @@ static double act_loss(void *p)
 static void test_activations(void **state)
 {
     (void)state;
-    for (int gelu = 0; gelu <= 1; gelu++) {
-        struct act_ctx c = {.gelu = gelu};
+    static const char *const name[] = {"relu", "gelu", "tanh"};
+    for (int act = 0; act <= 2; act++) {
+        struct act_ctx c = {.act = act};
         randn(c.x, AN, 2);
         /* keep ReLU inputs away from the kink, where differences are undefined */
         for (int i = 0; i < AN; i++)
@@ -127,11 +130,13 @@ static void test_activations(void **state)
                 c.x[i] = 0.3f;
         randn(c.R, AN, 1);
         float dx[AN] = {0};
-        if (gelu)
+        if (act == 1)
             kern_backend_cpu()->gelu_bwd(dx, c.x, c.R, AN);
+        else if (act == 2)
+            kern_backend_cpu()->tanh_bwd(dx, c.x, c.R, AN);
         else
             kern_backend_cpu()->relu_bwd(dx, c.x, c.R, AN);
-        fd_check(gelu ? "gelu" : "relu", act_loss, &c, c.x, dx, AN);
+        fd_check(name[act], act_loss, &c, c.x, dx, AN);
     }
 }
 

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,6 +239,93 @@ static void test_albert_text_docs(void **state)
     agent_trainer_cleanup(&t);
 }
 
+/* ALBERT as published on the Brown corpus (post_ln, sentence_order): the
+ * evaluation scores every pair's order, training moves both losses, the
+ * same model on byte text (no pairs) is refused, and a batch without
+ * segments is refused by the model. */
+static void test_albert_sop_text_docs(void **state)
+{
+    (void)state;
+    const char *dir = "/usr/local/share/crowdtrain/corpus/brown";
+    char tr[300], ev[300];
+    snprintf(tr, sizeof tr, "%s/brown-train.json", dir);
+    snprintf(ev, sizeof ev, "%s/brown-eval.json", dir);
+    if (access(tr, R_OK) != 0 || access(ev, R_OK) != 0) {
+        print_message("the Brown corpus manifests are missing (scripts/make-brown-corpus.sh): "
+                      "skipped\n");
+        return;
+    }
+#if defined(__SANITIZE_ADDRESS__)
+    const int steps = 6;
+#else
+    const int steps = 40;
+#endif
+    char text[2048], err[512] = "";
+    snprintf(text, sizeof text,
+             "{\"model\": {\"type\": \"albert\", \"vocab\": 8000, \"context\": 32, \"layers\": 2,"
+             " \"heads\": 2, \"d_model\": 64, \"d_embed\": 32, \"d_ff\": 128,"
+             " \"post_ln\": true, \"sentence_order\": true},"
+             " \"optimizer\": {\"type\": \"lamb\", \"lr\": 0.05, \"clip_norm\": 1.0},"
+             " \"schedule\": {\"type\": \"linear\", \"warmup_steps\": 4},"
+             " \"batch_size\": 32, \"micro_batch\": 16, \"steps\": %d, \"seed\": 3,"
+             " \"device\": \"cpu\", \"data\": {\"train\": \"%s\", \"eval\": \"%s\","
+             " \"shuffle_buffer\": 1024}, \"eval\": {\"batches\": 8}}",
+             steps, tr, ev);
+    struct agent_train_config cfg;
+    assert_int_equal(agent_train_config_parse(text, strlen(text), g_dir, &cfg, err, sizeof err),
+                     CM_OK);
+    assert_true(cfg.tfm.post_ln && cfg.tfm.sop);
+    struct agent_trainer t;
+    if (agent_trainer_init(&t, &cfg, text, strlen(text), err, sizeof err)) {
+        print_error("init: %s\n", err);
+        fail();
+    }
+    assert_non_null(kern_model_tensor(t.model, "wtt"));
+    assert_non_null(kern_model_tensor(t.model, "sop.weight"));
+    assert_null(kern_model_tensor(t.model, "ln_f.weight"));
+    struct kern_eval before, after, e, sum = {0};
+    assert_int_equal(agent_trainer_evaluate(&t, cfg.eval_batches, &before, err, sizeof err), CM_OK);
+    assert_int_equal(before.sop_count, 8 * 16); /* every pair of every eval batch */
+    for (long s = 0; s < cfg.steps; s++) {
+        assert_int_equal(agent_trainer_compute_grads(&t, &e), CM_OK);
+        assert_int_equal(e.sop_count, 32);
+        assert_true(isfinite(e.sop_loss_sum));
+        sum.sop_loss_sum += e.sop_loss_sum;
+        sum.sop_count += e.sop_count;
+        assert_int_equal(agent_trainer_apply(&t, NULL, NULL), CM_OK);
+    }
+    assert_int_equal(agent_trainer_evaluate(&t, cfg.eval_batches, &after, err, sizeof err), CM_OK);
+    double lb = before.loss_sum / before.count, la = after.loss_sum / after.count;
+    print_message("albert (post-LN, SOP) on text-docs: MLM eval loss %.3f -> %.3f; SOP eval loss %.3f -> "
+                  "%.3f, accuracy %.1f%% -> %.1f%%\n",
+                  lb, la, before.sop_loss_sum / before.sop_count, after.sop_loss_sum / after.sop_count,
+                  100.0 * before.sop_correct / before.sop_count, 100.0 * after.sop_correct / after.sop_count);
+    /* at the start both heads guess: ln(8000) and ln(2) */
+    assert_true(fabs(lb - log(8000.0)) < 0.3);
+    assert_true(fabs(before.sop_loss_sum / before.sop_count - log(2.0)) < 0.1);
+#if !defined(__SANITIZE_ADDRESS__)
+    assert_true(la < lb - 1.0);
+#endif
+    /* a batch without its segments: refused, nothing computed */
+    struct kern_batch kb;
+    assert_int_equal(agent_trainer_next_micro(&t, &kb), CM_OK);
+    kb.segments = NULL;
+    assert_int_equal(kern_model_fwd_bwd(t.model, &kb, 1.0f, NULL), CM_EINVAL);
+    agent_trainer_cleanup(&t);
+    /* the sentence-order head on byte text: no pairs, refused at init */
+    char bytes[2048];
+    snprintf(bytes, sizeof bytes,
+             "{\"model\": {\"type\": \"albert\", \"vocab\": 257, \"context\": 32, \"layers\": 1,"
+             " \"heads\": 2, \"d_model\": 32, \"sentence_order\": true},"
+             " \"optimizer\": {\"type\": \"lamb\"}, \"batch_size\": 8, \"steps\": 1, \"seed\": 1,"
+             " \"device\": \"cpu\", \"data\": {\"train\": \"train.json\"}}");
+    assert_int_equal(agent_train_config_parse(bytes, strlen(bytes), g_dir, &cfg, err, sizeof err), CM_OK);
+    assert_int_not_equal(agent_trainer_init(&t, &cfg, bytes, strlen(bytes), err, sizeof err), CM_OK);
+    print_message("byte text with sentence_order: %s\n", err);
+    assert_non_null(strstr(err, "sentence_order needs sentence pairs"));
+    agent_trainer_cleanup(&t);
+}
+
 static void test_bad_configs(void **state)
 {
     (void)state;
@@ -275,6 +363,14 @@ static void test_bad_configs(void **state)
         {"{\"model\": {\"type\": \"mlp\", \"inputs\": 4, \"hidden\": [3], \"classes\": 2},"
          " \"batch_size\": 2, \"data\": {\"train\": \"train.json\"}}",
          "steps: missing"},
+        {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 2, \"d_model\": 32, \"sentence_order\": true}, \"steps\": 1, \"batch_size\": 2,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "model.sentence_order: only for albert"},
+        {"{\"model\": {\"type\": \"albert\", \"vocab\": 257, \"context\": 16, \"layers\": 2,"
+         " \"heads\": 2, \"d_model\": 32, \"post_ln\": 1}, \"steps\": 1, \"batch_size\": 2,"
+         " \"data\": {\"train\": \"train.json\"}}",
+         "model.post_ln: must be"},
         {"{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 100000,"
          " \"heads\": 2, \"d_model\": 32}, \"steps\": 1, \"batch_size\": 2,"
          " \"data\": {\"train\": \"train.json\"}}",
@@ -474,6 +570,7 @@ int main(void)
         cmocka_unit_test(test_gpt_learns_and_resumes),
         cmocka_unit_test(test_albert_learns_and_resumes),
         cmocka_unit_test(test_albert_text_docs),
+        cmocka_unit_test(test_albert_sop_text_docs),
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_mismatch_leaves_checkpoint),
         cmocka_unit_test(test_example_configs),
