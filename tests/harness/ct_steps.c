@@ -1,0 +1,87 @@
+#include "ct_steps.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+long ct_steps_fold(const char *path, struct ct_steps *st, const char *who)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    long first = -1;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j)
+            continue;
+        long step = (long)json_integer_value(json_object_get(j, "step"));
+        const char *h = json_string_value(json_object_get(j, "hash"));
+        if (step >= 0 && step <= CT_STEPS_MAX && h && strlen(h) == 64) {
+            st->lines++;
+            if (!st->hash[step][0]) {
+                snprintf(st->hash[step], sizeof st->hash[step], "%s", h);
+            } else if (strcmp(st->hash[step], h) != 0) {
+                st->mismatches++;
+                fprintf(stderr, "%s: step %ld hash %.16s differs from %.16s\n", who, step, h, st->hash[step]);
+            }
+            if (!json_is_true(json_object_get(j, "synced"))) {
+                json_t *l = json_object_get(j, "loss");
+                double w = json_number_value(json_object_get(j, "samples"));
+                if (!json_is_number(l) || !isfinite(json_number_value(l))) {
+                    st->nan_losses++;
+                } else {
+                    st->loss_sum[step] += json_number_value(l) * w;
+                    st->samples[step] += w;
+                }
+                int mem = (int)json_integer_value(json_object_get(j, "members"));
+                if (mem > st->members[step])
+                    st->members[step] = mem;
+                json_t *parts = json_object_get(j, "parts");
+                if (parts && json_integer_value(json_object_get(j, "agreed")) == json_integer_value(parts))
+                    st->full[step]++;
+                if (first < 0)
+                    first = step;
+            }
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    return first;
+}
+
+int ct_steps_follow(const struct ct_steps *collab, const struct ct_steps *local, int nlocal, long steps,
+                    long window, long warm, double warm_tol)
+{
+    int bad = 0;
+    printf("window  collab  local(min..max)  tolerance\n");
+    for (long w = 1; w + window - 1 <= steps && w + window - 1 <= CT_STEPS_MAX; w += window) {
+        double cl = 0, cs = 0, lo = INFINITY, hi = -INFINITY;
+        for (long k = w; k < w + window; k++) {
+            cl += collab->loss_sum[k];
+            cs += collab->samples[k];
+        }
+        if (!(cs > 0))
+            return -1;
+        double c = cl / cs;
+        for (int k = 0; k < nlocal; k++) {
+            double l = 0, n = 0;
+            for (long t = w; t < w + window; t++) {
+                l += local[k].loss_sum[t];
+                n += local[k].samples[t];
+            }
+            if (!(n > 0))
+                return -1;
+            lo = fmin(lo, l / n);
+            hi = fmax(hi, l / n);
+        }
+        double tol = 2 * (hi - lo) + 0.01;
+        if (w + window - 1 <= warm && tol < warm_tol)
+            tol = warm_tol;
+        int in = c >= lo - tol && c <= hi + tol;
+        printf("%4ld-%-4ld %.4f  %.4f..%.4f  %.4f%s\n", w, w + window - 1, c, lo, hi, tol, in ? "" : "  OUT");
+        bad += !in;
+    }
+    return bad;
+}
