@@ -3,7 +3,8 @@
 # batch, measured in this run with the same thread count: the Fashion-MNIST
 # MLP (784-256-128-10, batch 128), the tiny byte-level GPT (2 layers,
 # d_model 128, T 64, batch 32) and the tiny ALBERT of
-# examples/albert-tiny-brown.json (vocabulary 8,000, T 128, batch 16).
+# examples/albert-tiny-brown.json (vocabulary 8,000, T 128, batch 16: post-LN,
+# segment embeddings, masked-LM on 15 % of positions + sentence order).
 # Ratio > 1 means ours is faster.
 #   tests/bench/bench_train.sh [THREADS]     (default: all cores)
 set -u

@@ -33,7 +33,7 @@ int main(int argc, char **argv)
     uint64_t rng = 42;
     int rc;
     float *x = NULL;
-    int *y = NULL, *tok = NULL;
+    int *y = NULL, *tok = NULL, *seg = NULL, *sop = NULL;
     if (!strcmp(argv[1], "mlp")) {
         /* 784-256-128-10, batch 128 (examples/fmnist-mlp.json) */
         struct kern_mlp_config c = {.in_dim = 784, .nhidden = 2, .hidden = {256, 128}, .nclass = 10};
@@ -48,21 +48,27 @@ int main(int argc, char **argv)
             y[i] = (int)(kern_rng_u64(&rng) % 10);
         b = (struct kern_batch){.B = 128, .x = x, .targets = y};
     } else if (!strcmp(argv[1], "albert")) {
-        /* examples/albert-tiny-brown.json: V 8000, T 128, 4 shared layers, C 256, E 64,
-           F 1024, batch 16 (one micro-batch); targets on every position */
+        /* examples/albert-tiny-brown.json: V 8000, T 128, 4 shared post-LN layers, C 256,
+           E 64, F 1024, segment embeddings and the sentence-order head, batch 16 (one
+           micro-batch); masked-LM targets on 15 % of the positions, a pair label each */
         struct kern_tfm_config c = {.kind = KERN_MODEL_ALBERT, .vocab = 8000, .max_T = 128,
                                     .n_layer = 4, .n_head = 4, .d_model = 256, .d_embed = 64,
-                                    .d_ff = 1024, .share_layers = 1};
+                                    .d_ff = 1024, .share_layers = 1, .post_ln = 1, .sop = 1};
         rc = kern_tfm_new(be, &c, 16, 1, &m);
         tok = malloc(sizeof(int) * 16 * 128);
         y = malloc(sizeof(int) * 16 * 128);
-        if (rc || !tok || !y)
+        seg = malloc(sizeof(int) * 16 * 128);
+        sop = malloc(sizeof(int) * 16);
+        if (rc || !tok || !y || !seg || !sop)
             return 1;
         for (int i = 0; i < 16 * 128; i++) {
             tok[i] = (int)(kern_rng_u64(&rng) % 8000);
-            y[i] = (int)(kern_rng_u64(&rng) % 8000);
+            y[i] = kern_rng_u64(&rng) % 100 < 15 ? (int)(kern_rng_u64(&rng) % 8000) : -1;
+            seg[i] = i % 128 >= 64;
         }
-        b = (struct kern_batch){.B = 16, .T = 128, .tokens = tok, .targets = y};
+        for (int i = 0; i < 16; i++)
+            sop[i] = i % 2;
+        b = (struct kern_batch){.B = 16, .T = 128, .tokens = tok, .targets = y, .segments = seg, .sop = sop};
     } else {
         /* examples/tiny-gpt-bytes.json: V 256, T 64, L 2, C 128, batch 32 */
         struct kern_tfm_config c = {.kind = KERN_MODEL_GPT, .vocab = 256, .max_T = 64,
@@ -98,5 +104,7 @@ int main(int argc, char **argv)
     free(x);
     free(y);
     free(tok);
+    free(seg);
+    free(sop);
     return 0;
 }
