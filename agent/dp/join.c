@@ -239,24 +239,8 @@ static int fetch_run(struct dp_state *s)
 
 static int export_model(struct dp_state *s, const char *path)
 {
-    struct kern_model *m = s->tr.model;
-    float *host = malloc(m->nparams * sizeof *host);
-    struct cm_st_export *t = calloc((size_t)m->ntensors, sizeof *t);
-    int rc = CM_ENOMEM;
-    if (host && t && (rc = m->be->download(host, m->params, m->nparams * sizeof *host)) == CM_OK) {
-        for (int i = 0; i < m->ntensors; i++) {
-            t[i].name = m->tensors[i].name;
-            t[i].ndim = (uint32_t)m->tensors[i].ndim;
-            for (int d = 0; d < m->tensors[i].ndim; d++)
-                t[i].shape[d] = (uint64_t)m->tensors[i].shape[d];
-            t[i].data = host + m->tensors[i].off;
-        }
-        const char *meta[] = {"format", "pt", "run", s->o.run};
-        rc = cm_st_write(path, t, (size_t)m->ntensors, meta, 2);
-    }
-    free(host);
-    free(t);
-    return rc;
+    const char *meta[] = {"format", "pt", "run", s->o.run};
+    return agent_model_export(s->tr.model, path, meta, 2);
 }
 
 /* Every option checked before anything is contacted or written. 0: fine. */

@@ -20,12 +20,14 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: crowdtrain-agent train --local --config FILE [--device cpu|cuda|auto]\n"
                "                              [--threads N] [--steps N] [--data-seed N] [--step-log FILE]\n"
-               "                              [--max-cpu-percent P]\n\n"
+               "                              [--max-cpu-percent P] [--export FILE]\n\n"
                "Trains the model FILE describes in this process (docs/training.md).\n"
                "  --device   overrides the config's device (auto: CUDA when a GPU is present)\n"
                "  --threads  CPU threads (0 = all cores)\n"
                "  --steps    overrides the config's step count (the schedule keeps its length)\n"
                "  --data-seed N  seed of the training data order (default: the config's seed)\n"
+               "  --export FILE  write the trained model as safetensors at the end (what\n"
+               "             `finetune --model` and other tools read)\n"
                "  --step-log FILE  append one JSON line per step: step, parameter hash, loss\n"
                "  --max-cpu-percent P  use at most about P%% of the machine's CPU time, all cores\n"
                "             counted (fewer threads, and pauses between steps); 0 = no limit\n");
@@ -101,6 +103,7 @@ struct train_opts {
     int local, threads;
     long steps;
     double max_cpu_percent;
+    const char *export_path;
 };
 
 /* 0: go on; otherwise the exit status (--help: 0 after printing it, as -1). */
@@ -111,7 +114,8 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
         {"device", required_argument, NULL, 'd'}, {"threads", required_argument, NULL, 't'},
         {"steps", required_argument, NULL, 's'}, {"help", no_argument, NULL, 'h'},
         {"step-log", required_argument, NULL, 'g'}, {"data-seed", required_argument, NULL, 'r'},
-        {"max-cpu-percent", required_argument, NULL, 'p'}, {NULL, 0, NULL, 0}};
+        {"max-cpu-percent", required_argument, NULL, 'p'}, {"export", required_argument, NULL, 'x'},
+        {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
     o->threads = -1;
     int c;
@@ -137,6 +141,7 @@ static int parse_opts(int argc, char **argv, struct train_opts *o)
             }
             break;
         case 'g': o->step_log = optarg; break;
+        case 'x': o->export_path = optarg; break;
         case 'p':
             o->max_cpu_percent = strtod(optarg, &end);
             if (*end || !*optarg ||
@@ -332,6 +337,14 @@ int agent_cmd_train(int argc, char **argv)
         if ((rc = agent_trainer_evaluate(&t, cfg.eval_batches, &ev, err, sizeof err)))
             goto fail;
         print_eval(&t, "after", &ev);
+    }
+    if (o.export_path) {
+        const char *meta[] = {"format", "pt"};
+        if ((rc = agent_model_export(t.model, o.export_path, meta, 1))) {
+            snprintf(err, sizeof err, "exporting the model to %s: %s", o.export_path, cm_strerror(rc));
+            goto fail;
+        }
+        printf("train: exported the model to %s\n", o.export_path);
     }
     print_dmoe_stats(&t);
     agent_trainer_cleanup(&t);

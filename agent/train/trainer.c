@@ -10,6 +10,7 @@
 
 #include "agent/train/trainer.h"
 #include "ckpt/ckpt.h"
+#include "ckpt/safetensors.h"
 #include "cm_err.h"
 #include "cm_log.h"
 
@@ -609,4 +610,63 @@ void agent_trainer_cleanup(struct agent_trainer *t)
     free(t->sop);
     free(t->targets);
     memset(t, 0, sizeof *t);
+}
+
+int agent_model_export(const struct kern_model *m, const char *path, const char *const *meta_kv,
+                       size_t n_meta)
+{
+    float *host = malloc(m->nparams * sizeof *host);
+    struct cm_st_export *t = calloc((size_t)m->ntensors, sizeof *t);
+    int rc = CM_ENOMEM;
+    if (host && t && (rc = m->be->download(host, m->params, m->nparams * sizeof *host)) == CM_OK) {
+        for (int i = 0; i < m->ntensors; i++) {
+            t[i].name = m->tensors[i].name;
+            t[i].ndim = (uint32_t)m->tensors[i].ndim;
+            for (int d = 0; d < m->tensors[i].ndim; d++)
+                t[i].shape[d] = (uint64_t)m->tensors[i].shape[d];
+            t[i].data = host + m->tensors[i].off;
+        }
+        rc = cm_st_write(path, t, (size_t)m->ntensors, meta_kv, n_meta);
+    }
+    free(host);
+    free(t);
+    return rc;
+}
+
+int agent_model_import(struct kern_model *m, const char *path, const char *fresh, int *loaded, int *ignored,
+                       char *err, size_t errlen)
+{
+    struct cm_st_file f;
+    *loaded = *ignored = 0;
+    int rc = cm_st_load(path, (uint64_t)16 << 30, &f);
+    if (rc)
+        return fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    float *host = malloc(m->nparams * sizeof *host);
+    if (!host || (rc = kern_model_get_params(m, host)) != CM_OK) {
+        cm_st_cleanup(&f);
+        free(host);
+        return fail(err, errlen, host ? rc : CM_ENOMEM, "%s: %s", path, cm_strerror(host ? rc : CM_ENOMEM));
+    }
+    for (int i = 0; i < m->ntensors && rc == CM_OK; i++) {
+        const struct kern_tensor *ts = &m->tensors[i];
+        if (fresh && !strncmp(ts->name, fresh, strlen(fresh)))
+            continue;
+        uint64_t shape[CM_ST_MAX_DIMS];
+        for (int d = 0; d < ts->ndim; d++)
+            shape[d] = (uint64_t)ts->shape[d];
+        rc = cm_st_read_f32(&f, ts->name, (uint32_t)ts->ndim, shape, host + ts->off);
+        if (rc == CM_ENOTFOUND)
+            fail(err, errlen, rc, "%s has no tensor %s (not this model's: compare the configs)", path, ts->name);
+        else if (rc)
+            fail(err, errlen, rc, "%s: tensor %s: %s (not this model's shape?)", path, ts->name, cm_strerror(rc));
+        else
+            ++*loaded;
+    }
+    for (size_t k = 0; rc == CM_OK && k < f.n; k++)
+        *ignored += kern_model_tensor(m, f.tensors[k].name) == NULL;
+    if (rc == CM_OK && (rc = kern_model_set_params(m, host)) != CM_OK)
+        fail(err, errlen, rc, "%s: %s", path, cm_strerror(rc));
+    cm_st_cleanup(&f);
+    free(host);
+    return rc;
 }

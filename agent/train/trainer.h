@@ -122,4 +122,18 @@ int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_
 
 void agent_trainer_cleanup(struct agent_trainer *t);
 
+/* Writes m's parameters to path as safetensors (F32, the model's tensor
+ * names and shapes; atomically), with meta_kv's n_meta key/value pairs. */
+int agent_model_export(const struct kern_model *m, const char *path, const char *const *meta_kv,
+                       size_t n_meta);
+
+/* Loads into m every tensor of the safetensors file at path whose name m
+ * has, except those starting with `fresh` (NULL: none), which keep m's
+ * values: a pretrained encoder under a new head. Every other tensor of m
+ * must be in the file with m's shape (CM_ENOTFOUND / CM_EINVAL naming it in
+ * err; m is unchanged then); tensors of the file that m lacks (another
+ * head) are counted in *ignored. *loaded: tensors taken from the file. */
+int agent_model_import(struct kern_model *m, const char *path, const char *fresh, int *loaded, int *ignored,
+                       char *err, size_t errlen);
+
 #endif
