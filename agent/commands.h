@@ -10,6 +10,7 @@ int agent_cmd_join(int argc, char **argv);
 int agent_cmd_serve_experts(int argc, char **argv);
 int agent_cmd_pipeline(int argc, char **argv);
 int agent_cmd_train(int argc, char **argv);
+int agent_cmd_finetune(int argc, char **argv);
 int agent_cmd_dht(int argc, char **argv);
 int agent_cmd_status(int argc, char **argv);
 int agent_cmd_pause(int argc, char **argv);

@@ -24,6 +24,7 @@ static const struct agent_cmd CMDS[] = {
     {"pause", agent_cmd_pause, "pause a training agent without leaving its run (SIGUSR1)"},
     {"resume", agent_cmd_resume, "resume a paused agent: it catches up and trains (SIGUSR2)"},
     {"train", agent_cmd_train, "train a model in this process (--local --config FILE)"},
+    {"finetune", agent_cmd_finetune, "fine-tune a pretrained ALBERT on a labeled task and report its accuracy"},
     {"dht", agent_cmd_dht, "get or put one key of a run's DHT (debugging)"},
     {NULL, NULL, NULL},
 };

@@ -61,7 +61,8 @@ struct kern_batch {
     const int *tokens;
     const int *targets;
     const int *segments; /* ALBERT with sentence_order: (B,T) 0 for [CLS] A [SEP], 1 for B [SEP] */
-    const int *sop;      /* ALBERT with sentence_order: (B) 1 when A and B were swapped */
+    const int *sop;      /* ALBERT with sentence_order: (B) 1 when A and B were swapped (with
+                            seq_classes: each sequence's label in [0, seq_classes)) */
 };
 
 /* Sums over the rows that carry a target. */
@@ -117,6 +118,8 @@ struct kern_tfm_config {
     int post_ln;               /* ALBERT: BERT's post-LayerNorm blocks, embedding LayerNorm, no
                                   final LayerNorm, ALBERT's initialization (0: pre-LN) */
     int sop;                   /* ALBERT: segment embeddings and the sentence-order head */
+    int seq_classes;           /* with sop: 0 = that head (2 classes, "sop.*"); K >= 2: a head of K
+                                  labels instead ("classifier.*"), for fine-tuning on a task */
 };
 
 /* Largest sizes accepted, so a config cannot ask for absurd allocations. */

@@ -53,6 +53,7 @@ struct tfm {
     float *cls, *pool_pre, *pool, *sop_logits, *sop_probs, *sop_losses; /* sop: (B,C) x3, (B,2) x2, (B) */
     float *dcls, *dpool_pre, *dpool, *dsop_logits;                     /* sop backward */
     int *seg, *sop_tgt;              /* (N) (B) */
+    int K;                           /* the sequence head's classes (sop) */
     float *x0;                       /* (N,C) (ALBERT; GPT uses enc) */
     float *lnf, *lnf_mean, *lnf_rstd;
     float *h, *hg, *hn, *hn_mean, *hn_rstd; /* ALBERT head (N,E) */
@@ -95,6 +96,10 @@ int kern_tfm_config_check(const struct kern_tfm_config *c, const char **why)
         *why = "transformer: post_ln and sentence_order are for albert";
         return CM_EINVAL;
     }
+    if (c->seq_classes && (!c->sop || c->seq_classes < 2 || c->seq_classes > 65536)) {
+        *why = "transformer: a sequence classifier needs the sentence-order head's pooler and 2..65536 classes";
+        return CM_EINVAL;
+    }
     if (c->sop && c->max_T < 3) {
         *why = "transformer: sentence_order needs a context of at least 3 ([CLS] A [SEP] B)";
         return CM_EINVAL;
@@ -120,8 +125,10 @@ size_t kern_tfm_param_count(const struct kern_tfm_config *c)
         n += C * E + C + E * C + E + 2 * E + V;
     if (c->kind == KERN_MODEL_ALBERT && c->post_ln)
         n += 2 * E - 2 * C; /* the embedding LayerNorm in, the final one out */
-    if (c->kind == KERN_MODEL_ALBERT && c->sop)
-        n += 2 * E + C * C + C + 2 * C + 2;
+    if (c->kind == KERN_MODEL_ALBERT && c->sop) {
+        size_t K = c->seq_classes ? (size_t)c->seq_classes : 2;
+        n += 2 * E + C * C + C + K * C + K;
+    }
     return n;
 }
 
@@ -141,9 +148,9 @@ void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct ke
         act += N * C + 2 * N;                           /* lnf, its stats */
     size_t ints = 2 * N;                                /* tok, tgt */
     if (c->sop) { /* tte, zpe, dzpe; cls, pool_pre, pool, dcls, dpool_pre, dpool; logits, probs,
-                     dlogits of 2; losses; seg, sop_tgt */
-        size_t Bm = (size_t)max_batch;
-        act += N * E + 2 * (size_t)c->max_T * E + 6 * Bm * C + 7 * Bm;
+                     dlogits of K; losses; seg, sop_tgt */
+        size_t Bm = (size_t)max_batch, K = c->seq_classes ? (size_t)c->seq_classes : 2;
+        act += N * E + 2 * (size_t)c->max_T * E + 6 * Bm * C + (3 * K + 1) * Bm;
         ints += N + Bm;
     }
     act += 2 * N * V + N;                               /* logits, probs, losses */
@@ -419,15 +426,15 @@ static void tfm_destroy(struct kern_model *m)
 static int sop_fwd(struct tfm *t, const struct kern_backend *be, const float *P, const float *x,
                    const struct kern_batch *bt, struct kern_eval *ev)
 {
-    int B = bt->B, T = bt->T, C = t->c.d_model;
+    int B = bt->B, T = bt->T, C = t->c.d_model, K = t->K;
     for (int b = 0; b < B; b++)
         be->copy(t->cls + (size_t)b * C, x + (size_t)b * T * C, sizeof(float) * (size_t)C);
     be->matmul_fwd(t->pool_pre, t->cls, P + t->poolw, P + t->poolb, B, C, C);
     be->tanh_fwd(t->pool, t->pool_pre, (size_t)B * C);
-    be->matmul_fwd(t->sop_logits, t->pool, P + t->sopw, P + t->sopb, B, C, 2);
-    be->xent_fwd(t->sop_losses, t->sop_probs, t->sop_logits, t->sop_tgt, B, 2);
+    be->matmul_fwd(t->sop_logits, t->pool, P + t->sopw, P + t->sopb, B, C, K);
+    be->xent_fwd(t->sop_losses, t->sop_probs, t->sop_logits, t->sop_tgt, B, K);
     struct kern_eval sev = {0};
-    int rc = kern__score(be, t->sop_losses, t->sop_probs, bt->sop, B, 2, &sev);
+    int rc = kern__score(be, t->sop_losses, t->sop_probs, bt->sop, B, K, &sev);
     ev->sop_loss_sum += sev.loss_sum;
     ev->sop_count += sev.count;
     ev->sop_correct += sev.correct;
@@ -438,11 +445,11 @@ static int sop_fwd(struct tfm *t, const struct kern_backend *be, const float *P,
 static void sop_bwd(struct tfm *t, const struct kern_backend *be, const float *P, float *G, float *dx,
                     int B, int T, float scale)
 {
-    int C = t->c.d_model;
-    be->fill(t->dsop_logits, 0.0f, (size_t)B * 2);
-    be->xent_bwd(t->dsop_logits, t->sop_probs, t->sop_tgt, scale, B, 2);
+    int C = t->c.d_model, K = t->K;
+    be->fill(t->dsop_logits, 0.0f, (size_t)B * K);
+    be->xent_bwd(t->dsop_logits, t->sop_probs, t->sop_tgt, scale, B, K);
     be->fill(t->dpool, 0.0f, (size_t)B * C);
-    be->matmul_bwd(t->dpool, G + t->sopw, G + t->sopb, t->dsop_logits, t->pool, P + t->sopw, B, C, 2);
+    be->matmul_bwd(t->dpool, G + t->sopw, G + t->sopb, t->dsop_logits, t->pool, P + t->sopw, B, C, K);
     be->fill(t->dpool_pre, 0.0f, (size_t)B * C);
     be->tanh_bwd(t->dpool_pre, t->pool_pre, t->dpool, (size_t)B * C);
     be->fill(t->dcls, 0.0f, (size_t)B * C);
@@ -473,7 +480,7 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         count += bt->targets[i] >= 0;
     }
     for (int b = 0; sop && b < B; b++)
-        if (bt->sop[b] < 0 || bt->sop[b] > 1)
+        if (bt->sop[b] < 0 || bt->sop[b] >= t->K)
             return CM_EINVAL;
     int rc;
     if ((rc = be->upload(t->tok, bt->tokens, sizeof(int) * N)) ||
@@ -514,18 +521,22 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         be->layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd, xl, P + t->lnfw, P + t->lnfb, (int)N, C);
         top = t->lnf;
     }
-    if (albert(t)) {
+    /* the LM head only where a position has a target: a batch without any
+       (a sequence task's) skips its N x V products */
+    if (count && albert(t)) {
         be->matmul_fwd(t->h, top, P + t->headw, P + t->headb, (int)N, C, E);
         be->gelu_fwd(t->hg, t->h, N * E);
         be->layernorm_fwd(t->hn, t->hn_mean, t->hn_rstd, t->hg, P + t->hlnw, P + t->hlnb, (int)N,
                           E);
         be->matmul_fwd(t->logits, t->hn, P + t->wte, P + t->decb, (int)N, E, V);
-    } else {
+    } else if (count) {
         be->matmul_fwd(t->logits, top, P + t->wte, NULL, (int)N, C, V);
     }
-    be->xent_fwd(t->losses, t->probs, t->logits, t->tgt, (int)N, V);
-    if ((rc = kern__score(be, t->losses, backward ? NULL : t->probs, bt->targets, (int)N, V, ev)))
-        return rc;
+    if (count) {
+        be->xent_fwd(t->losses, t->probs, t->logits, t->tgt, (int)N, V);
+        if ((rc = kern__score(be, t->losses, backward ? NULL : t->probs, bt->targets, (int)N, V, ev)))
+            return rc;
+    }
     if (sop && (rc = sop_fwd(t, be, P, top, bt, ev)))
         return rc;
     if (!backward || (count == 0 && !sop))
@@ -533,11 +544,12 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
 
     /* ---- backward ---- (loss = the MLM mean over the targets, plus the
        SOP mean over the sequences) */
-    be->fill(t->dlogits, 0.0f, N * V);
-    if (count)
-        be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
     be->fill(s->dln, 0.0f, N * C);
-    if (albert(t)) {
+    if (count) {
+        be->fill(t->dlogits, 0.0f, N * V);
+        be->xent_bwd(t->dlogits, t->probs, t->tgt, grad_scale / count, (int)N, V);
+    }
+    if (count && albert(t)) {
         be->fill(t->dhg, 0.0f, N * E);
         be->fill(t->dh, 0.0f, N * E);
         /* dhg first holds d/d hn, then d/d hg after the head LayerNorm */
@@ -549,7 +561,7 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         be->gelu_bwd(t->dh, t->h, t->denc, N * E);
         be->matmul_bwd(s->dln, G + t->headw, G + t->headb, t->dh, top, P + t->headw, (int)N,
                        C, E);
-    } else {
+    } else if (count) {
         be->matmul_bwd(s->dln, G + t->wte, NULL, t->dlogits, top, P + t->wte, (int)N, C, V);
     }
     if (sop)
@@ -624,8 +636,13 @@ static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
     if (c->sop) {
         ADD("pooler.weight", 1, &t->poolw, 2, C, C);
         ADD("pooler.bias", 0, &t->poolb, 1, C, 0);
-        ADD("sop.weight", 1, &t->sopw, 2, 2, C);
-        ADD("sop.bias", 0, &t->sopb, 1, 2, 0);
+        if (c->seq_classes) {
+            ADD("classifier.weight", 1, &t->sopw, 2, c->seq_classes, C);
+            ADD("classifier.bias", 0, &t->sopb, 1, c->seq_classes, 0);
+        } else {
+            ADD("sop.weight", 1, &t->sopw, 2, 2, C);
+            ADD("sop.bias", 0, &t->sopb, 1, 2, 0);
+        }
     }
 #undef ADD
     return rc;
@@ -633,7 +650,7 @@ static int tfm_layout(struct tfm *t, struct kern__tensor_list *tl)
 
 int kern__tfm_table(const struct kern_tfm_config *c, struct kern__tensor_list *tl)
 {
-    struct tfm t = {.c = *c, .nblk = c->share_layers ? 1 : c->n_layer};
+    struct tfm t = {.c = *c, .nblk = c->share_layers ? 1 : c->n_layer, .K = c->seq_classes ? c->seq_classes : 2};
     t.blk = calloc((size_t)t.nblk, sizeof *t.blk);
     if (!t.blk)
         return CM_ENOMEM;
@@ -669,6 +686,7 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
     m->nclass = c->vocab;
     t->c = *c;
     t->nblk = c->share_layers ? 1 : c->n_layer;
+    t->K = c->seq_classes ? c->seq_classes : 2;
     t->blk = calloc((size_t)t->nblk, sizeof *t->blk);
     t->act = calloc((size_t)c->n_layer, sizeof *t->act);
     if (!t->blk || !t->act)
@@ -722,13 +740,13 @@ int kern_tfm_new(const struct kern_backend *be, const struct kern_tfm_config *c,
         t->cls = kern__alloc_f(be, Bm * C, &err);
         t->pool_pre = kern__alloc_f(be, Bm * C, &err);
         t->pool = kern__alloc_f(be, Bm * C, &err);
-        t->sop_logits = kern__alloc_f(be, Bm * 2, &err);
-        t->sop_probs = kern__alloc_f(be, Bm * 2, &err);
+        t->sop_logits = kern__alloc_f(be, Bm * t->K, &err);
+        t->sop_probs = kern__alloc_f(be, Bm * t->K, &err);
         t->sop_losses = kern__alloc_f(be, Bm, &err);
         t->dcls = kern__alloc_f(be, Bm * C, &err);
         t->dpool_pre = kern__alloc_f(be, Bm * C, &err);
         t->dpool = kern__alloc_f(be, Bm * C, &err);
-        t->dsop_logits = kern__alloc_f(be, Bm * 2, &err);
+        t->dsop_logits = kern__alloc_f(be, Bm * t->K, &err);
         t->seg = kern__alloc_i(be, N, &err);
         t->sop_tgt = kern__alloc_i(be, Bm, &err);
     }
