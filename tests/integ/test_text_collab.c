@@ -65,7 +65,7 @@ static json_t *recipe(void)
                      "model", "type", "albert", "vocab", 8000, "context", 32, "layers", 2, "heads", 2, "d_model",
                      64, "d_embed", 32, "d_ff", 128, "share_layers", 1, "post_ln", 1, "sentence_order", 1,
                      "optimizer", "type", "lamb", "lr", 0.05, "clip_norm", 1.0, "schedule", "type", "linear",
-                     "warmup_steps", 10, "batch_size", 32, "micro_batch", 4, "steps", STEPS, "seed", 5, "device",
+                     "warmup_steps", STEPS / 5, "batch_size", 32, "micro_batch", 4, "steps", STEPS, "seed", 5, "device",
                      "cpu", "data", "train", CORPUS "/brown-train.json", "eval", CORPUS "/brown-eval.json",
                      "shuffle_buffer", 1024, "eval", "batches", 4, "log_every", 10);
 }
