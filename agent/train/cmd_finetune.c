@@ -36,7 +36,7 @@
 
 struct ft_opts {
     const char *config, *train, *eval, *model, *tokenizer, *step_log;
-    long steps, batch, seed, eval_every, threads;
+    long steps, batch, seed, eval_every, threads, context;
     double lr, weight_decay;
 };
 
@@ -52,7 +52,8 @@ static void usage(FILE *f)
             "usage: crowdtrain-agent finetune --config RUN.json --train TASK.tsv --eval TASK.tsv\n"
             "                                 [--model FILE.safetensors] [--tokenizer FILE.model]\n"
             "                                 [--steps N] [--batch N] [--lr X] [--seed N]\n"
-            "                                 [--eval-every N] [--threads N] [--step-log FILE]\n\n"
+            "                                 [--context N] [--eval-every N] [--threads N]\n"
+            "                                 [--step-log FILE]\n\n"
             "Fine-tunes the ALBERT of RUN.json on a sequence-classification task and prints\n"
             "its accuracy on the held-out examples (docs/training.md, \"Downstream evaluation\").\n"
             "  --train, --eval  lines `label<TAB>text`, one example each (UTF-8); the labels are\n"
@@ -63,6 +64,8 @@ static void usage(FILE *f)
             "  --tokenizer  the SentencePiece model (default: the tokenizer of the config's\n"
             "             training data, a text-docs manifest on this machine; checked by hash)\n"
             "  --steps    optimizer steps (default 300)      --batch  examples per step (32)\n"
+            "  --context N  tokens per example, [CLS] and [SEP] included (default and at most:\n"
+            "             the config's context); longer text keeps its first N - 2 tokens\n"
             "  --lr       AdamW peak learning rate (1e-3), 10%% warm-up, linear decay to 0\n"
             "  --seed     initialization of the classifier (and the encoder without --model)\n"
             "             and the example order (default 1)\n"
@@ -91,7 +94,8 @@ static int parse_opts(int argc, char **argv, struct ft_opts *o)
         {"batch", required_argument, NULL, 'b'},  {"lr", required_argument, NULL, 'l'},
         {"seed", required_argument, NULL, 'r'},   {"eval-every", required_argument, NULL, 'v'},
         {"threads", required_argument, NULL, 'j'}, {"step-log", required_argument, NULL, 'g'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+        {"context", required_argument, NULL, 'x'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof *o);
     o->steps = 300;
     o->batch = 32;
@@ -130,6 +134,12 @@ static int parse_opts(int argc, char **argv, struct ft_opts *o)
         case 'v':
             if (parse_long(optarg, 0, 10000000, &o->eval_every)) {
                 fprintf(stderr, "finetune: --eval-every must be a non-negative integer\n");
+                return 2;
+            }
+            break;
+        case 'x':
+            if (parse_long(optarg, 3, 65536, &o->context)) {
+                fprintf(stderr, "finetune: --context must be an integer of at least 3\n");
                 return 2;
             }
             break;
@@ -442,7 +452,13 @@ int agent_cmd_finetune(int argc, char **argv)
         fprintf(stderr, "finetune: %s\n", err);
         return 1;
     }
-    int T = cfg.tfm.max_T;
+    if (o.context > cfg.tfm.max_T) {
+        fprintf(stderr, "finetune: --context %ld is longer than the model's context (%d)\n", o.context,
+                cfg.tfm.max_T);
+        cm_spm_free(spm);
+        return 2;
+    }
+    int T = o.context ? (int)o.context : cfg.tfm.max_T;
     int sp[3] = {cm_spm_piece_id(spm, "[CLS]"), cm_spm_piece_id(spm, "[SEP]"), cm_spm_piece_id(spm, "<pad>")};
     char *labels[FT_MAX_LABELS];
     int nlabels = 0;
