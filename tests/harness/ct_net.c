@@ -252,3 +252,24 @@ void ct_net_destroy(struct ct_net *n)
     if (g_made == n)
         g_made = NULL;
 }
+
+int ct_net_collab(struct ct_net *n, const char *prefix, int count, int *hosts, int *on_hosts)
+{
+    *on_hosts = 0;
+    int rc = ct_net_init(n);
+    if (rc == CT_SKIP) {
+        printf("(on loopback)\n");
+        return 0;
+    }
+    int coord = rc == 0 ? ct_net_public(n, "coord") : -1;
+    if (coord != 0 || ct_net_enter(n, coord) != 0)
+        return -1;
+    for (int i = 0; i < count; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%.20s%d", prefix, i);
+        if ((hosts[i] = ct_net_public(n, name)) < 0)
+            return -1;
+    }
+    *on_hosts = 1;
+    return 0;
+}

@@ -78,6 +78,13 @@ int ct_net_run(const struct ct_net *n, int host, const char *const *argv, const 
 struct ct_coord;
 int ct_net_volunteers(const struct ct_net *n, const struct ct_coord *c, const char *org, const char *run,
                       const char *url, int first, int count, const int *hosts, char (*dirs)[256]);
+/* The collaborative tests' hosts: where namespaces can be made (root), a
+ * first host "coord" (10.77.0.10) that the calling process enters (so
+ * PostgreSQL and the coordinator it starts run there), then `count` public
+ * hosts named prefix0, prefix1, ... (their indices in hosts[]); *on_hosts =
+ * 1. Where they cannot (not root), loopback: *on_hosts = 0, said on stdout.
+ * 0, or -1. */
+int ct_net_collab(struct ct_net *n, const char *prefix, int count, int *hosts, int *on_hosts);
 /* Deletes every namespace it made (their links go with them). */
 void ct_net_destroy(struct ct_net *n);
 

@@ -77,23 +77,8 @@ static int setup(void **state)
         printf("SKIP: the Brown corpus manifests are missing (scripts/make-brown-corpus.sh)\n");
         exit(CT_SKIP);
     }
-    int nrc = ct_net_init(&g_net);
-    if (nrc == 0) {
-        int coord = ct_net_public(&g_net, "coord");
-        if (coord != 0 || ct_net_enter(&g_net, coord) != 0)
-            return -1;
-        for (int i = 0; i < NAGENTS; i++) {
-            char name[16];
-            snprintf(name, sizeof name, "text%d", i);
-            if ((g_host[i] = ct_net_public(&g_net, name)) < 0)
-                return -1;
-        }
-        g_hosts = 1;
-    } else if (nrc != CT_SKIP) {
+    if (ct_net_collab(&g_net, "text", NAGENTS, g_host, &g_hosts) != 0)
         return -1;
-    } else {
-        printf("(on loopback)\n");
-    }
     int rc = ct_pg_start(&g_pg);
     if (rc == CT_SKIP)
         exit(CT_SKIP);
