@@ -441,7 +441,7 @@ int agent_train_config_parse(const char *json, size_t len, const char *base,
     }
     /* data */
     json_t *d = json_object_get(root, "data");
-    static const char *const dkeys[] = {"train", "eval", "shuffle_buffer", NULL};
+    static const char *const dkeys[] = {"train", "eval", "shuffle_buffer", "mix", NULL};
     const char *tr = "", *ev = "";
     if (!d) {
         rc = FAIL(c, "data: missing");
@@ -454,6 +454,40 @@ int agent_train_config_parse(const char *json, size_t len, const char *base,
         (rc = set_path(c, "data.train", base, tr, o.train_manifest)) ||
         (*ev && (rc = set_path(c, "data.eval", base, ev, o.eval_manifest))))
         goto done;
+    /* data.mix: [{"train": PATH, "weight": W}, ...] */
+    json_t *mix = json_object_get(d, "mix");
+    o.mix_weight[0] = 1.0;
+    if (mix) {
+        if (!json_is_array(mix) || json_array_size(mix) < 1 || json_array_size(mix) > AGENT_TRAIN_MIX_MAX - 1) {
+            rc = FAIL(c, "data.mix: must be an array of 1 to %d {\"train\", \"weight\"} objects",
+                      AGENT_TRAIN_MIX_MAX - 1);
+            goto done;
+        }
+        static const char *const mkeys[] = {"train", "weight", NULL};
+        for (size_t mi = 0; mi < json_array_size(mix); mi++) {
+            json_t *e = json_array_get(mix, mi);
+            char where[32];
+            const char *mp = "";
+            float w = 0;
+            snprintf(where, sizeof where, "data.mix[%zu]", mi);
+            if (!json_is_object(e)) {
+                rc = FAIL(c, "%s: must be an object", where);
+                goto done;
+            }
+            if ((rc = check_keys(c, e, where, mkeys)) || (rc = get_str(c, e, where, "train", NULL, &mp)) ||
+                (rc = get_float(c, e, where, "weight", 1e-6, 1, 0, &w)) ||
+                (rc = set_path(c, where, base, mp, o.mix_manifest[mi + 1])))
+                goto done;
+            o.mix_weight[mi + 1] = w;
+            o.mix_weight[0] -= w;
+            o.n_mix++;
+        }
+        if (!(o.mix_weight[0] > 1e-6)) {
+            rc = FAIL(c, "data.mix: the weights add up to %.6g; data.train gets 1 minus them, which must be "
+                         "above 0", 1.0 - o.mix_weight[0]);
+            goto done;
+        }
+    }
     /* eval */
     json_t *e = json_object_get(root, "eval");
     o.eval_at_start = 0;

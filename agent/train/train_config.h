@@ -17,6 +17,7 @@
 #include "kern_optim.h"
 
 #define AGENT_TRAIN_PATH_MAX 1024
+#define AGENT_TRAIN_MIX_MAX 8      /* data.train plus at most 7 sets in data.mix */
 
 /* model.experts.serve: how `crowdtrain-agent serve-experts` hosts the
  * experts of a dmoe run (agent/moe/moe_runcfg.h, docs/experts.md "Expert
@@ -52,6 +53,12 @@ struct agent_train_config {
     char precision[8];              /* fp32, tf32, bf16, fp16 (CUDA matmuls) */
     int threads;                    /* CPU threads, 0 = all */
     char train_manifest[AGENT_TRAIN_PATH_MAX];
+    /* data.mix: more training sets, each example drawn from set k with
+       probability mix_weight[k] (seed 000 §4.3 mixes Wikipedia and OSCAR);
+       set 0 is train_manifest, weighted 1 - the others' weights */
+    int n_mix;                      /* sets in data.mix (0: train_manifest alone) */
+    char mix_manifest[AGENT_TRAIN_MIX_MAX][AGENT_TRAIN_PATH_MAX]; /* [0] unused */
+    double mix_weight[AGENT_TRAIN_MIX_MAX];
     char eval_manifest[AGENT_TRAIN_PATH_MAX]; /* "" = no evaluation */
     long shuffle_buffer;
     long eval_batches;              /* 0 = the whole eval set */

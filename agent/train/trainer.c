@@ -113,6 +113,8 @@ static int open_data(struct agent_trainer *t, const char *path, const char *what
     return CM_OK;
 }
 
+static int open_train(struct agent_trainer *t, uint64_t seed, char *err, size_t errlen);
+
 int agent_trainer_init(struct agent_trainer *t, const struct agent_train_config *cfg,
                        const char *config_text, size_t config_len, char *err, size_t errlen)
 {
@@ -224,10 +226,19 @@ static int init_any(struct agent_trainer *t, const struct agent_train_config *cf
         return fail(err, errlen, rc, "optimizer: %s", cm_strerror(rc));
     if (stage && !stage->has_embed)
         return CM_OK; /* the first stage reads the data; the others get activations */
-    if ((rc = open_data(t, cfg->train_manifest, "data.train", CM_DATA_TRAIN,
-                        cfg->data_seed ? cfg->data_seed : cfg->seed,
-                        &t->train_manifest, &t->train, err, errlen)))
+    if ((rc = open_train(t, cfg->data_seed ? cfg->data_seed : cfg->seed, err, errlen)))
         return rc;
+    if (cfg->n_mix) {
+        size_t T = images(cfg) ? 0 : (size_t)cfg->tfm.max_T, D = images(cfg) ? (size_t)in_dim(cfg) : 0;
+        t->mix_src = malloc(sizeof(int) * (size_t)mb);
+        t->mix_x = D ? malloc(sizeof(float) * (size_t)mb * D) : NULL;
+        t->mix_y = D ? malloc(sizeof(int32_t) * (size_t)mb) : NULL;
+        t->mix_tok = D ? NULL : malloc(sizeof(int32_t) * (size_t)mb * (T + 1));
+        t->mix_seg = D ? NULL : malloc(sizeof(int32_t) * (size_t)mb * T);
+        t->mix_sop = D ? NULL : malloc(sizeof(int32_t) * (size_t)mb);
+        if (!t->mix_src || (D && (!t->mix_x || !t->mix_y)) || (!D && (!t->mix_tok || !t->mix_seg || !t->mix_sop)))
+            return fail(err, errlen, CM_ENOMEM, "out of memory");
+    }
     if (images(cfg)) {
         t->x = malloc(sizeof(float) * (size_t)mb * in_dim(cfg));
         t->y = malloc(sizeof(int32_t) * (size_t)mb);
@@ -243,6 +254,98 @@ static int init_any(struct agent_trainer *t, const struct agent_train_config *cf
         if (!t->raw || !t->tokens || !t->targets || !t->segs || !t->sop)
             return fail(err, errlen, CM_ENOMEM, "out of memory");
     }
+    return CM_OK;
+}
+
+/* The training stream: data.train, and with data.mix the other sets (each
+ * its own seed), which must be of data.train's format. */
+static int open_train(struct agent_trainer *t, uint64_t seed, char *err, size_t errlen)
+{
+    int rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN, seed, &t->train_manifest,
+                       &t->train, err, errlen);
+    t->mix[0] = t->train;
+    t->mix_rng = seed ^ 0x6d6978ULL;
+    for (int k = 1; rc == CM_OK && k <= t->cfg.n_mix; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "data.mix[%d]", k - 1);
+        rc = open_data(t, t->cfg.mix_manifest[k], what, CM_DATA_TRAIN, seed + 0x9E3779B97F4A7C15ULL * (uint64_t)k,
+                       &t->mix_manifest[k], &t->mix[k], err, errlen);
+        if (rc == CM_OK && t->mix_manifest[k]->format != t->train_manifest->format)
+            rc = fail(err, errlen, CM_EINVAL, "%s: %s data, data.train is %s (mixed sets must be of one format)",
+                      what, cm_data_format_name(t->mix_manifest[k]->format),
+                      cm_data_format_name(t->train_manifest->format));
+    }
+    return rc;
+}
+
+static void close_train(struct agent_trainer *t)
+{
+    for (int k = 1; k < AGENT_TRAIN_MIX_MAX; k++) {
+        cm_data_close(t->mix[k]);
+        cm_data_manifest_free(t->mix_manifest[k]);
+        t->mix[k] = NULL;
+        t->mix_manifest[k] = NULL;
+    }
+    cm_data_close(t->train);
+    cm_data_manifest_free(t->train_manifest);
+    t->train = t->mix[0] = NULL;
+    t->train_manifest = NULL;
+}
+
+/* A micro-batch of the mixed sets (out's buffers, out->capacity examples):
+ * each example's set drawn with the weights, each set's examples fetched in
+ * one call and put in their places (seed 000 §4.3: "the training process
+ * iteratively samples examples from one or the other dataset"). */
+static int mixed_next(struct agent_trainer *t, struct cm_data_batch *out)
+{
+    size_t B = out->capacity, T = (size_t)t->cfg.tfm.max_T, D = images(&t->cfg) ? (size_t)in_dim(&t->cfg) : 0;
+    size_t cnt[AGENT_TRAIN_MIX_MAX] = {0};
+    for (size_t i = 0; i < B; i++) {
+        double u = (double)(kern_rng_u64(&t->mix_rng) >> 11) * 0x1p-53, acc = 0;
+        int k = 0;
+        while (k < t->cfg.n_mix && u >= (acc += t->cfg.mix_weight[k]))
+            k++;
+        t->mix_src[i] = k;
+        cnt[k]++;
+    }
+    for (int k = 0; k <= t->cfg.n_mix; k++) {
+        if (!cnt[k])
+            continue;
+        struct cm_data_batch db = {.capacity = cnt[k]};
+        if (out->x) {
+            db.x = t->mix_x;
+            db.y = t->mix_y;
+        } else {
+            db.tokens = t->mix_tok;
+            db.segments = out->segments ? t->mix_seg : NULL;
+            db.sop = out->sop ? t->mix_sop : NULL;
+        }
+        int rc = cm_data_next_batch(t->mix[k], &db);
+        if (rc || db.n != cnt[k]) {
+            struct cm_data_stats st;
+            cm_data_get_stats(t->mix[k], &st);
+            CM_LOGE("train", "%s: %s", k ? t->cfg.mix_manifest[k] : t->cfg.train_manifest,
+                    rc ? st.last_error : "a short batch");
+            return rc ? rc : CM_EIO;
+        }
+        t->mix_drawn[k] += cnt[k];
+        for (size_t i = 0, r = 0; i < B; i++) {
+            if (t->mix_src[i] != k)
+                continue;
+            if (out->x) {
+                memcpy(out->x + i * D, t->mix_x + r * D, D * sizeof *out->x);
+                out->y[i] = t->mix_y[r];
+            } else {
+                memcpy(out->tokens + i * (T + 1), t->mix_tok + r * (T + 1), (T + 1) * sizeof *out->tokens);
+                if (out->segments)
+                    memcpy(out->segments + i * T, t->mix_seg + r * T, T * sizeof *out->segments);
+                if (out->sop)
+                    out->sop[i] = t->mix_sop[r];
+            }
+            r++;
+        }
+    }
+    out->n = B;
     return CM_OK;
 }
 
@@ -316,7 +419,7 @@ static int next_batch(struct agent_trainer *t, struct cm_data_iter *it, uint64_t
             db.sop = t->sop;
         }
     }
-    int rc = cm_data_next_batch(it, &db);
+    int rc = it == t->train && t->cfg.n_mix ? mixed_next(t, &db) : cm_data_next_batch(it, &db);
     if (rc)
         return rc;
     if (t->docs && db.n > 0 && t->specials.mask <= 0) {
@@ -392,14 +495,9 @@ int agent_trainer_seek_micro(struct agent_trainer *t, uint64_t n, char *err, siz
 {
     if (!t->train)
         return CM_ESTATE;
-    cm_data_close(t->train);
-    cm_data_manifest_free(t->train_manifest);
-    t->train = NULL;
-    t->train_manifest = NULL;
+    close_train(t);
     t->mask_rng = t->cfg.seed ^ 0x6d61736bULL;
-    int rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN,
-                       t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed, &t->train_manifest, &t->train, err,
-                       errlen);
+    int rc = open_train(t, t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed, err, errlen);
     for (uint64_t i = 0; rc == CM_OK && i < n; i++) {
         struct kern_batch kb;
         if ((rc = agent_trainer_next_micro(t, &kb)) != CM_OK)
@@ -581,13 +679,8 @@ int agent_trainer_resume(struct agent_trainer *t, int *resumed, char *err, size_
         goto out;
     /* The stream restarts in a fresh order rather than replaying the
      * examples the first run already consumed. */
-    cm_data_close(t->train);
-    t->train = NULL;
-    cm_data_manifest_free(t->train_manifest);
-    t->train_manifest = NULL;
-    rc = open_data(t, t->cfg.train_manifest, "data.train", CM_DATA_TRAIN,
-                   (t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed) + c.step,
-                   &t->train_manifest, &t->train, err, errlen);
+    close_train(t);
+    rc = open_train(t, (t->cfg.data_seed ? t->cfg.data_seed : t->cfg.seed) + c.step, err, errlen);
 out:
     cm_ckpt_cleanup(&c);
     return rc;
@@ -595,8 +688,13 @@ out:
 
 void agent_trainer_cleanup(struct agent_trainer *t)
 {
-    cm_data_close(t->train);
-    cm_data_manifest_free(t->train_manifest);
+    close_train(t);
+    free(t->mix_src);
+    free(t->mix_x);
+    free(t->mix_y);
+    free(t->mix_tok);
+    free(t->mix_seg);
+    free(t->mix_sop);
     kern_optim_free(t->opt);
     agent_async_free(t->async); /* waits for the micro-batches in flight (deadlines) */
     kern_model_free(t->model);

@@ -34,6 +34,15 @@ struct agent_trainer {
     struct kern_optim *opt;         /* owned */
     struct cm_data_manifest *train_manifest; /* owned; outlives train */
     struct cm_data_iter *train;     /* owned */
+    /* data.mix (cfg.n_mix > 0): the other training sets, each example drawn
+       from set k with probability cfg.mix_weight[k] */
+    struct cm_data_manifest *mix_manifest[AGENT_TRAIN_MIX_MAX]; /* owned; [0] unused */
+    struct cm_data_iter *mix[AGENT_TRAIN_MIX_MAX];              /* owned but [0] = train */
+    uint64_t mix_rng;
+    uint64_t mix_drawn[AGENT_TRAIN_MIX_MAX]; /* examples drawn from each set (this process) */
+    int *mix_src;                   /* (mb) the set of each example of a mixed micro-batch */
+    float *mix_x;                   /* (mb, in_dim) one set's rows of it */
+    int32_t *mix_y, *mix_tok, *mix_seg, *mix_sop;
     int data_vocab;                 /* text: token values are < data_vocab */
     int docs;                       /* text-docs data: sentence pairs, the tokenizer's
                                        [MASK] (specials below, from the stream) */

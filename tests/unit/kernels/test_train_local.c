@@ -326,6 +326,83 @@ static void test_albert_sop_text_docs(void **state)
     agent_trainer_cleanup(&t);
 }
 
+/* A text of one repeated letter, as a text-bytes manifest. */
+static void make_letter_manifest(const char *mname, const char *fname, char letter)
+{
+    size_t n = 20000;
+    char *buf = malloc(n);
+    assert_non_null(buf);
+    memset(buf, letter, n);
+    write_file(fname, buf, n);
+    uint8_t h[32];
+    char hex[65], path[512], man[2048];
+    cm_sha256(buf, n, h);
+    cm_hex_encode(h, 32, hex);
+    snprintf(path, sizeof path, "%s/%s", g_dir, fname);
+    snprintf(man, sizeof man,
+             "{\"name\": \"%c\", \"format\": \"text-bytes\", \"shards\": [{\"url\": \"file://%s\", "
+             "\"size\": %zu, \"sha256\": \"%s\"}]}",
+             letter, path, n, hex);
+    write_file(mname, man, strlen(man));
+    free(buf);
+}
+
+/* data.mix (seed 000 §4.3): each example comes from one set or the other
+ * with the configured probabilities, the sets interleaved within
+ * micro-batches; weights that leave nothing for data.train are refused. */
+static void test_data_mix(void **state)
+{
+    (void)state;
+    make_letter_manifest("a.json", "a.txt", 'a');
+    make_letter_manifest("b.json", "b.txt", 'b');
+    const char *text = "{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 1,"
+                       " \"heads\": 2, \"d_model\": 32}, \"batch_size\": 8, \"steps\": 1, \"seed\": 5,"
+                       " \"device\": \"cpu\", \"data\": {\"train\": \"a.json\", \"shuffle_buffer\": 64,"
+                       " \"mix\": [{\"train\": \"b.json\", \"weight\": 0.75}]}}";
+    struct agent_train_config cfg;
+    char err[512] = "";
+    assert_int_equal(agent_train_config_parse(text, strlen(text), g_dir, &cfg, err, sizeof err), CM_OK);
+    assert_int_equal(cfg.n_mix, 1);
+    assert_true(fabs(cfg.mix_weight[0] - 0.25) < 1e-6);
+    struct agent_trainer t;
+    if (agent_trainer_init(&t, &cfg, text, strlen(text), err, sizeof err)) {
+        print_error("init: %s\n", err);
+        fail();
+    }
+    long n_a = 0, n_b = 0, both = 0, batches = 100;
+    for (long k = 0; k < batches; k++) {
+        struct kern_batch kb;
+        assert_int_equal(agent_trainer_next_micro(&t, &kb), CM_OK);
+        int ha = 0, hb = 0;
+        for (int i = 0; i < kb.B; i++) {
+            int tok = kb.tokens[i * kb.T];
+            for (int j = 1; j < kb.T; j++)
+                assert_int_equal(kb.tokens[i * kb.T + j], tok); /* an example is from one set */
+            assert_true(tok == 'a' || tok == 'b');
+            ha |= tok == 'a';
+            hb |= tok == 'b';
+            n_a += tok == 'a';
+            n_b += tok == 'b';
+        }
+        both += ha && hb;
+    }
+    double fa = (double)n_a / (double)(n_a + n_b);
+    print_message("data.mix: %ld examples of a (%.3f, weight 0.25), %ld of b; %ld of %ld micro-batches hold both\n",
+                  n_a, fa, n_b, both, batches);
+    /* 800 draws: the share's sd is 0.015 */
+    assert_true(fa > 0.19 && fa < 0.31);
+    assert_int_equal((long)t.mix_drawn[0], n_a);
+    assert_int_equal((long)t.mix_drawn[1], n_b);
+    assert_true(both >= batches / 2); /* P(both) = 1 - 0.25^8 - 0.75^8 = 0.90 */
+    agent_trainer_cleanup(&t);
+    const char *bad = "{\"model\": {\"type\": \"gpt\", \"vocab\": 257, \"context\": 16, \"layers\": 1,"
+                      " \"heads\": 2, \"d_model\": 32}, \"batch_size\": 8, \"steps\": 1,"
+                      " \"data\": {\"train\": \"a.json\", \"mix\": [{\"train\": \"b.json\", \"weight\": 0.6},"
+                      " {\"train\": \"b.json\", \"weight\": 0.4}]}}";
+    assert_int_not_equal(agent_train_config_parse(bad, strlen(bad), g_dir, &cfg, err, sizeof err), CM_OK);
+    assert_non_null(strstr(err, "data.mix: the weights add up to 1"));
+}
+
 static void test_bad_configs(void **state)
 {
     (void)state;
@@ -571,6 +648,7 @@ int main(void)
         cmocka_unit_test(test_albert_learns_and_resumes),
         cmocka_unit_test(test_albert_text_docs),
         cmocka_unit_test(test_albert_sop_text_docs),
+        cmocka_unit_test(test_data_mix),
         cmocka_unit_test(test_bad_configs),
         cmocka_unit_test(test_mismatch_leaves_checkpoint),
         cmocka_unit_test(test_example_configs),
