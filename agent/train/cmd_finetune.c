@@ -394,14 +394,6 @@ static void set_free(struct ft_set *s)
     memset(s, 0, sizeof *s);
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 /* Accuracy over the whole set, in batches of mb. */
 static int evaluate(struct kern_model *m, const struct ft_set *s, int mb, int T, const int *seg0, struct kern_eval *ev)
 {
@@ -557,7 +549,7 @@ int agent_cmd_finetune(int argc, char **argv)
         for (int b = 0; b < mb; b++) {
             if (at == tr.n) { /* an epoch: Fisher-Yates */
                 for (size_t i = tr.n - 1; i > 0; i--) {
-                    size_t j = (size_t)(rng_next(&rng) % (i + 1)), x = order[i];
+                    size_t j = (size_t)(kern_rng_u64(&rng) % (i + 1)), x = order[i];
                     order[i] = order[j];
                     order[j] = x;
                 }

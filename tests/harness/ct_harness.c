@@ -167,26 +167,6 @@ int ct_pg_scalar(struct ct_pg *pg, const char *sql, long *out)
     return ok ? 0 : -1;
 }
 
-/* Runs argv (as this user) to completion; 0 when it exited 0. */
-static int run_wait(const char *const *argv)
-{
-    pid_t p = fork();
-    if (p < 0)
-        return -1;
-    if (p == 0) {
-        int fd = open("/dev/null", O_WRONLY);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    return waitpid(p, &st, 0) == p && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
-
 /* A fresh cluster in `data`, copied from a template made by initdb once per
  * user and server binaries (/tmp/ct-pgtemplate-UID-HASH/data): initdb takes
  * about 1.4 s on 2 cores, a copy 0.1 s, and `make test` starts some sixty
@@ -224,7 +204,7 @@ static int pg_from_template(const char *bindir, const char *initdb, const char *
             return -1;
     }
     const char *cargv[] = {"/bin/cp", "-a", tdata, data, NULL};
-    return run_wait(cargv);
+    return ct_run(cargv, NULL, NULL, 60) == 0 ? 0 : -1; /* 40 MB: a minute is plenty */
 }
 
 int ct_pg_start(struct ct_pg *pg)
