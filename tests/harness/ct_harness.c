@@ -827,3 +827,18 @@ out:
     free(m);
     return b;
 }
+
+int ct_wait_agents(const pid_t *pids, const char (*logs)[320], int n, int timeout_s)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        int st = ct_wait(pids[i], timeout_s);
+        if (st != 0) {
+            char *log = ct_read_file(logs[i], NULL);
+            fprintf(stderr, "agent %d exited %d:\n%s\n", i, st, log ? log : "");
+            free(log);
+            bad++;
+        }
+    }
+    return bad;
+}

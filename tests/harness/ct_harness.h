@@ -97,6 +97,9 @@ pid_t ct_spawn_ns(const char *ns, const char *const *argv, const char *logpath);
 int ct_wait(pid_t pid, int timeout_s);
 /* Reads a whole file (heap, NUL-terminated) or NULL. */
 char *ct_read_file(const char *path, size_t *len);
+/* Waits for n agents (ct_wait, timeout_s each) and prints the log of every
+ * one that did not exit 0; the number that did not. */
+int ct_wait_agents(const pid_t *pids, const char (*logs)[320], int n, int timeout_s);
 /* Makes a temp dir /tmp/ct-<tag>-XXXXXX; returns 0. */
 int ct_tempdir(const char *tag, char *out, size_t cap);
 

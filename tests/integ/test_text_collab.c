@@ -173,17 +173,7 @@ static void test_albert_collab(void **state)
         g_local[k] = ct_spawn(argv, llogs[k]);
         assert_true(g_local[k] > 0);
     }
-    int ok = 1;
-    for (int i = 0; i < NAGENTS; i++) {
-        int st = ct_wait(pids[i], 500);
-        if (st != 0) {
-            char *log = ct_read_file(logs[i], NULL);
-            fprintf(stderr, "agent %d exited %d:\n%s\n", i, st, log ? log : "");
-            free(log);
-            ok = 0;
-        }
-    }
-    assert_true(ok);
+    assert_int_equal(ct_wait_agents(pids, (const char (*)[320])logs, NAGENTS, 500), 0);
     static struct ct_steps collab;
     memset(&collab, 0, sizeof collab);
     for (int i = 0; i < NAGENTS; i++)
