@@ -523,6 +523,7 @@ static void test_example_configs(void **state)
         {"examples/gpt2-small.json", 124439808},
         {"examples/albert-large.json", 18105474}, /* post-LN, SOP head, vocabulary 32,000 */
         {"examples/albert-tiny-brown.json", 1417730},
+        {"examples/albert-tiny-brown-long.json", 1417730}, /* the same model, 9,000 steps */
     };
     for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
         struct agent_train_config cfg;
