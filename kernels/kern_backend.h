@@ -136,6 +136,13 @@ struct kern_backend {
     /* dlogits (N,V) += (probs - onehot(target)) * dscale; ignored rows get 0. */
     void (*xent_bwd)(float *dlogits, const float *probs, const int *targets, float dscale,
                      int N, int V);
+    /* Argmax hits: how many rows i of probs (N,V) with targets[i] >= 0 have
+     * their largest value at column targets[i] (the first largest on ties,
+     * as the host's scoring counts). Rows with target -1 are not read, so
+     * counting masked-LM positions costs a pass over the masked rows only.
+     * Synchronizes; -1 when the backend has failed. Rows holding NaN count
+     * as whatever the comparison gives (no promise). */
+    long (*argmax_hits)(const float *probs, const int *targets, int N, int V);
 
     /* ---- optimizer updates over a flat buffer of n parameters ----
      * AdamW (decoupled weight decay, Loshchilov & Hutter), bias-corrected

@@ -69,7 +69,8 @@ struct kern_batch {
 struct kern_eval {
     double loss_sum;
     long count;
-    long correct;  /* argmax == target */
+    long correct;  /* argmax == target: evaluation always; training (fwd_bwd) only ALBERT's
+                      masked LM, counted on the device (kern_backend argmax_hits) */
     /* ALBERT's sentence-order prediction (sentence_order): one row per sequence */
     double sop_loss_sum;
     long sop_count, sop_correct;

@@ -65,73 +65,6 @@ struct tfm {
 
 static int albert(const struct tfm *t) { return t->c.kind == KERN_MODEL_ALBERT; }
 
-int kern_tfm_config_check(const struct kern_tfm_config *c, const char **why)
-{
-    if (c->kind != KERN_MODEL_GPT && c->kind != KERN_MODEL_ALBERT) {
-        *why = "transformer: kind must be gpt or albert";
-        return CM_EINVAL;
-    }
-    if (c->vocab < 2 || c->vocab > KERN_MAX_VOCAB) {
-        *why = "transformer: vocab must be in 2..1000000";
-        return CM_EINVAL;
-    }
-    if (c->max_T < 1 || c->max_T > KERN_MAX_DIM) {
-        *why = "transformer: context length must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (c->n_layer < 1 || c->n_layer > KERN_MAX_LAYERS) {
-        *why = "transformer: n_layer must be in 1..128";
-        return CM_EINVAL;
-    }
-    if (c->d_model < 1 || c->d_model > KERN_MAX_DIM || c->d_ff < 1 || c->d_ff > KERN_MAX_DIM ||
-        c->d_embed < 1 || c->d_embed > KERN_MAX_DIM) {
-        *why = "transformer: d_model, d_embed and d_ff must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (c->n_head < 1 || c->d_model % c->n_head) {
-        *why = "transformer: n_head must divide d_model";
-        return CM_EINVAL;
-    }
-    if (c->kind != KERN_MODEL_ALBERT && (c->post_ln || c->sop)) {
-        *why = "transformer: post_ln and sentence_order are for albert";
-        return CM_EINVAL;
-    }
-    if (c->seq_classes && (!c->sop || c->seq_classes < 2 || c->seq_classes > 65536)) {
-        *why = "transformer: a sequence classifier needs the sentence-order head's pooler and 2..65536 classes";
-        return CM_EINVAL;
-    }
-    if (c->sop && c->max_T < 3) {
-        *why = "transformer: sentence_order needs a context of at least 3 ([CLS] A [SEP] B)";
-        return CM_EINVAL;
-    }
-    if (c->kind == KERN_MODEL_GPT && c->d_embed != c->d_model) {
-        *why = "transformer: gpt ties embedding and output, so d_embed must equal d_model";
-        return CM_EINVAL;
-    }
-    if (kern_tfm_param_count(c) > KERN_MAX_PARAMS) {
-        *why = "transformer: too many parameters";
-        return CM_EINVAL;
-    }
-    return CM_OK;
-}
-
-size_t kern_tfm_param_count(const struct kern_tfm_config *c)
-{
-    size_t C = c->d_model, E = c->d_embed, F = c->d_ff, V = c->vocab;
-    size_t blk = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
-    size_t nb = c->share_layers ? 1 : (size_t)c->n_layer;
-    size_t n = V * E + (size_t)c->max_T * E + nb * blk + 2 * C;
-    if (c->kind == KERN_MODEL_ALBERT)
-        n += C * E + C + E * C + E + 2 * E + V;
-    if (c->kind == KERN_MODEL_ALBERT && c->post_ln)
-        n += 2 * E - 2 * C; /* the embedding LayerNorm in, the final one out */
-    if (c->kind == KERN_MODEL_ALBERT && c->sop) {
-        size_t K = c->seq_classes ? (size_t)c->seq_classes : 2;
-        n += 2 * E + C * C + C + K * C + K;
-    }
-    return n;
-}
-
 void kern_tfm_mem_need(const struct kern_tfm_config *c, int max_batch, struct kern_mem_need *n)
 {
     /* as kern_tfm_new, buffer by buffer */
@@ -536,6 +469,16 @@ static int tfm_run(struct kern_model *m, const struct kern_batch *bt, int backwa
         be->xent_fwd(t->losses, t->probs, t->logits, t->tgt, (int)N, V);
         if ((rc = kern__score(be, t->losses, backward ? NULL : t->probs, bt->targets, (int)N, V, ev)))
             return rc;
+        /* Training: ALBERT's masked-token accuracy (the contribution report's
+           mlm_accuracy), counted on the device over the masked rows only;
+           downloading the (N,V) probabilities as the evaluation does would
+           cost more than the step's cross-entropy. */
+        if (backward && albert(t)) {
+            long hits = be->argmax_hits(t->probs, t->tgt, (int)N, V);
+            if (hits < 0)
+                return CM_EDEVICE;
+            ev->correct += hits;
+        }
     }
     if (sop && (rc = sop_fwd(t, be, P, top, bt, ev)))
         return rc;

@@ -740,6 +740,42 @@ static void cpu_xent_bwd(float *dlogits, const float *probs, const int *targets,
     kern__parallel_for((size_t)N, KERN_CPU_PAR_MIN / (size_t)V + 1, xent_bwd_r, &x);
 }
 
+struct hits {
+    const float *probs;
+    const int *targets;
+    int V;
+    long part[KERN_POOL_MAX];
+};
+
+static void hits_r(void *p, size_t lo, size_t hi, int tid)
+{
+    struct hits *x = p;
+    long n = 0;
+    for (size_t i = lo; i < hi; i++) {
+        int tg = x->targets[i];
+        if (tg < 0)
+            continue;
+        const float *r = x->probs + i * (size_t)x->V;
+        int best = 0;
+        for (int v = 1; v < x->V; v++)
+            if (r[v] > r[best])
+                best = v;
+        n += best == tg;
+    }
+    x->part[tid] = n;
+}
+
+static long cpu_argmax_hits(const float *probs, const int *targets, int N, int V)
+{
+    struct hits x = {.probs = probs, .targets = targets, .V = V};
+    /* rows of V columns, most of them skipped: split as xent does */
+    int nt = kern__parallel_for((size_t)N, KERN_CPU_PAR_MIN / (size_t)V + 1, hits_r, &x);
+    long n = 0;
+    for (int t = 0; t < nt; t++)
+        n += x.part[t];
+    return n;
+}
+
 /* ---- optimizers ---- */
 
 struct opt {
@@ -826,6 +862,7 @@ static const struct kern_backend CPU_BACKEND = {
     .attention_bwd = cpu_attention_bwd,
     .xent_fwd = cpu_xent_fwd,
     .xent_bwd = cpu_xent_bwd,
+    .argmax_hits = cpu_argmax_hits,
     .adamw = cpu_adamw,
     .adam_dir = cpu_adam_dir,
 };

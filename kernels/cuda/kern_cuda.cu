@@ -46,6 +46,7 @@ static int g_cc; /* device 0's capability, 10 * major + minor */
 static int g_failed;
 static double *g_red;   /* device scratch for reductions */
 static int *g_flag;
+static unsigned long long *g_hits; /* argmax_hits' counter */
 
 static void cuda_note(cudaError_t e, const char *what)
 {
@@ -901,6 +902,60 @@ static void cu_xent_bwd(float *dlogits, const float *probs, const int *targets, 
     LAUNCH_CHECK("xent_bwd");
 }
 
+/* Argmax hits: one block per row; a row without a target (most of a
+ * masked-LM batch) returns at once. Each thread keeps the first largest of
+ * its columns (v, v + blockDim, ...); the block then keeps the larger value,
+ * the lower column on ties, so the row's first largest wins as on the CPU. */
+__global__ void k_argmax_hits(unsigned long long *hits, const float *probs, const int *targets,
+                              int V)
+{
+    __shared__ float sv[ROW_THREADS];
+    __shared__ int si[ROW_THREADS];
+    size_t row = blockIdx.x;
+    int tg = targets[row];
+    if (tg < 0)
+        return;
+    const float *p = probs + row * V;
+    float bv = -INFINITY;
+    int bi = V; /* none yet: above every column */
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float x = p[v];
+        if (bi == V || x > bv) {
+            bv = x;
+            bi = v;
+        }
+    }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k) {
+            float ov = sv[threadIdx.x + k];
+            int oi = si[threadIdx.x + k];
+            int mi = si[threadIdx.x];
+            if (oi != V && (mi == V || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && si[0] == tg)
+        atomicAdd(hits, 1ULL);
+}
+
+static long cu_argmax_hits(const float *probs, const int *targets, int N, int V)
+{
+    unsigned long long h = 0;
+    if (N <= 0)
+        return g_failed ? -1 : 0;
+    cuda_note(cudaMemset(g_hits, 0, sizeof *g_hits), "argmax_hits");
+    k_argmax_hits<<<N, ROW_THREADS>>>(g_hits, probs, targets, V);
+    LAUNCH_CHECK("argmax_hits");
+    cuda_note(cudaMemcpy(&h, g_hits, sizeof h, cudaMemcpyDeviceToHost), "argmax_hits");
+    return g_failed ? -1 : (long)h;
+}
+
 static const struct kern_backend CUDA_BACKEND = {
     "cuda",
     KERN_DEV_CUDA,
@@ -933,6 +988,7 @@ static const struct kern_backend CUDA_BACKEND = {
     cu_attention_bwd,
     cu_xent_fwd,
     cu_xent_bwd,
+    cu_argmax_hits,
     kern__cuda_adamw,
     kern__cuda_adam_dir,
 };
@@ -952,7 +1008,8 @@ extern "C" int kern__cuda_backend(const struct kern_backend **out)
         } else if (cudaSetDevice(0) != cudaSuccess ||
                    kern__cuda_gemm_init() != 0 ||
                    cudaMalloc(&g_red, sizeof(double)) != cudaSuccess ||
-                   cudaMalloc(&g_flag, sizeof(int)) != cudaSuccess) {
+                   cudaMalloc(&g_flag, sizeof(int)) != cudaSuccess ||
+                   cudaMalloc(&g_hits, sizeof *g_hits) != cudaSuccess) {
             CM_LOGE("cuda", "initialization failed: %s", cudaGetErrorString(cudaGetLastError()));
             g_state = CM_EDEVICE;
         } else {

@@ -227,6 +227,67 @@ static void test_layernorm_xent(void **state)
     layernorm_xent_case(700, 300, 1000);
 }
 
+/* Argmax hits (the masked-token accuracy of training batches) on the same
+ * probabilities on both backends: random rows, rows whose largest value is
+ * tied between two columns (the first counts, on both), a row of one value,
+ * and rows without a target, which are not counted. Exact: a count. */
+static void argmax_case(int N, int V)
+{
+    float *p = hrand((size_t)N * V, 1);
+    int *tg = malloc(N * sizeof(int));
+    long want = 0;
+    for (int i = 0; i < N; i++) {
+        float *r = p + (size_t)i * V;
+        int a = (i * 131) % V, b = (a + 1 + (i * 17) % (V - 1)) % V; /* a != b */
+        int lo = a < b ? a : b, hi = a < b ? b : a;
+        switch (i % 5) {
+        case 0: /* a clear hit */
+            r[a] = 100;
+            tg[i] = a;
+            want++;
+            break;
+        case 1: /* a tie: the first column is the argmax */
+            r[lo] = r[hi] = 100;
+            tg[i] = i % 2 ? lo : hi;
+            want += i % 2;
+            break;
+        case 2: /* a miss */
+            r[a] = 100;
+            tg[i] = b;
+            break;
+        case 3: /* no target, however clear */
+            r[a] = 100;
+            tg[i] = -1;
+            break;
+        default: /* all equal: column 0 */
+            for (int v = 0; v < V; v++)
+                r[v] = 0.5f;
+            tg[i] = (i / 5) % 2 ? 0 : a;
+            want += tg[i] == 0;
+            break;
+        }
+    }
+    float *d_p = up(p, (size_t)N * V * sizeof(float));
+    int *d_tg = up(tg, N * sizeof(int));
+    long hc = cpu->argmax_hits(p, tg, N, V), hd = dev->argmax_hits(d_p, d_tg, N, V);
+    printf("  argmax hits N=%d V=%d: cpu %ld, %s %ld, by construction %ld\n", N, V, hc, dev->name,
+           hd, want);
+    assert_int_equal(hc, want);
+    assert_int_equal(hd, want);
+    free(p);
+    free(tg);
+    dev->release(d_p);
+    dev->release(d_tg);
+}
+
+static void test_argmax_hits(void **state)
+{
+    (void)state;
+    argmax_case(40, 7);      /* rows narrower than a block */
+    argmax_case(300, 1000);  /* wider: the columns' order across threads */
+    argmax_case(2048, 8001); /* an ALBERT batch of the published tiny model's vocabulary */
+}
+
 static void embed_attention_case(int B, int T, int C, int NH, int V)
 {
     printf("  embedding + attention B=%d T=%d C=%d NH=%d V=%d\n", B, T, C, NH, V);
@@ -660,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_layernorm_xent),
+        cmocka_unit_test(test_argmax_hits),
         cmocka_unit_test(test_embed_attention),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_models_bf16),
