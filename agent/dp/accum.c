@@ -75,6 +75,9 @@ static void take(struct dp_loop *l, const struct kern_eval *ev, double dt)
     a->samples += w;
     a->loss_sum += ev->loss_sum;
     a->loss_n += (double)ev->count;
+    a->sop_sum += ev->sop_loss_sum;
+    a->sop_n += (double)ev->sop_count;
+    a->hits += (double)ev->correct;
     a->compute_s += dt;
     if (dt > 0) {
         /* our rate as the others see it: with the CPU limit's waits (the

@@ -117,7 +117,8 @@ static int upload_checkpoint(struct dp_state *s, int64_t step)
 
 /* The contribution report of a round (queued; sent in the background). */
 static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, double samples,
-                         double compute_s, double loss, double sps, const struct peer_round_summary *sum,
+                         double compute_s, double loss, double sop_loss, double mlm_accuracy,
+                         double sps, const struct peer_round_summary *sum,
                          size_t n_parts, uint64_t agreed, const struct collab_announce *mem,
                          const struct ar_member *am, size_t nmem, const char *params_hex)
 {
@@ -137,6 +138,12 @@ static void report_round(struct dp_state *s, int64_t step, const uint8_t *rid, d
     r->samples = samples;
     r->compute_s = compute_s;
     r->loss = isfinite(loss) ? loss : 0;
+    /* ALBERT's heads: NaN when the model has none (MLP, GPT) or the value
+       is not finite; the encoder leaves those out */
+    r->has_sop_loss = isfinite(sop_loss);
+    r->sop_loss = r->has_sop_loss ? sop_loss : 0;
+    r->has_mlm_accuracy = isfinite(mlm_accuracy);
+    r->mlm_accuracy = r->has_mlm_accuracy ? mlm_accuracy : 0;
     r->sps = sps;
     r->round_ms = sum->ms_total;
     r->parts = (int)n_parts;
@@ -309,10 +316,15 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         if (j->mem[i].sends)
             memcpy(s->prev[s->n_prev++], j->mem[i].pub, CM_ED25519_PUB_LEN);
     double loss = j->loss_n ? j->loss_sum / j->loss_n : NAN;
+    /* the sentence-order loss and the masked-token accuracy, for ALBERT
+       only: kern_eval.correct counts hits in training for its masked LM
+       alone (kernels/kern_model.h) */
+    double sop_loss = j->sop_n > 0 ? j->sop_sum / j->sop_n : NAN;
+    double mlm_acc = m->kind == KERN_MODEL_ALBERT && j->loss_n > 0 ? j->hits / j->loss_n : NAN;
     *step = j->step + 1;
     dp_update_hash(s, *step);
-    report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, j->sps, &j->sum, j->n_parts,
-                 j->agreed, j->mem, j->am, j->nmem, s->hash_step == *step ? s->hash : NULL);
+    report_round(s, j->step, j->rid, j->samples, j->compute_s, loss, sop_loss, mlm_acc, j->sps, &j->sum,
+                 j->n_parts, j->agreed, j->mem, j->am, j->nmem, s->hash_step == *step ? s->hash : NULL);
     /* A step with others ends an episode of failed rounds. A step alone
        does not: after rounds with the others failed, nobody averages with
        anybody (the others may be stuck fetching a state nobody has). */

@@ -127,6 +127,10 @@ struct dp_job {
                            by the training thread: the round thread reads this one) */
     float *accum;       /* mean gradient in, averaged gradient out (n floats) */
     double samples, loss_sum, loss_n, compute_s, sps;
+    /* ALBERT's heads over the round's micro-batches (the report's sop_loss
+       and mlm_accuracy): the sentence-order loss sum over sop_n sequences,
+       and the masked positions predicted right (of loss_n) */
+    double sop_sum, sop_n, hits;
     /* results */
     int rc;             /* CM_OK; CM_EBUSY: announced too late; CM_ESTATE: no usable round */
     int missed;         /* the others agreed on parts we lack: fetch their state */
@@ -271,6 +275,7 @@ struct dp_loop {
         struct dp_job *j;
         int64_t acc_step;   /* the round we accumulate for */
         double samples, loss_sum, loss_n, compute_s;
+        double sop_sum, sop_n, hits; /* as in dp_job */
         struct collab_progress *seen; /* the peers' progress, ourselves from memory */
         struct peer_info *infos;      /* the same as peer_info (nseen) */
         size_t nseen;

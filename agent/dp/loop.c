@@ -93,6 +93,7 @@ static enum dp_phase phase_begin(struct dp_loop *l)
        we joined with one micro-batch: two senders on 512 samples of 2,048
        in test_schedule_follow. */
     double samples = j->samples, loss_sum = j->loss_sum, loss_n = j->loss_n, compute_s = j->compute_s;
+    double sop_sum = j->sop_sum, sop_n = j->sop_n, hits = j->hits;
     carry = carry && !l->inflight && j->step == acc_step && samples > 0;
     job_reset(j);
     j->step = acc_step;
@@ -110,6 +111,9 @@ static enum dp_phase phase_begin(struct dp_loop *l)
         l->a.loss_sum = loss_sum;
         l->a.loss_n = loss_n;
         l->a.compute_s = compute_s;
+        l->a.sop_sum = sop_sum;
+        l->a.sop_n = sop_n;
+        l->a.hits = hits;
     }
     return DP_ACCUMULATE;
 }
@@ -225,6 +229,9 @@ static enum dp_phase phase_average(struct dp_loop *l)
     j->loss_sum = a->loss_sum;
     j->loss_n = a->loss_n;
     j->compute_s = a->compute_s;
+    j->sop_sum = a->sop_sum;
+    j->sop_n = a->sop_n;
+    j->hits = a->hits;
     j->sps = l->sps;
     j->finished = s->finished_at > 0;
     if (s->o.delayed_updates && !s->o.aggregate_only &&

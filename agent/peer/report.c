@@ -119,6 +119,12 @@ int peer_report_encode(const struct peer_report *r, const char *run, const uint8
      * rather than losing the report. */
     if (r->samples > 0 && in(r->loss, 0, 1e6))
         put(&w, "\"loss\":%.17g,", r->loss);
+    /* Optional, like params: coordinators before them refuse the fields, so
+     * a report of a model without those heads is byte for byte what it was. */
+    if (r->has_sop_loss && r->samples > 0 && in(r->sop_loss, 0, 1e6))
+        put(&w, "\"sop_loss\":%.17g,", r->sop_loss);
+    if (r->has_mlm_accuracy && r->samples > 0 && in(r->mlm_accuracy, 0, 1))
+        put(&w, "\"mlm_accuracy\":%.17g,", r->mlm_accuracy);
     put(&w, "\"sps\":%.17g,\"round_ms\":%.17g,\"parts\":%d,\"parts_averaged\":%d,",
         r->sps, r->round_ms, r->parts, r->parts_averaged);
     if (r->has_params) {

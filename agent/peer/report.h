@@ -40,6 +40,14 @@ struct peer_report {
     char group[65];      /* 1-64 of [A-Za-z0-9_.:-] */
     uint8_t round_id[32];
     double samples, compute_s, loss, sps, round_ms; /* loss: mean over samples (ignored when samples == 0 or not finite) */
+    /* ALBERT runs (issue 20), each written only when its has_ flag is set,
+       samples > 0 and the value is finite and in bounds (otherwise left
+       out, like loss): the sentence-order loss's mean over the round's
+       sequences (0 .. 1e6, with model.sentence_order), and the share of the
+       round's masked positions whose argmax prediction was the target
+       (0 .. 1) */
+    double sop_loss, mlm_accuracy;
+    int has_sop_loss, has_mlm_accuracy;
     int parts, parts_averaged;
     /* SHA-256 of this peer's float32 parameters after applying the round
      * (the state of step + 1), as agent_param_hash computes it; written as

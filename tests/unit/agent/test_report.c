@@ -195,6 +195,57 @@ static void test_encode_refuses_out_of_bounds(void **state)
     assert_null(strstr(buf, "\"loss\""));
 }
 
+/* ALBERT's heads (issue 20): after "loss", before "sps", only when set,
+ * finite and in bounds; a report without them is byte for byte as before. */
+static void test_encode_albert_heads(void **state)
+{
+    (void)state;
+    uint8_t pub[32] = {9};
+    char plain[PEER_REPORT_PAYLOAD_MAX + 1], buf[PEER_REPORT_PAYLOAD_MAX + 1];
+    size_t plen = 0, len = 0;
+    struct peer_report r;
+    sample(&r);
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, plain, sizeof plain, &plen), CM_OK);
+    assert_null(strstr(plain, "sop_loss"));
+    assert_null(strstr(plain, "mlm_accuracy"));
+    r.sop_loss = 0.6931;
+    r.mlm_accuracy = 0.125; /* values without their flags: still left out */
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+    assert_int_equal(len, plen);
+    assert_memory_equal(buf, plain, len);
+    r.has_sop_loss = r.has_mlm_accuracy = 1;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+    assert_non_null(strstr(buf, "\"loss\":0.41249999999999998,\"sop_loss\":0.69310000000000005,"
+                                "\"mlm_accuracy\":0.125,\"sps\":"));
+    json_error_t e;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &e);
+    assert_non_null(j);
+    assert_true(json_number_value(json_object_get(j, "sop_loss")) == 0.6931);
+    assert_true(json_number_value(json_object_get(j, "mlm_accuracy")) == 0.125);
+    json_decref(j);
+    /* each left out on its own when not finite or out of bounds */
+    const double bad_sop[] = {NAN, INFINITY, -0.5, 2e6}, bad_acc[] = {NAN, -INFINITY, -0.01, 1.5};
+    for (int i = 0; i < 4; i++) {
+        r.sop_loss = bad_sop[i];
+        r.mlm_accuracy = 1;
+        assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+        assert_null(strstr(buf, "sop_loss"));
+        assert_non_null(strstr(buf, "\"mlm_accuracy\":1,"));
+        r.sop_loss = 0;
+        r.mlm_accuracy = bad_acc[i];
+        assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+        assert_non_null(strstr(buf, "\"sop_loss\":0,"));
+        assert_null(strstr(buf, "mlm_accuracy"));
+    }
+    /* no samples, no loss of any kind */
+    r.mlm_accuracy = 0.5;
+    r.samples = 0;
+    r.n_members = 0;
+    assert_int_equal(peer_report_encode(&r, "r", pub, 1, buf, sizeof buf, &len), CM_OK);
+    assert_null(strstr(buf, "loss"));
+    assert_null(strstr(buf, "mlm_accuracy"));
+}
+
 static void test_sign_verifies(void **state)
 {
     (void)state;
@@ -263,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_encode_fields),
         cmocka_unit_test(test_encode_experts),
         cmocka_unit_test(test_encode_refuses_out_of_bounds),
+        cmocka_unit_test(test_encode_albert_heads),
         cmocka_unit_test(test_sign_verifies),
         cmocka_unit_test(test_reporter_bounded_and_nonblocking),
     };
