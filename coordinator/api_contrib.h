@@ -54,6 +54,11 @@ struct coord_report {
     uint8_t round[32];
     double samples, compute_s, loss, sps, round_ms;
     int has_loss;
+    /* Optional, ALBERT runs (issue 20): the round's sentence-order loss mean
+     * (0 .. 1e6) and the share of its masked positions predicted right
+     * (0 .. 1). */
+    double sop_loss, mlm_accuracy;
+    int has_sop_loss, has_mlm_accuracy;
     /* SHA-256 of the reporter's float32 parameters after the round (the
      * state of step + 1): what vouches for a checkpoint (docs/checkpoints.md,
      * "Trust"). Optional: agents before it omit it. */

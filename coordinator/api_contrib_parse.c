@@ -170,6 +170,8 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
         {"samples", CM_J_NUMBER, 1, 1, 0},
         {"compute_s", CM_J_NUMBER, 1, 1, 0},
         {"loss", CM_J_NUMBER, 0, 1, 0},
+        {"sop_loss", CM_J_NUMBER, 0, 1, 0},
+        {"mlm_accuracy", CM_J_NUMBER, 0, 1, 0},
         {"sps", CM_J_NUMBER, 1, 1, 0},
         {"round_ms", CM_J_NUMBER, 1, 1, 0},
         {"parts", CM_J_INT, 1, 0, 4096},
@@ -244,6 +246,16 @@ int coord_report_parse_json(const void *buf, size_t len, struct coord_report *ou
         if ((rc = number(j, "loss", 0, 1e6, &out->loss, err, cap)))
             goto out;
         out->has_loss = 1;
+    }
+    if (json_object_get(j, "sop_loss")) {
+        if ((rc = number(j, "sop_loss", 0, 1e6, &out->sop_loss, err, cap)))
+            goto out;
+        out->has_sop_loss = 1;
+    }
+    if (json_object_get(j, "mlm_accuracy")) {
+        if ((rc = number(j, "mlm_accuracy", 0, 1, &out->mlm_accuracy, err, cap)))
+            goto out;
+        out->has_mlm_accuracy = 1;
     }
     if ((rc = parse_members(json_object_get(j, "members"), out, err, cap)) ||
         (rc = parse_excluded(json_object_get(j, "excluded"), out, err, cap)))
@@ -363,12 +375,17 @@ static int num(struct cur *c, double *d, long long *i, int *is_int)
 
 enum {
     K_FORMAT, K_RUN, K_PEER, K_STEP, K_GROUP, K_ROUND, K_SAMPLES, K_COMPUTE, K_LOSS, K_SPS,
-    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_PARAMS, K_EXPERTS, K_COUNT
+    K_ROUND_MS, K_PARTS, K_PA, K_MEMBERS, K_EXCLUDED, K_T, K_PARAMS, K_EXPERTS, K_SOP_LOSS,
+    K_MLM_ACC, K_COUNT
 };
 static const char *const KEYS[K_COUNT] = {
     "format", "run", "peer", "step", "group", "round", "samples", "compute_s",
     "loss", "sps", "round_ms", "parts", "parts_averaged", "members", "excluded", "t", "params",
-    "experts"};
+    "experts", "sop_loss", "mlm_accuracy"};
+_Static_assert(K_COUNT <= 32, "the fields seen are bits of an unsigned");
+/* the fields a report may leave out */
+#define K_OPTIONAL ((1u << K_LOSS) | (1u << K_PARAMS) | (1u << K_EXPERTS) | (1u << K_SOP_LOSS) | \
+                    (1u << K_MLM_ACC))
 
 static int in(double x, double lo, double hi)
 {
@@ -572,7 +589,7 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
             return 0;
     }
     ws(&c);
-    if (c.p != c.e || (seen | (1u << K_LOSS) | (1u << K_PARAMS) | (1u << K_EXPERTS)) != (1u << K_COUNT) - 1)
+    if (c.p != c.e || (seen | K_OPTIONAL) != (1u << K_COUNT) - 1)
         return 0;
     if (int_v[K_STEP] < 0 || int_v[K_STEP] > (1LL << 53) || int_v[K_PARTS] < 0 ||
         int_v[K_PARTS] > 4096 || int_v[K_PA] < 0 || int_v[K_PA] > 4096 ||
@@ -582,6 +599,10 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
         !in(num_v[K_SPS], 0, 1e9) || !in(num_v[K_ROUND_MS], 0, 3.6e6))
         return 0;
     if ((seen & (1u << K_LOSS)) && !in(num_v[K_LOSS], 0, 1e6))
+        return 0;
+    if ((seen & (1u << K_SOP_LOSS)) && !in(num_v[K_SOP_LOSS], 0, 1e6))
+        return 0;
+    if ((seen & (1u << K_MLM_ACC)) && !in(num_v[K_MLM_ACC], 0, 1))
         return 0;
     r->step = int_v[K_STEP];
     r->t = int_v[K_T];
@@ -594,6 +615,14 @@ int coord_report_parse_fast(const void *buf, size_t len, struct coord_report *r)
     if (seen & (1u << K_LOSS)) {
         r->loss = num_v[K_LOSS];
         r->has_loss = 1;
+    }
+    if (seen & (1u << K_SOP_LOSS)) {
+        r->sop_loss = num_v[K_SOP_LOSS];
+        r->has_sop_loss = 1;
+    }
+    if (seen & (1u << K_MLM_ACC)) {
+        r->mlm_accuracy = num_v[K_MLM_ACC];
+        r->has_mlm_accuracy = 1;
     }
     return 1;
 }

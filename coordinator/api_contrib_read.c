@@ -550,11 +550,16 @@ COORD_DB_STMT(S_CURVE, 4,
               "WITH s AS (SELECT c.step, "
               "  sum(c.loss * c.verified_samples) FILTER (WHERE c.loss IS NOT NULL) AS ls, "
               "  sum(c.verified_samples) FILTER (WHERE c.loss IS NOT NULL) AS ws, "
+              "  sum(c.sop_loss * c.verified_samples) FILTER (WHERE c.sop_loss IS NOT NULL) AS sls, "
+              "  sum(c.verified_samples) FILTER (WHERE c.sop_loss IS NOT NULL) AS sws, "
+              "  sum(c.mlm_accuracy * c.verified_samples) FILTER (WHERE c.mlm_accuracy IS NOT NULL) AS mas, "
+              "  sum(c.verified_samples) FILTER (WHERE c.mlm_accuracy IS NOT NULL) AS mws, "
               "  sum(c.verified_samples) AS samples, count(*) AS peers, min(c.received_at) AS t "
               "  FROM contrib_claims c WHERE c.run = $1 AND c.verified_samples > 0 "
               "  AND c.step BETWEEN $2::bigint AND $3::bigint GROUP BY c.step) "
               "SELECT max(step), sum(ls) / nullif(sum(ws), 0), sum(samples) / count(*), "
-              "sum(peers)::float8 / count(*), extract(epoch from min(t))::bigint, count(*) "
+              "sum(peers)::float8 / count(*), extract(epoch from min(t))::bigint, count(*), "
+              "sum(sls) / nullif(sum(sws), 0), sum(mas) / nullif(sum(mws), 0) "
               "FROM s GROUP BY (step - $2::bigint) / $4::bigint ORDER BY 1");
 
 void api_run_curve(struct coord_req *req, struct coord_resp *resp)
@@ -589,10 +594,13 @@ void api_run_curve(struct coord_req *req, struct coord_resp *resp)
             return;
         }
         for (int i = 0; i < PQntuples(r); i++) {
+            /* sop_loss and mlm_accuracy: null for a step whose reports
+               had none (models without ALBERT's heads) */
             json_array_append_new(
-                points, json_pack("{s:I, s:o, s:f, s:f, s:I}", "step", lng(r, i, 0), "loss",
-                                  dbl_or_null(r, i, 1), "samples", dbl(r, i, 2), "peers",
-                                  dbl(r, i, 3), "t", lng(r, i, 4)));
+                points, json_pack("{s:I, s:o, s:o, s:o, s:f, s:f, s:I}", "step", lng(r, i, 0), "loss",
+                                  dbl_or_null(r, i, 1), "sop_loss", dbl_or_null(r, i, 6),
+                                  "mlm_accuracy", dbl_or_null(r, i, 7), "samples", dbl(r, i, 2),
+                                  "peers", dbl(r, i, 3), "t", lng(r, i, 4)));
             steps += lng(r, i, 5);
         }
     }

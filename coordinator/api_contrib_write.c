@@ -52,7 +52,8 @@ static int g_started;
 #define ROWS_COLS                                                                                \
     "i int, pass bigint, run text, step bigint, pk text, round text, grp text, samples float8, " \
     "compute_s float8, loss float8, sps float8, round_ms float8, parts int, pa int, nm int, "    \
-    "nx int, payload text, sig text, sha text, params text, experts jsonb"
+    "nx int, payload text, sig text, sha text, params text, experts jsonb, sop_loss float8, "     \
+    "mlm_acc float8"
 
 /* Each row finds its pass by primary key (LATERAL ... OFFSET 0 keeps it a
  * per-row index lookup: planned as a join, the pass table was scanned by
@@ -72,10 +73,12 @@ COORD_DB_STMT(S_INSERT, 1,
               "  FROM runs r WHERE r.id IN (SELECT DISTINCT run_id FROM v)) "
               "INSERT INTO contrib_reports (run_id, step, peer_public_key, user_id, pass_id, round_id, "
               "group_id, samples, compute_s, loss, sps, round_ms, parts, parts_averaged, n_members, "
-              "n_excluded, payload, signature, payload_sha256, params_sha256, experts) "
+              "n_excluded, payload, signature, payload_sha256, params_sha256, experts, sop_loss, "
+              "mlm_accuracy) "
               "SELECT v.run_id, v.step, v.ppk, v.user_id, v.pass, decode(v.round, 'hex'), "
               "v.grp, v.samples, v.compute_s, v.loss, v.sps, v.round_ms, v.parts, v.pa, v.nm, v.nx, "
-              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex'), decode(v.params, 'hex'), v.experts "
+              "v.payload, decode(v.sig, 'hex'), decode(v.sha, 'hex'), decode(v.params, 'hex'), v.experts, "
+              "v.sop_loss, v.mlm_acc "
               "FROM v JOIN lim ON lim.id = v.run_id AND lim.name = v.run "
               "WHERE v.step <= lim.top AND (lim.status = 'open' OR "
               "  (lim.status = 'finished' AND v.step <= lim.seen_top)) ORDER BY v.run_id, v.step, v.ppk "
@@ -277,6 +280,15 @@ static void row_text(struct sb *b, size_t i, const struct coord_report_job *j)
     sb_hex(b, j->sig, sizeof j->sig);
     sb_lit(b, ",\"sha\":");
     sb_hex(b, digest, sizeof digest);
+    /* ALBERT's heads (sql/012_albert_heads.sql); absent: NULL */
+    if (r->has_sop_loss) {
+        sb_lit(b, ",\"sop_loss\":");
+        sb_num(b, r->sop_loss);
+    }
+    if (r->has_mlm_accuracy) {
+        sb_lit(b, ",\"mlm_acc\":");
+        sb_num(b, r->mlm_accuracy);
+    }
     if (r->has_params) {
         sb_lit(b, ",\"params\":");
         sb_hex(b, r->params, sizeof r->params);

@@ -2,8 +2,9 @@
  * (coordinator/api_contrib_parse.c: coord_report_parse), the bytes an agent
  * signs and the coordinator parses after checking the signature. Every
  * rejection must explain itself; every accepted report must be within the
- * documented bounds, and carries a parameter hash only when it said one,
- * and at most 64 distinct expert server attestations. */
+ * documented bounds, and carries a parameter hash (and ALBERT's sop_loss
+ * and mlm_accuracy) only when it said one, and at most 64 distinct expert
+ * server attestations. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +25,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         !(r.samples >= 0 && r.samples <= COORD_REPORT_SAMPLES_MAX) || r.step < 0 ||
         r.parts_averaged > r.parts || !isfinite(r.compute_s) || strlen(r.group) == 0 ||
         (r.has_params != 0 && r.has_params != 1))
+        __builtin_trap();
+    /* ALBERT's heads: in bounds when said, zero when not */
+    if ((r.has_sop_loss && !(r.sop_loss >= 0 && r.sop_loss <= 1e6)) ||
+        (r.has_mlm_accuracy && !(r.mlm_accuracy >= 0 && r.mlm_accuracy <= 1)) ||
+        (!r.has_sop_loss && r.sop_loss != 0) || (!r.has_mlm_accuracy && r.mlm_accuracy != 0))
         __builtin_trap();
     static const uint8_t zero[32];
     if (!r.has_params && memcmp(r.params, zero, sizeof zero) != 0)

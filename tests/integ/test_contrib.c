@@ -21,7 +21,9 @@
  *    far-future uploads never are, and do not move the report window;
  *  - a run's status follows its verified progress: after its last step it
  *    is finished, and a finished or paused run takes no new reports; the
- *    public curve and stats show verified figures only. */
+ *    public curve and stats show verified figures only;
+ *  - ALBERT's heads (sop_loss, mlm_accuracy) are stored and averaged in the
+ *    curve, null where absent; malformed ones are refused, nothing stored. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -977,6 +979,137 @@ static void test_public_figures_verified_only(void **state)
     json_decref(c1);
 }
 
+/* ALBERT's heads (issue 20): sop_loss and mlm_accuracy are stored, the
+ * curve gives their verified-samples-weighted means per step (and per
+ * bucket) next to the loss, null where no report had them; wrong types or
+ * out-of-range values are refused with the field named, storing nothing. */
+static void albert_report(struct peer_report *r, int me, int64_t step, double samples, double sop,
+                          double acc)
+{
+    const int m[] = {V1A, V1B, V2A};
+    const double s[] = {64, 32, 128};
+    build(r, me, step, 600 + (int)step, samples, m, s, 3);
+    r->loss = 6.5;
+    r->has_sop_loss = !isnan(sop);
+    r->sop_loss = sop;
+    r->has_mlm_accuracy = !isnan(acc);
+    r->mlm_accuracy = acc;
+}
+
+static json_t *curve_point(const char *query, int64_t step)
+{
+    char path[160];
+    snprintf(path, sizeof path, "/api/v1/runs/r1/curve?%s", query);
+    json_t *c = get_json(path, NULL), *p, *found = NULL;
+    size_t i;
+    json_array_foreach(json_object_get(c, "points"), i, p) if (json_integer_value(
+        json_object_get(p, "step")) == step) found = json_incref(p);
+    json_decref(c);
+    return found;
+}
+
+static void test_albert_heads(void **state)
+{
+    (void)state;
+    struct peer_report r;
+    /* step 60: all three with both heads */
+    const double sop60[] = {0.70, 0.66, 0.60}, acc60[] = {0.10, 0.25, 0.5};
+    const int who[] = {V1A, V1B, V2A};
+    const double smp[] = {64, 32, 128};
+    for (int k = 0; k < 3; k++) {
+        albert_report(&r, who[k], 60, smp[k], sop60[k], acc60[k]);
+        const char *pl = encode(&r, "r1", who[k]);
+        assert_non_null(strstr(pl, "\"sop_loss\":"));
+        assert_non_null(strstr(pl, "\"mlm_accuracy\":"));
+        expect_post(&r, who[k], 201, NULL);
+    }
+    /* step 61: V2A's report without them (an agent before them) */
+    albert_report(&r, V1A, 61, 64, 0.5, 0.2);
+    expect_post(&r, V1A, 201, NULL);
+    albert_report(&r, V1B, 61, 32, 0.8, 0.35);
+    expect_post(&r, V1B, 201, NULL);
+    albert_report(&r, V2A, 61, 128, NAN, NAN);
+    expect_post(&r, V2A, 201, NULL);
+    /* step 62: nobody has them */
+    for (int k = 0; k < 3; k++) {
+        albert_report(&r, who[k], 62, smp[k], NAN, NAN);
+        expect_post(&r, who[k], 201, NULL);
+    }
+    /* stored as sent */
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 60 AND sop_loss IS NOT NULL "
+                            "AND mlm_accuracy IS NOT NULL"), 3);
+    assert_int_equal(scalar("SELECT round(mlm_accuracy * 1000)::bigint FROM contrib_claims "
+                            "WHERE step = 60 AND claimed_samples = 128"), 500);
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 61 AND sop_loss IS NULL"), 1);
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 62 AND "
+                            "(sop_loss IS NOT NULL OR mlm_accuracy IS NOT NULL)"), 0);
+    /* the curve's weighted means */
+    json_t *p = curve_point("from=60&to=62", 60);
+    assert_non_null(p);
+    double w_sop = (64 * 0.70 + 32 * 0.66 + 128 * 0.60) / 224, w_acc = (64 * 0.10 + 32 * 0.25 + 128 * 0.5) / 224;
+    assert_true(fabs(num(p, "sop_loss") - w_sop) < 1e-12);
+    assert_true(fabs(num(p, "mlm_accuracy") - w_acc) < 1e-12);
+    assert_true(fabs(num(p, "loss") - 6.5) < 1e-12);
+    json_decref(p);
+    p = curve_point("from=60&to=62", 61);
+    assert_non_null(p);
+    assert_true(fabs(num(p, "sop_loss") - (64 * 0.5 + 32 * 0.8) / 96) < 1e-12);
+    assert_true(fabs(num(p, "mlm_accuracy") - (64 * 0.2 + 32 * 0.35) / 96) < 1e-12);
+    assert_true(num(p, "samples") == 224); /* all three count for the samples */
+    json_decref(p);
+    p = curve_point("from=60&to=62", 62);
+    assert_non_null(p);
+    assert_true(json_is_null(json_object_get(p, "sop_loss")));
+    assert_true(json_is_null(json_object_get(p, "mlm_accuracy")));
+    json_decref(p);
+    /* a step of another model's reports: the keys are there, null */
+    p = curve_point("from=1&to=1", 1);
+    assert_non_null(p);
+    assert_true(json_is_null(json_object_get(p, "sop_loss")) && json_is_null(json_object_get(p, "mlm_accuracy")));
+    json_decref(p);
+    /* one bucket of steps 60 and 61: weighted over both */
+    p = curve_point("from=60&to=61&max_points=1", 61);
+    assert_non_null(p);
+    assert_true(fabs(num(p, "sop_loss") - (64 * 0.70 + 32 * 0.66 + 128 * 0.60 + 64 * 0.5 + 32 * 0.8) / 320) <
+                1e-12);
+    json_decref(p);
+
+    /* refused, naming the field; nothing stored */
+    long before = db_state();
+    char pk[64], other[64], rnd[65];
+    uint8_t rid[32];
+    round_id(663, rid);
+    cm_hex_encode(rid, 32, rnd);
+    cm_b64url_encode(g_key[V1C].pub, 32, pk);
+    cm_b64url_encode(g_key[V1A].pub, 32, other);
+    const char *bad[] = {"\"sop_loss\":\"0.7\"", "\"sop_loss\":-1",       "\"sop_loss\":2e6",
+                         "\"sop_loss\":null",    "\"mlm_accuracy\":1.5",  "\"mlm_accuracy\":-0.1",
+                         "\"mlm_accuracy\":true", "\"mlm_accuracy\":[0.5]"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char payload[2048];
+        snprintf(payload, sizeof payload,
+                 "{\"format\":\"crowdtrain-report/1\",\"run\":\"r1\",\"peer\":\"%s\",\"step\":63,"
+                 "\"group\":\"g\",\"round\":\"%s\",\"samples\":16,\"compute_s\":1,\"loss\":6,%s,"
+                 "\"sps\":1,\"round_ms\":1,\"parts\":1,\"parts_averaged\":1,\"members\":{\"%s\":16},"
+                 "\"excluded\":[],\"t\":1}",
+                 pk, rnd, bad[k], other);
+        char *body = NULL;
+        assert_int_equal(peer_report_sign(&g_key[V1C], g_tok[V1C], payload, strlen(payload), &body), CM_OK);
+        struct ct_resp resp;
+        ct_http(&g_c, "POST", "/api/v1/runs/r1/reports", NULL, body, &resp);
+        free(body);
+        json_t *e = json_object_get(resp.json, "error");
+        const char *code = json_string_value(json_object_get(e, "code"));
+        const char *msg = json_string_value(json_object_get(e, "message"));
+        const char *field = strstr(bad[k], "sop_loss") ? "sop_loss" : "mlm_accuracy";
+        if (resp.status != 400 || !code || strcmp(code, "invalid_report") || !msg || !strstr(msg, field))
+            fail_msg("%s: %ld %s", bad[k], resp.status, resp.body ? resp.body : "");
+        ct_resp_free(&resp);
+    }
+    assert_int_equal(db_state(), before);
+    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 63"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -992,6 +1125,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_vouched_by_members),
         cmocka_unit_test(test_run_status_follows_verified_progress),
         cmocka_unit_test(test_public_figures_verified_only),
+        cmocka_unit_test(test_albert_heads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

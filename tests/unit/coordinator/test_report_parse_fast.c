@@ -73,6 +73,58 @@ static void test_agent_forms(void **state)
     assert_true(g_fast.experts[0].samples == 128 && g_fast.experts[1].samples == 0.5);
     same_as_json(HEAD "\"experts\":{},\"step\":4," REST "\"members\":{},\"excluded\":[],\"t\":1}");
     assert_int_equal(g_fast.n_experts, 0);
+    /* ALBERT's heads (issue 20): where the agent writes them, elsewhere, one
+       without the other, bounds' edges, integers */
+    same_as_json(HEAD "\"step\":5," REST "\"loss\":6.5,\"sop_loss\":0.69310000000000005,"
+                      "\"mlm_accuracy\":0.125,\"members\":{},\"excluded\":[],\"t\":1}");
+    assert_true(g_fast.has_sop_loss && g_fast.has_mlm_accuracy);
+    assert_true(g_fast.sop_loss == 0.6931 && g_fast.mlm_accuracy == 0.125);
+    same_as_json(HEAD "\"mlm_accuracy\":1,\"step\":5," REST "\"members\":{},\"excluded\":[],"
+                      "\"sop_loss\":1e6,\"t\":1}");
+    assert_true(g_fast.sop_loss == 1e6 && g_fast.mlm_accuracy == 1);
+    same_as_json(HEAD "\"step\":5," REST "\"mlm_accuracy\":0,\"members\":{},\"excluded\":[],\"t\":1}");
+    assert_true(g_fast.has_mlm_accuracy && !g_fast.has_sop_loss);
+    same_as_json(HEAD "\"step\":5," REST "\"sop_loss\":-0.0,\"members\":{},\"excluded\":[],\"t\":1}");
+    assert_true(g_fast.has_sop_loss && !g_fast.has_mlm_accuracy);
+    same_as_json(HEAD "\"step\":5," REST "\"members\":{},\"excluded\":[],\"t\":1}");
+    assert_false(g_fast.has_sop_loss || g_fast.has_mlm_accuracy);
+}
+
+/* Out of bounds or of the wrong type: refused by both, the message naming
+ * the field. */
+static void test_albert_heads_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "\"sop_loss\":-0.5",     "\"sop_loss\":1.5e6",     "\"sop_loss\":null",
+        "\"sop_loss\":\"0.7\"",  "\"sop_loss\":true",      "\"sop_loss\":[0.7]",
+        "\"mlm_accuracy\":-0.01", "\"mlm_accuracy\":1.0001",
+        "\"mlm_accuracy\":2",    "\"mlm_accuracy\":null",  "\"mlm_accuracy\":\"0.5\"",
+        "\"mlm_accuracy\":{}",   "\"mlm_accuracy\":false",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char s[1024], err[256];
+        snprintf(s, sizeof s, HEAD "\"step\":1," REST "%s,\"members\":{},\"excluded\":[],\"t\":1}",
+                 bad[i]);
+        if (fast(s))
+            fail_msg("taken directly: %s", s);
+        assert_int_equal(coord_report_parse(s, strlen(s), &g_json, err, sizeof err), CM_EPARSE);
+        const char *field = strstr(bad[i], "sop_loss") ? "sop_loss" : "mlm_accuracy";
+        if (!strstr(err, field))
+            fail_msg("%s: '%s' does not name %s", bad[i], err, field);
+    }
+    /* the JSON reader's own refusals: twice, and beyond a double */
+    char s[1024], err[256];
+    snprintf(s, sizeof s, HEAD "\"step\":1," REST "\"sop_loss\":1,\"sop_loss\":1,\"members\":{},"
+                          "\"excluded\":[],\"t\":1}");
+    assert_false(fast(s));
+    assert_int_equal(coord_report_parse(s, strlen(s), &g_json, err, sizeof err), CM_EPARSE);
+    assert_non_null(strstr(err, "duplicate"));
+    snprintf(s, sizeof s, HEAD "\"step\":1," REST "\"sop_loss\":1e400,\"members\":{},"
+                          "\"excluded\":[],\"t\":1}");
+    assert_false(fast(s));
+    assert_int_equal(coord_report_parse(s, strlen(s), &g_json, err, sizeof err), CM_EPARSE);
+    assert_non_null(strstr(err, "overflow"));
 }
 
 static void test_left_to_json(void **state)
@@ -141,6 +193,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_forms),
         cmocka_unit_test(test_left_to_json),
+        cmocka_unit_test(test_albert_heads_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
