@@ -2,6 +2,7 @@
  * (name, status, model summary, target batch size); its config is shown to
  * logged-in users; organizers create and change runs and keep allowlists.
  * Every change is written to the audit log in the same transaction. */
+#include "agent/train/train_config.h"
 #include "coordinator/api.h"
 #include "coordinator/auth.h"
 #include "coordinator/backbone.h"
@@ -75,13 +76,66 @@ static int valid_status(const char *s)
     return s && (!strcmp(s, "open") || !strcmp(s, "paused") || !strcmp(s, "finished"));
 }
 
+/* A config with a model is a recipe every agent must load: it is parsed
+ * here by the agents' own parser (agent/train/train_config.c; the roles
+ * take out "collaboration" and "pipeline" first, so does this), so a recipe
+ * no agent could train (a warm-up as long as the run, an unknown key, a
+ * head that does not divide the width) is refused at creation with the
+ * message a volunteer would otherwise see at every join. The declared
+ * model_parameters, which schedules are computed from, must be the model's
+ * count. 1 when valid; else 0 with err set. */
+static int recipe_valid(const json_t *cfg, char *err, size_t errlen)
+{
+    if (!json_object_get(cfg, "model"))
+        return 1;
+    json_t *c = json_deep_copy(cfg);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return 0;
+    }
+    json_t *collab = json_incref(json_object_get(c, "collaboration"));
+    int pipeline = json_object_get(c, "pipeline") != NULL;
+    json_object_del(c, "collaboration");
+    json_object_del(c, "pipeline");
+    char *text = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    struct agent_train_config *tc = malloc(sizeof *tc); /* paths make it large */
+    char why[256] = "";
+    int rc = text && tc ? agent_train_config_parse(text, strlen(text), NULL, tc, why, sizeof why)
+                        : CM_ENOMEM;
+    free(text);
+    if (rc != CM_OK) {
+        free(tc);
+        json_decref(collab);
+        snprintf(err, errlen, "field 'config': the training recipe: %s", why[0] ? why : cm_strerror(rc));
+        return 0;
+    }
+    json_t *mp = json_object_get(collab, "model_parameters");
+    if (!mp)
+        mp = json_object_get(cfg, "model_parameters");
+    size_t n = tc->kind == KERN_MODEL_MLP    ? kern_mlp_param_count(&tc->mlp)
+               : tc->kind == KERN_MODEL_DMOE ? kern_dmoe_param_count(&tc->dmoe)
+                                             : kern_tfm_param_count(&tc->tfm);
+    free(tc);
+    int ok = 1;
+    /* a pipeline's stages hold parts of the model: api_pipeline.c checks those */
+    if (mp && !pipeline && (!json_is_integer(mp) || json_integer_value(mp) != (json_int_t)n)) {
+        snprintf(err, errlen,
+                 "field 'config': model_parameters must be the model's parameter count, %zu", n);
+        ok = 0;
+    }
+    json_decref(collab);
+    return ok;
+}
+
 /* The parts of a run's config the coordinator itself acts on are checked
- * before anything is stored (the rest is the agents' recipe, which they
- * validate): config.pipeline (api_pipeline.c). */
+ * before anything is stored: config.pipeline (api_pipeline.c), and the
+ * training recipe (above). */
 static int config_valid(const json_t *cfg, long long target_batch, struct coord_resp *resp)
 {
-    char err[320];
-    if (cfg && api_pipeline_config_check(cfg, target_batch, err, sizeof err) != CM_OK) {
+    char err[400];
+    if (cfg && (api_pipeline_config_check(cfg, target_batch, err, sizeof err) != CM_OK ||
+                !recipe_valid(cfg, err, sizeof err))) {
         coord_resp_error(resp, 400, "invalid_request", "%s", err);
         return 0;
     }

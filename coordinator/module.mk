@@ -18,7 +18,11 @@ $(BUILD)/gen/coord_docs.c: coordinator/openapi.json scripts/embed.sh
 $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(COORD_LIB): $(call objs_of,$(COORD_SRCS)) $(COORD_GEN:.c=.o)
+# The agents' recipe parser and the models' checks (no backend): runs are
+# refused at creation with a recipe no agent could load (api_runs.c).
+COORD_RECIPE_SRCS := agent/train/train_config.c kernels/kern_config.c
+
+$(COORD_LIB): $(call objs_of,$(COORD_SRCS) $(COORD_RECIPE_SRCS)) $(COORD_GEN:.c=.o)
 	@mkdir -p $(@D)
 	$(if $(Q),@echo "  AR    $@")
 	$(Q)rm -f $@ && ar rcs $@ $^

@@ -50,56 +50,6 @@ struct dmoe {
     struct kern_dmoe_stats st;
 };
 
-int kern_dmoe_config_check(const struct kern_dmoe_config *c, const char **why)
-{
-    if (c->in_dim < 1 || c->in_dim > KERN_MAX_DIM) {
-        *why = "dmoe: input width must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (c->ntrunk < 1 || c->ntrunk > KERN_DMOE_MAX_TRUNK) {
-        *why = "dmoe: the trunk has 1..4 layers";
-        return CM_EINVAL;
-    }
-    for (int i = 0; i < c->ntrunk; i++)
-        if (c->trunk[i] < 1 || c->trunk[i] > KERN_MAX_DIM) {
-            *why = "dmoe: trunk widths must be in 1..65536";
-            return CM_EINVAL;
-        }
-    if (c->grid_d < 1 || c->grid_d > KERN_DMOE_MAX_D || c->grid_m < 2 || c->grid_m > 65536) {
-        *why = "dmoe: the grid has 1..8 dimensions of 2..65536 cells";
-        return CM_EINVAL;
-    }
-    double cells = pow((double)c->grid_m, (double)c->grid_d);
-    if (cells >= 4611686018427387904.0) { /* 2^62: a flat uid fits in 64 bits */
-        *why = "dmoe: grid too large (M^d must be below 2^62)";
-        return CM_EINVAL;
-    }
-    if (c->k < 1 || c->k > KERN_DMOE_MAX_K) {
-        *why = "dmoe: k must be in 1..64";
-        return CM_EINVAL;
-    }
-    if (c->nclass < 2 || c->nclass > KERN_MAX_DIM) {
-        *why = "dmoe: classes must be in 2..65536";
-        return CM_EINVAL;
-    }
-    if (kern_dmoe_param_count(c) > KERN_MAX_PARAMS) {
-        *why = "dmoe: too many parameters";
-        return CM_EINVAL;
-    }
-    return CM_OK;
-}
-
-size_t kern_dmoe_param_count(const struct kern_dmoe_config *c)
-{
-    size_t n = 0, prev = (size_t)c->in_dim, C = (size_t)c->trunk[c->ntrunk - 1];
-    for (int i = 0; i < c->ntrunk; i++) {
-        n += prev * (size_t)c->trunk[i] + (size_t)c->trunk[i];
-        prev = (size_t)c->trunk[i];
-    }
-    size_t DM = (size_t)c->grid_d * c->grid_m;
-    return n + DM * C + DM + (size_t)c->nclass * C + (size_t)c->nclass;
-}
-
 static int maxw_of(const struct kern_dmoe_config *c)
 {
     int w = c->in_dim;

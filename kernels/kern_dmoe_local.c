@@ -19,7 +19,6 @@
 #include "kern_dmoe.h"
 #include "kern_expert.h"
 
-#define LOCAL_MAX_CELLS 4096
 
 struct cell {
     struct kern_expert *e;
@@ -35,28 +34,6 @@ struct kern_dmoe_local {
     uint64_t rng;
     int frozen;
 };
-
-int kern_dmoe_local_config_check(const struct kern_dmoe_local_config *c, const char **why)
-{
-    if (c->d < 1 || c->d > KERN_DMOE_MAX_D || c->M < 2 ||
-        pow((double)c->M, (double)c->d) > LOCAL_MAX_CELLS) {
-        *why = "dmoe experts: the local grid holds at most 4096 experts (M^d)";
-        return CM_EINVAL;
-    }
-    if (c->C < 1 || c->C > KERN_MAX_DIM || c->F < 1 || c->F > KERN_MAX_DIM) {
-        *why = "dmoe experts: widths must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (c->max_rows < 1 || c->max_rows > (1 << 16)) {
-        *why = "dmoe experts: max_rows must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (!(c->fail_prob >= 0.0f && c->fail_prob < 1.0f)) {
-        *why = "dmoe experts: fail_prob must be in [0, 1)";
-        return CM_EINVAL;
-    }
-    return kern_optim_config_check(&c->opt, why);
-}
 
 void kern_dmoe_local_free(struct kern_dmoe_local *l)
 {

@@ -27,32 +27,6 @@ struct mlp {
     int maxw;
 };
 
-int kern_mlp_config_check(const struct kern_mlp_config *c, const char **why)
-{
-    if (c->in_dim < 1 || c->in_dim > KERN_MAX_DIM) {
-        *why = "mlp: input width must be in 1..65536";
-        return CM_EINVAL;
-    }
-    if (c->nhidden < 0 || c->nhidden > KERN_MLP_MAX_HIDDEN) {
-        *why = "mlp: at most 8 hidden layers";
-        return CM_EINVAL;
-    }
-    for (int i = 0; i < c->nhidden; i++)
-        if (c->hidden[i] < 1 || c->hidden[i] > KERN_MAX_DIM) {
-            *why = "mlp: hidden widths must be in 1..65536";
-            return CM_EINVAL;
-        }
-    if (c->nclass < 2 || c->nclass > KERN_MAX_DIM) {
-        *why = "mlp: classes must be in 2..65536";
-        return CM_EINVAL;
-    }
-    if (kern_mlp_param_count(c) > KERN_MAX_PARAMS) {
-        *why = "mlp: too many parameters";
-        return CM_EINVAL;
-    }
-    return CM_OK;
-}
-
 void kern_mlp_mem_need(const struct kern_mlp_config *c, int max_batch, struct kern_mem_need *n)
 {
     /* as kern_mlp_new: x, z[l] for every layer, a[l] for the hidden ones,
@@ -75,18 +49,6 @@ void kern_mlp_mem_need(const struct kern_mlp_config *c, int max_batch, struct ke
     n->act = act * sizeof(float) + B * sizeof(int);
     n->scratch = (np / KERN_SUMSQ_BLOCK + 2) * sizeof(double) + sizeof(int);
     n->reserve = KERN_GPU_RESERVE;
-}
-
-size_t kern_mlp_param_count(const struct kern_mlp_config *c)
-{
-    size_t n = 0;
-    int prev = c->in_dim;
-    for (int i = 0; i <= c->nhidden; i++) {
-        int w = i < c->nhidden ? c->hidden[i] : c->nclass;
-        n += (size_t)prev * w + w;
-        prev = w;
-    }
-    return n;
 }
 
 static void mlp_destroy(struct kern_model *m)

@@ -9,58 +9,6 @@
 #include "cm_err.h"
 #include "kern_optim.h"
 
-void kern_optim_config_default(struct kern_optim_config *c)
-{
-    c->kind = KERN_OPT_ADAMW;
-    c->lr = 1e-3f;
-    c->beta1 = 0.9f;
-    c->beta2 = 0.999f;
-    c->eps = 1e-8f;
-    c->weight_decay = 0.0f;
-    c->clip_norm = 0.0f;
-    c->sched = KERN_SCHED_CONSTANT;
-    c->warmup_steps = 0;
-    c->total_steps = 0;
-    c->min_lr_ratio = 0.0f;
-}
-
-int kern_optim_config_check(const struct kern_optim_config *c, const char **why)
-{
-    if (!(c->lr > 0.0f && c->lr < 10.0f)) {
-        *why = "optimizer: lr must be in (0, 10)";
-        return CM_EINVAL;
-    }
-    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f)) {
-        *why = "optimizer: betas must be in [0, 1)";
-        return CM_EINVAL;
-    }
-    if (!(c->eps > 0.0f && c->eps < 1.0f)) {
-        *why = "optimizer: eps must be in (0, 1)";
-        return CM_EINVAL;
-    }
-    if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f)) {
-        *why = "optimizer: weight_decay must be in [0, 1)";
-        return CM_EINVAL;
-    }
-    if (!(c->clip_norm >= 0.0f) || !isfinite(c->clip_norm)) {
-        *why = "optimizer: clip_norm must be >= 0 (0 = off)";
-        return CM_EINVAL;
-    }
-    if (c->warmup_steps < 0 || c->total_steps < 0) {
-        *why = "schedule: warmup_steps and total_steps must be >= 0";
-        return CM_EINVAL;
-    }
-    if (c->sched != KERN_SCHED_CONSTANT && c->total_steps <= c->warmup_steps) {
-        *why = "schedule: linear/cosine decay needs total_steps > warmup_steps";
-        return CM_EINVAL;
-    }
-    if (!(c->min_lr_ratio >= 0.0f && c->min_lr_ratio <= 1.0f)) {
-        *why = "schedule: min_lr_ratio must be in [0, 1]";
-        return CM_EINVAL;
-    }
-    return CM_OK;
-}
-
 float kern_sched_lr(const struct kern_optim_config *c, long step)
 {
     if (step < c->warmup_steps)

@@ -401,7 +401,8 @@ int agent_train_config_parse(const char *json, size_t len, const char *base,
     static const char *const keys[] = {"model", "optimizer", "schedule", "batch_size",
                                        "micro_batch", "steps", "seed", "device", "precision",
                                        "threads", "data", "eval", "log_every", "checkpoint",
-                                       NULL};
+                                       /* the coordinator's, for schedules (docs/schedules.md) */
+                                       "model_parameters", NULL};
     static const char *const devices[] = {"auto", "cpu", "cuda", NULL};
     static const char *const precs[] = {"fp32", "tf32", "bf16", "fp16", NULL};
     const char *dev = "auto", *prec = "bf16";

@@ -659,6 +659,84 @@ static void test_bad_input_changes_nothing(void **state)
     assert_int_equal(req("GET", "/api/v1/runs/fmnist", NULL, NULL), 200);
 }
 
+/* A run's training recipe is checked at creation and on PATCH by the
+ * agents' own parser: a recipe no agent could load is refused with the
+ * message a volunteer would see at join, and nothing is stored. */
+#define MLP_RECIPE(sched, extra)                                                                   \
+    "{\"model\":{\"type\":\"mlp\",\"inputs\":784,\"hidden\":[32],\"classes\":10},"              \
+    "\"optimizer\":{\"type\":\"adamw\",\"lr\":0.001},\"schedule\":" sched ","                    \
+    "\"batch_size\":32,\"steps\":100,\"data\":{\"train\":\"fmnist/train.json\"}" extra "}"
+static void test_recipe_checked(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config, *says;
+    } bad[] = {
+        /* the warm-up as long as the run: no step would decay */
+        {MLP_RECIPE("{\"type\":\"linear\",\"warmup_steps\":100}", ""), "total_steps > warmup_steps"},
+        {MLP_RECIPE("{\"type\":\"linear\",\"warmup_steps\":10}", ",\"optimiser\":{}"), "optimiser"},
+        {"{\"model\":{\"type\":\"gpt\",\"vocab\":256,\"context\":64,\"layers\":2,\"heads\":3,"
+         "\"d_model\":64},\"batch_size\":8,\"steps\":10,\"data\":{\"train\":\"t.json\"}}",
+         "n_head must divide d_model"},
+        {"{\"model\":{\"type\":\"mlp\",\"inputs\":784,\"hidden\":[32],\"classes\":10},\"batch_size\":8,"
+         "\"steps\":10}", "data"},
+        /* the declared size schedules are computed from must be the model's */
+        {MLP_RECIPE("{\"type\":\"constant\"}", ",\"collaboration\":{\"model_parameters\":1000}"),
+         "model's parameter count, 25450"},
+        {MLP_RECIPE("{\"type\":\"constant\"}", ",\"collaboration\":{\"model_parameters\":\"25450\"}"),
+         "model's parameter count, 25450"},
+    };
+    long before[4], after[4];
+    snapshot(before);
+    struct ct_resp r0;
+    ct_http(&g_c, "GET", "/api/v1/runs/fmnist", g_org, NULL, &r0);
+    assert_int_equal(r0.status, 200);
+    char *cfg0 = json_dumps(jget(&r0, "config"), JSON_COMPACT | JSON_SORT_KEYS);
+    ct_resp_free(&r0);
+    char body[2048];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct ct_resp r;
+        snprintf(body, sizeof body, "{\"name\":\"recipe%zu\",\"target_batch_size\":64,\"config\":%s}", i,
+                 bad[i].config);
+        ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
+        const char *msg = json_string_value(json_object_get(jget(&r, "error"), "message"));
+        if (r.status != 400 || !msg ||
+            (!strstr(msg, "training recipe") && !strstr(msg, "model_parameters")) ||
+            !strstr(msg, bad[i].says))
+            fail_msg("case %zu: expected 400 naming '%s', got %ld %s", i, bad[i].says, r.status,
+                     r.body ? r.body : "");
+        ct_resp_free(&r);
+        /* the same recipe on an existing run changes nothing either */
+        snprintf(body, sizeof body, "{\"config\":%s}", bad[i].config);
+        ct_http(&g_c, "PATCH", "/api/v1/runs/fmnist", g_org, body, &r);
+        if (r.status != 400 || !strstr(r.body, bad[i].says))
+            fail_msg("PATCH case %zu: expected 400 naming '%s', got %ld %s", i, bad[i].says, r.status,
+                     r.body ? r.body : "");
+        ct_resp_free(&r);
+    }
+    snapshot(after);
+    assert_memory_equal(before, after, sizeof before);
+    ct_http(&g_c, "GET", "/api/v1/runs/fmnist", g_org, NULL, &r0);
+    char *cfg1 = json_dumps(jget(&r0, "config"), JSON_COMPACT | JSON_SORT_KEYS);
+    ct_resp_free(&r0);
+    assert_non_null(cfg0);
+    assert_non_null(cfg1);
+    assert_string_equal(cfg0, cfg1);
+    free(cfg0);
+    free(cfg1);
+    /* what agents load is accepted: the coordinator's own keys beside the recipe, the
+       right count, and a run whose recipe comes later */
+    snprintf(body, sizeof body, "{\"name\":\"recipe-ok\",\"target_batch_size\":64,\"config\":%s}",
+             MLP_RECIPE("{\"type\":\"cosine\",\"warmup_steps\":10}",
+                        ",\"collaboration\":{\"model_parameters\":25450,\"compression\":\"fp16\"}"));
+    assert_int_equal(req("POST", "/api/v1/runs", g_org, body), 201);
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"recipe-later\",\"target_batch_size\":64,\"config\":"
+                         "{\"collaboration\":{\"model_parameters\":1000}}}"),
+                     201);
+}
+#undef MLP_RECIPE
+
 static void test_login_throttled(void **state)
 {
     (void)state;
@@ -811,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_pass_refuses_weak_keys),
         cmocka_unit_test(test_key_has_one_owner_and_revocation_blocks_it),
         cmocka_unit_test(test_bad_input_changes_nothing),
+        cmocka_unit_test(test_recipe_checked),
         cmocka_unit_test(test_login_throttled),
         cmocka_unit_test(test_logout),
         cmocka_unit_test(test_health_metrics_openapi),

@@ -84,7 +84,9 @@ static int setup(void **state)
         return -1;
     if (req("POST", "/api/v1/runs", g_org,
             "{\"name\":\"moe\",\"target_batch_size\":128,\"config\":{\"steps\":1000,"
-            "\"model\":{\"type\":\"dmoe\",\"grid_dims\":2,\"grid_size\":4,\"k\":2}}}") != 201)
+            "\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"
+            "\"model\":{\"type\":\"dmoe\",\"inputs\":784,\"hidden\":[128],\"classes\":10,"
+            "\"grid_dims\":2,\"grid_size\":4,\"k\":2,\"experts\":{\"hidden\":64}}}}") != 201)
         return -1;
     const char *allow[] = {"/api/v1/runs/moe/allowlist/trainer", "/api/v1/runs/moe/allowlist/alice",
                            "/api/v1/runs/moe/allowlist/bob"};

@@ -103,7 +103,8 @@ static int teardown(void **state)
 }
 
 #define REP3_CONFIG                                                                                \
-    "{\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,\"context\":128,"   \
+    "{\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"              \
+    "\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,\"context\":128,"   \
     "\"layers\":4,\"heads\":4,\"d_model\":64},\"pipeline\":{\"stages\":2,\"replicas\":3,"          \
     "\"min_replicas\":2,\"liveness_s\":10,\"seed\":3}}"
 #define REP3_SAMPLE_BYTES (128.0 * 64 * 4) /* context x d_model x fp32 */
@@ -224,14 +225,17 @@ static void test_fewer_replicas(void **state)
     (void)state;
     /* The derived activations are bounded for min_replicas' micro-batch,
      * the largest a solve can use: ceil(1000 / 4) x 2^20 x 2^20 x 4 is over
-     * 1e15, ceil(1000 / 64) x ... is not. */
+     * 1e15, ceil(1000 / 64) x ... is not. Such a model is no recipe an agent
+     * could train (context and width above 65,536), so once past the
+     * pipeline's bound the run is refused by the recipe check. */
 #define BIGACT(min)                                                                                \
     "{\"name\":\"bigact\",\"target_batch_size\":1000,\"config\":{\"model_parameters\":1000,"     \
     "\"model\":{\"type\":\"gpt\",\"context\":1048576,\"d_model\":1048576},\"pipeline\":{"       \
     "\"stages\":1,\"replicas\":64" min "}}}"
     expect("POST", "/api/v1/runs", g_org, BIGACT(",\"min_replicas\":4"), 400, "invalid_request",
            "config.pipeline.activation_bytes");
-    expect("POST", "/api/v1/runs", g_org, BIGACT(""), 201, NULL, NULL);
+    expect("POST", "/api/v1/runs", g_org, BIGACT(""), 400, "invalid_request",
+           "the training recipe");
 #undef BIGACT
     char body[1024];
 
