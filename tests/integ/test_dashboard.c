@@ -273,7 +273,8 @@ static int setup(void **state)
         /* a run with a mixture-of-experts layer (4 x 4 grid) and no expert server yet */
         req("POST", "/api/v1/runs", g_org,
             "{\"name\":\"moe-demo\",\"target_batch_size\":256,\"model_summary\":\"DMoE 4x4\","
-            "\"config\":{\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},\"model\":{\"type\":\"dmoe\",\"inputs\":784,\"hidden\":[128],\"classes\":10,"
+            "\"config\":{\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"
+            "\"model\":{\"type\":\"dmoe\",\"inputs\":784,\"hidden\":[128],\"classes\":10,"
             "\"grid_dims\":2,\"grid_size\":4,\"k\":4,\"experts\":{\"hidden\":64}}}}",
             NULL) != 201)
         return -1;
