@@ -245,7 +245,8 @@ static void test_config_validated(void **state)
     /* Defaults from the model: a transformer's activations and the
      * parameter count's gradients. */
     expect("POST", "/api/v1/runs", g_org,
-           "{\"name\":\"gptpipe\",\"target_batch_size\":64,\"config\":{\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},\"model_parameters\":"
+           "{\"name\":\"gptpipe\",\"target_batch_size\":64,\"config\":{"
+           "\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},\"model_parameters\":"
            "1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,\"context\":128,\"layers\":4,"
            "\"heads\":4,\"d_model\":64},\"pipeline\":{\"stages\":4,\"replicas\":2}}}",
            201, NULL, NULL);
@@ -489,7 +490,8 @@ static void test_defaults_from_model(void **state)
 {
     (void)state;
     assert_int_equal(req("POST", "/api/v1/runs", g_org,
-                         "{\"name\":\"gpt22\",\"target_batch_size\":63,\"config\":{\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"
+                         "{\"name\":\"gpt22\",\"target_batch_size\":63,\"config\":{"
+                         "\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"
                          "\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,"
                          "\"context\":128,\"layers\":4,\"heads\":4,\"d_model\":64},"
                          "\"pipeline\":{\"stages\":2,\"replicas\":2}}}"),
