@@ -11,9 +11,12 @@
  * Checked: every agent holds the same parameters at every step (their
  * --step-log hashes), every step's round held at least two agents and
  * averaged every part, the final evaluation reports the sentence-order
- * accuracy, and (normal build) the masked-LM loss per window of steps
- * follows `train --local` of the same recipe and global batch within the
- * single-process runs' own seed-to-seed spread (ct_steps_follow). */
+ * accuracy, the coordinator's curve carries the sentence-order loss and
+ * the masked-token accuracy the agents reported (issue 20: the
+ * dashboard's language-model charts), and (normal build) the accuracy
+ * rose and the masked-LM loss per window of steps follows `train --local`
+ * of the same recipe and global batch within the single-process runs' own
+ * seed-to-seed spread (ct_steps_follow). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,6 +150,56 @@ static pid_t spawn_agent(int i, const char *log, const char *steplog)
     return g_hosts ? ct_net_spawn(&g_net, g_host[i], argv, log) : ct_spawn(argv, log);
 }
 
+/* The agents' contribution reports carry ALBERT's heads (issue 20): the
+ * coordinator's public curve has the sentence-order loss and the
+ * masked-token accuracy at the steps, in bounds, and (normal build) the
+ * accuracy of the last fifth of the steps above the first fifth's. */
+static void check_curve_heads(void)
+{
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/albert-text/curve", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    json_t *pts = json_object_get(r.json, "points"), *p;
+    size_t i, n = json_array_size(pts);
+    int win = STEPS / 5, n_first = 0, n_last = 0;
+    double acc_first = 0, acc_last = 0, sop_first = 0, sop_last = 0;
+    json_array_foreach(pts, i, p)
+    {
+        long step = (long)json_integer_value(json_object_get(p, "step"));
+        json_t *sop = json_object_get(p, "sop_loss"), *acc = json_object_get(p, "mlm_accuracy");
+        if (!json_is_number(sop) || !json_is_number(acc))
+            fail_msg("step %ld: no sop_loss or mlm_accuracy in the curve: %s", step, r.body);
+        double s = json_number_value(sop), a = json_number_value(acc);
+        /* a two-way choice starts near ln 2; the accuracy is a share */
+        if (!(s > 0.1 && s < 5) || !(a >= 0 && a <= 1))
+            fail_msg("step %ld: sop_loss %g, mlm_accuracy %g", step, s, a);
+        if (step < win) {
+            acc_first += a;
+            sop_first += s;
+            n_first++;
+        } else if (step >= STEPS - win) {
+            acc_last += a;
+            sop_last += s;
+            n_last++;
+        }
+    }
+    /* the last round's reports may still be in flight when an agent stops */
+    if (n < (size_t)STEPS - 1)
+        fail_msg("%zu curve points for %d steps: %s", n, STEPS, r.body);
+    assert_true(n_first > 0 && n_last > 0);
+    acc_first /= n_first;
+    acc_last /= n_last;
+    printf("curve: %zu steps with sop_loss and mlm_accuracy; steps 0-%d: sop loss %.4f, masked accuracy "
+           "%.2f%%; steps %d-%d: %.4f, %.2f%%\n",
+           n, win - 1, sop_first / n_first, 100 * acc_first, STEPS - win, STEPS - 1, sop_last / n_last,
+           100 * acc_last);
+    if (!SHORT_RUN) {
+        assert_true(acc_last > 0 && acc_last <= 1);
+        assert_true(acc_last > acc_first);
+    }
+    ct_resp_free(&r);
+}
+
 static void test_albert_collab(void **state)
 {
     (void)state;
@@ -202,6 +255,7 @@ static void test_albert_collab(void **state)
             printf("agent 0: %.*s\n", (int)strcspn(ev, "\n"), ev);
         free(log);
     }
+    check_curve_heads();
     if (SHORT_RUN)
         return;
     static struct ct_steps local[SEEDS];
