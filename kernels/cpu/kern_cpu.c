@@ -755,12 +755,17 @@ static void hits_r(void *p, size_t lo, size_t hi, int tid)
         int tg = x->targets[i];
         if (tg < 0)
             continue;
+        /* only the target's rank matters: a hit when no column before it
+           is >= it and none after it is above it (the first largest wins);
+           branch-free, so the compiler vectorizes the two scans */
         const float *r = x->probs + i * (size_t)x->V;
-        int best = 0;
-        for (int v = 1; v < x->V; v++)
-            if (r[v] > r[best])
-                best = v;
-        n += best == tg;
+        float pt = r[tg];
+        int above = 0;
+        for (int v = 0; v < tg; v++)
+            above |= r[v] >= pt;
+        for (int v = tg + 1; v < x->V; v++)
+            above |= r[v] > pt;
+        n += !above;
     }
     x->part[tid] = n;
 }
