@@ -176,6 +176,10 @@ test('overview-live', async (page) => {
   assert.ok(peers >= 10, `active-peer points over the aged hour: ${peers}`);
   assert.ok(tput >= 10, `throughput points: ${tput}`);
   for (const id of ['loss', 'peers', 'throughput']) assert.ok(await canvasDrawn(page, id), `${id} canvas drawn`);
+  // an MLP run: no language-model charts (overview-albert-heads has them)
+  assert.equal(await page.isHidden('#lm-charts'), true);
+  assert.equal(await pointsOf(page, 'sop-loss'), -1);
+  assert.equal(await pointsOf(page, 'mlm-accuracy'), -1);
   // max peers per minute: the 3 devices whose samples were verified. The
   // public figures count verified claims only (docs/accounting.md), and
   // dave's aggregate-only device claims no samples, so nothing of its
@@ -546,6 +550,81 @@ test('auditor', async (page) => {
   assert.equal(w.status, 403);
   const rv = await call('POST', `/api/v1/runs/${RUN}/passes/1/revoke`, { token: tok, body: {} });
   assert.equal(rv.status, 403);
+});
+
+// A language-model run (issue 20): its reports carry ALBERT's sop_loss and
+// mlm_accuracy; the overview draws both beside the (masked-LM) loss, one
+// point per step, with the curve's samples-weighted means (the accuracy in
+// percent). The run, two volunteers and their devices are made here from
+// node, so the seeded run's pages stay as the other tests expect them.
+test('overview-albert-heads', async (page) => {
+  const run = 'albert-demo';
+  const org = await token('organizer');
+  let r = await call('POST', '/api/v1/runs', { token: org, body: { name: run, target_batch_size: 64, model_summary: 'ALBERT (sentence order)', config: { steps: 100 } } });
+  assert.equal(r.status, 201, r.text);
+  const devs = [];
+  for (const [username, samples] of [['lena', 48], ['marek', 16]]) {
+    const password = 'a-long-password';
+    r = await call('POST', '/api/v1/users', { token: org, body: { username, role: 'volunteer', password } });
+    assert.equal(r.status, 201, r.text);
+    r = await call('PUT', `/api/v1/runs/${run}/allowlist/${username}`, { token: org });
+    assert.equal(r.status, 201, r.text);
+    r = await call('POST', '/api/v1/session', { body: { username, password } });
+    const vt = r.json.token;
+    const { publicKey, privateKey } = crypto.generateKeyPairSync('ed25519');
+    const pk = publicKey.export({ format: 'jwk' }).x;
+    const timestamp = Math.floor(Date.now() / 1000);
+    const nonce = crypto.randomBytes(16).toString('base64url');
+    const msg = `crowdtrain-pass-request/1\n${run}\n${username}\n${pk}\n${timestamp}\n${nonce}`;
+    const signature = crypto.sign(null, Buffer.from(msg), privateKey).toString('base64url');
+    r = await call('POST', `/api/v1/runs/${run}/passes`, { token: vt, body: { peer_public_key: pk, timestamp, nonce, signature } });
+    assert.equal(r.status, 201, r.text);
+    devs.push({ pk, key: privateKey, pass: r.json.access_token, samples });
+  }
+  const STEPS = 6;
+  const heads = (step, d) => ({ sop: 0.7 - 0.02 * step - 0.01 * d, acc: 0.02 + 0.03 * step + 0.01 * d });
+  for (let step = 0; step < STEPS; step++) {
+    const round = crypto.createHash('sha256').update(`albert-round-${step}`).digest('hex');
+    for (let d = 0; d < devs.length; d++) {
+      const o = devs[1 - d];
+      const { sop, acc } = heads(step, d);
+      const payload = {
+        format: 'crowdtrain-report/1', run, peer: devs[d].pk, step, group: 'all', round,
+        samples: devs[d].samples, compute_s: 1, loss: 7 - 0.1 * step, sop_loss: sop, mlm_accuracy: acc,
+        sps: 10, round_ms: 150, parts: 2, parts_averaged: 2, members: { [o.pk]: o.samples }, excluded: [],
+        t: Math.floor(Date.now() / 1000),
+      };
+      const bytes = Buffer.from(JSON.stringify(payload));
+      const sig = crypto.sign(null, Buffer.concat([Buffer.from('crowdtrain-report/1\n'), bytes]), devs[d].key);
+      r = await call('POST', `/api/v1/runs/${run}/reports`, {
+        body: { pass: devs[d].pass, payload: bytes.toString('base64url'), sig: sig.toString('base64url') },
+      });
+      assert.equal(r.status, 201, `report of device ${d} at step ${step}: ${r.text}`);
+    }
+  }
+  await page.goto(`${seed.url}/#/run/${run}`);
+  await page.waitForFunction((n) => {
+    const a = window.__ctCharts['mlm-accuracy'];
+    const s = window.__ctCharts['sop-loss'];
+    return a && s && a.data[1].filter((v) => v !== null).length >= n && s.data[1].filter((v) => v !== null).length >= n;
+  }, STEPS);
+  assert.equal(await pointsOf(page, 'sop-loss'), STEPS);
+  assert.equal(await pointsOf(page, 'mlm-accuracy'), STEPS);
+  assert.equal(await pointsOf(page, 'loss'), STEPS);
+  for (const id of ['loss', 'sop-loss', 'mlm-accuracy']) assert.ok(await canvasDrawn(page, id), `${id} canvas drawn`);
+  assert.equal(await page.isVisible('#lm-charts'), true);
+  assert.match(await page.textContent('#chart-loss >> xpath=..'), /Masked-LM loss/);
+  // what is drawn is the curve's weighted mean: 48 and 16 verified samples
+  const want = (step) => {
+    const [a, b] = [heads(step, 0), heads(step, 1)];
+    return { sop: (48 * a.sop + 16 * b.sop) / 64, acc: 100 * (48 * a.acc + 16 * b.acc) / 64 };
+  };
+  const drawn = await page.evaluate(() => ({ s: window.__ctCharts['sop-loss'].data, a: window.__ctCharts['mlm-accuracy'].data }));
+  for (let step = 0; step < STEPS; step++) {
+    assert.equal(drawn.s[0][step], step);
+    assert.ok(Math.abs(drawn.s[1][step] - want(step).sop) < 1e-9, `sop loss at step ${step}: ${drawn.s[1][step]}`);
+    assert.ok(Math.abs(drawn.a[1][step] - want(step).acc) < 1e-9, `accuracy at step ${step}: ${drawn.a[1][step]}`);
+  }
 });
 
 // ---- runner ----

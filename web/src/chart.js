@@ -23,7 +23,8 @@ function widthOf(el) {
 export function lineChart(parent, id, opts) {
   const box = h('div.chart', { id: `chart-${id}`, dataset: { points: '0', series: String(opts.series.length) } });
   const empty = h('p.chart-empty', opts.empty || 'no data yet');
-  parent.appendChild(h('figure.chart-fig', h('figcaption', opts.title), box, empty));
+  const caption = h('figcaption', opts.title);
+  parent.appendChild(h('figure.chart-fig', caption, box, empty));
   let plot = null;
   const spec = () => ({
     width: widthOf(box),
@@ -45,6 +46,8 @@ export function lineChart(parent, id, opts) {
   const ro = new ResizeObserver(() => { if (plot) plot.setSize({ width: widthOf(box), height: opts.height || 220 }); });
   ro.observe(box);
   return {
+    // the caption, when what the chart shows turns out to be more precise
+    setTitle(text) { caption.textContent = text; },
     // data: [xs, ys1, ys2, ...] (uPlot's column layout)
     update(data) {
       const n = countPoints(data);

@@ -2,7 +2,10 @@
 // throughput and the ETA to the run's last step, refreshed every few seconds
 // without reloading. Data: GET /api/v1/runs/{run}, /curve, /stats
 // (docs/accounting.md, "Learning curve and health"). A banner says when
-// peers report that their rounds average nothing (stats.averaging).
+// peers report that their rounds average nothing (stats.averaging). A
+// language-model run (ALBERT) also gets its sentence-order loss and its
+// masked-token accuracy, each a chart that appears once a step carries it
+// (docs/dashboard.md; docs/training.md, "What the dashboard shows").
 import { h, fmtNum, fmtDuration, fmtTime, fill } from '../dom.js';
 import { api, seg } from '../api.js';
 import { lineChart } from '../chart.js';
@@ -38,6 +41,12 @@ export function render(main, [run]) {
   const loss = lineChart(charts, 'loss', { title: 'Training loss (samples-weighted, all peers)', x: 'step', xLabel: 'step', yLabel: 'loss', series: [{ label: 'loss' }], empty: 'no reports yet' });
   const peers = lineChart(charts, 'peers', { title: 'Active peers (per minute)', x: 'time', yLabel: 'peers', series: [{ label: 'peers' }], empty: 'no reports in the last hour' });
   const tput = lineChart(charts, 'throughput', { title: 'Throughput (samples / s, per minute)', x: 'time', yLabel: 'samples/s', series: [{ label: 'samples/s' }], empty: 'no reports in the last hour' });
+  // ALBERT's heads: made on the first step that carries them, so runs of
+  // other models show no empty charts
+  const lmCharts = h('section.charts', { id: 'lm-charts', hidden: true });
+  main.appendChild(lmCharts);
+  let sop = null;
+  let acc = null;
   const status = h('p.updated', { id: 'updated' });
   main.appendChild(status);
 
@@ -55,7 +64,21 @@ export function render(main, [run]) {
       api.get(`/api/v1/runs/${seg(run)}/stats?hours=6`),
     ]);
     const pts = c.points || [];
-    loss.update([pts.map((p) => p.step), pts.map((p) => (p.loss === null ? null : p.loss))]);
+    const steps = pts.map((p) => p.step);
+    loss.update([steps, pts.map((p) => (p.loss === null ? null : p.loss))]);
+    const has = (k) => pts.some((p) => typeof p[k] === 'number');
+    if (!sop && has('sop_loss')) {
+      lmCharts.hidden = false;
+      loss.setTitle('Masked-LM loss (samples-weighted, all peers)');
+      sop = lineChart(lmCharts, 'sop-loss', { title: 'Sentence-order loss (samples-weighted, all peers)', x: 'step', xLabel: 'step', yLabel: 'loss', series: [{ label: 'SOP loss' }] });
+    }
+    if (!acc && has('mlm_accuracy')) {
+      lmCharts.hidden = false;
+      loss.setTitle('Masked-LM loss (samples-weighted, all peers)');
+      acc = lineChart(lmCharts, 'mlm-accuracy', { title: 'Masked-token accuracy (training batches, % of masked positions)', x: 'step', xLabel: 'step', yLabel: '%', series: [{ label: 'accuracy' }] });
+    }
+    if (sop) sop.update([steps, pts.map((p) => (typeof p.sop_loss === 'number' ? p.sop_loss : null))]);
+    if (acc) acc.update([steps, pts.map((p) => (typeof p.mlm_accuracy === 'number' ? 100 * p.mlm_accuracy : null))]);
     const ap = s.active_peers || [];
     peers.update([ap.map((p) => p.t), ap.map((p) => p.peers)]);
     tput.update([ap.map((p) => p.t), ap.map((p) => p.samples / 60)]);
@@ -78,5 +101,9 @@ export function render(main, [run]) {
         a.reason ? [': ', h('code', { id: 'not-averaging-reason' }, a.reason)] : '', '.');
     }
   }, REFRESH_MS, status);
-  return () => { stop(); loss.destroy(); peers.destroy(); tput.destroy(); };
+  return () => {
+    stop(); loss.destroy(); peers.destroy(); tput.destroy();
+    if (sop) sop.destroy();
+    if (acc) acc.destroy();
+  };
 }
