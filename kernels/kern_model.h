@@ -69,8 +69,9 @@ struct kern_batch {
 struct kern_eval {
     double loss_sum;
     long count;
-    long correct;  /* argmax == target: evaluation always; training (fwd_bwd) only ALBERT's
-                      masked LM, counted on the device (kern_backend argmax_hits) */
+    long correct;  /* argmax == target: evaluation always; in training (fwd_bwd) the MLP and
+                      DMoE classifiers (on the host, from their small outputs) and ALBERT's
+                      masked LM (on the device, kern_backend argmax_hits), not GPT */
     /* ALBERT's sentence-order prediction (sentence_order): one row per sequence */
     double sop_loss_sum;
     long sop_count, sop_correct;

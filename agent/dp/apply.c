@@ -317,8 +317,8 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
             memcpy(s->prev[s->n_prev++], j->mem[i].pub, CM_ED25519_PUB_LEN);
     double loss = j->loss_n ? j->loss_sum / j->loss_n : NAN;
     /* the sentence-order loss and the masked-token accuracy, for ALBERT
-       only: kern_eval.correct counts hits in training for its masked LM
-       alone (kernels/kern_model.h) */
+       only (an MLP's training pass counts hits too, but its reports carry
+       no accuracy: the field is the masked LM's) */
     double sop_loss = j->sop_n > 0 ? j->sop_sum / j->sop_n : NAN;
     double mlm_acc = m->kind == KERN_MODEL_ALBERT && j->loss_n > 0 ? j->hits / j->loss_n : NAN;
     *step = j->step + 1;

@@ -3,8 +3,8 @@
  * CPU backend's argmax_hits against a case counted by hand, and an ALBERT
  * training step (kern_model_fwd_bwd) that counts the same hits as the
  * evaluation of the same batch, which scores on the host from the
- * downloaded probabilities. GPT and MLP training steps count none (their
- * reports carry no accuracy). The CUDA op is compared with this one in
+ * downloaded probabilities. GPT's training step counts none (its reports
+ * carry no accuracy). The CUDA op is compared with this one in
  * test_backends. */
 #include <setjmp.h>
 #include <stdarg.h>
