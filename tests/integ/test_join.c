@@ -280,7 +280,7 @@ static pid_t spawn_agent(int i, const char *run, const char *log, const char *st
                             /* one switch or loopback: announcements propagate in
                                milliseconds (the margin grows by itself when they do not:
                                3x the agent's slowest recent announcement) */
-                            "--round-window-ms", "150", "--gather-margin-ms", "50",
+                            "--round-window-ms", "100", "--gather-margin-ms", "30",
                             "--outcome-window-ms", "1000", "--stall-ms", "4000", "--step-log", steplog};
     size_t n = 18;
     if (!g_hosts) {
@@ -378,8 +378,8 @@ static void test_chaos(void **state)
     }
     printf("step logs: %d lines, %d hash mismatches, %d NaN losses; gathering margins %ld-%ld ms\n",
            st.lines, st.mismatches, st.nan_losses, st.margin_min, st.margin_max);
-    /* --gather-margin-ms 50 held, raised only by slow announcements */
-    assert_true(st.margin_min >= 50 && st.margin_max <= 5000);
+    /* --gather-margin-ms 30 held, raised only by slow announcements */
+    assert_true(st.margin_min >= 30 && st.margin_max <= 5000);
     assert_int_equal(st.mismatches, 0);
     assert_int_equal(st.nan_losses, 0);
     for (long k = 1; k <= steps; k++)
