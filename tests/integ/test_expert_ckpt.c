@@ -291,12 +291,14 @@ static int setup(void **state)
     if (ct_moe_setup(&g_pg, &g_c, PW, &g_org, "xm", json_pack("{s:i}", "checkpoint_every_s", 2)) != 0)
         return -1;
     struct ct_resp r;
-    json_t *mlp = ct_fmnist_recipe(10);
+    json_t *mlp = ct_fmnist_recipe(20); /* more steps than the recipe's 10 of warm-up */
     char *body = mlp ? ct_run_body("mlp", mlp) : NULL;
     json_decref(mlp);
     ct_http(&g_c, "POST", "/api/v1/runs", g_org, body, &r);
     free(body);
     long st = r.status;
+    if (st != 201)
+        fprintf(stderr, "creating the run mlp: %ld %s\n", st, r.body ? r.body : "");
     ct_resp_free(&r);
     char extra[256] = "";
     int vrc = st != 201 || ct_volunteer_account(&g_c, g_org, "xm", "vol0", g_vdir) != 0 ||
