@@ -4,8 +4,9 @@
  * `make test-gpu`); the kernels are written for clarity first, after the
  * simple versions in llm.c's dev/cuda/ (one thread per output element or one
  * block per row). The optimizer steps are in kern_cuda_optim.cu,
- * the matrix products in kern_cuda_gemm.cu, sharing this file's launch
- * helpers through kern_cuda_int.h.
+ * the matrix products in kern_cuda_gemm.cu, cross-entropy and argmax hits
+ * in kern_cuda_xent.cu, sharing this file's launch helpers through
+ * kern_cuda_int.h (and the row reductions of kern_cuda_rows.cuh).
  *
  * Precision: tensors are fp32 in memory (so parameters, gradients and
  * optimizer state are the fp32 master copies). Matrix products (cuBLAS, in
@@ -37,6 +38,7 @@ extern "C" {
 #include "kern_gpu.h"
 }
 #include "kern_cuda_int.h"
+#include "kern_cuda_rows.cuh"
 
 #if !defined(CT_CUDA_SASS) || !defined(CT_CUDA_PTX)
 #error "kernels/module.mk passes the architecture lists as CT_CUDA_SASS and CT_CUDA_PTX"
@@ -46,7 +48,6 @@ static int g_cc; /* device 0's capability, 10 * major + minor */
 static int g_failed;
 static double *g_red;   /* device scratch for reductions */
 static int *g_flag;
-static unsigned long long *g_hits; /* argmax_hits' counter */
 
 static void cuda_note(cudaError_t e, const char *what)
 {
@@ -67,6 +68,11 @@ void kern__cuda_fail(const char *what, const char *detail)
         CM_LOGE("cuda", "%s: %s", what, detail);
         g_failed = 1;
     }
+}
+
+int kern__cuda_failed(void)
+{
+    return g_failed;
 }
 
 void kern__cuda_launch_check(const char *what)
@@ -483,38 +489,6 @@ static void cu_tanh_bwd(float *dinp, const float *inp, const float *dout, size_t
     LAUNCH_CHECK("tanh_bwd");
 }
 
-/* ---- block reductions ---- */
-
-__device__ float block_sum(float v, float *sh)
-{
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k)
-            sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
-    float r = sh[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ float block_max(float v, float *sh)
-{
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k)
-            sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + k]);
-        __syncthreads();
-    }
-    float r = sh[0];
-    __syncthreads();
-    return r;
-}
-
-#define ROW_THREADS 256
-
 /* ---- layer norm: one block per row ---- */
 
 __global__ void k_ln_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
@@ -840,122 +814,6 @@ static void cu_attention_bwd(float *dqkv, float *dpreatt, float *datt, const flo
     LAUNCH_CHECK("attention_bwd");
 }
 
-/* ---- cross-entropy: one block per row ---- */
-
-__global__ void k_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
-                           int V)
-{
-    __shared__ float sh[ROW_THREADS];
-    size_t row = blockIdx.x;
-    const float *l = logits + row * V;
-    float *p = probs + row * V;
-    /* One pass for the maximum and the sum of exponentials (each thread's
-       sum rescaled whenever its maximum grows, then to the row's), one to
-       write the probabilities: two reads of the row instead of three and
-       one write instead of two (3.6 ms for GPT-2 small's 8192 x 50257 on
-       an H200 before). */
-    float mt = -INFINITY, st = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float x = l[v];
-        if (x > mt) {
-            st *= expf(mt - x);
-            mt = x;
-        }
-        if (mt != -INFINITY)
-            st += expf(x - mt);
-    }
-    float mx = block_max(mt, sh);
-    float s = block_sum(mt == -INFINITY ? 0.0f : st * expf(mt - mx), sh);
-    float inv = 1.0f / s;
-    for (int v = threadIdx.x; v < V; v += blockDim.x)
-        p[v] = expf(l[v] - mx) * inv;
-    if (threadIdx.x == 0) {
-        int tg = targets[row];
-        losses[row] = tg < 0 ? 0.0f : logf(s) + mx - l[tg];
-    }
-}
-
-__global__ void k_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
-                           int V, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t row = i / V;
-        int v = (int)(i % V), tg = targets[row];
-        if (tg >= 0)
-            dlogits[i] += (probs[i] - (v == tg ? 1.0f : 0.0f)) * dscale;
-    }
-}
-
-static void cu_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
-                        int N, int V)
-{
-    k_xent_fwd<<<N, ROW_THREADS>>>(losses, probs, logits, targets, V);
-    LAUNCH_CHECK("xent_fwd");
-}
-
-static void cu_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
-                        int N, int V)
-{
-    size_t n = (size_t)N * V;
-    k_xent_bwd<<<kern__cuda_blocks_for(n, 256), 256>>>(dlogits, probs, targets, dscale, V, n);
-    LAUNCH_CHECK("xent_bwd");
-}
-
-/* Argmax hits: one block per row; a row without a target (most of a
- * masked-LM batch) returns at once. Each thread keeps the first largest of
- * its columns (v, v + blockDim, ...); the block then keeps the larger value,
- * the lower column on ties, so the row's first largest wins as on the CPU. */
-__global__ void k_argmax_hits(unsigned long long *hits, const float *probs, const int *targets,
-                              int V)
-{
-    __shared__ float sv[ROW_THREADS];
-    __shared__ int si[ROW_THREADS];
-    size_t row = blockIdx.x;
-    int tg = targets[row];
-    if (tg < 0)
-        return;
-    const float *p = probs + row * V;
-    float bv = -INFINITY;
-    int bi = V; /* none yet: above every column */
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float x = p[v];
-        if (bi == V || x > bv) {
-            bv = x;
-            bi = v;
-        }
-    }
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k) {
-            float ov = sv[threadIdx.x + k];
-            int oi = si[threadIdx.x + k];
-            int mi = si[threadIdx.x];
-            if (oi != V && (mi == V || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mi))) {
-                sv[threadIdx.x] = ov;
-                si[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0 && si[0] == tg)
-        atomicAdd(hits, 1ULL);
-}
-
-static long cu_argmax_hits(const float *probs, const int *targets, int N, int V)
-{
-    unsigned long long h = 0;
-    if (N <= 0)
-        return g_failed ? -1 : 0;
-    cuda_note(cudaMemset(g_hits, 0, sizeof *g_hits), "argmax_hits");
-    k_argmax_hits<<<N, ROW_THREADS>>>(g_hits, probs, targets, V);
-    LAUNCH_CHECK("argmax_hits");
-    cuda_note(cudaMemcpy(&h, g_hits, sizeof h, cudaMemcpyDeviceToHost), "argmax_hits");
-    return g_failed ? -1 : (long)h;
-}
-
 static const struct kern_backend CUDA_BACKEND = {
     "cuda",
     KERN_DEV_CUDA,
@@ -986,9 +844,9 @@ static const struct kern_backend CUDA_BACKEND = {
     cu_embed_bwd,
     cu_attention_fwd,
     cu_attention_bwd,
-    cu_xent_fwd,
-    cu_xent_bwd,
-    cu_argmax_hits,
+    kern__cuda_xent_fwd,
+    kern__cuda_xent_bwd,
+    kern__cuda_argmax_hits,
     kern__cuda_adamw,
     kern__cuda_adam_dir,
 };
@@ -1009,7 +867,7 @@ extern "C" int kern__cuda_backend(const struct kern_backend **out)
                    kern__cuda_gemm_init() != 0 ||
                    cudaMalloc(&g_red, sizeof(double)) != cudaSuccess ||
                    cudaMalloc(&g_flag, sizeof(int)) != cudaSuccess ||
-                   cudaMalloc(&g_hits, sizeof *g_hits) != cudaSuccess) {
+                   kern__cuda_xent_init() != 0) {
             CM_LOGE("cuda", "initialization failed: %s", cudaGetErrorString(cudaGetLastError()));
             g_state = CM_EDEVICE;
         } else {

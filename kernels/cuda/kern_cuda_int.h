@@ -1,5 +1,5 @@
 /* Private to the CUDA backend's .cu files (kern_cuda.cu and the ops split
- * out of it: kern_cuda_optim.cu, kern_cuda_gemm.cu): the launch helpers they share and
+ * out of it: kern_cuda_optim.cu, kern_cuda_gemm.cu, kern_cuda_xent.cu): the launch helpers they share and
  * the ops kern_cuda.cu's struct kern_backend points at from the other files.
  * Not for the rest of the tree, which sees the backend only through
  * kern_backend.h. Declarations only, no CUDA types, so it also compiles with
@@ -22,6 +22,8 @@ void kern__cuda_launch_check(const char *what);
  * once, like kern__cuda_launch_check (kern_cuda.cu). */
 void kern__cuda_note(int cuda_error, const char *what);
 void kern__cuda_fail(const char *what, const char *detail);
+/* Whether a failure was latched (kern_cuda.cu). */
+int kern__cuda_failed(void);
 
 /* Matrix products (kern_cuda_gemm.cu): the cuBLAS handle, the precision of
  * set_precision ("fp32", "tf32", "bf16", "fp16"; CM_EUNSUPPORTED otherwise),
@@ -42,5 +44,15 @@ void kern__cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
                       float b2, float eps, float wd, int t);
 void kern__cuda_adam_dir(float *u, const float *p, const float *g, float *m, float *v, size_t n,
                          float b1, float b2, float eps, float wd, int t);
+
+/* The loss head (kern_cuda_xent.cu): its device counter, allocated with the
+ * backend (0, or -1 on failure), and kern_backend.h's xent_fwd, xent_bwd
+ * and argmax_hits. */
+int kern__cuda_xent_init(void);
+void kern__cuda_xent_fwd(float *losses, float *probs, const float *logits, const int *targets,
+                         int N, int V);
+void kern__cuda_xent_bwd(float *dlogits, const float *probs, const int *targets, float dscale,
+                         int N, int V);
+long kern__cuda_argmax_hits(const float *probs, const int *targets, int N, int V);
 
 #endif
