@@ -23,7 +23,9 @@
  *    is finished, and a finished or paused run takes no new reports; the
  *    public curve and stats show verified figures only;
  *  - ALBERT's heads (sop_loss, mlm_accuracy) are stored and averaged in the
- *    curve, null where absent; malformed ones are refused, nothing stored. */
+ *    curve, null where absent; malformed ones are refused, nothing stored.
+ * The fixture (users, runs, passes) and the report helpers are in
+ * tests/harness/ct_contrib.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,223 +42,8 @@
 #include "ckpt/ckpt.h"
 #include "cm_crypto.h"
 #include "cm_err.h"
+#include "ct_contrib.h"
 #include "ct_harness.h"
-
-#define PW "a-long-password"
-#define NPEERS 10
-enum { V1A, V1B, V1C, V2A, V2B, MAL, REVOKED, OTHER_RUN, F1, F2 };
-
-static struct ct_pg g_pg;
-static struct ct_coord g_c;
-static char *g_org, *g_aud, *g_vol1, *g_vol2, *g_mal;
-static struct cm_ed25519 g_key[NPEERS];
-static char *g_tok[NPEERS];
-static char g_pass_id[NPEERS][24];
-
-static long req(const char *method, const char *path, const char *bearer, const char *body)
-{
-    struct ct_resp r;
-    ct_http(&g_c, method, path, bearer, body, &r);
-    long s = r.status;
-    ct_resp_free(&r);
-    return s;
-}
-
-static json_t *get_json(const char *path, const char *bearer)
-{
-    struct ct_resp r;
-    ct_http(&g_c, "GET", path, bearer, NULL, &r);
-    if (r.status != 200)
-        fail_msg("GET %s: %ld %s", path, r.status, r.body ? r.body : "");
-    json_t *j = json_incref(r.json);
-    ct_resp_free(&r);
-    return j;
-}
-
-static char *make_user(const char *name, const char *role)
-{
-    char body[200];
-    snprintf(body, sizeof body, "{\"username\":\"%s\",\"role\":\"%s\",\"password\":\"" PW "\"}",
-             name, role);
-    if (req("POST", "/api/v1/users", g_org, body) != 201)
-        return NULL;
-    return ct_login(&g_c, name, PW);
-}
-
-static int get_pass(int i, const char *run, const char *bearer, const char *user)
-{
-    struct ct_resp r;
-    int ok = ct_pass_request(&g_c, bearer, run, user, &g_key[i], &r) == 201;
-    if (ok) {
-        g_tok[i] = strdup(json_string_value(json_object_get(r.json, "access_token")));
-        snprintf(g_pass_id[i], sizeof g_pass_id[i], "%s",
-                 json_string_value(json_object_get(r.json, "pass_id")));
-    }
-    ct_resp_free(&r);
-    return ok ? 0 : -1;
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    int rc = ct_pg_start(&g_pg);
-    if (rc == CT_SKIP)
-        exit(CT_SKIP);
-    if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", PW) != 0 ||
-        ct_coord_start(&g_c, g_pg.url, NULL, NULL) != 0 || !(g_org = ct_login(&g_c, "org", PW)))
-        return -1;
-    if (!(g_aud = make_user("aud", "auditor")) || !(g_vol1 = make_user("vol1", "volunteer")) ||
-        !(g_vol2 = make_user("vol2", "volunteer")) || !(g_mal = make_user("mallory", "volunteer")))
-        return -1;
-    if (req("POST", "/api/v1/runs", g_org,
-            "{\"name\":\"r1\",\"target_batch_size\":256,\"config\":{\"steps\":100}}") != 201 ||
-        req("POST", "/api/v1/runs", g_org, "{\"name\":\"r2\",\"target_batch_size\":256}") != 201 ||
-        req("POST", "/api/v1/runs", g_org,
-            "{\"name\":\"r3\",\"target_batch_size\":256,\"config\":{\"steps\":3}}") != 201)
-        return -1;
-    const char *allow[] = {"/api/v1/runs/r1/allowlist/vol1", "/api/v1/runs/r1/allowlist/vol2",
-                           "/api/v1/runs/r1/allowlist/mallory", "/api/v1/runs/r2/allowlist/vol1",
-                           "/api/v1/runs/r3/allowlist/vol1"};
-    for (int i = 0; i < 5; i++)
-        if (req("PUT", allow[i], g_org, NULL) != 201)
-            return -1;
-    for (int i = 0; i < NPEERS; i++)
-        if (cm_ed25519_generate(&g_key[i]) != CM_OK)
-            return -1;
-    const char *owner[NPEERS] = {g_vol1, g_vol1, g_vol1, g_vol2, g_vol2, g_mal, g_vol2, g_vol1,
-                                 g_vol1, g_vol1};
-    const char *owner_name[NPEERS] = {"vol1", "vol1", "vol1", "vol2",  "vol2",
-                                      "mallory", "vol2", "vol1", "vol1", "vol1"};
-    for (int i = 0; i < NPEERS; i++)
-        if (get_pass(i, i == OTHER_RUN ? "r2" : i >= F1 ? "r3" : "r1", owner[i], owner_name[i]) != 0)
-            return -1;
-    char path[128];
-    snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[REVOKED]);
-    if (req("POST", path, g_org, "{\"reason\":\"test\"}") != 200)
-        return -1;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    int rc = ct_coord_cleanup(&g_c);
-    ct_pg_stop(&g_pg);
-    for (int i = 0; i < NPEERS; i++) {
-        cm_ed25519_cleanup(&g_key[i]);
-        free(g_tok[i]);
-    }
-    free(g_org);
-    free(g_aud);
-    free(g_vol1);
-    free(g_vol2);
-    free(g_mal);
-    return rc;
-}
-
-/* --- building reports ----------------------------------------------------- */
-
-static void round_id(int n, uint8_t out[32])
-{
-    char s[32];
-    snprintf(s, sizeof s, "round-%d", n);
-    cm_sha256(s, strlen(s), out);
-}
-
-/* A report of peer `me` at `step` in round `rnd`: it saw members[k] do seen[k]. */
-static void build(struct peer_report *r, int me, int64_t step, int rnd, double samples,
-                  const int *members, const double *seen, size_t n)
-{
-    memset(r, 0, sizeof *r);
-    r->step = step;
-    snprintf(r->group, sizeof r->group, "g%d", rnd);
-    round_id(rnd, r->round_id);
-    r->samples = samples;
-    r->compute_s = samples / 100.0;
-    r->loss = 2.0 - 0.1 * (double)step + 0.01 * me;
-    r->sps = 100;
-    r->round_ms = 150;
-    r->parts = 4;
-    r->parts_averaged = 4;
-    r->n_members = n;
-    for (size_t k = 0; k < n; k++) {
-        memcpy(r->members[k].pub, g_key[members[k]].pub, 32);
-        r->members[k].samples = seen[k];
-    }
-}
-
-/* Signs raw payload bytes with key `signer` and the pass of `pass_of`; posts
- * to run `run`. Returns the status; *code gets the error code (or ""). */
-static long post_raw(const char *run, int signer, int pass_of, const char *payload, char code[40])
-{
-    char *body = NULL;
-    assert_int_equal(peer_report_sign(&g_key[signer], g_tok[pass_of], payload, strlen(payload),
-                                      &body),
-                     CM_OK);
-    char path[128];
-    snprintf(path, sizeof path, "/api/v1/runs/%s/reports", run);
-    struct ct_resp r;
-    ct_http(&g_c, "POST", path, NULL, body, &r);
-    free(body);
-    long s = r.status;
-    const char *c = json_string_value(json_object_get(json_object_get(r.json, "error"), "code"));
-    if (code)
-        snprintf(code, 40, "%s", c ? c : "");
-    ct_resp_free(&r);
-    return s;
-}
-
-static char *encode(const struct peer_report *r, const char *run, int me)
-{
-    static char buf[PEER_REPORT_PAYLOAD_MAX + 1];
-    size_t len = 0;
-    assert_int_equal(peer_report_encode(r, run, g_key[me].pub, 1763800000, buf, sizeof buf, &len),
-                     CM_OK);
-    return buf;
-}
-
-static long post(const struct peer_report *r, int me, char code[40])
-{
-    return post_raw("r1", me, me, encode(r, "r1", me), code);
-}
-
-static void expect_post(const struct peer_report *r, int me, long status, const char *code)
-{
-    char c[40];
-    long s = post(r, me, c);
-    if (s != status || (code && strcmp(c, code) != 0))
-        fail_msg("peer %d step %lld: expected %ld %s, got %ld %s", me, (long long)r->step, status,
-                 code ? code : "", s, c);
-}
-
-static long scalar(const char *sql)
-{
-    long v = -1;
-    assert_int_equal(ct_pg_scalar(&g_pg, sql, &v), 0);
-    return v;
-}
-
-/* Rows of contributions/steps for one step, keyed by peer. */
-static json_t *step_row(int64_t step, int peer)
-{
-    char path[160], pk[64];
-    snprintf(path, sizeof path, "/api/v1/runs/r1/contributions/steps?from=%lld&to=%lld",
-             (long long)step, (long long)step);
-    cm_b64url_encode(g_key[peer].pub, 32, pk);
-    json_t *j = get_json(path, g_aud), *row, *found = NULL;
-    size_t i;
-    json_array_foreach(json_object_get(j, "rows"), i, row) if (!strcmp(
-        json_string_value(json_object_get(row, "peer_public_key")), pk)) found = json_incref(row);
-    json_decref(j);
-    return found;
-}
-
-static double num(json_t *o, const char *k)
-{
-    return json_number_value(json_object_get(o, k));
-}
-
-/* --- tests -------------------------------------------------------------------- */
 
 static void test_honest_round_adds_up(void **state)
 {
@@ -264,32 +51,32 @@ static void test_honest_round_adds_up(void **state)
     const int m[] = {V1A, V1B, V2A};
     const double s[] = {64, 32, 128};
     struct peer_report r;
-    build(&r, V1A, 1, 1, 64, m, s, 3);
-    expect_post(&r, V1A, 201, NULL);
+    ctc_build(&r, V1A, 1, 1, 64, m, s, 3);
+    ctc_expect_post(&r, V1A, 201, NULL);
     /* Alone so far: claimed, not verified. */
-    json_t *row = step_row(1, V1A);
+    json_t *row = ctc_step_row(1, V1A);
     assert_non_null(row);
-    assert_true(num(row, "claimed_samples") == 64 && num(row, "verified_samples") == 0);
+    assert_true(ctc_num(row, "claimed_samples") == 64 && ctc_num(row, "verified_samples") == 0);
     assert_int_equal(json_integer_value(json_object_get(row, "observers")), 0);
     json_decref(row);
-    build(&r, V1B, 1, 1, 32, m, s, 3);
-    expect_post(&r, V1B, 201, NULL);
-    build(&r, V2A, 1, 1, 128, m, s, 3);
-    expect_post(&r, V2A, 201, NULL);
+    ctc_build(&r, V1B, 1, 1, 32, m, s, 3);
+    ctc_expect_post(&r, V1B, 201, NULL);
+    ctc_build(&r, V2A, 1, 1, 128, m, s, 3);
+    ctc_expect_post(&r, V2A, 201, NULL);
     double sum = 0;
     for (int k = 0; k < 3; k++) {
-        row = step_row(1, m[k]);
+        row = ctc_step_row(1, m[k]);
         assert_non_null(row);
-        assert_true(num(row, "verified_samples") == s[k]);
-        assert_true(num(row, "claimed_samples") == s[k]);
+        assert_true(ctc_num(row, "verified_samples") == s[k]);
+        assert_true(ctc_num(row, "claimed_samples") == s[k]);
         assert_int_equal(json_integer_value(json_object_get(row, "observers")), 2);
         assert_false(json_is_true(json_object_get(row, "inflated")));
-        sum += num(row, "verified_samples");
+        sum += ctc_num(row, "verified_samples");
         json_decref(row);
     }
     assert_true(sum == 64 + 32 + 128);
     /* The SQL view gives the same verified total. */
-    assert_int_equal(scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
+    assert_int_equal(ctc_scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
                      224);
 }
 
@@ -299,23 +86,23 @@ static void test_inflating_peer_flagged(void **state)
     const int m[] = {V1A, MAL, V1B};
     const double honest[] = {64, 50, 32}, claimed[] = {64, 500, 32};
     struct peer_report r;
-    build(&r, V1A, 2, 2, 64, m, honest, 3);
-    expect_post(&r, V1A, 201, NULL);
-    build(&r, MAL, 2, 2, 500, m, claimed, 3);
-    expect_post(&r, MAL, 201, NULL);
-    build(&r, V1B, 2, 2, 32, m, honest, 3);
-    expect_post(&r, V1B, 201, NULL);
-    json_t *row = step_row(2, MAL);
+    ctc_build(&r, V1A, 2, 2, 64, m, honest, 3);
+    ctc_expect_post(&r, V1A, 201, NULL);
+    ctc_build(&r, MAL, 2, 2, 500, m, claimed, 3);
+    ctc_expect_post(&r, MAL, 201, NULL);
+    ctc_build(&r, V1B, 2, 2, 32, m, honest, 3);
+    ctc_expect_post(&r, V1B, 201, NULL);
+    json_t *row = ctc_step_row(2, MAL);
     assert_non_null(row);
     assert_true(json_is_true(json_object_get(row, "inflated")));
-    assert_true(num(row, "verified_samples") == 0);
-    assert_true(num(row, "seen_max") == 50);
+    assert_true(ctc_num(row, "verified_samples") == 0);
+    assert_true(ctc_num(row, "seen_max") == 50);
     json_decref(row);
     /* Mallory vouching 500 for V1A changes nothing for V1A: the least observation counts. */
-    row = step_row(2, V1A);
-    assert_true(num(row, "verified_samples") == 64 && num(row, "seen_max") == 64);
+    row = ctc_step_row(2, V1A);
+    assert_true(ctc_num(row, "verified_samples") == 64 && ctc_num(row, "seen_max") == 64);
     json_decref(row);
-    json_t *f = get_json("/api/v1/runs/r1/flags", g_aud), *p;
+    json_t *f = ctc_get_json("/api/v1/runs/r1/flags", g_aud), *p;
     size_t i;
     int seen = 0;
     json_array_foreach(json_object_get(f, "peers"), i, p)
@@ -336,23 +123,23 @@ static void test_excluded_peer_not_verified(void **state)
     const double s[] = {64, 32, 10};
     struct peer_report r;
     for (int k = 0; k < 3; k++) {
-        build(&r, m[k], 3, 3, s[k], m, s, 3);
+        ctc_build(&r, m[k], 3, 3, s[k], m, s, 3);
         if (m[k] != MAL) {
             memcpy(r.excluded[0].pub, g_key[MAL].pub, 32);
             snprintf(r.excluded[0].reason, sizeof r.excluded[0].reason, "nonfinite");
             r.n_excluded = 1;
         }
-        expect_post(&r, m[k], 201, NULL);
+        ctc_expect_post(&r, m[k], 201, NULL);
     }
-    json_t *row = step_row(3, MAL);
+    json_t *row = ctc_step_row(3, MAL);
     assert_true(json_is_true(json_object_get(row, "excluded")));
     assert_false(json_is_true(json_object_get(row, "inflated")));
-    assert_true(num(row, "verified_samples") == 0);
+    assert_true(ctc_num(row, "verified_samples") == 0);
     json_decref(row);
-    row = step_row(3, V1A);
-    assert_true(num(row, "verified_samples") == 64);
+    row = ctc_step_row(3, V1A);
+    assert_true(ctc_num(row, "verified_samples") == 64);
     json_decref(row);
-    json_t *f = get_json("/api/v1/runs/r1/flags", g_org), *p;
+    json_t *f = ctc_get_json("/api/v1/runs/r1/flags", g_org), *p;
     size_t i;
     int seen = 0;
     json_array_foreach(json_object_get(f, "peers"), i, p)
@@ -374,7 +161,7 @@ static void test_excluded_peer_not_verified(void **state)
 
 static long db_state(void)
 {
-    return scalar("SELECT (SELECT count(*) FROM contrib_reports) * 1000000 + "
+    return ctc_scalar("SELECT (SELECT count(*) FROM contrib_reports) * 1000000 + "
                   "(SELECT coalesce(sum(observers), 0) FROM contrib_seen) * 1000 + "
                   "(SELECT count(*) FROM contrib_exclusions) + "
                   "(SELECT count(*) FROM contrib_conflicts) * 100");
@@ -384,7 +171,7 @@ static void expect_raw(const char *run, int signer, int pass_of, const char *pay
                        const char *code)
 {
     char c[40];
-    long s = post_raw(run, signer, pass_of, payload, c);
+    long s = ctc_post_raw(run, signer, pass_of, payload, c);
     if (s != status || strcmp(c, code) != 0)
         fail_msg("%s: expected %ld %s, got %ld %s", payload, status, code, s, c);
 }
@@ -396,25 +183,25 @@ static void test_bad_reports_change_nothing(void **state)
     const int m[] = {V1A, V1C};
     const double s[] = {64, 16};
     struct peer_report r;
-    build(&r, V1C, 4, 4, 16, m, s, 2);
+    ctc_build(&r, V1C, 4, 4, 16, m, s, 2);
     /* Signed with another key than the pass's. */
-    expect_raw("r1", V1A, V1C, encode(&r, "r1", V1C), 401, "bad_signature");
+    expect_raw("r1", V1A, V1C, ctc_encode(&r, "r1", V1C), 401, "bad_signature");
     /* Payload names another peer than the pass (signed correctly). */
-    expect_raw("r1", V1C, V1C, encode(&r, "r1", V1A), 403, "wrong_peer");
+    expect_raw("r1", V1C, V1C, ctc_encode(&r, "r1", V1A), 403, "wrong_peer");
     /* A pass of run r2 used on r1, and a payload for r2 posted to r1. */
-    expect_raw("r1", OTHER_RUN, OTHER_RUN, encode(&r, "r1", OTHER_RUN), 403, "wrong_run");
-    expect_raw("r1", V1C, V1C, encode(&r, "r2", V1C), 403, "wrong_run");
+    expect_raw("r1", OTHER_RUN, OTHER_RUN, ctc_encode(&r, "r1", OTHER_RUN), 403, "wrong_run");
+    expect_raw("r1", V1C, V1C, ctc_encode(&r, "r2", V1C), 403, "wrong_run");
     /* Revoked pass. */
-    build(&r, REVOKED, 4, 4, 16, m, s, 2);
-    expect_raw("r1", REVOKED, REVOKED, encode(&r, "r1", REVOKED), 403, "pass_revoked");
+    ctc_build(&r, REVOKED, 4, 4, 16, m, s, 2);
+    expect_raw("r1", REVOKED, REVOKED, ctc_encode(&r, "r1", REVOKED), 403, "pass_revoked");
     /* A step that cannot have happened yet. */
-    build(&r, V1C, 5000000, 4, 16, m, s, 2);
-    expect_raw("r1", V1C, V1C, encode(&r, "r1", V1C), 422, "step_out_of_range");
+    ctc_build(&r, V1C, 5000000, 4, 16, m, s, 2);
+    expect_raw("r1", V1C, V1C, ctc_encode(&r, "r1", V1C), 422, "step_out_of_range");
 
     /* Hand-made payloads: negative, absurd, non-numbers, unknown fields, too many members. */
     char pk[64], other[64], rnd[65];
     uint8_t rid[32];
-    round_id(4, rid);
+    ctc_round_id(4, rid);
     cm_hex_encode(rid, 32, rnd);
     cm_b64url_encode(g_key[V1C].pub, 32, pk);
     cm_b64url_encode(g_key[V1A].pub, 32, other);
@@ -469,8 +256,8 @@ static void test_bad_reports_change_nothing(void **state)
     ct_resp_free(&resp);
     /* A flipped signature byte. */
     char *body = NULL;
-    build(&r, V1C, 4, 4, 16, m, s, 2);
-    const char *pl = encode(&r, "r1", V1C);
+    ctc_build(&r, V1C, 4, 4, 16, m, s, 2);
+    const char *pl = ctc_encode(&r, "r1", V1C);
     assert_int_equal(peer_report_sign(&g_key[V1C], g_tok[V1C], pl, strlen(pl), &body), CM_OK);
     json_t *b = json_loads(body, 0, NULL);
     char sig[100];
@@ -515,7 +302,7 @@ static void test_bad_reports_change_nothing(void **state)
     free(huge);
     assert_int_equal(db_state(), before);
     /* The same report, properly signed, is accepted afterwards. */
-    expect_post(&r, V1C, 201, NULL);
+    ctc_expect_post(&r, V1C, 201, NULL);
 }
 
 static void test_retry_not_counted_twice(void **state)
@@ -524,18 +311,18 @@ static void test_retry_not_counted_twice(void **state)
     const int m[] = {V1A, V1B, V2A};
     const double s[] = {64, 32, 128};
     struct peer_report r;
-    build(&r, V1A, 1, 1, 64, m, s, 3);
+    ctc_build(&r, V1A, 1, 1, 64, m, s, 3);
     long before = db_state();
-    expect_post(&r, V1A, 200, NULL);
-    expect_post(&r, V1A, 200, NULL);
+    ctc_expect_post(&r, V1A, 200, NULL);
+    ctc_expect_post(&r, V1A, 200, NULL);
     assert_int_equal(db_state(), before);
     /* A different payload for the same step: a conflict, kept aside. */
-    build(&r, V1A, 1, 1, 6400, m, s, 3);
-    expect_post(&r, V1A, 409, "conflicting_report");
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_conflicts"), 1);
-    assert_int_equal(scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
+    ctc_build(&r, V1A, 1, 1, 6400, m, s, 3);
+    ctc_expect_post(&r, V1A, 409, "conflicting_report");
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_conflicts"), 1);
+    assert_int_equal(ctc_scalar("SELECT sum(verified_samples)::bigint FROM contrib_claims WHERE step = 1"),
                      224);
-    assert_int_equal(scalar("SELECT sum(observers) FROM contrib_seen WHERE step = 1"), 6);
+    assert_int_equal(ctc_scalar("SELECT sum(observers) FROM contrib_seen WHERE step = 1"), 6);
 }
 
 /* Splits one CSV line (no quoted commas in our data) into fields. */
@@ -573,7 +360,7 @@ static int unfield(char *f)
 static void test_csv_equals_api(void **state)
 {
     (void)state;
-    json_t *j = get_json("/api/v1/runs/r1/contributions", g_aud);
+    json_t *j = ctc_get_json("/api/v1/runs/r1/contributions", g_aud);
     struct ct_resp r;
     ct_http(&g_c, "GET", "/api/v1/runs/r1/contributions?format=csv", g_aud, NULL, &r);
     assert_int_equal(r.status, 200);
@@ -597,13 +384,13 @@ static void test_csv_equals_api(void **state)
         assert_string_equal(f[1], json_string_value(json_object_get(p, "peer_public_key")));
         assert_int_equal(strtoll(f[2], NULL, 10), json_integer_value(json_object_get(p, "reports")));
         assert_int_equal(strtoll(f[3], NULL, 10), json_integer_value(json_object_get(p, "steps")));
-        assert_true(strtod(f[4], NULL) == num(p, "claimed_samples"));
-        assert_true(strtod(f[5], NULL) == num(p, "verified_samples"));
-        assert_true(strtod(f[6], NULL) == num(p, "compute_s"));
+        assert_true(strtod(f[4], NULL) == ctc_num(p, "claimed_samples"));
+        assert_true(strtod(f[5], NULL) == ctc_num(p, "verified_samples"));
+        assert_true(strtod(f[6], NULL) == ctc_num(p, "compute_s"));
         assert_int_equal(strtoll(f[7], NULL, 10),
                          json_integer_value(json_object_get(p, "flagged_reports")));
-        assert_true(strtod(f[10], NULL) == num(p, "expert_samples"));
-        assert_true(strtod(f[11], NULL) == num(p, "expert_samples_clipped"));
+        assert_true(strtod(f[10], NULL) == ctc_num(p, "expert_samples"));
+        assert_true(strtod(f[11], NULL) == ctc_num(p, "expert_samples_clipped"));
     }
     assert_int_equal(rows, json_array_size(peers));
     assert_true(rows >= 5);
@@ -612,9 +399,9 @@ static void test_csv_equals_api(void **state)
     double v = 0;
     size_t i;
     json_t *p;
-    json_array_foreach(peers, i, p) v += num(p, "verified_samples");
-    assert_true(v == num(json_object_get(j, "totals"), "verified_samples"));
-    assert_int_equal((long)v, scalar("SELECT sum(verified_samples)::bigint FROM contrib_user_totals "
+    json_array_foreach(peers, i, p) v += ctc_num(p, "verified_samples");
+    assert_true(v == ctc_num(json_object_get(j, "totals"), "verified_samples"));
+    assert_int_equal((long)v, ctc_scalar("SELECT sum(verified_samples)::bigint FROM contrib_user_totals "
                                      "WHERE run = 'r1'"));
     json_decref(j);
     /* Accept: text/csv works too; by=user gives one row per user. */
@@ -632,24 +419,24 @@ static void test_csv_equals_api(void **state)
 static void test_roles(void **state)
 {
     (void)state;
-    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions", g_vol1, NULL), 403);
-    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions/steps", g_vol1, NULL), 403);
-    assert_int_equal(req("GET", "/api/v1/runs/r1/flags", g_mal, NULL), 403);
-    assert_int_equal(req("GET", "/api/v1/runs/r1/contributions", NULL, NULL), 401);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/r1/contributions", g_vol1, NULL), 403);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/r1/contributions/steps", g_vol1, NULL), 403);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/r1/flags", g_mal, NULL), 403);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/r1/contributions", NULL, NULL), 401);
     /* Auditors read but cannot write. */
-    assert_int_equal(req("PUT", "/api/v1/runs/r1/allowlist/aud", g_aud, NULL), 403);
+    assert_int_equal(ctc_req("PUT", "/api/v1/runs/r1/allowlist/aud", g_aud, NULL), 403);
     char path[128];
     snprintf(path, sizeof path, "/api/v1/runs/r1/passes/%s/revoke", g_pass_id[V1A]);
-    assert_int_equal(req("POST", path, g_aud, "{}"), 403);
-    assert_int_equal(req("POST", "/api/v1/runs/r1/reports", g_aud, "{}"), 400);
+    assert_int_equal(ctc_req("POST", path, g_aud, "{}"), 403);
+    assert_int_equal(ctc_req("POST", "/api/v1/runs/r1/reports", g_aud, "{}"), 400);
     /* A volunteer sees only their own contributions. */
-    json_t *me = get_json("/api/v1/me/contributions", g_vol2);
+    json_t *me = ctc_get_json("/api/v1/me/contributions", g_vol2);
     assert_string_equal(json_string_value(json_object_get(me, "username")), "vol2");
     json_t *runs = json_object_get(me, "runs");
     assert_int_equal(json_array_size(runs), 1);
     json_t *run = json_array_get(runs, 0);
     assert_string_equal(json_string_value(json_object_get(run, "run")), "r1");
-    assert_true(num(run, "verified_samples") == 128);
+    assert_true(ctc_num(run, "verified_samples") == 128);
     json_t *peers = json_object_get(run, "peers");
     assert_int_equal(json_array_size(peers), 1);
     char pk[64];
@@ -673,7 +460,7 @@ static void test_roles(void **state)
 static void test_curve_and_stats(void **state)
 {
     (void)state;
-    json_t *c = get_json("/api/v1/runs/r1/curve", NULL);
+    json_t *c = ctc_get_json("/api/v1/runs/r1/curve", NULL);
     json_t *pts = json_object_get(c, "points");
     /* steps 1-3 are verified; step 4 was claimed by V1C alone (nobody
        corroborated it): not a public figure */
@@ -683,25 +470,25 @@ static void test_curve_and_stats(void **state)
     /* Step 1: losses 2 - 0.1 + 0.01 * peer, weighted by samples 64, 32, 128. */
     double want = (64 * (1.9 + 0.01 * V1A) + 32 * (1.9 + 0.01 * V1B) + 128 * (1.9 + 0.01 * V2A)) /
                   224;
-    assert_true(fabs(num(p1, "loss") - want) < 1e-9);
-    assert_true(num(p1, "samples") == 224);
-    assert_true(num(p1, "peers") == 3);
+    assert_true(fabs(ctc_num(p1, "loss") - want) < 1e-9);
+    assert_true(ctc_num(p1, "samples") == 224);
+    assert_true(ctc_num(p1, "peers") == 3);
     json_decref(c);
-    c = get_json("/api/v1/runs/r1/curve?max_points=2", NULL);
+    c = ctc_get_json("/api/v1/runs/r1/curve?max_points=2", NULL);
     assert_true(json_array_size(json_object_get(c, "points")) <= 2);
     assert_true(json_integer_value(json_object_get(c, "bucket")) >= 2);
     json_decref(c);
-    assert_int_equal(req("GET", "/api/v1/runs/r1/curve?max_points=0", NULL, NULL), 400);
-    assert_int_equal(req("GET", "/api/v1/runs/nope/curve", NULL, NULL), 404);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/r1/curve?max_points=0", NULL, NULL), 400);
+    assert_int_equal(ctc_req("GET", "/api/v1/runs/nope/curve", NULL, NULL), 404);
 
-    json_t *s = get_json("/api/v1/runs/r1/stats", NULL);
+    json_t *s = ctc_get_json("/api/v1/runs/r1/stats", NULL);
     assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 3);
     assert_int_equal(json_integer_value(json_object_get(s, "total_steps")), 100);
     json_t *t = json_object_get(s, "totals");
     assert_int_equal(json_integer_value(json_object_get(t, "reports")),
-                     scalar("SELECT count(*) FROM contrib_reports"));
+                     ctc_scalar("SELECT count(*) FROM contrib_reports"));
     assert_true(json_array_size(json_object_get(s, "active_peers")) >= 1);
-    assert_true(num(s, "avg_round_ms") == 150);
+    assert_true(ctc_num(s, "avg_round_ms") == 150);
     json_decref(s);
     struct ct_resp r;
     ct_http(&g_c, "GET", "/metrics", NULL, NULL, &r);
@@ -722,12 +509,12 @@ static void test_agent_reporter(void **state)
     const double s[] = {8, 16};
     struct peer_report r;
     for (int step = 5; step < 8; step++) {
-        build(&r, V2B, step, 100 + step, 8, m, s, 2);
+        ctc_build(&r, V2B, step, 100 + step, 8, m, s, 2);
         assert_int_equal(peer_reporter_submit(rp, &r), CM_OK);
     }
     assert_int_equal(peer_reporter_set_token(rp, g_tok[V2B]), CM_OK);
     assert_int_equal(peer_reporter_stop(rp, 20000), 0);
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step BETWEEN 5 AND 7"), 3);
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_reports WHERE step BETWEEN 5 AND 7"), 3);
 }
 
 /* --- checkpoints vouched by the members' reports (issue 22) ------------------ */
@@ -789,10 +576,10 @@ static void round_attesting(int64_t step, int rnd, const int *m, size_t n, const
         s[k] = 16;
     struct peer_report r;
     for (size_t k = 0; k < n; k++) {
-        build(&r, m[k], step, rnd, 16, m, s, n);
+        ctc_build(&r, m[k], step, rnd, 16, m, s, n);
         memcpy(r.params, params[k], 32);
         r.has_params = 1;
-        expect_post(&r, m[k], 201, NULL);
+        ctc_expect_post(&r, m[k], 201, NULL);
     }
 }
 
@@ -856,10 +643,10 @@ static void test_checkpoint_vouched_by_members(void **state)
     const int mm[] = {MAL, V1C};
     const double ss[] = {8, 8};
     struct peer_report r;
-    build(&r, MAL, (int64_t)1 << 53, 77, 8, mm, ss, 2);
-    expect_post(&r, MAL, 422, "step_out_of_range");
+    ctc_build(&r, MAL, (int64_t)1 << 53, 77, 8, mm, ss, 2);
+    ctc_expect_post(&r, MAL, 422, "step_out_of_range");
     /* the listing: vouched ones, then candidates */
-    json_t *l = get_json("/api/v1/runs/r1/checkpoints", g_aud);
+    json_t *l = ctc_get_json("/api/v1/runs/r1/checkpoints", g_aud);
     json_t *ck = json_object_get(l, "checkpoints");
     assert_int_equal(json_array_size(ck), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(ck, 0), "sha256")), hon);
@@ -891,8 +678,8 @@ static long post_r3(int me, int other, int64_t step, char code[40])
     const int m[] = {me, other};
     const double s[] = {10, 10};
     struct peer_report r;
-    build(&r, me, step, 300 + (int)step, 10, m, s, 2);
-    return post_raw("r3", me, me, encode(&r, "r3", me), code);
+    ctc_build(&r, me, step, 300 + (int)step, 10, m, s, 2);
+    return ctc_post_raw("r3", me, me, ctc_encode(&r, "r3", me), code);
 }
 
 static const char *run_status(const char *run)
@@ -900,7 +687,7 @@ static const char *run_status(const char *run)
     static char st[32];
     char path[64];
     snprintf(path, sizeof path, "/api/v1/runs/%s", run);
-    json_t *j = get_json(path, g_org);
+    json_t *j = ctc_get_json(path, g_org);
     const char *s = json_string_value(json_object_get(j, "status"));
     if (!s)
         s = json_string_value(json_object_get(json_object_get(j, "run"), "status"));
@@ -914,10 +701,10 @@ static void test_run_status_follows_verified_progress(void **state)
     (void)state;
     char code[40];
     /* paused: no reports */
-    assert_int_equal(req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"paused\"}"), 200);
+    assert_int_equal(ctc_req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"paused\"}"), 200);
     assert_int_equal(post_r3(F1, F2, 0, code), 409);
     assert_string_equal(code, "run_not_open");
-    assert_int_equal(req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"open\"}"), 200);
+    assert_int_equal(ctc_req("PATCH", "/api/v1/runs/r3", g_org, "{\"status\":\"open\"}"), 200);
     for (int64_t step = 0; step < 2; step++) {
         assert_int_equal(post_r3(F1, F2, step, code), 201);
         assert_int_equal(post_r3(F2, F1, step, code), 201);
@@ -929,7 +716,7 @@ static void test_run_status_follows_verified_progress(void **state)
     assert_string_equal(run_status("r3"), "open");
     assert_int_equal(post_r3(F2, F1, 2, code), 201);
     assert_string_equal(run_status("r3"), "finished");
-    json_t *s = get_json("/api/v1/runs/r3/stats", NULL);
+    json_t *s = ctc_get_json("/api/v1/runs/r3/stats", NULL);
     assert_int_equal(json_integer_value(json_object_get(s, "current_step")), 2);
     json_decref(s);
     /* finished: a step of its own may still come in (a straggler of the last
@@ -937,7 +724,7 @@ static void test_run_status_follows_verified_progress(void **state)
     assert_int_equal(post_r3(F2, F1, 2, code), 200);
     assert_int_equal(post_r3(F1, F2, 3, code), 409);
     assert_string_equal(code, "run_not_open");
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports c JOIN runs r ON r.id = c.run_id "
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_reports c JOIN runs r ON r.id = c.run_id "
                             "WHERE r.name = 'r3' AND c.step = 3"), 0);
     /* the final state, uploaded after the last round, is still taken; nothing past it */
     char hex[65];
@@ -956,22 +743,22 @@ static void test_run_status_follows_verified_progress(void **state)
 static void test_public_figures_verified_only(void **state)
 {
     (void)state;
-    json_t *s0 = get_json("/api/v1/runs/r1/stats", NULL);
-    json_t *c0 = get_json("/api/v1/runs/r1/curve", NULL);
+    json_t *s0 = ctc_get_json("/api/v1/runs/r1/stats", NULL);
+    json_t *c0 = ctc_get_json("/api/v1/runs/r1/curve", NULL);
     const int m[] = {MAL, V1C};
     const double seen[] = {1e9, 1e9};
     struct peer_report r;
-    build(&r, MAL, 99, 999, 1e9, m, seen, 2);
+    ctc_build(&r, MAL, 99, 999, 1e9, m, seen, 2);
     r.compute_s = 60;
-    expect_post(&r, MAL, 201, NULL);
-    json_t *s1 = get_json("/api/v1/runs/r1/stats", NULL);
-    json_t *c1 = get_json("/api/v1/runs/r1/curve", NULL);
+    ctc_expect_post(&r, MAL, 201, NULL);
+    json_t *s1 = ctc_get_json("/api/v1/runs/r1/stats", NULL);
+    json_t *c1 = ctc_get_json("/api/v1/runs/r1/curve", NULL);
     assert_int_equal(json_integer_value(json_object_get(s1, "current_step")),
                      json_integer_value(json_object_get(s0, "current_step")));
     assert_true(json_integer_value(json_object_get(s1, "current_step")) < 99);
-    assert_true(num(s1, "samples_per_s") == num(s0, "samples_per_s"));
-    assert_true(num(json_object_get(s1, "totals"), "verified_samples") ==
-                num(json_object_get(s0, "totals"), "verified_samples"));
+    assert_true(ctc_num(s1, "samples_per_s") == ctc_num(s0, "samples_per_s"));
+    assert_true(ctc_num(json_object_get(s1, "totals"), "verified_samples") ==
+                ctc_num(json_object_get(s0, "totals"), "verified_samples"));
     assert_true(json_equal(json_object_get(c1, "points"), json_object_get(c0, "points")));
     json_decref(s0);
     json_decref(s1);
@@ -988,7 +775,7 @@ static void albert_report(struct peer_report *r, int me, int64_t step, double sa
 {
     const int m[] = {V1A, V1B, V2A};
     const double s[] = {64, 32, 128};
-    build(r, me, step, 600 + (int)step, samples, m, s, 3);
+    ctc_build(r, me, step, 600 + (int)step, samples, m, s, 3);
     r->loss = 6.5;
     r->has_sop_loss = !isnan(sop);
     r->sop_loss = sop;
@@ -1000,7 +787,7 @@ static json_t *curve_point(const char *query, int64_t step)
 {
     char path[160];
     snprintf(path, sizeof path, "/api/v1/runs/r1/curve?%s", query);
-    json_t *c = get_json(path, NULL), *p, *found = NULL;
+    json_t *c = ctc_get_json(path, NULL), *p, *found = NULL;
     size_t i;
     json_array_foreach(json_object_get(c, "points"), i, p) if (json_integer_value(
         json_object_get(p, "step")) == step) found = json_incref(p);
@@ -1018,44 +805,47 @@ static void test_albert_heads(void **state)
     const double smp[] = {64, 32, 128};
     for (int k = 0; k < 3; k++) {
         albert_report(&r, who[k], 60, smp[k], sop60[k], acc60[k]);
-        const char *pl = encode(&r, "r1", who[k]);
+        const char *pl = ctc_encode(&r, "r1", who[k]);
         assert_non_null(strstr(pl, "\"sop_loss\":"));
         assert_non_null(strstr(pl, "\"mlm_accuracy\":"));
-        expect_post(&r, who[k], 201, NULL);
+        ctc_expect_post(&r, who[k], 201, NULL);
     }
     /* step 61: V2A's report without them (an agent before them) */
     albert_report(&r, V1A, 61, 64, 0.5, 0.2);
-    expect_post(&r, V1A, 201, NULL);
+    ctc_expect_post(&r, V1A, 201, NULL);
     albert_report(&r, V1B, 61, 32, 0.8, 0.35);
-    expect_post(&r, V1B, 201, NULL);
+    ctc_expect_post(&r, V1B, 201, NULL);
     albert_report(&r, V2A, 61, 128, NAN, NAN);
-    expect_post(&r, V2A, 201, NULL);
+    ctc_expect_post(&r, V2A, 201, NULL);
     /* step 62: nobody has them */
     for (int k = 0; k < 3; k++) {
         albert_report(&r, who[k], 62, smp[k], NAN, NAN);
-        expect_post(&r, who[k], 201, NULL);
+        ctc_expect_post(&r, who[k], 201, NULL);
     }
     /* stored as sent */
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 60 AND sop_loss IS NOT NULL "
-                            "AND mlm_accuracy IS NOT NULL"), 3);
-    assert_int_equal(scalar("SELECT round(mlm_accuracy * 1000)::bigint FROM contrib_claims "
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_reports WHERE step = 60 "
+                                "AND sop_loss IS NOT NULL AND mlm_accuracy IS NOT NULL"),
+                     3);
+    assert_int_equal(ctc_scalar("SELECT round(mlm_accuracy * 1000)::bigint FROM contrib_claims "
                             "WHERE step = 60 AND claimed_samples = 128"), 500);
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 61 AND sop_loss IS NULL"), 1);
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 62 AND "
+    assert_int_equal(
+        ctc_scalar("SELECT count(*) FROM contrib_reports WHERE step = 61 AND sop_loss IS NULL"), 1);
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_reports WHERE step = 62 AND "
                             "(sop_loss IS NOT NULL OR mlm_accuracy IS NOT NULL)"), 0);
     /* the curve's weighted means */
     json_t *p = curve_point("from=60&to=62", 60);
     assert_non_null(p);
-    double w_sop = (64 * 0.70 + 32 * 0.66 + 128 * 0.60) / 224, w_acc = (64 * 0.10 + 32 * 0.25 + 128 * 0.5) / 224;
-    assert_true(fabs(num(p, "sop_loss") - w_sop) < 1e-12);
-    assert_true(fabs(num(p, "mlm_accuracy") - w_acc) < 1e-12);
-    assert_true(fabs(num(p, "loss") - 6.5) < 1e-12);
+    double w_sop = (64 * 0.70 + 32 * 0.66 + 128 * 0.60) / 224;
+    double w_acc = (64 * 0.10 + 32 * 0.25 + 128 * 0.5) / 224;
+    assert_true(fabs(ctc_num(p, "sop_loss") - w_sop) < 1e-12);
+    assert_true(fabs(ctc_num(p, "mlm_accuracy") - w_acc) < 1e-12);
+    assert_true(fabs(ctc_num(p, "loss") - 6.5) < 1e-12);
     json_decref(p);
     p = curve_point("from=60&to=62", 61);
     assert_non_null(p);
-    assert_true(fabs(num(p, "sop_loss") - (64 * 0.5 + 32 * 0.8) / 96) < 1e-12);
-    assert_true(fabs(num(p, "mlm_accuracy") - (64 * 0.2 + 32 * 0.35) / 96) < 1e-12);
-    assert_true(num(p, "samples") == 224); /* all three count for the samples */
+    assert_true(fabs(ctc_num(p, "sop_loss") - (64 * 0.5 + 32 * 0.8) / 96) < 1e-12);
+    assert_true(fabs(ctc_num(p, "mlm_accuracy") - (64 * 0.2 + 32 * 0.35) / 96) < 1e-12);
+    assert_true(ctc_num(p, "samples") == 224); /* all three count for the samples */
     json_decref(p);
     p = curve_point("from=60&to=62", 62);
     assert_non_null(p);
@@ -1065,12 +855,13 @@ static void test_albert_heads(void **state)
     /* a step of another model's reports: the keys are there, null */
     p = curve_point("from=1&to=1", 1);
     assert_non_null(p);
-    assert_true(json_is_null(json_object_get(p, "sop_loss")) && json_is_null(json_object_get(p, "mlm_accuracy")));
+    assert_true(json_is_null(json_object_get(p, "sop_loss")) &&
+                json_is_null(json_object_get(p, "mlm_accuracy")));
     json_decref(p);
     /* one bucket of steps 60 and 61: weighted over both */
     p = curve_point("from=60&to=61&max_points=1", 61);
     assert_non_null(p);
-    assert_true(fabs(num(p, "sop_loss") - (64 * 0.70 + 32 * 0.66 + 128 * 0.60 + 64 * 0.5 + 32 * 0.8) / 320) <
+    assert_true(fabs(ctc_num(p, "sop_loss") - (64 * 0.70 + 32 * 0.66 + 128 * 0.60 + 64 * 0.5 + 32 * 0.8) / 320) <
                 1e-12);
     json_decref(p);
 
@@ -1078,7 +869,7 @@ static void test_albert_heads(void **state)
     long before = db_state();
     char pk[64], other[64], rnd[65];
     uint8_t rid[32];
-    round_id(663, rid);
+    ctc_round_id(663, rid);
     cm_hex_encode(rid, 32, rnd);
     cm_b64url_encode(g_key[V1C].pub, 32, pk);
     cm_b64url_encode(g_key[V1A].pub, 32, other);
@@ -1107,7 +898,7 @@ static void test_albert_heads(void **state)
         ct_resp_free(&resp);
     }
     assert_int_equal(db_state(), before);
-    assert_int_equal(scalar("SELECT count(*) FROM contrib_reports WHERE step = 63"), 0);
+    assert_int_equal(ctc_scalar("SELECT count(*) FROM contrib_reports WHERE step = 63"), 0);
 }
 
 int main(void)
@@ -1127,5 +918,5 @@ int main(void)
         cmocka_unit_test(test_public_figures_verified_only),
         cmocka_unit_test(test_albert_heads),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, ct_contrib_setup, ct_contrib_teardown);
 }
