@@ -171,6 +171,8 @@ void p2p__conn_close(struct p2p_conn *c, int err)
     struct p2p_host *h = c->h;
     struct p2p_ctx *ctx = h->ctx;
     c->state = C_CLOSING;
+    if (c->relay || c->circ || c->splice_next || c->pre)
+        p2p__relay_conn_closed(c);
     struct pending *retry = NULL;
     int may_retry = c->outgoing && c->connected && !h->closing &&
                     (err == CM_ECLOSED || err == CM_ECONN);
@@ -406,6 +408,8 @@ static void write_cb(uv_write_t *w, int status)
         c->wq_bytes -= r->n;
         if (status < 0) {
             p2p__conn_close(c, CM_ECONN);
+        } else if (c->relay == P2P_RL_RAW) {
+            p2p__relay_drained(c);
         } else if (c->bp_paused && c->wq_bytes < c->h->ctx->max_queue / 2) {
             c->bp_paused = 0;
             p2p__read_start(c);
@@ -734,6 +738,10 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             }
         }
     }
+    if (c->relay == P2P_RL_RAW) { /* a relay's circuit: bytes, not frames */
+        p2p__relay_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
+        return;
+    }
     uint8_t *data;
     size_t dlen;
     int shared = buf->base == (char *)ctx->rxbuf;
@@ -763,6 +771,19 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         p2p__handle_frame(c, payload - P2P_FRAME_HDR_LEN, plen);
         off += used;
         c->frame_start_ms = p2p__mono_ms();
+        if (c->relay == P2P_RL_RAW && c->state == C_OPEN) {
+            /* spliced by the frame just served (an ACCEPT): the rest is
+               the circuit's */
+            if (dlen > off)
+                p2p__relay_bytes(c, data + off, dlen - off);
+            if (!shared) {
+                ctx->rx_held -= c->rx_cap;
+                free(c->rx);
+                c->rx = NULL;
+                c->rx_cap = c->rx_len = 0;
+            }
+            return;
+        }
     }
     if (c->state != C_OPEN)
         return;
@@ -858,10 +879,15 @@ static void conn_start_waiting(struct p2p_ctx *ctx)
 
 struct p2p_conn *p2p__conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc)
 {
-    struct p2p_ctx *ctx = h->ctx;
     for (struct p2p_conn *c = h->conns; c; c = c->hnext)
-        if (c->outgoing && c->state != C_CLOSING && p2p__addr_equal(&c->remote, addr))
+        if (c->outgoing && !c->relay && c->state != C_CLOSING && p2p__addr_equal(&c->remote, addr))
             return c;
+    return p2p__conn_new(h, addr, rc);
+}
+
+struct p2p_conn *p2p__conn_new(struct p2p_host *h, const struct sockaddr *addr, int *rc)
+{
+    struct p2p_ctx *ctx = h->ctx;
     struct p2p_conn *c = p2p__conn_alloc(h, 1);
     if (!c) {
         *rc = CM_ENOMEM;
@@ -886,4 +912,18 @@ struct p2p_conn *p2p__conn_get(struct p2p_host *h, const struct sockaddr *addr, 
     if ((*rc = conn_connect(c)))
         return NULL;
     return c;
+}
+
+void p2p__conn_close_flushed(struct p2p_conn *c)
+{
+    if (c->state == C_CLOSING)
+        return;
+    if (c->state != C_OPEN || c->wq_bytes == 0) {
+        c->graceful = 1;
+        p2p__conn_close(c, CM_ECLOSED);
+        return;
+    }
+    c->close_flushed = 1;
+    p2p__read_stop(c);
+    c->bp_paused = 1; /* stays unread */
 }

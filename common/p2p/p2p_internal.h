@@ -39,6 +39,9 @@ struct wframe {
 };
 
 struct p2p_conn;
+struct p2p_relay;
+struct p2p_relay_client;
+struct relay_circ;
 
 /* A frame held back by the emulated link latency (ctx->latency_ms). */
 struct delayed {
@@ -116,6 +119,23 @@ struct p2p_conn {
     struct cm_pass_claims peer_claims;
     struct p2p_deferred *deferred; /* answers a handler took over (p2p_reply_defer) */
     size_t n_deferred;
+    /* relays (p2p_relay.c): what the connection is to a circuit */
+    int relay;                  /* enum p2p_relay_role */
+    int relay_dialer;           /* at a relay: the dialer's side (counts one circuit) */
+    int close_flushed;          /* close once the write queue has drained */
+    struct p2p_conn *splice;    /* at a relay: the other side of the circuit */
+    struct p2p_conn *splice_next; /* at a relay: spliced once the ACCEPT answer is out */
+    struct relay_circ *circ;    /* at a relay: the circuit waiting for its accept */
+    uint8_t *pre;               /* the dialer's bytes that arrived before the accept */
+    size_t pre_len;
+};
+
+/* What a connection is to a relay circuit (p2p_relay.c). */
+enum p2p_relay_role {
+    P2P_RL_NONE = 0,
+    P2P_RL_RAW,       /* at a relay: bytes are forwarded (or held until the accept) */
+    P2P_RL_ACCEPTING, /* at the reserving peer: our ACCEPT is in flight; never reused */
+    P2P_RL_CIRCUIT,   /* at the reserving peer: served as an inbound connection */
 };
 
 /* An answer a request handler took over (p2p_reply_defer): what the
@@ -181,6 +201,9 @@ struct p2p_host {
     int closing;
     size_t nhandles;
     struct serving *serving; /* set during a request handler */
+    struct p2p_relay *relay;           /* p2p_host_relay_enable */
+    struct p2p_relay_client *rclient;  /* p2p_host_relay_use */
+    uint64_t relay_accepted, relay_accept_failed; /* circuits we accepted (p2p_relay_stats) */
 };
 
 /* ---- clocks and lifecycle (p2p_transport.c) ----------------------------- */
@@ -204,6 +227,26 @@ int p2p__conn_send_parts(struct p2p_conn *c, const struct p2p_iov *parts, size_t
 void p2p__read_start(struct p2p_conn *c);
 void p2p__read_stop(struct p2p_conn *c);
 struct p2p_conn *p2p__conn_get(struct p2p_host *h, const struct sockaddr *addr, int *rc);
+/* A fresh outgoing connection, never one that exists. */
+struct p2p_conn *p2p__conn_new(struct p2p_host *h, const struct sockaddr *addr, int *rc);
+/* Closes c once what it has queued is written (a relay's circuit side). */
+void p2p__conn_close_flushed(struct p2p_conn *c);
+
+/* ---- relays (p2p_relay.c) ----------------------------------------------- */
+
+/* Serves RELAY_* requests (inside the serving context: may defer). */
+int p2p__relay_serve(struct p2p_conn *c, const struct p2p_peer *from, uint32_t type,
+                     const uint8_t *body, size_t len, uint8_t **resp, size_t *rlen);
+/* After the answer to an ACCEPT went out on c: splice c to its dialer. */
+void p2p__relay_splice(struct p2p_conn *c);
+/* Bytes read on a P2P_RL_RAW connection. */
+void p2p__relay_bytes(struct p2p_conn *c, const uint8_t *data, size_t n);
+/* c is closing: its circuit, its partner, its held bytes. */
+void p2p__relay_conn_closed(struct p2p_conn *c);
+/* A write on c completed: resume its partner's reading when c drained. */
+void p2p__relay_drained(struct p2p_conn *c);
+/* The host is closing (its connections are closed already). */
+void p2p__relay_host_close(struct p2p_host *h);
 
 /* ---- requests and responses (p2p_request.c) ----------------------------- */
 
@@ -211,5 +254,9 @@ int p2p__send_envelope(struct p2p_conn *c, uint32_t kind, uint32_t type, uint64_
                        const uint8_t *recipient, uint8_t nonce[P2P_NONCE_LEN], int32_t status,
                        const struct p2p_iov *body, size_t n);
 void p2p__handle_frame(struct p2p_conn *c, const uint8_t *frame, size_t plen);
+/* Sends a request on this very connection (no reuse, no resend). */
+int p2p__request_on_conn(struct p2p_host *h, struct p2p_conn *c, const struct sockaddr *addr,
+                         const uint8_t *peer_pub, uint32_t type, const uint8_t *body, size_t len,
+                         uint32_t timeout_ms, p2p_response_cb cb, void *arg);
 
 #endif

@@ -3,6 +3,7 @@
 #include "p2p/p2p.pb-c.h"
 #include "p2p/p2p_transport.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "cm_err.h"
@@ -48,4 +49,84 @@ int p2p_pong_parse(const uint8_t *buf, size_t len, uint8_t ip[16], size_t *iplen
     }
     ctp2p__pong__free_unpacked(p, NULL);
     return rc;
+}
+
+/* RelayReserved and RelayWait have the same shape: one port. */
+int p2p_relay_port_parse(const uint8_t *buf, size_t len, uint16_t *port)
+{
+    Ctp2p__RelayWait *w = ctp2p__relay_wait__unpack(NULL, len, buf);
+    if (!w)
+        return CM_EPARSE;
+    int rc = w->port >= 1 && w->port <= 65535 ? CM_OK : CM_EPARSE;
+    if (rc == CM_OK)
+        *port = (uint16_t)w->port;
+    ctp2p__relay_wait__free_unpacked(w, NULL);
+    return rc;
+}
+
+int p2p_relay_port_encode(uint16_t port, uint8_t **out, size_t *len)
+{
+    Ctp2p__RelayWait w = CTP2P__RELAY_WAIT__INIT;
+    w.port = port;
+    *len = ctp2p__relay_wait__get_packed_size(&w);
+    if (!(*out = malloc(*len ? *len : 1)))
+        return CM_ENOMEM;
+    ctp2p__relay_wait__pack(&w, *out);
+    return CM_OK;
+}
+
+int p2p_relay_circuits_parse(const uint8_t *buf, size_t len, uint64_t ids[P2P_RELAY_MAX_ANNOUNCE],
+                             size_t *n)
+{
+    Ctp2p__RelayCircuits *c = ctp2p__relay_circuits__unpack(NULL, len, buf);
+    if (!c)
+        return CM_EPARSE;
+    int rc = c->n_circuits <= P2P_RELAY_MAX_ANNOUNCE ? CM_OK : CM_EPARSE;
+    for (size_t i = 0; rc == CM_OK && i < c->n_circuits; i++) {
+        if (c->circuits[i] == 0)
+            rc = CM_EPARSE;
+        else
+            ids[i] = c->circuits[i];
+    }
+    if (rc == CM_OK)
+        *n = c->n_circuits;
+    ctp2p__relay_circuits__free_unpacked(c, NULL);
+    return rc;
+}
+
+int p2p_relay_circuits_encode(const uint64_t *ids, size_t n, uint8_t **out, size_t *len)
+{
+    if (n > P2P_RELAY_MAX_ANNOUNCE)
+        return CM_EINVAL;
+    Ctp2p__RelayCircuits c = CTP2P__RELAY_CIRCUITS__INIT;
+    c.n_circuits = n;
+    c.circuits = (uint64_t *)ids;
+    *len = ctp2p__relay_circuits__get_packed_size(&c);
+    if (!(*out = malloc(*len ? *len : 1)))
+        return CM_ENOMEM;
+    ctp2p__relay_circuits__pack(&c, *out);
+    return CM_OK;
+}
+
+int p2p_relay_accept_parse(const uint8_t *buf, size_t len, uint64_t *circuit)
+{
+    Ctp2p__RelayAccept *a = ctp2p__relay_accept__unpack(NULL, len, buf);
+    if (!a)
+        return CM_EPARSE;
+    int rc = a->circuit ? CM_OK : CM_EPARSE;
+    if (rc == CM_OK)
+        *circuit = a->circuit;
+    ctp2p__relay_accept__free_unpacked(a, NULL);
+    return rc;
+}
+
+int p2p_relay_accept_encode(uint64_t circuit, uint8_t **out, size_t *len)
+{
+    Ctp2p__RelayAccept a = CTP2P__RELAY_ACCEPT__INIT;
+    a.circuit = circuit;
+    *len = ctp2p__relay_accept__get_packed_size(&a);
+    if (!(*out = malloc(*len ? *len : 1)))
+        return CM_ENOMEM;
+    ctp2p__relay_accept__pack(&a, *out);
+    return CM_OK;
 }

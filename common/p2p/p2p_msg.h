@@ -1,6 +1,6 @@
 /* Pure decoders of the transport's own message bodies (p2p.proto:
- * StreamChunk, Pong), kept apart from the socket code so they can be fuzzed
- * (tests/fuzz/fuzz_p2p_chunk.c). */
+ * StreamChunk, Pong, the relay messages), kept apart from the socket code
+ * so they can be fuzzed (tests/fuzz/fuzz_p2p_chunk.c, fuzz_p2p_relay.c). */
 #ifndef P2P_MSG_H
 #define P2P_MSG_H
 
@@ -22,5 +22,18 @@ void p2p_chunk_cleanup(struct p2p_chunk *c);
 
 /* Pong: the address the responder saw (4 or 16 bytes). */
 int p2p_pong_parse(const uint8_t *buf, size_t len, uint8_t ip[16], size_t *iplen);
+
+/* Relay messages (docs/protocol.md, "Relays"). Ports are 1..65535,
+ * circuit ids nonzero, at most P2P_RELAY_MAX_ANNOUNCE circuits per
+ * RelayCircuits; anything else is CM_EPARSE. Encoders return a malloc'd
+ * body (*out, *len) or CM_ENOMEM. */
+#define P2P_RELAY_MAX_ANNOUNCE 16
+int p2p_relay_port_parse(const uint8_t *buf, size_t len, uint16_t *port); /* RelayReserved, RelayWait */
+int p2p_relay_port_encode(uint16_t port, uint8_t **out, size_t *len);
+int p2p_relay_circuits_parse(const uint8_t *buf, size_t len, uint64_t ids[P2P_RELAY_MAX_ANNOUNCE],
+                             size_t *n);
+int p2p_relay_circuits_encode(const uint64_t *ids, size_t n, uint8_t **out, size_t *len);
+int p2p_relay_accept_parse(const uint8_t *buf, size_t len, uint64_t *circuit);
+int p2p_relay_accept_encode(uint64_t circuit, uint8_t **out, size_t *len);
 
 #endif

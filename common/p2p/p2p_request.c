@@ -214,7 +214,9 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
     int status;
     struct serving sv = {c, m, cl->peer_public_key, NULL}, *outer = h->serving;
     h->serving = &sv;
-    if (h->on_request_reply && m->type != P2P_MSG_PING && m->type != P2P_MSG_STREAM_CHUNK) {
+    if (m->type >= P2P_MSG_RELAY_RESERVE && m->type <= P2P_MSG_RELAY_ACCEPT) {
+        status = p2p__relay_serve(c, &pe, m->type, m->body, m->blen, &rp.body, &rp.len);
+    } else if (h->on_request_reply && m->type != P2P_MSG_PING && m->type != P2P_MSG_STREAM_CHUNK) {
         status = h->on_request_reply(h->arg, h, &pe, m->type, m->body, m->blen, &rp);
     } else {
         status = serve_builtin(c, &pe, m->type, m->body, m->blen, &rp.body, &rp.len);
@@ -234,6 +236,10 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
         p2p__send_envelope(c, P2P_KIND_RESPONSE, m->type, m->id, cl->peer_public_key, nonce, status,
                            parts, rp.tail_len ? 2 : 1);
     free(rp.body);
+    if (c->splice_next) { /* an accepted circuit: from now on, bytes */
+        p2p__relay_splice(c);
+        return;
+    }
     /* Backpressure: a peer that asks faster than we can answer stops being
      * read until its responses drain. */
     if (c->state == C_OPEN && c->wq_bytes > ctx->max_queue && !c->bp_paused) {
@@ -596,4 +602,12 @@ int p2p_request_iov(struct p2p_host *h, const struct sockaddr *addr, const uint8
                     p2p_response_cb cb, void *arg)
 {
     return request_start(h, addr, peer_pub, type, body, n, timeout_ms, cb, arg, 0);
+}
+
+int p2p__request_on_conn(struct p2p_host *h, struct p2p_conn *c, const struct sockaddr *addr,
+                         const uint8_t *peer_pub, uint32_t type, const uint8_t *body, size_t len,
+                         uint32_t timeout_ms, p2p_response_cb cb, void *arg)
+{
+    struct p2p_iov one = {body, len};
+    return request_on(h, c, addr, peer_pub, type, &one, 1, timeout_ms, cb, arg, 0, 0, NULL);
 }

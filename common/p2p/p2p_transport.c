@@ -185,6 +185,8 @@ static void sweep_cb(uv_timer_t *t)
         int idle = c->n_pend == 0 && c->n_deferred == 0 && c->wq_bytes == 0 && c->rx_len == 0;
         if (c->rx_len > 0 && now - c->frame_start_ms > (int64_t)ctx->frame_ms) {
             p2p__conn_drop(c, P2P_REJ_MALFORMED, "frame not completed in time");
+        } else if (c->close_flushed && now - c->last_active_ms > 10000) {
+            p2p__conn_close(c, CM_ETIMEOUT); /* its reader stopped reading */
         } else if (idle && now - c->last_active_ms > (int64_t)ctx->idle_ms) {
             p2p__conn_close(c, CM_ECLOSED);
         } else if (idle && waiting) {
@@ -318,6 +320,7 @@ void p2p_host_close(struct p2p_host *h)
         h->conns->graceful = 1;
         p2p__conn_close(h->conns, CM_ECLOSED);
     }
+    p2p__relay_host_close(h);
     if (h->listening) {
         h->listening = 0;
         uv_close((uv_handle_t *)&h->listener, listener_closed);

@@ -53,6 +53,9 @@ enum p2p_msg_type {
     P2P_MSG_PING = 1,
     P2P_MSG_STREAM_CHUNK = 2,
     P2P_MSG_HELLO = 3, /* session handshake (p2p_session.h); internal to the transport */
+    P2P_MSG_RELAY_RESERVE = 4, /* circuit relays (p2p_relay.h); served by the transport */
+    P2P_MSG_RELAY_WAIT = 5,
+    P2P_MSG_RELAY_ACCEPT = 6,
     P2P_MSG_DHT_FIND_NODE = 16,
     P2P_MSG_DHT_FIND_VALUE = 17,
     P2P_MSG_DHT_STORE = 18,
