@@ -67,6 +67,34 @@ COORD_DB_STMT(S_CAP_UPSERT, 6,
               "capabilities.expires_at <= now() THEN now() ELSE capabilities.first_reported_at END "
               "RETURNING extract(epoch from expires_at)::bigint");
 
+/* "1.2.3.4:5" or "[v6]:5": numeric only (the coordinator resolves no name
+   a peer sends), port 1..65535. */
+static int numeric_ip_port(const char *s)
+{
+    char host[64];
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s || colon[1] == 0)
+        return 0;
+    const char *h = s;
+    size_t hl = (size_t)(colon - s);
+    if (*s == '[') {
+        if (hl < 3 || colon[-1] != ']')
+            return 0;
+        h = s + 1;
+        hl -= 2;
+    }
+    if (hl >= sizeof host)
+        return 0;
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    unsigned char ab[16];
+    if (*end || port < 1 || port > 65535 || colon[1] == '-' || colon[1] == '+')
+        return 0;
+    return *s == '[' ? inet_pton(AF_INET6, host, ab) == 1 : inet_pton(AF_INET, host, ab) == 1;
+}
+
 void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
 {
     static const struct cm_json_field F[] = {
@@ -80,6 +108,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         {"failing_reason", CM_J_STRING, 0, 0, 320},
         {"reachability", CM_J_STRING, 0, 1, 16},
         {"address", CM_J_STRING, 0, 1, 64},
+        {"relay", CM_J_STRING, 0, 1, 64},
     };
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
@@ -153,18 +182,25 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
        peers page */
     const char *reach = json_string_value(json_object_get(req->json, "reachability"));
     const char *addr = json_string_value(json_object_get(req->json, "address"));
-    static const char *const REACH[] = {"direct", "client", "unknown"};
+    const char *relay = json_string_value(json_object_get(req->json, "relay"));
+    static const char *const REACH[] = {"direct", "client", "relayed", "unknown"};
     int reach_ok = !reach;
     for (size_t k = 0; reach && k < sizeof REACH / sizeof *REACH; k++)
         reach_ok |= !strcmp(reach, REACH[k]);
     unsigned char ab[16];
-    if (!reach_ok || (addr && inet_pton(AF_INET, addr, ab) != 1 && inet_pton(AF_INET6, addr, ab) != 1)) {
+    int relay_ok = !relay || (reach && !strcmp(reach, "relayed") && numeric_ip_port(relay));
+    if (!reach_ok || !relay_ok ||
+        (addr && inet_pton(AF_INET, addr, ab) != 1 && inet_pton(AF_INET6, addr, ab) != 1)) {
         json_decref(report);
         coord_resp_error(resp, 400, "invalid_request",
-                         reach_ok ? "field 'address': an IPv4 or IPv6 address"
-                                  : "field 'reachability': direct, client or unknown");
+                         !reach_ok   ? "field 'reachability': direct, client, relayed or unknown"
+                         : !relay_ok ? "field 'relay': the relay's numeric address, ip:port, with "
+                                       "reachability 'relayed'"
+                                     : "field 'address': an IPv4 or IPv6 address");
         return;
     }
+    if (report && relay)
+        json_object_set_new(report, "relay", json_string(relay));
     if (report && reach)
         json_object_set_new(report, "reachability", json_string(reach));
     if (report && addr)
@@ -274,7 +310,8 @@ void api_peers_list(struct coord_req *req, struct coord_resp *resp)
                               (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "reported_at",
                               (json_int_t)strtoll(PQgetvalue(r, i, 4), NULL, 10));
         static const char *const KEEP[] = {"samples_per_s", "upload_mbps", "download_mbps", "accepts_inbound",
-                                           "reachability", "address", "failing_rounds", "failing_reason"};
+                                           "reachability", "address", "relay", "failing_rounds",
+                                           "failing_reason"};
         for (size_t k = 0; rep && o && k < sizeof KEEP / sizeof *KEEP; k++) {
             json_t *v = json_object_get(rep, KEEP[k]);
             if (v)

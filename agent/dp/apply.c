@@ -267,8 +267,10 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         fprintf(stderr, "\nwarning: step %lld: our round (%zu senders) averaged our gradient alone (the "
                         "others declined it or left); not stepping\n",
                 (long long)j->step, j->senders);
+        char my[PEER_ADDR_MAX];
+        peer_rt_addrs(&s->rt, my, NULL);
         snprintf(j->why, sizeof j->why, "our round of %zu senders averaged only our own gradient: the others' "
-                 "did not reach us at %s", j->senders, s->rt.my_addr[0] ? s->rt.my_addr : "(client mode)");
+                 "did not reach us at %s", j->senders, my[0] ? my : "(client mode)");
         note_failing(s, j, *step, j->why);
         return CM_OK;
     }
@@ -337,8 +339,17 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
     if (j->loss_n)
         *last_loss = loss;
     if (s->steplog && !s->o.aggregate_only) {
-        char line[1400], ridhex[17], ls[32], ex[320];
+        char line[1600], ridhex[17], ls[32], ex[320], via[120] = "";
         dp_experts_json(s, ex, sizeof ex);
+        /* how the others reached us this step, and whether we aggregated a
+           part (through a relay: issue 17) */
+        pthread_mutex_lock(&s->rt.addr_mu);
+        if (s->rt.reach == PEER_REACH_RELAYED)
+            snprintf(via, sizeof via, ",\"reach\":\"relayed\",\"relay\":\"%s\"", s->rt.relay);
+        else
+            snprintf(via, sizeof via, ",\"reach\":\"%s\"", s->rt.my_addr[0] ? "direct" : "client");
+        pthread_mutex_unlock(&s->rt.addr_mu);
+        int aggregated = j->me < j->nmem && j->am[j->me].fraction > 0;
         cm_hex_encode(j->rid, 8, ridhex);
         if (isfinite(loss))
             snprintf(ls, sizeof ls, "%.6f", loss);
@@ -349,12 +360,12 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
                  "\"members\":%zu,\"parts\":%zu,\"agreed\":%d,\"outcomes\":%zu,\"round\":\"%s\","
                  "\"round_ms\":%.1f,\"sent_kb\":%.1f,\"received_kb\":%.1f,\"round_s\":%.3f,\"margin_ms\":%lld,\"compute_s\":%.3f,\"wait_s\":%.3f,\"sched_version\":%lld,"
                  "\"group_rounds\":%zu,\"group_size\":%zu,\"group_senders\":%zu,\"group_last\":%zu"
-                 "%s,\"t_ms\":%lld}",
+                 ",\"aggregated\":%s%s%s,\"t_ms\":%lld}",
                  (long long)*step, s->hash, ls, j->samples, j->global, j->nmem, j->n_parts,
                  __builtin_popcountll(j->agreed), j->counted, ridhex, j->sum.ms_total, (double)j->sum.bytes_sent / 1024,
                  (double)j->sum.bytes_received / 1024, j->t_round,
                  (long long)j->margin_ms, j->compute_s, j->t_wait, (long long)j->sched_v, j->group_rounds, j->group_size,
-                 j->group_senders, j->group_last, ex, (long long)dp_now(s));
+                 j->group_senders, j->group_last, aggregated ? "true" : "false", via, ex, (long long)dp_now(s));
         agent_steplog_write(s->steplog, line);
     }
     /* every K steps, and the run's final state (for peers that finish
@@ -396,7 +407,7 @@ int dp_step_role(struct dp_state *s)
         return 0;
     int compute = 1;
     pthread_mutex_lock(&s->js_mu);
-    dp_sched_role(s->js, s->rt.key.pub, !s->o.client_mode, &compute, NULL);
+    dp_sched_role(s->js, s->rt.key.pub, peer_rt_addrs(&s->rt, NULL, NULL), &compute, NULL);
     pthread_mutex_unlock(&s->js_mu);
     if (!compute && !s->pull_only)
         printf("\nthe schedule has this peer average without computing (pull-only)\n");

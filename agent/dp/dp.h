@@ -35,6 +35,7 @@
 #include "ar/ar.h"
 
 struct dp_opts {
+    int no_relay; /* --no-relay */
     char *coordinator, *run, *config_dir, *device, *listen_ip, *advertise_ip, *export_path,
         *compression, *step_log, *progress;
     int aggregate_only, client_mode, no_eval, delayed_updates;

@@ -52,10 +52,14 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"max-cpu-percent", CM_OPT_DBL, J(max_cpu_percent), "0", "P",
      "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two "
      "cores' worth), 0 = no limit", 0},
+    {"no-relay", CM_OPT_BOOL, J(no_relay), NULL, NULL,
+     "neither lend relay ports to unreachable peers (when reachable) nor use a relay (when not: "
+     "then a client-mode peer); by default a reachable agent relays for a few unreachable ones "
+     "and an unreachable one aggregates through such an agent", 0},
     {"listen-ip", CM_OPT_STR, J(listen_ip), "0.0.0.0", "IP", "address peers connect to us on", 0},
     {"advertise-ip", CM_OPT_STR, J(advertise_ip), NULL, "IP",
      "address announced to peers, unchecked (default: the address the coordinator sees us at, "
-     "once it reached us there; unreachable peers join in client mode)", 0},
+     "once it reached us there; unreachable peers go through a relay, see --no-relay)", 0},
     {"dht-port", CM_OPT_INT, J(dht_port), "0", "PORT", "DHT port, 0 = any", 0},
     {"ar-port", CM_OPT_INT, J(ar_port), "0", "PORT", "averaging port, 0 = any", 0},
     {"steps", CM_OPT_INT, J(steps), "0", "N", "stop after this global step (default: the run's)", 0},
@@ -379,7 +383,11 @@ static int start_stages(struct dp_state *s)
     cm_b64url_encode(s->rt.key.pub, CM_ED25519_PUB_LEN, pk);
     printf("joined run '%s' as %s (peer %.12s..., %s%s), target batch %.0f, %ld steps, model %zu parameters\n",
            s->o.run, peer_rt_username(&s->rt), pk, s->o.aggregate_only ? "aggregate-only" : s->tr.be->name,
-           s->o.client_mode ? ", client mode" : "", s->target, s->steps, s->tr.model->nparams);
+           !s->o.client_mode                     ? ""
+           : peer_rt_addrs(&s->rt, NULL, NULL)   ? ", through a relay"
+           : s->o.no_relay || s->rt.flag_client_mode ? ", client mode"
+                                                 : ", client mode until a relay takes us",
+           s->target, s->steps, s->tr.model->nparams);
     s->rt.cfg.probes = s->js != NULL; /* they measure for the schedules */
     s->joined_at = peer_mono_s();
     return peer_rt_start(&s->rt, PEER_STAGE_PROBES) != CM_OK;
@@ -459,6 +467,7 @@ int agent_cmd_join(int argc, char **argv)
     rc_cfg.listen_ip = s->o.listen_ip;
     rc_cfg.advertise_ip = s->o.advertise_ip;
     rc_cfg.client_mode = s->o.client_mode;
+    rc_cfg.no_relay = s->o.no_relay;
     rc_cfg.must_accept = s->o.aggregate_only;
     rc_cfg.dht_port = (uint16_t)s->o.dht_port;
     rc_cfg.ar_port = (uint16_t)s->o.ar_port;

@@ -309,7 +309,7 @@ void dp_linger(struct dp_state *s, int64_t step)
             usleep(100000);
         return;
     }
-    if (!s->rt.st_addr[0])
+    if (!peer_rt_addrs(&s->rt, NULL, NULL))
         return;
     double t0 = peer_mono_s(), quiet_since = t0;
     while (!dp_interrupted(s) && peer_mono_s() - t0 < 60 && peer_mono_s() - quiet_since < 3) {

@@ -40,8 +40,10 @@ int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double
         p.pstep = step - 1;
     p.sps = sps;
     p.t_ms = dp_now(s);
-    snprintf(p.addr, sizeof p.addr, "%s", s->rt.my_addr);
-    p.client = s->o.client_mode;
+    char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
+    /* direct, or through a relay (which may come and go) */
+    p.client = !peer_rt_addrs(&s->rt, my, st);
+    snprintf(p.addr, sizeof p.addr, "%s", my);
     /* A pull-only peer counts as auxiliary for the others' counting (it
        accumulates nothing, must not hold a round back, and a round of one
        sender beside it is still one sender); it publishes its state host and
@@ -56,7 +58,7 @@ int dp_publish_progress(struct dp_state *s, int64_t step, double samples, double
         p.aux = 1;
         p.samples = p.pledged = p.sps = 0;
     } else if (!s->o.aggregate_only) {
-        snprintf(p.st, sizeof p.st, "%s", s->rt.st_addr);
+        snprintf(p.st, sizeof p.st, "%s", st);
         /* the hash of the parameters it holds (at pstep: with a round in
            flight, one step behind the step it accumulates for) */
         if (s->hash_step == p.pstep)
@@ -219,10 +221,11 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
     me.weight = s->o.aggregate_only || pull_only ? 0 : weight;
     me.sends = !s->o.aggregate_only && !pull_only;
     me.pull_only = !s->o.aggregate_only && pull_only;
-    me.agg = !s->o.client_mode;
+    char my[PEER_ADDR_MAX];
+    me.agg = peer_rt_addrs(&s->rt, my, NULL);
     me.t_ms = dp_now(s);
     me.sched_version = s->js ? dp_sched_version(s->js) : 0;
-    snprintf(me.addr, sizeof me.addr, "%s", s->o.client_mode ? "" : s->rt.my_addr);
+    snprintf(me.addr, sizeof me.addr, "%s", my);
     int rc = collab_announce_encode(&me, rec, sizeof rec);
     double put_t0 = peer_mono_s();
     if (rc || (rc = peer_net_put(s->rt.net, key, rec, strlen(rec), 120000)) != CM_OK)

@@ -43,6 +43,8 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
     unsigned char ab[16];
     if (body && c->addr[0] && (inet_pton(AF_INET, c->addr, ab) == 1 || inet_pton(AF_INET6, c->addr, ab) == 1))
         json_object_set_new(body, "address", json_string(c->addr));
+    if (body && c->relay[0])
+        json_object_set_new(body, "relay", json_string(c->relay));
     if (body && c->failing > 0) {
         json_object_set_new(body, "failing_rounds", json_integer(c->failing));
         json_object_set_new(body, "failing_reason", json_string(c->failing_why));
@@ -79,8 +81,8 @@ int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
         return 1;
     if (moved(old->sps, now->sps) || moved(old->up_mbps, now->up_mbps) ||
         moved(old->down_mbps, now->down_mbps) || (old->inbound != 0) != (now->inbound != 0) ||
-        (old->failing != 0) != (now->failing != 0) ||
-        old->n_pairs != now->n_pairs)
+        (old->failing != 0) != (now->failing != 0) || strcmp(old->reach, now->reach) ||
+        strcmp(old->relay, now->relay) || old->n_pairs != now->n_pairs)
         return 1;
     for (size_t i = 0; i < now->n_pairs; i++) {
         size_t j = 0;
@@ -111,11 +113,17 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     double cu = rt->cfg.max_upload_mbps, cd = rt->cfg.max_download_mbps;
     c.up_mbps = lu > 0 ? (cu > 0 ? fmin(lu, cu) : lu) : cu > 0 ? cu : 1000;
     c.down_mbps = ld > 0 ? (cd > 0 ? fmin(ld, cd) : ld) : cd > 0 ? cd : 1000;
-    c.inbound = !rt->cfg.client_mode;
+    pthread_mutex_lock(&rt->addr_mu);
+    enum peer_reach reach = rt->reach;
+    c.inbound = rt->my_addr[0] != 0;
+    if (reach == PEER_REACH_RELAYED)
+        snprintf(c.relay, sizeof c.relay, "%s", rt->relay);
+    pthread_mutex_unlock(&rt->addr_mu);
     snprintf(c.reach, sizeof c.reach, "%s",
-             rt->reach == PEER_REACH_DIRECT || rt->reach == PEER_REACH_FLAG_ADDR ? "direct"
-             : rt->reach == PEER_REACH_CLIENT || rt->reach == PEER_REACH_FLAG_CLIENT ? "client"
-                                                                                      : "unknown");
+             reach == PEER_REACH_DIRECT || reach == PEER_REACH_FLAG_ADDR ? "direct"
+             : reach == PEER_REACH_CLIENT || reach == PEER_REACH_FLAG_CLIENT ? "client"
+             : reach == PEER_REACH_RELAYED                                   ? "relayed"
+                                                                             : "unknown");
     snprintf(c.addr, sizeof c.addr, "%s",
              rt->observed_ip[0] ? rt->observed_ip
              : rt->reach == PEER_REACH_FLAG_ADDR && rt->cfg.advertise_ip ? rt->cfg.advertise_ip : "");

@@ -19,7 +19,8 @@ struct peer_caps {
     double up_mbps, down_mbps;  /* after the volunteer's caps */
     int inbound;                /* accepts inbound connections */
     int failing;                /* the role's rounds in a row that averaged nothing (0: fine) */
-    char reach[16];             /* "direct", "client" or "unknown" (reach.h); "" = not said */
+    char reach[16];             /* "direct", "client", "relayed" or "unknown" (reach.h); "" = not said */
+    char relay[64];             /* relayed: the relay's address ("ip:port") */
     char addr[64];              /* the address the coordinator saw us at, or --advertise-ip */
     char failing_why[160];      /* and why, when failing */
     size_t n_pairs;

@@ -392,6 +392,8 @@ int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
     pthread_mutex_init(&n->st_mu, NULL);
+    pthread_mutex_init(&n->relay_mu, NULL);
+    n->relay_ar.net = n->relay_st.net = n;
     n->st_wanted = -1;
     n->cfg = cfg;
     n->on_other = cfg->on_other;
@@ -452,6 +454,7 @@ void peer_net_stop(struct peer_net *n)
     pthread_mutex_destroy(&n->mu);
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->st_mu);
+    pthread_mutex_destroy(&n->relay_mu);
     free(n->st_bytes);
     free(n);
 }

@@ -158,6 +158,25 @@ int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n),
 struct dht_node *peer_net_dht(struct peer_net *n);
 struct p2p_host *peer_net_host(struct peer_net *n);
 
+/* Relays (docs/p2p.md, "Relays"). A reachable agent lends ports on its
+ * state host (default limits of p2p_relay.h). An unreachable one reserves
+ * a port for its averaging host and one for its state host at the relay
+ * whose state host is at `relay` with key `pub`; on success the two
+ * addresses that now lead to us ("ip:port"), which we announce. Blocks
+ * until both are reserved (or timeout_ms). peer_net_relay_lost: nonzero
+ * (the reason) once either reservation was lost since; use another relay
+ * then. Thread-safe. */
+#define PEER_RELAY_ADDR_MAX 64
+struct p2p_relay_stats;
+int peer_net_relay_offer(struct peer_net *n);
+int peer_net_relay_use(struct peer_net *n, const char *relay, const uint8_t pub[CM_ED25519_PUB_LEN],
+                       uint32_t timeout_ms, char ar_adv[PEER_RELAY_ADDR_MAX],
+                       char st_adv[PEER_RELAY_ADDR_MAX]);
+int peer_net_relay_lost(struct peer_net *n);
+void peer_net_relay_drop(struct peer_net *n);
+/* What our state host relayed for others, and circuits we accepted. */
+void peer_net_relay_stats(struct peer_net *n, struct p2p_relay_stats *out);
+
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at);
 

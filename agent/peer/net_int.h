@@ -38,6 +38,13 @@ struct job {
     void *fn_arg;
 };
 
+/* One of our reservations at a relay (net_relay.c); under relay_mu. */
+struct peer_relay_slot {
+    struct peer_net *net;
+    int reserved, lost, status;
+    char adv[PEER_RELAY_ADDR_MAX];
+};
+
 struct peer_net {
     uv_loop_t loop;
     uv_async_t async;
@@ -62,6 +69,8 @@ struct peer_net {
     int64_t st_step, st_wanted;
     uint8_t st_sha[CM_SHA256_LEN];
     const struct peer_net_config *cfg; /* during start only */
+    pthread_mutex_t relay_mu;
+    struct peer_relay_slot relay_ar, relay_st;
 };
 
 /* Queues a job on the loop (CM_ECLOSED when the net stops); waits for it

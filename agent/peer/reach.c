@@ -18,6 +18,7 @@ const char *peer_reach_name(enum peer_reach r)
     case PEER_REACH_CLIENT: return "client (not reachable)";
     case PEER_REACH_FLAG_CLIENT: return "client (--client-mode)";
     case PEER_REACH_FLAG_ADDR: return "direct (--advertise-ip, not checked)";
+    case PEER_REACH_RELAYED: return "relayed";
     default: return "unknown";
     }
 }

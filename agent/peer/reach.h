@@ -21,6 +21,7 @@ enum peer_reach {
     PEER_REACH_CLIENT,      /* not reachable: sends and receives, accepts nothing */
     PEER_REACH_FLAG_CLIENT, /* --client-mode */
     PEER_REACH_FLAG_ADDR,   /* --advertise-ip, taken as given */
+    PEER_REACH_RELAYED,     /* not reachable, reached through a relay (docs/p2p.md "Relays") */
 };
 const char *peer_reach_name(enum peer_reach r);
 

@@ -31,6 +31,9 @@ void peer_rt_init(struct peer_rt *rt, const struct peer_rt_config *cfg, const st
         rt->role = *role;
     pthread_mutex_init(&rt->probe_mu, NULL);
     pthread_cond_init(&rt->probe_cv, NULL);
+    pthread_mutex_init(&rt->addr_mu, NULL);
+    pthread_mutex_init(&rt->relay_mu, NULL);
+    pthread_cond_init(&rt->relay_cv, NULL);
 }
 
 int peer_rt_interrupted(const struct peer_rt *rt)
@@ -358,8 +361,11 @@ static int discover(struct peer_rt *rt, const char *listen, char *adv, size_t ca
                     res.observed_ip, why);
             return CM_ECONN;
         }
-        printf("reachability: not reachable at %s (%s): continuing as a client-mode peer (sends and "
-               "receives, aggregates nothing)\n", res.observed_ip, why);
+        printf("reachability: not reachable at %s (%s): %s\n", res.observed_ip, why,
+               rt->cfg.no_relay ? "continuing as a client-mode peer (sends and receives, aggregates "
+                                  "nothing; --no-relay)"
+                                : "looking for a relay (until one takes us: a client-mode peer, "
+                                  "which sends and receives and aggregates nothing)");
         fflush(stdout);
         peer_net_stop(rt->net);
         rt->net = NULL;
@@ -407,13 +413,23 @@ static int start_net(struct peer_rt *rt)
         rt->net = NULL;
         return CM_ECANCELED;
     }
-    rt->my_addr[0] = rt->st_addr[0] = 0;
+    char my[PEER_ADDR_MAX] = "", st[PEER_ADDR_MAX] = "";
     if (!rt->cfg.client_mode) {
-        snprintf(rt->my_addr, sizeof rt->my_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
-                 peer_net_ar_port(rt->net));
-        snprintf(rt->st_addr, sizeof rt->st_addr, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv,
-                 peer_net_state_port(rt->net));
+        snprintf(my, sizeof my, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv, peer_net_ar_port(rt->net));
+        snprintf(st, sizeof st, strchr(adv, ':') ? "[%s]:%u" : "%s:%u", adv, peer_net_state_port(rt->net));
     }
+    peer__set_addrs(rt, my, st);
+    pthread_mutex_lock(&rt->addr_mu);
+    rt->relay[0] = 0;
+    pthread_mutex_unlock(&rt->addr_mu);
+    /* unreachable: a relay at once when one is known (the keeper goes on
+       looking otherwise, and replaces one that goes away) */
+    if (rt->reach == PEER_REACH_CLIENT && !rt->cfg.no_relay && peer__relay_acquire(rt, NULL) == CM_OK) {
+        peer_rt_addrs(rt, my, st);
+        printf("reachability: relayed through %s (averaging at %s, state at %s)\n", rt->relay, my, st);
+        fflush(stdout);
+    }
+    peer__relay_keeper_start(rt);
     return CM_OK;
 }
 
@@ -526,10 +542,11 @@ void peer_rt_stop_to(struct peer_rt *rt, enum peer_stage keep)
         case PEER_STAGE_PROBES: stop_probes(rt); break;
         case PEER_STAGE_REPORTS: stop_reports(rt); break;
         case PEER_STAGE_NET:
+            peer__relay_keeper_stop(rt);
             if (rt->net)
                 peer_net_stop(rt->net);
             rt->net = NULL;
-            rt->my_addr[0] = rt->st_addr[0] = 0;
+            peer__set_addrs(rt, "", "");
             break;
         case PEER_STAGE_CLOCK: __atomic_store_n(&rt->clock_offset_ms, 0, __ATOMIC_RELAXED); break;
         case PEER_STAGE_PASS: drop_pass(rt); break;
@@ -545,4 +562,7 @@ void peer_rt_cleanup(struct peer_rt *rt)
     peer_rt_stop(rt);
     pthread_mutex_destroy(&rt->probe_mu);
     pthread_cond_destroy(&rt->probe_cv);
+    pthread_mutex_destroy(&rt->addr_mu);
+    pthread_mutex_destroy(&rt->relay_mu);
+    pthread_cond_destroy(&rt->relay_cv);
 }

@@ -78,6 +78,8 @@ struct peer_rt_config {
     int client_mode;          /* accept no inbound connections; set by the net stage when
                                  the dial-back finds us unreachable */
     int must_accept;          /* the role cannot work in client mode: unreachable is an error */
+    int no_relay;             /* neither lend relay ports (reachable) nor use a relay
+                                 (unreachable): --no-relay */
     uint16_t dht_port, ar_port;                /* 0: any */
     double max_upload_mbps, max_download_mbps; /* 0: no cap */
     int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
@@ -155,7 +157,17 @@ struct peer_rt {
     int64_t clock_offset_ms;
     /* net */
     struct peer_net *net;
-    char my_addr[PEER_ADDR_MAX], st_addr[PEER_ADDR_MAX]; /* "" in client mode */
+    /* our addresses, "" in client mode; they change at run time when a
+       relay comes or goes (read them with peer_rt_addrs) */
+    pthread_mutex_t addr_mu;
+    char my_addr[PEER_ADDR_MAX], st_addr[PEER_ADDR_MAX];
+    char relay[PEER_ADDR_MAX];              /* relayed: the relay's state host, else "" */
+    uint8_t relay_pub[CM_ED25519_PUB_LEN];
+    /* the relay keeper (relay_keep.c) */
+    pthread_t relay_th;
+    pthread_mutex_t relay_mu;
+    pthread_cond_t relay_cv;
+    int relay_started, relay_stop, relay_offer;
     int flag_client_mode;    /* cfg.client_mode as the role gave it (--client-mode) */
     enum peer_reach reach;   /* how peers reach us (reach.h) */
     char observed_ip[64];    /* our address as the coordinator sees it ("" unknown) */
@@ -194,6 +206,13 @@ void peer_rt_stop_to(struct peer_rt *rt, enum peer_stage keep);
 void peer_rt_cleanup(struct peer_rt *rt);
 
 int peer_rt_interrupted(const struct peer_rt *rt);
+
+/* Our addresses as peers reach them now ("ip:port", copied; either may be
+ * NULL): the averaging host and the state host, direct or through a relay.
+ * Returns 1 when we accept connections (we may aggregate and serve
+ * state), 0 in client mode (both ""). They change when a relay comes or
+ * goes. Any thread. */
+int peer_rt_addrs(struct peer_rt *rt, char my[PEER_ADDR_MAX], char st[PEER_ADDR_MAX]);
 
 /* ---- clock ---- */
 /* The collaboration's time in ms (the coordinator's clock). Any thread. */

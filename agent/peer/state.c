@@ -77,7 +77,7 @@ int peer_rt_catch_up(struct peer_rt *rt, int64_t min_step, int64_t *step)
  * behind or diverged), when we hold the step it wants. */
 void peer_rt_serve_state(struct peer_rt *rt, int64_t step)
 {
-    if (!rt->net || !rt->role.save_state || !rt->st_addr[0])
+    if (!rt->net || !rt->role.save_state || !peer_rt_addrs(rt, NULL, NULL))
         return;
     int64_t want = peer_net_state_wanted(rt->net);
     if (want < 0 || want > step)

@@ -21,6 +21,7 @@
  * the timer and the start.
  * A request callback holds a reference on the round, so a round that ended
  * is freed only after its last callback. */
+#include "p2p/p2p_relay.h"
 #include "ar/ar_internal.h"
 
 #include <float.h>
@@ -819,8 +820,9 @@ static int check_config(const struct ar_engine *e, const struct ar_round_config 
     } else if (me->sends == AR_SENDS_PULL && !c->buf) {
         return CM_EINVAL; /* where would the average go */
     }
-    if (me->fraction > 0 && !e->listening)
-        return CM_EINVAL; /* a client-mode peer cannot be reached to aggregate */
+    if (me->fraction > 0 && !e->listening && !p2p_host_relay_active(e->host))
+        return CM_EINVAL; /* a client-mode peer cannot be reached to aggregate (unless
+                             through a relay, p2p_relay.h) */
     int senders = 0;
     for (size_t i = 0; i < c->n_members; i++) {
         const struct ar_member *m = &c->members[i];

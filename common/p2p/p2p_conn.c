@@ -250,7 +250,7 @@ void p2p__conn_close(struct p2p_conn *c, int err)
     else
         ctx->conns_tail = c->cprev;
     ctx->nconns--;
-    if (!c->outgoing)
+    if (!c->outgoing && !c->relay_uncounted)
         h->n_inbound--;
     /* Graceful (host shutdown): writes already handed to the kernel are
      * delivered, then FIN, then close. Otherwise close at once. */

@@ -122,6 +122,8 @@ struct p2p_conn {
     /* relays (p2p_relay.c): what the connection is to a circuit */
     int relay;                  /* enum p2p_relay_role */
     int relay_dialer;           /* at a relay: the dialer's side (counts one circuit) */
+    int relay_uncounted;        /* at a relay: a circuit's side, bounded by the relay's limits,
+                                   not by the host's inbound cap (n_inbound) */
     int close_flushed;          /* close once the write queue has drained */
     struct p2p_conn *splice;    /* at a relay: the other side of the circuit */
     struct p2p_conn *splice_next; /* at a relay: spliced once the ACCEPT answer is out */

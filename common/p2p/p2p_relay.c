@@ -235,6 +235,8 @@ static void resv_on_conn(uv_stream_t *srv, int status)
     rv->n_pend++;
     c->relay = P2P_RL_RAW;
     c->relay_dialer = 1;
+    c->relay_uncounted = 1; /* the relay's limits bound circuits, not the inbound cap */
+    h->n_inbound--;
     c->circ = x;
     r->n_circ++;
     r->st.circuits++;
@@ -385,6 +387,10 @@ void p2p__relay_splice(struct p2p_conn *c)
     c->relay = P2P_RL_RAW;
     c->splice = d;
     d->splice = c;
+    if (!c->outgoing && !c->relay_uncounted) {
+        c->relay_uncounted = 1;
+        c->h->n_inbound--;
+    }
     if (d->pre_len) {
         struct p2p_relay *r = c->h->relay;
         if (r)
@@ -706,6 +712,11 @@ void p2p_host_relay_drop(struct p2p_host *h)
     /* its requests still hold it (their callbacks see `dead`) */
     if (cl->refs == 0)
         free(cl);
+}
+
+int p2p_host_relay_active(const struct p2p_host *h)
+{
+    return h && h->rclient && h->rclient->reserved && !h->rclient->dead;
 }
 
 void p2p_host_relay_stats(const struct p2p_host *h, struct p2p_relay_stats *out)

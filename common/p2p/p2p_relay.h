@@ -75,6 +75,8 @@ int p2p_host_relay_use(struct p2p_host *h, const struct sockaddr *relay,
 /* Stops using the relay; the callback is not called again. Circuits
  * already open stay until they close. */
 void p2p_host_relay_drop(struct p2p_host *h);
+/* 1 while h holds a reservation at a relay (peers can reach it there). */
+int p2p_host_relay_active(const struct p2p_host *h);
 
 void p2p_host_relay_stats(const struct p2p_host *h, struct p2p_relay_stats *out);
 

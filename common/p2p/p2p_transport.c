@@ -230,8 +230,9 @@ static void on_connection(uv_stream_t *srv, int status)
          * lock honest peers out); with none idle, the newcomer is refused. */
         struct p2p_conn *old = NULL;
         for (struct p2p_conn *x = h->conns; x; x = x->hnext)
-            if (x != c && !x->outgoing && x->state == C_OPEN && x->wq_bytes == 0 &&
-                x->rx_len == 0 && (!old || x->last_active_ms < old->last_active_ms))
+            if (x != c && !x->outgoing && !x->relay && !x->relay_uncounted && x->state == C_OPEN &&
+                x->wq_bytes == 0 && x->rx_len == 0 && x->n_deferred == 0 &&
+                (!old || x->last_active_ms < old->last_active_ms))
                 old = x;
         if (!old) {
             ctx->st.conns_refused++;

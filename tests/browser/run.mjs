@@ -233,7 +233,9 @@ test('overview-not-averaging', async (page) => {
   await shot(page, 'overview-not-averaging-banner');
   // bad values are refused and change nothing
   for (const bad of [{ failing_rounds: -1 }, { failing_rounds: 'many' }, { failing_reason: 'x'.repeat(400) },
-    { reachability: 'relayed' }, { reachability: '' }, { address: 'not-an-ip' }, { address: '10.0.0.1:80' }]) {
+    { reachability: 'punched' }, { reachability: '' }, { address: 'not-an-ip' }, { address: '10.0.0.1:80' },
+    { relay: '10.0.0.1:80' }, { reachability: 'relayed', relay: 'relay.example:80' },
+    { reachability: 'relayed', relay: '10.0.0.1' }, { reachability: 'relayed', relay: '10.0.0.1:0' }]) {
     r = await caps(bad);
     assert.equal(r.status, 400, `${JSON.stringify(bad).slice(0, 40)}: ${r.text}`);
   }

@@ -13,10 +13,12 @@
  *    per router; one port-preserving "cone-like" MASQUERADE, one
  *    --random-fully "symmetric-like"). The NAT'ed agents find out by
  *    themselves, within 10 s, that peers cannot reach them (the coordinator
- *    sees them at their router's address and its dial-back fails there) and
- *    join as client-mode peers; the public ones aggregate. Same checks:
+ *    sees them at their router's address and its dial-back fails there),
+ *    reserve ports at a public agent (a circuit relay, docs/p2p.md
+ *    "Relays") and announce those; the schedule gives them parts and they
+ *    aggregate through their relays (their step logs say so). Same checks:
  *    all six in every round, all parts averaged, identical parameters, the
- *    loss falls.
+ *    loss falls; the organizer sees them as relayed, at their router.
  *  - lost: three agents that announce the coordinator's host
  *    (--advertise-ip), where nothing listens for them, so every round fails.
  *    No round that averaged nothing (or only part) is a step or credited; a
@@ -389,8 +391,8 @@ static void check(struct collab *c, int n_direct)
         assert_non_null(line);
         assert_true(!strncmp(line, want, strlen(want)));
         assert_true(c->reach_at[i] > 0 && c->reach_at[i] < 10.0);
-        if (i >= n_direct)
-            assert_non_null(strstr(log, "client mode"));
+        if (i >= n_direct) /* and reserved ports at a relay (the public agents lend them) */
+            assert_non_null(strstr(log, "reachability: relayed through 10.77.0."));
         free(log);
         fold_steplog(c->steps[i], &f, h->name);
     }
@@ -427,32 +429,65 @@ static void test_behind_nat(void **state)
 {
     (void)state;
     check(&g_nat, NNAT_PUB);
+    /* the NAT'ed agents aggregated parts through their relays, and their
+       step logs say so */
+    int relayed_agg = 0;
+    for (int i = NNAT_PUB; i < g_nat.n; i++) {
+        FILE *fp = fopen(g_nat.steps[i], "r");
+        assert_non_null(fp);
+        char line[2048];
+        int agg = 0, via = 0;
+        while (fgets(line, sizeof line, fp)) {
+            json_t *j = json_loads(line, 0, NULL);
+            const char *reach = j ? json_string_value(json_object_get(j, "reach")) : NULL;
+            if (j && json_object_get(j, "hash") && reach && !strcmp(reach, "relayed")) {
+                via++;
+                const char *relay = json_string_value(json_object_get(j, "relay"));
+                assert_non_null(relay);
+                assert_true(!strncmp(relay, g_net.h[g_nat.host[0]].ip, strlen(g_net.h[g_nat.host[0]].ip)) ||
+                            !strncmp(relay, g_net.h[g_nat.host[1]].ip, strlen(g_net.h[g_nat.host[1]].ip)));
+                agg += json_is_true(json_object_get(j, "aggregated")) &&
+                       json_integer_value(json_object_get(j, "agreed")) ==
+                           json_integer_value(json_object_get(j, "parts"));
+            }
+            json_decref(j);
+        }
+        fclose(fp);
+        printf("%s: %d steps reached through a relay, %d of them aggregating a part\n",
+               g_net.h[g_nat.host[i]].name, via, agg);
+        relayed_agg += agg;
+    }
+    assert_true(relayed_agg >= 1);
     /* the organizer's live-peers list says how each is reached, and where */
     struct ct_resp r;
     assert_int_equal(ct_http(&g_c, "GET", "/api/v1/runs/hosts-nat/peers", g_org, NULL, &r), 0);
     assert_int_equal(r.status, 200);
     json_t *peers = json_object_get(r.json, "peers");
     assert_int_equal(json_array_size(peers), g_nat.n);
-    int direct = 0, client = 0;
+    int direct = 0, relayed = 0;
     for (size_t i = 0; i < json_array_size(peers); i++) {
         json_t *p = json_array_get(peers, i);
         const char *reach = json_string_value(json_object_get(p, "reachability"));
         const char *addr = json_string_value(json_object_get(p, "address"));
-        printf("live peer %s: %s at %s\n", json_string_value(json_object_get(p, "username")), reach ? reach : "?",
-               addr ? addr : "?");
+        const char *relay = json_string_value(json_object_get(p, "relay"));
+        printf("live peer %s: %s at %s%s%s\n", json_string_value(json_object_get(p, "username")), reach ? reach : "?",
+               addr ? addr : "?", relay ? " via " : "", relay ? relay : "");
         assert_non_null(reach);
         assert_non_null(addr);
         if (!strcmp(reach, "direct")) {
             direct++;
             assert_true(!strcmp(addr, g_net.h[g_nat.host[0]].ip) || !strcmp(addr, g_net.h[g_nat.host[1]].ip));
         } else {
-            client++;
-            assert_string_equal(reach, "client");
+            relayed++;
+            assert_string_equal(reach, "relayed");
             assert_true(!strcmp(addr, g_net.r[0].wan_ip) || !strcmp(addr, g_net.r[1].wan_ip));
+            assert_non_null(relay);
+            assert_true(!strncmp(relay, g_net.h[g_nat.host[0]].ip, strlen(g_net.h[g_nat.host[0]].ip)) ||
+                        !strncmp(relay, g_net.h[g_nat.host[1]].ip, strlen(g_net.h[g_nat.host[1]].ip)));
         }
     }
     assert_int_equal(direct, NNAT_PUB);
-    assert_int_equal(client, NNAT_PRIV);
+    assert_int_equal(relayed, NNAT_PRIV);
     ct_resp_free(&r);
 }
 

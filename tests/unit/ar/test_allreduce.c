@@ -23,6 +23,7 @@
 #include "ar/ar_codec.h"
 #include "ar/ar_msg.h"
 #include "cm_err.h"
+#include "p2p/p2p_relay.h"
 #include "tests/harness/p2p_testkit.h"
 
 #define MAXP 8
@@ -287,6 +288,63 @@ static void test_exact_mean_2_to_8(void **s)
         assert_true(g.p[0].res.bytes_sent > 0 && g.p[0].res.bytes_received > 0);
         grp_cleanup(&g);
     }
+}
+
+/* Aggregators behind NAT, reached through a relay (p2p_relay.h, issue
+ * 17): peers 2 and 3 accept no connections and reserve ports at peer 0's
+ * averaging host; with those addresses they aggregate their parts like
+ * the others, and every member gets the exact mean. */
+struct relayed {
+    int done, status;
+    struct sockaddr_storage adv;
+};
+
+static void on_relayed(void *arg, int status, const struct sockaddr *adv)
+{
+    struct relayed *r = arg;
+    r->done = 1;
+    r->status = status;
+    if (status == CM_OK)
+        memcpy(&r->adv, adv, sizeof(struct sockaddr_in));
+}
+
+static void test_relayed_aggregators(void **s)
+{
+    (void)s;
+    struct grp g;
+    double frac[] = {1, 1, 1, 1};
+    int sends[] = {1, 1, 1, 1}, listen[] = {1, 1, 0, 0};
+    grp_init(&g, 4, 40013, frac, sends, listen, NULL);
+    assert_int_equal(p2p_host_relay_enable(ar_engine_host(g.p[0].eng), NULL), 0);
+    struct relayed rl[4] = {{0}};
+    for (size_t i = 2; i < 4; i++) {
+        assert_int_equal(p2p_host_relay_use(ar_engine_host(g.p[i].eng), (struct sockaddr *)&g.mem[0].addr,
+                                            g.mem[0].pub, 3000, on_relayed, &rl[i]),
+                         0);
+        for (int64_t t0 = p2p_now_ms(); !rl[i].done && p2p_now_ms() - t0 < 3000;)
+            uv_run(&g.loop, UV_RUN_NOWAIT);
+        assert_int_equal(rl[i].status, CM_OK);
+        memcpy(&g.mem[i].addr, &rl[i].adv, sizeof(struct sockaddr_in));
+    }
+    for (int round = 0; round < 2; round++) { /* the second on the circuits of the first */
+        for (size_t i = 0; i < 4; i++) {
+            g.p[i].done = g.p[i].started = 0;
+            if (round)
+                memcpy(g.p[i].buf, g.p[i].orig, g.n * sizeof(float));
+        }
+        g.base.step = 42 + (uint64_t)round;
+        grp_run(&g, NULL, -1, 0, 20000);
+        check_exact(&g, senders_mask(&g));
+        assert_int_equal(g.p[0].res.n_parts, 4);
+    }
+    struct p2p_relay_stats rs, xs;
+    p2p_host_relay_stats(ar_engine_host(g.p[0].eng), &rs);
+    p2p_host_relay_stats(ar_engine_host(g.p[2].eng), &xs);
+    printf("relay: %llu circuits, %llu bytes; peer 2 accepted %llu\n", (unsigned long long)rs.circuits,
+           (unsigned long long)rs.bytes, (unsigned long long)xs.accepted);
+    assert_true(rs.bytes > 2 * g.n / 4 * sizeof(float));
+    assert_true(xs.accepted >= 1);
+    grp_cleanup(&g);
 }
 
 /* In place: the same exact, bit-identical means with client-mode,
@@ -1196,6 +1254,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_mean_2_to_8),
         cmocka_unit_test(test_in_place_exact),
+        cmocka_unit_test(test_relayed_aggregators),
         cmocka_unit_test(test_group_of_one),
         cmocka_unit_test(test_tiny_buffer),
         cmocka_unit_test(test_client_and_aux),

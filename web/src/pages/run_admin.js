@@ -112,7 +112,8 @@ export function render(main, [run]) {
       const lp = await api.get(`${R}/peers`);
       parts.push(h('h3', 'Live peers'), table(['peer key', 'username', 'reachability', 'address', 'upload / download', 'samples/s', 'averaging'],
         lp.peers.map((p) => [h('code', { title: p.peer_public_key }, shortKey(p.peer_public_key)), p.username,
-          h('span.reach', p.reachability ? (p.reachability === 'client' ? 'client (not reachable)' : p.reachability) : (p.accepts_inbound ? 'accepts inbound' : 'client mode')),
+          h('span.reach', p.reachability ? (p.reachability === 'client' ? 'client (not reachable)'
+            : p.reachability === 'relayed' ? `relayed via ${p.relay || '?'}` : p.reachability) : (p.accepts_inbound ? 'accepts inbound' : 'client mode')),
           p.address || '—', `${fmtNum(p.upload_mbps, 1)} / ${fmtNum(p.download_mbps, 1)} Mbit/s`, fmtNum(p.samples_per_s, 1),
           p.failing_rounds ? h('span.failing', { title: p.failing_reason || '' }, `${fmtNum(p.failing_rounds)} rounds averaged nothing`) : 'ok']),
         'no live peers', { id: 'live-peers-table' }));

@@ -1,0 +1,244 @@
+/* Relays for the peer runtime (docs/p2p.md, "Relays"; seed
+ * 000_02cc6b5d62a616fc.txt §3.3, technique 2). A directly reachable agent
+ * lends ports on its state host and says so in the DHT (key
+ * "<run>/relays", its state host's address, refreshed every 30 s). An
+ * unreachable one reserves ports at such an agent and announces those as
+ * its addresses, so that it can aggregate and serve its state like any
+ * peer; when its relay goes away it takes another (or, with none left,
+ * goes back to being a client-mode peer until one appears). The keeper
+ * runs on a thread of its own from the net stage on. */
+#include "agent/peer/runtime_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define RELAY_ADVERT_EVERY_S 30
+#define RELAY_ADVERT_TTL_MS 90000
+#define RELAY_RESERVE_MS 4000
+#define RELAY_MAX_TRIES 4
+
+static void relay_key(const struct peer_rt *rt, char *key, size_t cap)
+{
+    snprintf(key, cap, "%s/relays", rt->cfg.run);
+}
+
+int peer_rt_addrs(struct peer_rt *rt, char my[PEER_ADDR_MAX], char st[PEER_ADDR_MAX])
+{
+    pthread_mutex_lock(&rt->addr_mu);
+    if (my)
+        snprintf(my, PEER_ADDR_MAX, "%s", rt->my_addr);
+    if (st)
+        snprintf(st, PEER_ADDR_MAX, "%s", rt->st_addr);
+    int accepting = rt->my_addr[0] != 0;
+    pthread_mutex_unlock(&rt->addr_mu);
+    return accepting;
+}
+
+void peer__set_addrs(struct peer_rt *rt, const char *my, const char *st)
+{
+    pthread_mutex_lock(&rt->addr_mu);
+    snprintf(rt->my_addr, sizeof rt->my_addr, "%s", my);
+    snprintf(rt->st_addr, sizeof rt->st_addr, "%s", st);
+    pthread_mutex_unlock(&rt->addr_mu);
+}
+
+/* The throughput we measured to this peer lately (Mbit/s, 0: unknown). */
+static double measured_mbps(struct peer_rt *rt, const uint8_t *pub)
+{
+    double best = 0;
+    pthread_mutex_lock(&rt->probe_mu);
+    for (size_t i = 0; i < rt->n_probe_hist; i++)
+        if (!memcmp(rt->probe_hist[i].pub, pub, CM_ED25519_PUB_LEN))
+            for (int k = 0; k < PEER_PROBE_KEEP; k++)
+                if (rt->probe_hist[i].mbps[k] > best)
+                    best = rt->probe_hist[i].mbps[k];
+    pthread_mutex_unlock(&rt->probe_mu);
+    return best;
+}
+
+struct cand {
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    char addr[PEER_ADDR_MAX];
+    double mbps, rtt_ms;
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->mbps != y->mbps) /* measured throughput first, the faster first */
+        return x->mbps > y->mbps ? -1 : 1;
+    return x->rtt_ms < y->rtt_ms ? -1 : x->rtt_ms > y->rtt_ms;
+}
+
+/* Looks for relays and reserves at the best one that takes us. CM_OK with
+ * the addresses set, CM_ENOTFOUND when no relay is known, or the last
+ * refusal. */
+int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid)
+{
+    char key[200];
+    relay_key(rt, key, sizeof key);
+    struct peer_record *recs = NULL;
+    size_t n = 0;
+    int rc = peer_net_get(rt->net, key, &recs, &n);
+    if (rc != CM_OK)
+        return rc == CM_ENOTFOUND ? rc : rc;
+    struct cand c[32];
+    size_t nc = 0;
+    for (size_t i = 0; i < n && nc < 32; i++) {
+        if (!memcmp(recs[i].author, rt->key.pub, CM_ED25519_PUB_LEN) ||
+            (avoid && !memcmp(recs[i].author, avoid, CM_ED25519_PUB_LEN)) || recs[i].len == 0 ||
+            recs[i].len >= PEER_ADDR_MAX)
+            continue;
+        memcpy(c[nc].pub, recs[i].author, CM_ED25519_PUB_LEN);
+        memcpy(c[nc].addr, recs[i].value, recs[i].len);
+        c[nc].addr[recs[i].len] = 0;
+        struct sockaddr_storage a;
+        if (p2p_addr_parse(c[nc].addr, &a) != CM_OK)
+            continue;
+        c[nc].mbps = measured_mbps(rt, c[nc].pub);
+        c[nc].rtt_ms = 1e9;
+        nc++;
+    }
+    peer_records_free(recs, n);
+    if (!nc)
+        return CM_ENOTFOUND;
+    /* without a throughput measurement, the round trip decides */
+    for (size_t i = 0; i < nc && i < 8; i++)
+        if (c[i].mbps == 0 && peer_net_rtt(rt->net, c[i].addr, c[i].pub, 2, &c[i].rtt_ms) != CM_OK)
+            c[i].rtt_ms = 1e9;
+    qsort(c, nc, sizeof c[0], cand_cmp);
+    rc = CM_ENOTFOUND;
+    for (size_t i = 0; i < nc && i < RELAY_MAX_TRIES; i++) {
+        char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
+        rc = peer_net_relay_use(rt->net, c[i].addr, c[i].pub, RELAY_RESERVE_MS, my, st);
+        if (rc == CM_OK) {
+            peer__set_addrs(rt, my, st);
+            pthread_mutex_lock(&rt->addr_mu);
+            snprintf(rt->relay, sizeof rt->relay, "%s", c[i].addr);
+            memcpy(rt->relay_pub, c[i].pub, CM_ED25519_PUB_LEN);
+            rt->reach = PEER_REACH_RELAYED;
+            pthread_mutex_unlock(&rt->addr_mu);
+            return CM_OK;
+        }
+        fprintf(stderr, "warning: relay %s did not take us: %s\n", c[i].addr, cm_strerror(rc));
+    }
+    return rc;
+}
+
+static int wait_stop(struct peer_rt *rt, double s)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)s;
+    until.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&rt->relay_mu);
+    while (!rt->relay_stop)
+        if (pthread_cond_timedwait(&rt->relay_cv, &rt->relay_mu, &until) == ETIMEDOUT)
+            break;
+    int stop = rt->relay_stop;
+    pthread_mutex_unlock(&rt->relay_mu);
+    return stop || peer_rt_interrupted(rt);
+}
+
+static void *keeper_main(void *arg)
+{
+    struct peer_rt *rt = arg;
+    char key[200];
+    relay_key(rt, key, sizeof key);
+    double next_advert = 0, next_try = 0, backoff = 1;
+    while (!wait_stop(rt, 0.5)) {
+        double now = peer_mono_s();
+        if (rt->relay_offer) {
+            if (now >= next_advert) {
+                char st[PEER_ADDR_MAX];
+                peer_rt_addrs(rt, NULL, st);
+                if (st[0] && peer_net_put(rt->net, key, st, strlen(st), RELAY_ADVERT_TTL_MS) == CM_OK)
+                    next_advert = now + RELAY_ADVERT_EVERY_S;
+                else
+                    next_advert = now + 2;
+            }
+            continue;
+        }
+        pthread_mutex_lock(&rt->addr_mu);
+        int relayed = rt->reach == PEER_REACH_RELAYED;
+        char relay[PEER_ADDR_MAX];
+        uint8_t relay_pub[CM_ED25519_PUB_LEN];
+        snprintf(relay, sizeof relay, "%s", rt->relay);
+        memcpy(relay_pub, rt->relay_pub, sizeof relay_pub);
+        pthread_mutex_unlock(&rt->addr_mu);
+        int lost = relayed ? peer_net_relay_lost(rt->net) : 0;
+        if (relayed && lost) {
+            /* back to client mode until another relay takes us: peers
+               stop sending our parts to an address that leads nowhere */
+            peer__set_addrs(rt, "", "");
+            pthread_mutex_lock(&rt->addr_mu);
+            rt->reach = PEER_REACH_CLIENT;
+            rt->relay[0] = 0;
+            pthread_mutex_unlock(&rt->addr_mu);
+            printf("reachability: relay %s lost (%s): client mode until another relay takes us\n", relay,
+                   cm_strerror(lost));
+            fflush(stdout);
+            next_try = 0;
+            backoff = 1;
+        }
+        if (!relayed || lost) {
+            if (now < next_try)
+                continue;
+            int rc = peer__relay_acquire(rt, lost ? relay_pub : NULL);
+            if (rc == CM_OK) {
+                char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
+                peer_rt_addrs(rt, my, st);
+                pthread_mutex_lock(&rt->addr_mu);
+                snprintf(relay, sizeof relay, "%s", rt->relay);
+                pthread_mutex_unlock(&rt->addr_mu);
+                printf("reachability: relayed through %s (averaging at %s, state at %s)\n", relay, my, st);
+                fflush(stdout);
+                backoff = 1;
+            } else {
+                next_try = now + backoff;
+                backoff = backoff < 8 ? backoff * 2 : 8;
+            }
+        }
+    }
+    return NULL;
+}
+
+void peer__relay_keeper_start(struct peer_rt *rt)
+{
+    if (rt->relay_started || !rt->net)
+        return;
+    int offer = rt->reach == PEER_REACH_DIRECT && !rt->cfg.no_relay;
+    int use = (rt->reach == PEER_REACH_CLIENT || rt->reach == PEER_REACH_RELAYED) && !rt->cfg.no_relay;
+    if (offer && peer_net_relay_offer(rt->net) != CM_OK) {
+        fprintf(stderr, "warning: cannot lend relay ports to unreachable peers\n");
+        offer = 0;
+    }
+    if (!offer && !use)
+        return;
+    rt->relay_offer = offer;
+    rt->relay_stop = 0;
+    if (pthread_create(&rt->relay_th, NULL, keeper_main, rt) == 0)
+        rt->relay_started = 1;
+}
+
+void peer__relay_keeper_stop(struct peer_rt *rt)
+{
+    if (!rt->relay_started)
+        return;
+    pthread_mutex_lock(&rt->relay_mu);
+    rt->relay_stop = 1;
+    pthread_cond_broadcast(&rt->relay_cv);
+    pthread_mutex_unlock(&rt->relay_mu);
+    pthread_join(rt->relay_th, NULL);
+    rt->relay_started = 0;
+}
