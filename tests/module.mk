@@ -98,6 +98,15 @@ $(BENCH_HOSTS): $(BUILD)/obj/tests/bench/bench_hosts.o $(HARNESS_LIB) $(COMMON_L
 	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
 BENCHES += $(BENCH_HOSTS)
 
+# Circuit relays in namespaces (root): a NAT'ed peer's throughput through a
+# relay whose link is capped, against the same stream straight to the relay.
+BENCH_RELAY := $(BUILD)/tests/bench/bench_relay
+$(BENCH_RELAY): $(BUILD)/obj/tests/bench/bench_relay.o $(HARNESS_LIB) $(COMMON_LIB)
+	@mkdir -p $(@D)
+	$(if $(Q),@echo "  LD    $@")
+	$(Q)$(CC) $(LDFLAGS) $< -o $@ $(HARNESS_LIB) $(COMMON_LIB) $(LDLIBS)
+BENCHES += $(BENCH_RELAY)
+
 # Pipeline stages on 8 hosts of two speeds (network namespaces; root): the
 # cost model's seconds per step against the measured ones, DT-FM's schedule
 # against a random assignment.

@@ -12,8 +12,8 @@
  *  - seconds per step of each collaboration over its steps 6..STEPS (median
  *    of the step-to-step times in the step logs), and the NAT run's against
  *    the all-public run's: the reference measured in the same run. NAT'ed
- *    peers only send (client mode: no relays yet), so the public ones
- *    aggregate for them. */
+ *    peers aggregate through relays the public ones lend (docs/p2p.md,
+ *    "Relays"), so their parts cross a public host's link twice. */
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>

@@ -173,9 +173,9 @@ int ct_net_cap(struct ct_net *n, int host, double mbit)
     long burst = (long)(mbit * 1e6 / 8 / 500);
     if (burst < 16 * 1024)
         burst = 16 * 1024;
-    return ct_sh("ip netns exec %s tc qdisc add dev eth0 root tbf rate %.0fkbit burst %ld latency 100ms", h->ns,
+    return ct_sh("ip netns exec %s tc qdisc replace dev eth0 root tbf rate %.0fkbit burst %ld latency 100ms", h->ns,
               mbit * 1000, burst) ||
-           ct_sh("ip netns exec %s tc qdisc add dev %s root tbf rate %.0fkbit burst %ld latency 100ms", outer_ns,
+           ct_sh("ip netns exec %s tc qdisc replace dev %s root tbf rate %.0fkbit burst %ld latency 100ms", outer_ns,
               outer, mbit * 1000, burst);
 }
 

@@ -60,7 +60,8 @@ int ct_net_init(struct ct_net *n);
 int ct_net_public(struct ct_net *n, const char *name);
 int ct_net_router(struct ct_net *n, int symmetric);
 int ct_net_private(struct ct_net *n, const char *name, int router);
-/* Caps host's upload and download at mbit Mbit/s (tc tbf). 0 on success. */
+/* Caps host's upload and download at mbit Mbit/s (tc tbf; called again, it
+ * replaces the cap). 0 on success. */
 int ct_net_cap(struct ct_net *n, int host, double mbit);
 /* Moves the calling process into host's namespace (before it starts
  * threads: setns moves only the calling thread). 0 on success. */
