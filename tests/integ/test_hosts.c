@@ -19,6 +19,12 @@
  *    aggregate through their relays (their step logs say so). Same checks:
  *    all six in every round, all parts averaged, identical parameters, the
  *    loss falls; the organizer sees them as relayed, at their router.
+ *  - a relay killed: two public agents and two NAT'ed ones; once the
+ *    NAT'ed ones are relayed and at step 8, the public agent relaying for
+ *    the first is killed (SIGKILL). Its NAT'ed agents say the relay was
+ *    lost, reserve at the other public agent and aggregate through it; the
+ *    survivors finish every step with identical parameters, having lost
+ *    only the rounds in flight (at most 4 each).
  *  - lost: three agents that announce the coordinator's host
  *    (--advertise-ip), where nothing listens for them, so every round fails.
  *    No round that averaged nothing (or only part) is a step or credited; a
@@ -27,7 +33,7 @@
  *    log say why per part, and the coordinator's stats (the dashboard's
  *    banner) say the run is not averaging within a minute.
  *
- * The three collaborations run at once (separate runs, same coordinator). Needs
+ * The collaborations run at once (separate runs, same coordinator). Needs
  * root, ip and iptables (skips otherwise) and Fashion-MNIST. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -60,6 +66,8 @@
 #define NNAT_PRIV 4
 #define NLOST 3
 #define NLINKS 3
+#define NKILL 4 /* two public agents, two behind the cone-like router */
+#define KILL_AT_STEP 8
 #define MAXA 8
 
 struct collab {
@@ -80,6 +88,7 @@ static char *g_org;
 static int g_coord_host;
 static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"},
                      g_lost = {.run = "hosts-lost"}, g_links = {.run = "hosts-links"};
+static struct collab g_kill = {.run = "hosts-relaykill"};
 static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directions */
 static int g_vol; /* volunteers made so far */
 static int g_teardown_failed;
@@ -164,6 +173,14 @@ static int setup(void **state)
     int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
     if (cone < 0 || sym < 0)
         return -1;
+    g_kill.n = NKILL;
+    for (int i = 0; i < NKILL; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "rk%d", i);
+        g_kill.host[i] = i < 2 ? ct_net_public(&g_net, name) : ct_net_private(&g_net, name, cone);
+        if (g_kill.host[i] < 0)
+            return -1;
+    }
     g_nat.n = NNAT_PUB + NNAT_PRIV;
     for (int i = 0; i < g_nat.n; i++) {
         char name[16];
@@ -195,7 +212,8 @@ static int setup(void **state)
     g_org = ct_login(&g_c, "org", "organizer-password");
     /* the lost ones announce the coordinator's host, where nobody listens
        for them: every round they try fails */
-    if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || prepare(&g_lost) != 0 || prepare(&g_links) != 0 ||
+    if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || prepare(&g_lost) != 0 || prepare(&g_kill) != 0 ||
+        prepare(&g_links) != 0 ||
         start(&g_links, NULL, NULL) != 0)
         return -1;
     /* The backbone measures one link at a time (agents that join together
@@ -214,7 +232,7 @@ static int setup(void **state)
         usleep(200000);
     }
     if (start(&g_lost, "--advertise-ip", g_net.h[g_coord_host].ip) != 0 || start(&g_pub, NULL, NULL) != 0 ||
-        start(&g_nat, NULL, NULL) != 0)
+        start(&g_nat, NULL, NULL) != 0 || start(&g_kill, NULL, NULL) != 0)
         return -1;
     return 0;
 }
@@ -236,6 +254,7 @@ static int teardown(void **state)
     stop_all(&g_nat);
     stop_all(&g_lost);
     stop_all(&g_links);
+    stop_all(&g_kill);
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_net_destroy(&g_net);
@@ -248,6 +267,8 @@ static int teardown(void **state)
             ct_rmrf(g_lost.dir[i]);
         if (g_links.dir[i][0])
             ct_rmrf(g_links.dir[i]);
+        if (g_kill.dir[i][0])
+            ct_rmrf(g_kill.dir[i]);
     }
     free(g_org);
     g_teardown_failed = rc != 0;
@@ -288,6 +309,39 @@ static void watch_lost_stats(void)
     ct_resp_free(&r);
 }
 
+/* The relay-kill run: once the NAT'ed agents are relayed and the first of
+ * them logged step KILL_AT_STEP, the public agent that relays for it is
+ * killed (SIGKILL). */
+static int g_killed = -1;     /* the agent killed (index in g_kill) */
+static double g_killed_at;    /* when (monotonic s) */
+static char g_killed_ip[40];
+
+static void watch_kill(void)
+{
+    if (g_killed >= 0 || !g_kill.t0 || g_kill.pid[2] <= 0)
+        return;
+    char *log = ct_read_file(g_kill.log[2], NULL), *steps = ct_read_file(g_kill.steps[2], NULL);
+    const char *l = log ? strstr(log, "reachability: relayed through ") : NULL;
+    char want[32];
+    snprintf(want, sizeof want, "\"step\":%d,", KILL_AT_STEP);
+    if (l && steps && strstr(steps, want)) {
+        l += strlen("reachability: relayed through ");
+        for (int i = 0; i < 2; i++) {
+            const char *ip = g_net.h[g_kill.host[i]].ip;
+            if (!strncmp(l, ip, strlen(ip)) && l[strlen(ip)] == ':' && g_kill.pid[i] > 0) {
+                kill(g_kill.pid[i], SIGKILL);
+                g_killed = i;
+                g_killed_at = mono_s();
+                snprintf(g_killed_ip, sizeof g_killed_ip, "%s", ip);
+                printf("killed the relay %s (%s) at step %d of its NAT'ed agent\n", g_net.h[g_kill.host[i]].name,
+                       ip, KILL_AT_STEP);
+            }
+        }
+    }
+    free(log);
+    free(steps);
+}
+
 /* Waits for every agent of c to exit, watching the collaborations'
  * reachability lines and the lost run's stats meanwhile (they run at
  * once). */
@@ -302,6 +356,8 @@ static void wait_all(struct collab *c, int timeout_s)
         watch(&g_nat);
         watch(&g_lost);
         watch(&g_links);
+        watch(&g_kill);
+        watch_kill();
         watch_lost_stats();
         for (int i = 0; i < c->n; i++) {
             if (c->status[i] < 0 && c->pid[i] > 0) {
@@ -491,6 +547,82 @@ static void test_behind_nat(void **state)
     ct_resp_free(&r);
 }
 
+/* A relay killed mid-run (SIGKILL): the NAT'ed agents it relayed for say
+ * so, reserve at the other public agent and aggregate there again; the run
+ * finishes on the three survivors with identical parameters, and only the
+ * rounds in flight at the kill are lost. */
+static void test_relay_killed(void **state)
+{
+    (void)state;
+    wait_all(&g_kill, 300);
+    assert_true(g_killed >= 0);
+    int other = 1 - g_killed;
+    const char *other_ip = g_net.h[g_kill.host[other]].ip;
+    char final_hash[65] = "";
+    for (int i = 0; i < NKILL; i++) {
+        const struct ct_net_host *h = &g_net.h[g_kill.host[i]];
+        if (i == g_killed) {
+            assert_int_equal(g_kill.status[i], 128 + SIGKILL);
+            continue;
+        }
+        char *log = ct_read_file(g_kill.log[i], NULL);
+        assert_non_null(log);
+        if (g_kill.status[i] != 0)
+            fprintf(stderr, "%s's log:\n%s\n", h->name, log);
+        assert_int_equal(g_kill.status[i], 0);
+        int lost_relay = 0;
+        if (i >= 2 && strstr(log, g_killed_ip)) { /* it was relayed by the killed agent */
+            char lost[96], again[96];
+            snprintf(lost, sizeof lost, "reachability: relay %s:", g_killed_ip);
+            snprintf(again, sizeof again, "reachability: relayed through %s:", other_ip);
+            const char *a = strstr(log, lost), *b = a ? strstr(a, again) : NULL;
+            printf("%s: %s; %s\n", h->name, a ? "said its relay was lost" : "did not say its relay was lost",
+                   b ? "then relayed through the other" : "no other relay");
+            assert_non_null(a);
+            assert_non_null(b);
+            lost_relay = 1;
+        }
+        free(log);
+        /* its steps after the kill: the rounds in flight failed, the rest
+           averaged; a NAT'ed agent aggregates again through the new relay */
+        FILE *fp = fopen(g_kill.steps[i], "r");
+        assert_non_null(fp);
+        char line[2048];
+        int failed_after = 0, last = 0, agg_new = 0;
+        while (fgets(line, sizeof line, fp)) {
+            json_t *j = json_loads(line, 0, NULL);
+            if (!j)
+                continue;
+            int step = (int)json_integer_value(json_object_get(j, "step"));
+            if (json_is_false(json_object_get(j, "averaged")) && step >= KILL_AT_STEP)
+                failed_after++;
+            const char *hsh = json_string_value(json_object_get(j, "hash"));
+            if (hsh && step >= last) {
+                last = step;
+                if (step == STEPS) {
+                    if (!final_hash[0])
+                        snprintf(final_hash, sizeof final_hash, "%s", hsh);
+                    assert_string_equal(final_hash, hsh);
+                }
+            }
+            const char *relay = json_string_value(json_object_get(j, "relay"));
+            agg_new += lost_relay && relay && !strncmp(relay, other_ip, strlen(other_ip)) &&
+                       json_is_true(json_object_get(j, "aggregated"));
+            json_decref(j);
+        }
+        fclose(fp);
+        printf("%s: last step %d, %d rounds failed from step %d on%s", h->name, last, failed_after, KILL_AT_STEP,
+               lost_relay ? "" : "\n");
+        if (lost_relay)
+            printf(", %d steps aggregated through the new relay\n", agg_new);
+        assert_int_equal(last, STEPS);
+        assert_true(failed_after <= 4);
+        if (lost_relay)
+            assert_true(agg_new >= 1);
+    }
+    assert_true(final_hash[0] != 0);
+}
+
 /* Three agents that announce the coordinator's host (--advertise-ip),
  * where nothing listens for them: every round fails. No step may count. */
 static void test_no_step_without_averaging(void **state)
@@ -622,6 +754,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_public_hosts),
         cmocka_unit_test(test_behind_nat),
+        cmocka_unit_test(test_relay_killed),
         cmocka_unit_test(test_no_step_without_averaging),
         cmocka_unit_test(test_measured_links),
     };
