@@ -171,7 +171,7 @@ void p2p__conn_close(struct p2p_conn *c, int err)
     struct p2p_host *h = c->h;
     struct p2p_ctx *ctx = h->ctx;
     c->state = C_CLOSING;
-    if (c->relay || c->circ || c->splice_next || c->pre)
+    if (c->relay || c->circ || c->splice_next || c->pre || c->punch)
         p2p__relay_conn_closed(c);
     struct pending *retry = NULL;
     int may_retry = c->outgoing && c->connected && !h->closing &&

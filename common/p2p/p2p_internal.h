@@ -42,6 +42,7 @@ struct p2p_conn;
 struct p2p_relay;
 struct p2p_relay_client;
 struct relay_circ;
+struct p2p_punch;
 
 /* A frame held back by the emulated link latency (ctx->latency_ms). */
 struct delayed {
@@ -130,6 +131,7 @@ struct p2p_conn {
     struct relay_circ *circ;    /* at a relay: the circuit waiting for its accept */
     uint8_t *pre;               /* the dialer's bytes that arrived before the accept */
     size_t pre_len;
+    struct p2p_punch *punch;    /* a hole punch's try in progress (p2p_punch.c) */
 };
 
 /* What a connection is to a relay circuit (p2p_relay.c). */
@@ -138,6 +140,8 @@ enum p2p_relay_role {
     P2P_RL_RAW,       /* at a relay: bytes are forwarded (or held until the accept) */
     P2P_RL_ACCEPTING, /* at the reserving peer: our ACCEPT is in flight; never reused */
     P2P_RL_CIRCUIT,   /* at the reserving peer: served as an inbound connection */
+    P2P_RL_PUNCHING,  /* a hole punch's initiator, not connected yet: never reused */
+    P2P_RL_PUNCH_IN,  /* a hole punch's responder, not connected yet */
 };
 
 /* An answer a request handler took over (p2p_reply_defer): what the
@@ -206,6 +210,9 @@ struct p2p_host {
     struct p2p_relay *relay;           /* p2p_host_relay_enable */
     struct p2p_relay_client *rclient;  /* p2p_host_relay_use */
     uint64_t relay_accepted, relay_accept_failed; /* circuits we accepted (p2p_relay_stats) */
+    struct sockaddr_storage public_ip; /* p2p_host_set_public_ip (hole punching) */
+    int has_public_ip;
+    struct p2p_punch *punches;         /* in progress */
 };
 
 /* ---- clocks and lifecycle (p2p_transport.c) ----------------------------- */
@@ -249,6 +256,12 @@ void p2p__relay_conn_closed(struct p2p_conn *c);
 void p2p__relay_drained(struct p2p_conn *c);
 /* The host is closing (its connections are closed already). */
 void p2p__relay_host_close(struct p2p_host *h);
+/* Hole punching (p2p_punch.c): the responder's side of a PUNCH; a try's
+ * connection closing; the host closing. */
+int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint8_t *body, size_t len,
+                     uint8_t **resp, size_t *rlen);
+void p2p__punch_conn_closed(struct p2p_conn *c);
+void p2p__punch_host_close(struct p2p_host *h);
 
 /* ---- requests and responses (p2p_request.c) ----------------------------- */
 

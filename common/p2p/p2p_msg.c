@@ -130,3 +130,33 @@ int p2p_relay_accept_encode(uint64_t circuit, uint8_t **out, size_t *len)
     ctp2p__relay_accept__pack(&a, *out);
     return CM_OK;
 }
+
+int p2p_punch_parse(const uint8_t *buf, size_t len, uint8_t ip[16], size_t *iplen, uint16_t *port)
+{
+    Ctp2p__PunchOffer *o = ctp2p__punch_offer__unpack(NULL, len, buf);
+    if (!o)
+        return CM_EPARSE;
+    int rc = (o->ip.len == 4 || o->ip.len == 16) && o->port >= 1 && o->port <= 65535 ? CM_OK : CM_EPARSE;
+    if (rc == CM_OK) {
+        memcpy(ip, o->ip.data, o->ip.len);
+        *iplen = o->ip.len;
+        *port = (uint16_t)o->port;
+    }
+    ctp2p__punch_offer__free_unpacked(o, NULL);
+    return rc;
+}
+
+int p2p_punch_encode(const uint8_t *ip, size_t iplen, uint16_t port, uint8_t **out, size_t *len)
+{
+    if ((iplen != 4 && iplen != 16) || port == 0)
+        return CM_EINVAL;
+    Ctp2p__PunchOffer o = CTP2P__PUNCH_OFFER__INIT;
+    o.ip.data = (uint8_t *)ip;
+    o.ip.len = iplen;
+    o.port = port;
+    *len = ctp2p__punch_offer__get_packed_size(&o);
+    if (!(*out = malloc(*len ? *len : 1)))
+        return CM_ENOMEM;
+    ctp2p__punch_offer__pack(&o, *out);
+    return CM_OK;
+}

@@ -467,6 +467,8 @@ void p2p__relay_drained(struct p2p_conn *c)
 void p2p__relay_conn_closed(struct p2p_conn *c)
 {
     struct p2p_relay *r = c->h->relay;
+    if (c->punch)
+        p2p__punch_conn_closed(c);
     if (c->circ) { /* a circuit still waiting for its accept */
         struct relay_circ *x = c->circ;
         for (struct relay_circ **pp = &x->rv->pend; *pp; pp = &(*pp)->next)
@@ -733,6 +735,7 @@ void p2p_host_relay_stats(const struct p2p_host *h, struct p2p_relay_stats *out)
 
 void p2p__relay_host_close(struct p2p_host *h)
 {
+    p2p__punch_host_close(h);
     p2p_host_relay_drop(h);
     struct p2p_relay *r = h->relay;
     if (!r)

@@ -80,4 +80,20 @@ int p2p_host_relay_active(const struct p2p_host *h);
 
 void p2p_host_relay_stats(const struct p2p_host *h, struct p2p_relay_stats *out);
 
+/* Hole punching (p2p_punch.c; seed 000 §3.3, technique 1): a direct TCP
+ * connection between two peers behind NAT by simultaneous open, set up
+ * through a path both have (the responder's relayed address). Both hosts
+ * must know their public address (p2p_host_set_public_ip: what the
+ * coordinator saw them at). p2p_host_punch asks the peer with key pub,
+ * reached at target, and tries until timeout_ms; cb(arg, CM_OK, direct,
+ * ms) once connected: from then on requests from h to target go over the
+ * direct connection (when it dies, the next ones take the relay again);
+ * otherwise cb(arg, error, NULL, ms) (CM_ETIMEOUT: the NATs did not let
+ * the connection through, as a symmetric NAT does not; keep the relay).
+ * A host serves PUNCH requests once it knows its public address. */
+typedef void (*p2p_punch_cb)(void *arg, int status, const struct sockaddr *direct, int64_t ms);
+int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip);
+int p2p_host_punch(struct p2p_host *h, const struct sockaddr *target, const uint8_t pub[32],
+                   uint32_t timeout_ms, p2p_punch_cb cb, void *arg);
+
 #endif

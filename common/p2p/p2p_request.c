@@ -216,6 +216,8 @@ static void serve_request(struct p2p_conn *c, const struct msg_in *m,
     h->serving = &sv;
     if (m->type >= P2P_MSG_RELAY_RESERVE && m->type <= P2P_MSG_RELAY_ACCEPT) {
         status = p2p__relay_serve(c, &pe, m->type, m->body, m->blen, &rp.body, &rp.len);
+    } else if (m->type == P2P_MSG_PUNCH) {
+        status = p2p__punch_serve(c, &pe, m->body, m->blen, &rp.body, &rp.len);
     } else if (h->on_request_reply && m->type != P2P_MSG_PING && m->type != P2P_MSG_STREAM_CHUNK) {
         status = h->on_request_reply(h->arg, h, &pe, m->type, m->body, m->blen, &rp);
     } else {

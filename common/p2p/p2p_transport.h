@@ -56,6 +56,7 @@ enum p2p_msg_type {
     P2P_MSG_RELAY_RESERVE = 4, /* circuit relays (p2p_relay.h); served by the transport */
     P2P_MSG_RELAY_WAIT = 5,
     P2P_MSG_RELAY_ACCEPT = 6,
+    P2P_MSG_PUNCH = 7, /* hole punching (p2p_relay.h); served by the transport */
     P2P_MSG_DHT_FIND_NODE = 16,
     P2P_MSG_DHT_FIND_VALUE = 17,
     P2P_MSG_DHT_STORE = 18,

@@ -1,7 +1,8 @@
 /* libFuzzer target for the relay messages' parsers (p2p_msg.h), which a
  * relay runs on every RELAY_WAIT and RELAY_ACCEPT body and a reserving
  * peer on every RELAY_RESERVE and RELAY_WAIT answer (docs/protocol.md,
- * "Relays"). Whatever a parser accepts must be within its bounds and
+ * "Relays"), and both ends of a hole punch on every PUNCH offer ("Hole
+ * punching"). Whatever a parser accepts must be within its bounds and
  * encode back to something that parses to the same value. */
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (p2p_relay_accept_parse(data, size, &id) == CM_OK) {
         if (id == 0 || p2p_relay_accept_encode(id, &out, &olen) ||
             p2p_relay_accept_parse(out, olen, &id2) || id2 != id)
+            __builtin_trap();
+        free(out);
+    }
+    uint8_t ip[16], ip2[16];
+    size_t iplen = 0, iplen2 = 0;
+    uint16_t pport = 0, pport2 = 0;
+    if (p2p_punch_parse(data, size, ip, &iplen, &pport) == CM_OK) {
+        if ((iplen != 4 && iplen != 16) || pport == 0 || p2p_punch_encode(ip, iplen, pport, &out, &olen) ||
+            p2p_punch_parse(out, olen, ip2, &iplen2, &pport2) || iplen2 != iplen || pport2 != pport ||
+            memcmp(ip, ip2, iplen))
             __builtin_trap();
         free(out);
     }

@@ -156,6 +156,14 @@ int ct_net_router(struct ct_net *n, int symmetric)
     return r;
 }
 
+int ct_net_router_stealth(struct ct_net *n, int router)
+{
+    if (router < 0 || router >= n->nrouters)
+        return -1;
+    return ct_sh("ip netns exec %s iptables -A INPUT -i wan -p tcp -m conntrack --ctstate NEW -j DROP",
+                 n->r[router].ns);
+}
+
 int ct_net_private(struct ct_net *n, const char *name, int router)
 {
     return router < 0 ? -1 : add_host(n, name, router);

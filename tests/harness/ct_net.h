@@ -60,6 +60,9 @@ int ct_net_init(struct ct_net *n);
 int ct_net_public(struct ct_net *n, const char *name);
 int ct_net_router(struct ct_net *n, int symmetric);
 int ct_net_private(struct ct_net *n, const char *name, int router);
+/* Makes a router drop connections nobody behind it asked for, silently
+ * (as many home routers do), instead of refusing them with a reset. */
+int ct_net_router_stealth(struct ct_net *n, int router);
 /* Caps host's upload and download at mbit Mbit/s (tc tbf; called again, it
  * replaces the cap). 0 on success. */
 int ct_net_cap(struct ct_net *n, int host, double mbit);

@@ -1,0 +1,368 @@
+/* Hole punching (p2p_relay.h; docs/protocol.md "Hole punching"; seed
+ * 000_02cc6b5d62a616fc.txt section 3.3, technique 1, and Appendix E): a TCP
+ * simultaneous open between two peers behind NAT, coordinated through a
+ * path both already have (the responder's relay circuit).
+ *
+ * The initiator binds a socket to an ephemeral port Lx and sends PUNCH
+ * {its public address, Lx} to the responder (through the relay). The
+ * responder binds Ly, starts connecting from Ly to the initiator's public
+ * address and port Lx, and answers {its public address, Ly}; the initiator
+ * then connects from Lx to that. Behind port-preserving ("cone-like") NATs
+ * each side's connection leaves from the port it announced, so each
+ * router lets the other's SYN in once its own went out: the connection
+ * opens directly. Both sides try again from the same port every 50 ms
+ * until the deadline (a router that answers an early SYN with a reset
+ * ends that try). Behind a NAT that picks a random port per connection
+ * ("symmetric") the announced port is not where the connection leaves
+ * from, the punch times out, and the caller keeps the relay. */
+#include "p2p/p2p_relay.h"
+#include "p2p/p2p_msg.h"
+#include "p2p/p2p_internal.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cm_err.h"
+#include "cm_log.h"
+
+#define PUNCH_TICK_MS 50
+#define PUNCH_RESPONDER_MS 5000
+
+struct p2p_punch {
+    struct p2p_punch *next;
+    struct p2p_host *h;
+    struct p2p_conn *c;         /* the try in progress */
+    uv_timer_t timer;
+    int initiator, finished, have_peer;
+    unsigned refs;              /* the timer's handle and the offer request */
+    uint16_t port;              /* ours */
+    struct sockaddr_storage peer_ep; /* where to connect to (the peer's public address, its port) */
+    struct sockaddr_storage target;  /* initiator: the address the peer is announced at */
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    int64_t deadline_ms, t0_ms;
+    p2p_punch_cb cb;
+    void *arg;
+};
+
+int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip)
+{
+    if (!h || !ip || (ip->sa_family != AF_INET && ip->sa_family != AF_INET6))
+        return CM_EINVAL;
+    memcpy(&h->public_ip, ip, p2p__addr_len(ip));
+    h->has_public_ip = 1;
+    return CM_OK;
+}
+
+static void punch_unref(struct p2p_punch *p)
+{
+    if (--p->refs == 0)
+        free(p);
+}
+
+static void timer_closed(uv_handle_t *hd)
+{
+    struct p2p_punch *p = hd->data;
+    struct p2p_host *h = p->h;
+    punch_unref(p);
+    p2p__host_handle_closed(h);
+}
+
+/* Ends the punch once: the try in progress (not connected) closes, the
+ * initiator's callback runs. */
+static void punch_finish(struct p2p_punch *p, int status, const struct sockaddr *direct)
+{
+    if (p->finished)
+        return;
+    p->finished = 1;
+    struct p2p_host *h = p->h;
+    for (struct p2p_punch **pp = &h->punches; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    if (p->c) {
+        struct p2p_conn *c = p->c;
+        p->c = NULL;
+        c->punch = NULL;
+        if (status != CM_OK)
+            p2p__conn_close(c, CM_ECLOSED);
+    }
+    uv_timer_stop(&p->timer);
+    uv_close((uv_handle_t *)&p->timer, timer_closed);
+    if (p->initiator && p->cb)
+        p->cb(p->arg, status, direct, p2p_now_ms() - p->t0_ms);
+}
+
+static void try_connect(struct p2p_punch *p);
+
+static void on_connected(uv_connect_t *req, int status)
+{
+    struct p2p_conn *c = req->data;
+    struct p2p_punch *p = c->punch;
+    if (c->state == C_CLOSING || !p)
+        return;
+    if (status < 0) { /* this try failed (a reset, unreachable): the tick tries again */
+        p->c = NULL;
+        c->punch = NULL;
+        p2p__conn_close(c, CM_ECONN);
+        return;
+    }
+    c->state = C_OPEN;
+    c->connected = 1;
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->punch = NULL;
+    p->c = NULL;
+    struct sockaddr_storage direct = c->remote;
+    if (p->initiator) {
+        /* an ordinary outgoing connection from now on, found by the
+           address the peer is announced at (ahead of the relayed one):
+           requests to it go this way; when it dies, the transport's resend
+           opens the relayed path again */
+        c->relay = P2P_RL_NONE;
+        c->remote = p->target;
+        struct p2p_host *h = c->h;
+        if (h->conns != c) {
+            if (c->hprev)
+                c->hprev->hnext = c->hnext;
+            if (c->hnext)
+                c->hnext->hprev = c->hprev;
+            c->hprev = NULL;
+            c->hnext = h->conns;
+            h->conns->hprev = c;
+            h->conns = c;
+        }
+    } else {
+        c->relay = P2P_RL_CIRCUIT; /* served like an accepted connection */
+    }
+    p2p__read_start(c);
+    punch_finish(p, CM_OK, (struct sockaddr *)&direct);
+}
+
+/* One try: a fresh socket bound to our announced port, connecting to the
+ * peer's. */
+static int bind_conn(struct p2p_punch *p, struct p2p_conn **out)
+{
+    struct p2p_host *h = p->h;
+    struct p2p_ctx *ctx = h->ctx;
+    struct p2p_conn *c = p2p__conn_alloc(h, p->initiator);
+    if (!c)
+        return CM_ENOMEM;
+    c->relay = p->initiator ? P2P_RL_PUNCHING : P2P_RL_PUNCH_IN;
+    c->state = C_CONNECTING;
+    struct sockaddr_storage a;
+    memset(&a, 0, sizeof a);
+    a.ss_family = h->public_ip.ss_family;
+    p2p__addr_set_port(&a, p->port);
+    int e = uv_tcp_bind(&c->tcp, (struct sockaddr *)&a, 0);
+    if (e) {
+        c->state = C_OPEN;
+        p2p__conn_close(c, CM_EIO);
+        return CM_EIO;
+    }
+    c->has_fd = 1;
+    ctx->fds++;
+    if (!p->port) {
+        struct sockaddr_storage b;
+        int blen = sizeof b;
+        uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&b, &blen);
+        p->port = ntohs(b.ss_family == AF_INET ? ((struct sockaddr_in *)&b)->sin_port
+                                               : ((struct sockaddr_in6 *)&b)->sin6_port);
+    }
+    c->punch = p;
+    p->c = c;
+    *out = c;
+    return CM_OK;
+}
+
+static void try_connect(struct p2p_punch *p)
+{
+    struct p2p_conn *c = p->c;
+    if (!c && bind_conn(p, &c) != CM_OK)
+        return; /* the tick tries again */
+    c->remote = p->peer_ep;
+    c->creq.data = c;
+    c->h->ctx->st.conns_opened++;
+    if (uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&p->peer_ep, on_connected)) {
+        p->c = NULL;
+        c->punch = NULL;
+        c->state = C_OPEN;
+        p2p__conn_close(c, CM_ECONN);
+    }
+}
+
+static void tick(uv_timer_t *t)
+{
+    struct p2p_punch *p = t->data;
+    if (p->finished)
+        return;
+    if (p2p_now_ms() >= p->deadline_ms) {
+        punch_finish(p, CM_ETIMEOUT, NULL);
+        return;
+    }
+    if (p->have_peer && !p->c)
+        try_connect(p);
+}
+
+static struct p2p_punch *punch_new(struct p2p_host *h, int initiator, uint32_t timeout_ms)
+{
+    struct p2p_punch *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->h = h;
+    p->initiator = initiator;
+    p->refs = 1; /* the timer */
+    p->t0_ms = p2p_now_ms();
+    p->deadline_ms = p->t0_ms + timeout_ms;
+    uv_timer_init(h->ctx->loop, &p->timer);
+    p->timer.data = p;
+    h->nhandles++;
+    uv_timer_start(&p->timer, tick, PUNCH_TICK_MS, PUNCH_TICK_MS);
+    p->next = h->punches;
+    h->punches = p;
+    return p;
+}
+
+static int endpoint(const uint8_t *ip, size_t iplen, uint16_t port, struct sockaddr_storage *out)
+{
+    memset(out, 0, sizeof *out);
+    if (iplen == 4) {
+        struct sockaddr_in *a = (struct sockaddr_in *)out;
+        a->sin_family = AF_INET;
+        memcpy(&a->sin_addr, ip, 4);
+    } else {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)out;
+        a->sin6_family = AF_INET6;
+        memcpy(&a->sin6_addr, ip, 16);
+    }
+    p2p__addr_set_port(out, port);
+    return CM_OK;
+}
+
+static int public_ip_bytes(const struct p2p_host *h, uint8_t ip[16], size_t *len)
+{
+    if (h->public_ip.ss_family == AF_INET) {
+        memcpy(ip, &((const struct sockaddr_in *)&h->public_ip)->sin_addr, 4);
+        *len = 4;
+    } else {
+        memcpy(ip, &((const struct sockaddr_in6 *)&h->public_ip)->sin6_addr, 16);
+        *len = 16;
+    }
+    return CM_OK;
+}
+
+/* The responder: start connecting to the initiator, answer with where we
+ * connect from. */
+int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint8_t *body, size_t len,
+                     uint8_t **resp, size_t *rlen)
+{
+    struct p2p_host *h = c->h;
+    uint8_t ip[16];
+    size_t iplen;
+    uint16_t port;
+    if (!h->has_public_ip)
+        return CM_EUNSUPPORTED;
+    if (p2p_punch_parse(body, len, ip, &iplen, &port))
+        return CM_EPARSE;
+    if ((iplen == 4) != (h->public_ip.ss_family == AF_INET))
+        return CM_EUNSUPPORTED;
+    /* A punch makes us send SYNs, for a few seconds, to an address the
+       requester names (it cannot be checked: the request comes through a
+       relay): a run member could point them anywhere. Bounded: 4 at once
+       per requester, 16 in all. */
+    size_t mine = 0, all = 0;
+    for (struct p2p_punch *q = h->punches; q; q = q->next) {
+        mine += !q->initiator && !memcmp(q->pub, from->pub, CM_ED25519_PUB_LEN);
+        all += !q->initiator;
+    }
+    if (mine >= 4 || all >= 16)
+        return CM_EBUSY;
+    struct p2p_punch *p = punch_new(h, 0, PUNCH_RESPONDER_MS);
+    if (!p)
+        return CM_ENOMEM;
+    memcpy(p->pub, from->pub, CM_ED25519_PUB_LEN);
+    endpoint(ip, iplen, port, &p->peer_ep);
+    struct p2p_conn *pc;
+    int rc = bind_conn(p, &pc);
+    uint8_t me[16];
+    size_t melen;
+    public_ip_bytes(h, me, &melen);
+    if (rc == CM_OK)
+        rc = p2p_punch_encode(me, melen, p->port, resp, rlen);
+    if (rc != CM_OK) {
+        punch_finish(p, rc, NULL);
+        return rc;
+    }
+    p->have_peer = 1;
+    try_connect(p);
+    return CM_OK;
+}
+
+static void offer_done(void *arg, int status, const struct p2p_peer *from, const uint8_t *body, size_t len)
+{
+    struct p2p_punch *p = arg;
+    (void)from;
+    uint8_t ip[16];
+    size_t iplen;
+    uint16_t port;
+    if (!p->finished) {
+        if (status == CM_OK && p2p_punch_parse(body, len, ip, &iplen, &port) == CM_OK) {
+            endpoint(ip, iplen, port, &p->peer_ep);
+            p->have_peer = 1;
+            try_connect(p);
+        } else {
+            punch_finish(p, status ? status : CM_EPROTO, NULL);
+        }
+    }
+    punch_unref(p);
+}
+
+int p2p_host_punch(struct p2p_host *h, const struct sockaddr *target, const uint8_t pub[CM_ED25519_PUB_LEN],
+                   uint32_t timeout_ms, p2p_punch_cb cb, void *arg)
+{
+    if (!h || !target || !pub || !cb || h->closing || !h->has_public_ip ||
+        (target->sa_family != AF_INET && target->sa_family != AF_INET6))
+        return CM_EINVAL;
+    struct p2p_punch *p = punch_new(h, 1, timeout_ms ? timeout_ms : 3000);
+    if (!p)
+        return CM_ENOMEM;
+    memcpy(&p->target, target, p2p__addr_len(target));
+    memcpy(p->pub, pub, CM_ED25519_PUB_LEN);
+    p->cb = cb;
+    p->arg = arg;
+    struct p2p_conn *c;
+    uint8_t me[16], *body = NULL;
+    size_t melen, blen = 0;
+    public_ip_bytes(h, me, &melen);
+    int rc = bind_conn(p, &c);
+    if (rc == CM_OK)
+        rc = p2p_punch_encode(me, melen, p->port, &body, &blen);
+    if (rc == CM_OK) {
+        p->refs++;
+        rc = p2p_request(h, target, pub, P2P_MSG_PUNCH, body, blen, timeout_ms ? timeout_ms : 3000,
+                         offer_done, p);
+        if (rc)
+            p->refs--;
+    }
+    free(body);
+    if (rc) {
+        p->cb = NULL;
+        punch_finish(p, rc, NULL);
+        return rc;
+    }
+    return CM_OK;
+}
+
+void p2p__punch_conn_closed(struct p2p_conn *c)
+{
+    struct p2p_punch *p = c->punch;
+    c->punch = NULL;
+    if (p && p->c == c)
+        p->c = NULL; /* the tick tries again, or the deadline ends it */
+}
+
+void p2p__punch_host_close(struct p2p_host *h)
+{
+    while (h->punches)
+        punch_finish(h->punches, CM_ECLOSED, NULL);
+}
