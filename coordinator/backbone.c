@@ -8,6 +8,7 @@
 #include "dht/dht_types.h"
 #include "moe/moe_dht.h"
 #include "p2p/p2p_probe.h"
+#include "p2p/p2p_relay.h"
 
 #include <jansson.h>
 
@@ -33,6 +34,7 @@ struct bb_node {
     char address[300];
     int64_t sched_version; /* newest schedule announced in the DHT */
     int64_t sched_put_at;  /* when (Unix s), to refresh it before it expires */
+    int64_t relay_put_at;  /* when it last said it relays (Unix s; --relay-reservations) */
     struct p2p_probe_hold probe; /* throughput probes: one prober at a time (node's loop) */
     struct bb_node *next;
 };
@@ -164,6 +166,14 @@ static int start_node(struct coord_backbone *b, int64_t run_id, const char *run,
     cfg.ctx.auth.n_coord_keys = nkeys;
     cfg.bootstrap = boot;
     cfg.n_bootstrap = nboot;
+    /* --relay-reservations: unreachable agents may borrow ports here (two
+       each), when no reachable volunteer relays for them (docs/p2p.md,
+       "Relays"); the agents rank this relay after every volunteer */
+    struct p2p_relay_limits relay = {.max_reservations = (uint32_t)srv->cfg->relay_reservations,
+                                     .max_per_peer = 2,
+                                     .max_circuits = 8 * (uint32_t)srv->cfg->relay_reservations};
+    if (srv->cfg->relay_reservations > 0)
+        cfg.relay = &relay;
     struct dht_node *node = NULL;
     for (int i = 0; i < (b->port_base ? BB_PORT_TRIES : 1); i++) {
         cfg.listen_port = b->port_base ? (uint16_t)(b->port_base + i) : 0;
@@ -192,6 +202,7 @@ static int start_node(struct coord_backbone *b, int64_t run_id, const char *run,
 }
 
 static void announce_schedule(struct coord_backbone *b, struct bb_node *n, const char *rid);
+static void announce_relay(struct coord_backbone *b, struct bb_node *n);
 
 static void publish(struct coord_backbone *b, struct bb_node *n)
 {
@@ -224,6 +235,7 @@ static void publish(struct coord_backbone *b, struct bb_node *n)
     }
     PQclear(r);
     announce_schedule(b, n, rid);
+    announce_relay(b, n);
 }
 
 /* Announces the run's newest signed schedule in the DHT under
@@ -279,6 +291,23 @@ static void announce_schedule(struct coord_backbone *b, struct bb_node *n, const
         n->sched_put_at = now;
     }
     free(value);
+}
+
+/* With --relay-reservations, the node says in the DHT that it relays:
+ * "<run>/relays", its address and the word "backbone" (agents use
+ * volunteers first), every 30 s, living 90 s. */
+static void announce_relay(struct coord_backbone *b, struct bb_node *n)
+{
+    int64_t now = (int64_t)time(NULL);
+    if (b->srv->cfg->relay_reservations <= 0 || now - n->relay_put_at < 30)
+        return;
+    char key[CM_NAME_MAX + 16], value[340];
+    snprintf(key, sizeof key, "%s/relays", n->run);
+    snprintf(value, sizeof value, "%s backbone", n->address);
+    int stored = 0;
+    if (dht_put(n->node, key, strlen(key), "p", 1, value, strlen(value), p2p_now_ms() + 90000, 3000,
+                &stored) == CM_OK)
+        n->relay_put_at = now;
 }
 
 static void unpublish(struct coord_backbone *b, struct bb_node *n)

@@ -36,6 +36,7 @@ struct coord_config {
     char *dht_listen_ip;
     char *dht_advertise;
     long probe_slots;
+    long relay_reservations; /* backbone nodes lend this many relay ports (0: none) */
     char *web_dir;
 };
 

@@ -102,6 +102,10 @@ static const struct cm_opt SERVE_OPTS[] = {
     {"probe-slots", CM_OPT_INT, O(probe_slots), "4", "N",
      "agents measuring their link's rates against a backbone node at once (1-16; each may use "
      "its whole link for about 2 s at join and every 30 minutes)", 0},
+    {"relay-reservations", CM_OPT_INT, O(relay_reservations), "0", "N",
+     "each run's backbone node relays for up to N/2 unreachable agents (two ports each: "
+     "averaging and state), so that they can aggregate when no reachable volunteer relays "
+     "for them; their traffic then crosses this host's link (0-256, 0 = never)", 0},
     {"web-dir", CM_OPT_STR, O(web_dir), NULL, "DIR",
      "the built dashboard served at / (default: ../web/dist next to the binary, else "
      "../share/crowdtrain/web next to it, else /usr/share/crowdtrain/web)", 0},
@@ -139,7 +143,8 @@ static int validate(const struct coord_config *c)
                   {"checkpoint-keep", c->checkpoint_keep, 1, 1000},
                   {"checkpoint-max-mb", c->checkpoint_max_mb, 1, 1L << 24},
                   {"dht-port", c->dht_port, -1, 65535},
-                  {"probe-slots", c->probe_slots, 1, P2P_PROBE_MAX_SLOTS}};
+                  {"probe-slots", c->probe_slots, 1, P2P_PROBE_MAX_SLOTS},
+                  {"relay-reservations", c->relay_reservations, 0, 256}};
     for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++) {
         if (ranges[i].v < ranges[i].lo || ranges[i].v > ranges[i].hi) {
             fprintf(stderr, "error: --%s must be %ld..%ld\n", ranges[i].name, ranges[i].lo,

@@ -5,8 +5,10 @@
  * unreachable one reserves ports at such an agent and announces those as
  * its addresses, so that it can aggregate and serve its state like any
  * peer; when its relay goes away it takes another (or, with none left,
- * goes back to being a client-mode peer until one appears). The keeper
- * runs on a thread of its own from the net stage on. */
+ * goes back to being a client-mode peer until one appears). A
+ * coordinator's backbone node may relay too (--relay-reservations): it is
+ * used only after 10 s without a volunteer that takes us. The keeper runs
+ * on a thread of its own from the net stage on. */
 #include "agent/peer/runtime_int.h"
 
 #include <errno.h>
@@ -22,6 +24,7 @@
 #define RELAY_ADVERT_TTL_MS 90000
 #define RELAY_RESERVE_MS 4000
 #define RELAY_MAX_TRIES 4
+#define RELAY_BACKBONE_AFTER_S 10
 
 static void relay_key(const struct peer_rt *rt, char *key, size_t cap)
 {
@@ -66,11 +69,14 @@ struct cand {
     uint8_t pub[CM_ED25519_PUB_LEN];
     char addr[PEER_ADDR_MAX];
     double mbps, rtt_ms;
+    int backbone; /* the coordinator's node (--relay-reservations): the last resort */
 };
 
 static int cand_cmp(const void *a, const void *b)
 {
     const struct cand *x = a, *y = b;
+    if (x->backbone != y->backbone)
+        return x->backbone - y->backbone;
     if (x->mbps != y->mbps) /* measured throughput first, the faster first */
         return x->mbps > y->mbps ? -1 : 1;
     return x->rtt_ms < y->rtt_ms ? -1 : x->rtt_ms > y->rtt_ms;
@@ -79,7 +85,7 @@ static int cand_cmp(const void *a, const void *b)
 /* Looks for relays and reserves at the best one that takes us. CM_OK with
  * the addresses set, CM_ENOTFOUND when no relay is known, or the last
  * refusal. */
-int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid)
+int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_ok)
 {
     char key[200];
     relay_key(rt, key, sizeof key);
@@ -95,9 +101,16 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid)
             (avoid && !memcmp(recs[i].author, avoid, CM_ED25519_PUB_LEN)) || recs[i].len == 0 ||
             recs[i].len >= PEER_ADDR_MAX)
             continue;
+        /* "ip:port", or "host:port backbone" from a coordinator */
         memcpy(c[nc].pub, recs[i].author, CM_ED25519_PUB_LEN);
         memcpy(c[nc].addr, recs[i].value, recs[i].len);
         c[nc].addr[recs[i].len] = 0;
+        char *sp = strchr(c[nc].addr, ' ');
+        c[nc].backbone = sp && !strcmp(sp, " backbone");
+        if ((sp && !c[nc].backbone) || (c[nc].backbone && !backbone_ok))
+            continue;
+        if (sp)
+            *sp = 0;
         struct sockaddr_storage a;
         if (p2p_addr_parse(c[nc].addr, &a) != CM_OK)
             continue;
@@ -155,7 +168,7 @@ static void *keeper_main(void *arg)
     struct peer_rt *rt = arg;
     char key[200];
     relay_key(rt, key, sizeof key);
-    double next_advert = 0, next_try = 0, backoff = 1;
+    double next_advert = 0, next_try = 0, backoff = 1, searching_since = peer_mono_s();
     while (!wait_stop(rt, 0.5)) {
         double now = peer_mono_s();
         if (rt->relay_offer) {
@@ -190,11 +203,15 @@ static void *keeper_main(void *arg)
             fflush(stdout);
             next_try = 0;
             backoff = 1;
+            searching_since = now;
         }
         if (!relayed || lost) {
             if (now < next_try)
                 continue;
-            int rc = peer__relay_acquire(rt, lost ? relay_pub : NULL);
+            /* the coordinator's node only when no volunteer relayed for us
+               for a while (volunteers publish their offer as they join) */
+            int rc = peer__relay_acquire(rt, lost ? relay_pub : NULL,
+                                         now - searching_since >= RELAY_BACKBONE_AFTER_S);
             if (rc == CM_OK) {
                 char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
                 peer_rt_addrs(rt, my, st);

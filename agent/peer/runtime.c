@@ -424,7 +424,7 @@ static int start_net(struct peer_rt *rt)
     pthread_mutex_unlock(&rt->addr_mu);
     /* unreachable: a relay at once when one is known (the keeper goes on
        looking otherwise, and replaces one that goes away) */
-    if (rt->reach == PEER_REACH_CLIENT && !rt->cfg.no_relay && peer__relay_acquire(rt, NULL) == CM_OK) {
+    if (rt->reach == PEER_REACH_CLIENT && !rt->cfg.no_relay && peer__relay_acquire(rt, NULL, 0) == CM_OK) {
         peer_rt_addrs(rt, my, st);
         printf("reachability: relayed through %s (averaging at %s, state at %s)\n", rt->relay, my, st);
         fflush(stdout);

@@ -4,6 +4,7 @@
  * handlers, bucket refresh, republishing and expiry purges. */
 #include "dht/dht_node_internal.h"
 #include "dht/dht_msg.h"
+#include "p2p/p2p_relay.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -761,6 +762,8 @@ int dht_node_new(struct p2p_ctx *ctx, const struct dht_config *cfg, struct dht_n
                                  .advertise_port = cfg->advertise_port, .on_request = on_request,
                                  .arg = n};
     rc = p2p_host_new(ctx, &hc, &n->host);
+    if (!rc && cfg->relay && cfg->listen_ip && (rc = p2p_host_relay_enable(n->host, cfg->relay)))
+        p2p_host_close(n->host);
     if (rc) {
         dht_store_cleanup(&n->store);
         free(n);

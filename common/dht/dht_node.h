@@ -42,6 +42,8 @@
 #include "dht/dht_types.h"
 #include "p2p/p2p_transport.h"
 
+struct p2p_relay_limits;
+
 struct dht_config {
     const struct cm_ed25519 *key; /* borrowed; must outlive the node */
     const char *token;            /* copied */
@@ -57,6 +59,9 @@ struct dht_config {
        (CM_EUNSUPPORTED). Runs on the node's loop. */
     p2p_request_cb on_other;
     void *on_other_arg;
+    /* Non-NULL (and a listening node): the node's host lends relay ports
+       with these limits (p2p/p2p_relay.h; the coordinator's backbone). */
+    const struct p2p_relay_limits *relay;
     /* dht_node_start only: the process context (caps, auth) it creates. */
     struct p2p_ctx_config ctx;
     /* dht_node_start only: "host:port" peers to bootstrap from. */

@@ -25,6 +25,9 @@
  *    lost, reserve at the other public agent and aggregate through it; the
  *    survivors finish every step with identical parameters, having lost
  *    only the rounds in flight (at most 4 each).
+ *  - all behind NAT: two agents, one behind each router, and nobody
+ *    reachable but the coordinator, whose backbone node relays for them
+ *    (--relay-reservations): the same checks as the public run.
  *  - lost: three agents that announce the coordinator's host
  *    (--advertise-ip), where nothing listens for them, so every round fails.
  *    No round that averaged nothing (or only part) is a step or credited; a
@@ -68,6 +71,7 @@
 #define NLINKS 3
 #define NKILL 4 /* two public agents, two behind the cone-like router */
 #define KILL_AT_STEP 8
+#define NALLNAT 2 /* behind the two routers, nobody reachable but the coordinator */
 #define MAXA 8
 
 struct collab {
@@ -88,7 +92,7 @@ static char *g_org;
 static int g_coord_host;
 static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"},
                      g_lost = {.run = "hosts-lost"}, g_links = {.run = "hosts-links"};
-static struct collab g_kill = {.run = "hosts-relaykill"};
+static struct collab g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "hosts-allnat"};
 static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directions */
 static int g_vol; /* volunteers made so far */
 static int g_teardown_failed;
@@ -181,6 +185,13 @@ static int setup(void **state)
         if (g_kill.host[i] < 0)
             return -1;
     }
+    g_allnat.n = NALLNAT;
+    for (int i = 0; i < NALLNAT; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "an%d", i);
+        if ((g_allnat.host[i] = ct_net_private(&g_net, name, i == 0 ? cone : sym)) < 0)
+            return -1;
+    }
     g_nat.n = NNAT_PUB + NNAT_PRIV;
     for (int i = 0; i < g_nat.n; i++) {
         char name[16];
@@ -204,8 +215,10 @@ static int setup(void **state)
        they joined 8-14 steps after the others, and the run of 24 steps had
        all six in every round only from step 15 on; the coordinator's link
        here is uncapped, unlike the hosts') */
+    /* --relay-reservations: the run whose agents are all behind NAT
+       relays through the coordinator's backbone node */
     const char *args[] = {"--listen", "0.0.0.0:" PORT, "--public-url", public_url, "--dht-listen-ip", "0.0.0.0",
-                          "--probe-slots", "8", NULL};
+                          "--probe-slots", "8", "--relay-reservations", "8", NULL};
     if (rc != 0 || ct_create_user(g_pg.url, "org", "organizer", "organizer-password") != 0 ||
         ct_coord_start(&g_c, g_pg.url, NULL, args) != 0)
         return -1;
@@ -213,6 +226,7 @@ static int setup(void **state)
     /* the lost ones announce the coordinator's host, where nobody listens
        for them: every round they try fails */
     if (!g_org || prepare(&g_pub) != 0 || prepare(&g_nat) != 0 || prepare(&g_lost) != 0 || prepare(&g_kill) != 0 ||
+        prepare(&g_allnat) != 0 ||
         prepare(&g_links) != 0 ||
         start(&g_links, NULL, NULL) != 0)
         return -1;
@@ -232,7 +246,8 @@ static int setup(void **state)
         usleep(200000);
     }
     if (start(&g_lost, "--advertise-ip", g_net.h[g_coord_host].ip) != 0 || start(&g_pub, NULL, NULL) != 0 ||
-        start(&g_nat, NULL, NULL) != 0 || start(&g_kill, NULL, NULL) != 0)
+        start(&g_nat, NULL, NULL) != 0 || start(&g_kill, NULL, NULL) != 0 ||
+        start(&g_allnat, NULL, NULL) != 0)
         return -1;
     return 0;
 }
@@ -255,6 +270,7 @@ static int teardown(void **state)
     stop_all(&g_lost);
     stop_all(&g_links);
     stop_all(&g_kill);
+    stop_all(&g_allnat);
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_net_destroy(&g_net);
@@ -269,6 +285,8 @@ static int teardown(void **state)
             ct_rmrf(g_links.dir[i]);
         if (g_kill.dir[i][0])
             ct_rmrf(g_kill.dir[i]);
+        if (g_allnat.dir[i][0])
+            ct_rmrf(g_allnat.dir[i]);
     }
     free(g_org);
     g_teardown_failed = rc != 0;
@@ -357,6 +375,7 @@ static void wait_all(struct collab *c, int timeout_s)
         watch(&g_lost);
         watch(&g_links);
         watch(&g_kill);
+        watch(&g_allnat);
         watch_kill();
         watch_lost_stats();
         for (int i = 0; i < c->n; i++) {
@@ -623,6 +642,23 @@ static void test_relay_killed(void **state)
     assert_true(final_hash[0] != 0);
 }
 
+/* Every agent behind NAT (one behind each router): the coordinator's
+ * backbone node relays for them (--relay-reservations), and they train
+ * together as the others do. */
+static void test_all_behind_nat(void **state)
+{
+    (void)state;
+    check(&g_allnat, 0);
+    char want[64];
+    snprintf(want, sizeof want, "reachability: relayed through %s:", g_net.h[g_coord_host].ip);
+    for (int i = 0; i < NALLNAT; i++) {
+        char *log = ct_read_file(g_allnat.log[i], NULL);
+        assert_non_null(log);
+        assert_non_null(strstr(log, want));
+        free(log);
+    }
+}
+
 /* Three agents that announce the coordinator's host (--advertise-ip),
  * where nothing listens for them: every round fails. No step may count. */
 static void test_no_step_without_averaging(void **state)
@@ -755,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_public_hosts),
         cmocka_unit_test(test_behind_nat),
         cmocka_unit_test(test_relay_killed),
+        cmocka_unit_test(test_all_behind_nat),
         cmocka_unit_test(test_no_step_without_averaging),
         cmocka_unit_test(test_measured_links),
     };
