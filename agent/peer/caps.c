@@ -126,7 +126,7 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
                                                                              : "unknown");
     snprintf(c.addr, sizeof c.addr, "%s",
              rt->observed_ip[0] ? rt->observed_ip
-             : rt->reach == PEER_REACH_FLAG_ADDR && rt->cfg.advertise_ip ? rt->cfg.advertise_ip : "");
+             : reach == PEER_REACH_FLAG_ADDR && rt->cfg.advertise_ip ? rt->cfg.advertise_ip : "");
     /* the pairs the probe thread measured last */
     int fresh_pairs = rt->probe_new;
     rt->probe_new = 0;

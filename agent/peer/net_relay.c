@@ -60,6 +60,12 @@ static void use_fn(void *arg, struct peer_net *n)
     struct use_arg *u = arg;
     p2p_host_relay_drop(ar_engine_host(n->ar));
     p2p_host_relay_drop(n->st_host);
+    /* the old reservations can report nothing more: fresh slots (here, on
+       the loop thread, where their callbacks run) */
+    pthread_mutex_lock(&n->relay_mu);
+    memset(&n->relay_ar.reserved, 0, sizeof n->relay_ar - offsetof(struct peer_relay_slot, reserved));
+    memset(&n->relay_st.reserved, 0, sizeof n->relay_st - offsetof(struct peer_relay_slot, reserved));
+    pthread_mutex_unlock(&n->relay_mu);
     u->rc = p2p_host_relay_use(ar_engine_host(n->ar), (struct sockaddr *)&u->relay, u->pub,
                                u->timeout_ms, on_relay, &n->relay_ar);
     if (!u->rc) {
@@ -78,10 +84,6 @@ int peer_net_relay_use(struct peer_net *n, const char *relay, const uint8_t pub[
     if (p2p_addr_parse(relay, &u.relay))
         return CM_EINVAL;
     memcpy(u.pub, pub, CM_ED25519_PUB_LEN);
-    pthread_mutex_lock(&n->relay_mu);
-    memset(&n->relay_ar.reserved, 0, sizeof n->relay_ar - offsetof(struct peer_relay_slot, reserved));
-    memset(&n->relay_st.reserved, 0, sizeof n->relay_st - offsetof(struct peer_relay_slot, reserved));
-    pthread_mutex_unlock(&n->relay_mu);
     int rc = peer_net_call(n, use_fn, &u);
     if (rc || (rc = u.rc))
         return rc;

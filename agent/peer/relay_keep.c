@@ -11,6 +11,7 @@
  * on a thread of its own from the net stage on. */
 #include "agent/peer/runtime_int.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,53 @@ void peer__set_addrs(struct peer_rt *rt, const char *my, const char *st)
     snprintf(rt->my_addr, sizeof rt->my_addr, "%s", my);
     snprintf(rt->st_addr, sizeof rt->st_addr, "%s", st);
     pthread_mutex_unlock(&rt->addr_mu);
+}
+
+/* Addresses, reachability and relay change together (a step log or a
+   capability report in between would say "direct" for a relayed peer). */
+static void set_relayed(struct peer_rt *rt, const char *my, const char *st, const char *relay,
+                        const uint8_t *relay_pub)
+{
+    pthread_mutex_lock(&rt->addr_mu);
+    snprintf(rt->my_addr, sizeof rt->my_addr, "%s", my);
+    snprintf(rt->st_addr, sizeof rt->st_addr, "%s", st);
+    snprintf(rt->relay, sizeof rt->relay, "%s", relay ? relay : "");
+    if (relay_pub)
+        memcpy(rt->relay_pub, relay_pub, CM_ED25519_PUB_LEN);
+    rt->reach = relay ? PEER_REACH_RELAYED : PEER_REACH_CLIENT;
+    pthread_mutex_unlock(&rt->addr_mu);
+}
+
+static int stopping(struct peer_rt *rt)
+{
+    pthread_mutex_lock(&rt->relay_mu);
+    int s = rt->relay_stop;
+    pthread_mutex_unlock(&rt->relay_mu);
+    return s || peer_rt_interrupted(rt);
+}
+
+/* "a.b.c.d:port" or "[v6]:port": peers' relay offers name no host (a
+   name would be resolved here, blocking, on a string anyone can write) */
+static int numeric(const char *s)
+{
+    char host[64];
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s)
+        return 0;
+    size_t hl = (size_t)(colon - s);
+    const char *h = s;
+    if (*s == '[') {
+        if (hl < 3 || colon[-1] != ']')
+            return 0;
+        h++;
+        hl -= 2;
+    }
+    if (hl >= sizeof host)
+        return 0;
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    unsigned char b[16];
+    return inet_pton(AF_INET, host, b) == 1 || inet_pton(AF_INET6, host, b) == 1;
 }
 
 /* The throughput we measured to this peer lately (Mbit/s, 0: unknown). */
@@ -111,9 +159,12 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_o
             continue;
         if (sp)
             *sp = 0;
+        if (!c[nc].backbone && !numeric(c[nc].addr))
+            continue; /* the coordinator's own entry may name its host; a volunteer's may not */
         struct sockaddr_storage a;
         if (p2p_addr_parse(c[nc].addr, &a) != CM_OK)
             continue;
+        p2p_addr_format((struct sockaddr *)&a, c[nc].addr, sizeof c[nc].addr); /* numeric from here on */
         c[nc].mbps = measured_mbps(rt, c[nc].pub);
         c[nc].rtt_ms = 1e9;
         nc++;
@@ -122,21 +173,16 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_o
     if (!nc)
         return CM_ENOTFOUND;
     /* without a throughput measurement, the round trip decides */
-    for (size_t i = 0; i < nc && i < 8; i++)
+    for (size_t i = 0; i < nc && i < 8 && !stopping(rt); i++)
         if (c[i].mbps == 0 && peer_net_rtt(rt->net, c[i].addr, c[i].pub, 2, &c[i].rtt_ms) != CM_OK)
             c[i].rtt_ms = 1e9;
     qsort(c, nc, sizeof c[0], cand_cmp);
     rc = CM_ENOTFOUND;
-    for (size_t i = 0; i < nc && i < RELAY_MAX_TRIES; i++) {
+    for (size_t i = 0; i < nc && i < RELAY_MAX_TRIES && !stopping(rt); i++) {
         char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
         rc = peer_net_relay_use(rt->net, c[i].addr, c[i].pub, RELAY_RESERVE_MS, my, st);
         if (rc == CM_OK) {
-            peer__set_addrs(rt, my, st);
-            pthread_mutex_lock(&rt->addr_mu);
-            snprintf(rt->relay, sizeof rt->relay, "%s", c[i].addr);
-            memcpy(rt->relay_pub, c[i].pub, CM_ED25519_PUB_LEN);
-            rt->reach = PEER_REACH_RELAYED;
-            pthread_mutex_unlock(&rt->addr_mu);
+            set_relayed(rt, my, st, c[i].addr, c[i].pub);
             return CM_OK;
         }
         fprintf(stderr, "warning: relay %s did not take us: %s\n", c[i].addr, cm_strerror(rc));
@@ -193,11 +239,7 @@ static void *keeper_main(void *arg)
         if (relayed && lost) {
             /* back to client mode until another relay takes us: peers
                stop sending our parts to an address that leads nowhere */
-            peer__set_addrs(rt, "", "");
-            pthread_mutex_lock(&rt->addr_mu);
-            rt->reach = PEER_REACH_CLIENT;
-            rt->relay[0] = 0;
-            pthread_mutex_unlock(&rt->addr_mu);
+            set_relayed(rt, "", "", NULL, NULL);
             printf("reachability: relay %s lost (%s): client mode until another relay takes us\n", relay,
                    cm_strerror(lost));
             fflush(stdout);

@@ -290,7 +290,8 @@ int p2p__evict_one(struct p2p_ctx *ctx)
     struct p2p_conn *best = NULL;
     int scanned = 0;
     for (struct p2p_conn *c = ctx->conns; c && scanned < 256; c = c->cnext, scanned++)
-        if (c->state == C_OPEN && c->n_pend == 0 && c->wq_bytes == 0 && c->rx_len == 0) {
+        if (c->state == C_OPEN && c->n_pend == 0 && c->n_deferred == 0 && !c->relay &&
+            !c->relay_uncounted && c->wq_bytes == 0 && c->rx_len == 0) {
             best = c;
             break;
         }

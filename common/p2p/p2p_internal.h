@@ -129,6 +129,7 @@ struct p2p_conn {
     struct p2p_conn *splice;    /* at a relay: the other side of the circuit */
     struct p2p_conn *splice_next; /* at a relay: spliced once the ACCEPT answer is out */
     struct relay_circ *circ;    /* at a relay: the circuit waiting for its accept */
+    int64_t progress_ms;        /* at a relay: when a write of ours last completed */
     uint8_t *pre;               /* the dialer's bytes that arrived before the accept */
     size_t pre_len;
     struct p2p_punch *punch;    /* a hole punch's try in progress (p2p_punch.c) */

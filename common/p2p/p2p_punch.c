@@ -90,7 +90,7 @@ static void punch_finish(struct p2p_punch *p, int status, const struct sockaddr 
     }
     uv_timer_stop(&p->timer);
     uv_close((uv_handle_t *)&p->timer, timer_closed);
-    if (p->initiator && p->cb)
+    if (p->initiator && p->cb && !h->closing)
         p->cb(p->arg, status, direct, p2p_now_ms() - p->t0_ms);
 }
 
@@ -266,6 +266,11 @@ int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint
         return CM_EPARSE;
     if ((iplen == 4) != (h->public_ip.ss_family == AF_INET))
         return CM_EUNSUPPORTED;
+    /* nobody's public address: loopback, unspecified, multicast */
+    static const uint8_t v6_loop[16] = {[15] = 1}, v6_any[16] = {0};
+    if ((iplen == 4 && (ip[0] == 127 || ip[0] == 0 || ip[0] >= 224)) ||
+        (iplen == 16 && (!memcmp(ip, v6_loop, 16) || !memcmp(ip, v6_any, 16) || ip[0] == 0xff)))
+        return CM_EPARSE;
     /* A punch makes us send SYNs, for a few seconds, to an address the
        requester names (it cannot be checked: the request comes through a
        relay): a run member could point them anywhere. Bounded: 4 at once

@@ -224,6 +224,11 @@ static void resv_on_conn(uv_stream_t *srv, int status)
         p2p__conn_close(c, CM_EBUSY);
         return;
     }
+    if (c->state != C_OPEN) { /* the budget's eviction took this very connection */
+        free(x);
+        r->st.circuits_refused++;
+        return;
+    }
     do
         cm_random_bytes(&x->id, sizeof x->id);
     while (!x->id);
@@ -250,8 +255,19 @@ static int serve_reserve(struct p2p_relay *r, const struct p2p_peer *from, uint8
 {
     struct p2p_host *h = r->h;
     uint32_t mine = 0;
+    struct relay_resv *stale = NULL;
     for (struct relay_resv *rv = r->resv; rv; rv = rv->next)
-        mine += !memcmp(rv->owner, from->pub, 32);
+        if (!memcmp(rv->owner, from->pub, 32)) {
+            mine++;
+            if (!rv->wait)
+                stale = rv;
+        }
+    /* a peer that reserves again after giving up on a reservation (there is
+       no release message) gets the one it no longer waits on replaced */
+    if (mine >= r->lim.max_per_peer && stale) {
+        resv_drop(stale);
+        mine--;
+    }
     if (r->n_resv >= r->lim.max_reservations || mine >= r->lim.max_per_peer) {
         r->st.reservations_refused++;
         return CM_EBUSY;
@@ -437,6 +453,8 @@ void p2p__relay_bytes(struct p2p_conn *c, const uint8_t *data, size_t n)
         return;
     }
     memcpy(b, data, n);
+    if (p->wq_bytes == 0)
+        p->progress_ms = p2p__mono_ms(); /* its queue starts now */
     struct p2p_relay *r = c->h->relay;
     if (r)
         r->st.bytes += n;
@@ -452,6 +470,7 @@ void p2p__relay_bytes(struct p2p_conn *c, const uint8_t *data, size_t n)
 
 void p2p__relay_drained(struct p2p_conn *c)
 {
+    c->last_active_ms = c->progress_ms = p2p__mono_ms(); /* a write completed: progress */
     if (c->close_flushed && c->wq_bytes == 0) {
         c->graceful = 1;
         p2p__conn_close(c, CM_ECLOSED);

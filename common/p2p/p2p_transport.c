@@ -187,6 +187,10 @@ static void sweep_cb(uv_timer_t *t)
             p2p__conn_drop(c, P2P_REJ_MALFORMED, "frame not completed in time");
         } else if (c->close_flushed && now - c->last_active_ms > 10000) {
             p2p__conn_close(c, CM_ETIMEOUT); /* its reader stopped reading */
+        } else if (c->relay == P2P_RL_RAW && c->wq_bytes > 0 && now - c->progress_ms > 30000) {
+            /* a circuit side whose reader stopped reading: what it holds
+               is freed (both sides close) */
+            p2p__conn_close(c, CM_ETIMEOUT);
         } else if (idle && now - c->last_active_ms > (int64_t)ctx->idle_ms) {
             p2p__conn_close(c, CM_ECLOSED);
         } else if (idle && waiting) {
