@@ -15,7 +15,7 @@
 
 /* Bytes a circuit side may have queued towards its partner before the
  * partner's reading pauses (its sender then waits on TCP flow control). */
-#define RELAY_QUEUE (1u * 1024u * 1024u)
+#define RELAY_QUEUE (512u * 1024u)
 /* Bytes a dialer may send before its circuit is accepted: reading pauses
  * beyond (one read more at most, RX_CHUNK). */
 #define RELAY_PRE_MAX (64u * 1024u)
@@ -77,11 +77,12 @@ static void relay_lim_defaults(struct p2p_relay_limits *l)
     if (!l->max_per_peer)
         l->max_per_peer = 4;
     if (!l->max_circuits)
-        l->max_circuits = 64;
+        l->max_circuits = 128;
     if (!l->max_pending)
         l->max_pending = 8;
     if (!l->max_per_ip)
-        l->max_per_ip = 16;
+        l->max_per_ip = 48; /* peers behind one NAT share an address: 16 refused two of them
+                               their circuits to four relayed peers (test_hosts) */
     if (!l->accept_ms)
         l->accept_ms = 5000;
     if (!l->wait_ms)

@@ -35,9 +35,9 @@
 struct p2p_relay_limits {
     uint32_t max_reservations; /* 0: 16 */
     uint32_t max_per_peer;     /* reservations one key may hold; 0: 4 */
-    uint32_t max_circuits;     /* circuits of all reservations, waiting or spliced; 0: 64 */
+    uint32_t max_circuits;     /* circuits of all reservations, waiting or spliced; 0: 128 */
     uint32_t max_pending;      /* circuits waiting for their accept, per reservation; 0: 8 */
-    uint32_t max_per_ip;       /* circuits from one address, all reservations; 0: 16 */
+    uint32_t max_per_ip;       /* circuits from one address, all reservations; 0: 48 */
     uint32_t accept_ms;        /* a circuit not accepted within this is closed; 0: 5000 */
     uint32_t wait_ms;          /* a WAIT with nothing to announce is answered empty after
                                   this; 0: 15000 */
