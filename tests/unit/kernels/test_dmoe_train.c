@@ -27,6 +27,18 @@
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
+/* Under AddressSanitizer (~3x slower) the run where every expert answers
+ * takes a few steps (memory safety; no call may fail): that the model
+ * learns is checked by the normal build and, with failing calls, by the
+ * other run, whose 200 steps the failure rate's check needs (~2,500 calls:
+ * its +-0.03 is 5 standard deviations). The two runs of 200 steps took
+ * 15 s of the sanitizer suite. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ALL_ANSWER_STEPS 30
+#else
+#define ALL_ANSWER_STEPS 0 /* the config's 200 */
+#endif
+
 /* The example's model and optimizers; %g = fail_prob, %s = extra fields. */
 #define DMOE_CFG                                                                              \
     "{\"model\": {\"type\": \"dmoe\", \"inputs\": 784, \"hidden\": [256, 128], "              \
@@ -47,7 +59,8 @@ static int all_finite(const float *x, size_t n)
     return 1;
 }
 
-static void train_short(float fail_prob, double min_acc)
+/* steps: 0 for the config's, else that many with no check of learning */
+static void train_short(float fail_prob, double min_acc, long steps)
 {
     char text[2048], err[512] = "";
     snprintf(text, sizeof text, DMOE_CFG, (double)fail_prob, "");
@@ -62,6 +75,8 @@ static void train_short(float fail_prob, double min_acc)
         fail();
     }
     assert_int_equal(t.model->kind, KERN_MODEL_DMOE);
+    if (steps > 0)
+        cfg.steps = steps;
     double first = 0, last = 0;
     for (long s = 0; s < cfg.steps; s++) {
         struct kern_eval ev;
@@ -85,8 +100,10 @@ static void train_short(float fail_prob, double min_acc)
                   (double)fail_prob, first, last, 100 * acc, ev.count, st.calls_fwd,
                   st.failed_fwd, st.calls_bwd, st.failed_bwd);
     assert_int_equal(ev.count, 16 * 128);
-    assert_true(last < 0.5 * first);
-    assert_true(acc >= min_acc);
+    if (steps == 0) {
+        assert_true(last < 0.5 * first);
+        assert_true(acc >= min_acc);
+    }
     if (fail_prob > 0) {
         double rate = (double)st.failed_fwd / st.calls_fwd;
         assert_true(rate > fail_prob - 0.03 && rate < fail_prob + 0.03);
@@ -104,13 +121,13 @@ static void train_short(float fail_prob, double min_acc)
 static void test_train_all_answer(void **state)
 {
     (void)state;
-    train_short(0.0f, 0.82);
+    train_short(0.0f, 0.82, ALL_ANSWER_STEPS);
 }
 
 static void test_train_failures(void **state)
 {
     (void)state;
-    train_short(0.1f, 0.82);
+    train_short(0.1f, 0.82, 0);
 }
 
 static void test_bad_dmoe_configs(void **state)
