@@ -160,11 +160,19 @@ async function shot(page, name) {
 
 const fmt = (x) => Number(x).toLocaleString('en-US', { maximumFractionDigits: 0 });
 
+// The overview's refresh interval (web/src/pages/overview.js, REFRESH_MS).
+// The live tests install the page's clock (playwright: time still flows)
+// and, once the server holds the change, move it on by one interval, so
+// that the refresh due next comes at once instead of up to 4 s later: what
+// they check is that one refresh shows the change.
+const OVERVIEW_REFRESH_MS = 4000;
+
 // ---- the tests ----
 const tests = [];
 const test = (name, fn) => tests.push({ name, fn });
 
 test('overview-live', async (page) => {
+  await page.clock.install();
   await page.goto(`${seed.url}/#/run/${RUN}`);
   await page.waitForFunction((n) => {
     const u = window.__ctCharts && window.__ctCharts.loss;
@@ -198,6 +206,7 @@ test('overview-live', async (page) => {
   await page.evaluate(() => { window.__sameDocument = true; });
   await reportStep(seed.steps);
   await reportStep(seed.steps + 1);
+  await page.clock.fastForward(OVERVIEW_REFRESH_MS);
   await page.waitForFunction((n) => window.__ctCharts.loss.data[1].filter((v) => v !== null).length >= n,
     seed.steps + 2, { timeout: 20000 });
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'updated in place');
@@ -218,12 +227,14 @@ test('overview-not-averaging', async (page) => {
     body: { peer_public_key: dev.peer_public_key, samples_per_s: dev.sps, upload_mbps: d === 3 ? 1000 : 50,
       download_mbps: d === 3 ? 1000 : 100, accepts_inbound: d !== 1, ...extra },
   });
+  await page.clock.install();
   await page.goto(`${seed.url}/#/run/${RUN}`);
   await page.waitForFunction(() => /^updated /.test(document.querySelector('#updated')?.textContent || ''));
   assert.equal(await page.isVisible('#not-averaging'), false, 'no banner while peers average');
   const reason = `part 0 at 10.77.0.11:4000: connection refused ${seed.xss}`;
   let r = await caps({ failing_rounds: 4, failing_reason: reason });
   assert.equal(r.status, 200, r.text);
+  await page.clock.fastForward(OVERVIEW_REFRESH_MS);
   await page.waitForSelector('#not-averaging', { state: 'visible', timeout: 20000 });
   const text = await page.textContent('#not-averaging');
   assert.match(text, /not averaging/, text);
@@ -243,6 +254,7 @@ test('overview-not-averaging', async (page) => {
   // peers reach the device: the organizer's live-peers table shows it)
   r = await caps({ reachability: 'direct', address: '10.77.0.11' });
   assert.equal(r.status, 200, r.text);
+  await page.clock.fastForward(OVERVIEW_REFRESH_MS);
   await page.waitForSelector('#not-averaging', { state: 'hidden', timeout: 20000 });
 });
 
