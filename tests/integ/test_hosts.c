@@ -1,4 +1,4 @@
-/* ct-timeout: 420 */
+/* ct-timeout: 600 */
 /* Volunteers on separate hosts (issue 17), with the command lines a
  * volunteer types and default flags: PostgreSQL and the coordinator on one
  * host of a test bed of network namespaces (tests/harness/ct_net.h), agents
@@ -18,7 +18,9 @@
  *    "Relays") and announce those; the schedule gives them parts and they
  *    aggregate through their relays (their step logs say so). Same checks:
  *    all six in every round, all parts averaged, identical parameters, the
- *    loss falls; the organizer sees them as relayed, at their router.
+ *    loss falls; the organizer sees them as relayed, at their router. In
+ *    the normal build this run trains the recipe's 500 steps and every
+ *    agent's test accuracy reaches 88.5 %, as on public hosts.
  *  - a relay killed: two public agents and two NAT'ed ones; once the
  *    NAT'ed ones are relayed and at step 8, the public agent relaying for
  *    the first is killed (SIGKILL). Its NAT'ed agents say the relay was
@@ -69,6 +71,16 @@
    the 10 Mbit/s host's pace took ~60 s, the longest of the file's runs,
    and checked nothing more */
 #define LINK_STEPS 12
+/* The NAT run trains the recipe's 500 steps to its accuracy (issue 17:
+   >= 88.5 % on every agent, as on public hosts) in the normal build; under
+   the sanitizers it trains STEPS, with the same checks but the accuracy */
+#if defined(__SANITIZE_ADDRESS__)
+#define NAT_STEPS STEPS
+#else
+#define NAT_STEPS 500
+#endif
+#define NAT_ACCURACY 88.5
+#define MAXSTEPS (NAT_STEPS > STEPS ? NAT_STEPS : STEPS)
 #define PORT "8443"
 #define NPUB 4
 #define NNAT_PUB 2
@@ -83,6 +95,7 @@
 struct collab {
     const char *run;
     long nsteps; /* the run's steps; 0: STEPS */
+    int eval;    /* evaluate at the end (the others train with --no-eval) */
     int n;
     int host[MAXA];
     char dir[MAXA][256], log[MAXA][320], steps[MAXA][320];
@@ -97,7 +110,8 @@ static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
 static int g_coord_host;
-static struct collab g_pub = {.run = "hosts-public"}, g_nat = {.run = "hosts-nat"},
+static struct collab g_pub = {.run = "hosts-public"},
+                     g_nat = {.run = "hosts-nat", .nsteps = NAT_STEPS, .eval = NAT_STEPS > STEPS},
                      g_lost = {.run = "hosts-lost"},
                      g_links = {.run = "hosts-links", .nsteps = LINK_STEPS};
 static struct collab g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "hosts-allnat"};
@@ -134,15 +148,34 @@ static int prepare(struct collab *c)
     return 0;
 }
 
-/* Starts the agents; extra (may be NULL) are flags for all of them. */
+/* Starts the agents; extra0, extra1 (may be NULL) are flags for all of
+ * them. A run that trains to its accuracy (c->eval) evaluates at the end
+ * and takes a 50 ms round window and a 20 ms gathering margin (defaults
+ * 300 and 150; the window is how long a round waits for announcements,
+ * sized for the Internet's delays, which the test bed does not have): at
+ * the defaults its 500 steps took 0.55 s each, 0.45 s of them waiting. */
 static int start(struct collab *c, const char *extra0, const char *extra1)
 {
     c->t0 = mono_s();
     for (int i = 0; i < c->n; i++) {
         snprintf(c->log[i], sizeof c->log[i], "%.250s/join.log", c->dir[i]);
         snprintf(c->steps[i], sizeof c->steps[i], "%.250s/join.steps", c->dir[i]);
-        const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dir[i],
-                              "--device", "cpu", "--no-eval", "--step-log", c->steps[i], extra0, extra1, NULL};
+        const char *argv[16] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dir[i],
+                                "--device", "cpu", "--step-log", c->steps[i]};
+        int a = 10;
+        if (c->eval) {
+            argv[a++] = "--round-window-ms";
+            argv[a++] = "100";
+            argv[a++] = "--gather-margin-ms";
+            argv[a++] = "30";
+        } else {
+            argv[a++] = "--no-eval";
+        }
+        if (extra0)
+            argv[a++] = extra0;
+        if (extra1)
+            argv[a++] = extra1;
+        argv[a] = NULL;
         if ((c->pid[i] = ct_net_spawn(&g_net, c->host[i], argv, c->log[i])) <= 0)
             return -1;
     }
@@ -403,9 +436,9 @@ static void wait_all(struct collab *c, int timeout_s)
 }
 
 struct fold {
-    char hash[STEPS + 2][65];
-    int members[STEPS + 2], full[STEPS + 2];
-    double loss[STEPS + 2], w[STEPS + 2];
+    char hash[MAXSTEPS + 2][65];
+    int members[MAXSTEPS + 2], full[MAXSTEPS + 2];
+    double loss[MAXSTEPS + 2], w[MAXSTEPS + 2];
     int mismatches, lines;
 };
 
@@ -420,7 +453,7 @@ static void fold_steplog(const char *path, struct fold *f, const char *who)
             continue;
         long step = (long)json_integer_value(json_object_get(j, "step"));
         const char *h = json_string_value(json_object_get(j, "hash"));
-        if (step >= 0 && step <= STEPS + 1 && h && strlen(h) == 64 && !json_is_true(json_object_get(j, "synced"))) {
+        if (step >= 0 && step <= MAXSTEPS + 1 && h && strlen(h) == 64 && !json_is_true(json_object_get(j, "synced"))) {
             f->lines++;
             if (!f->hash[step][0])
                 snprintf(f->hash[step], sizeof f->hash[step], "%s", h);
@@ -453,8 +486,9 @@ static void fold_steplog(const char *path, struct fold *f, const char *who)
  * and the loss fell. */
 static void check(struct collab *c, int n_direct)
 {
-    wait_all(c, 300);
-    struct fold f;
+    const int n = c->nsteps ? (int)c->nsteps : STEPS;
+    wait_all(c, c->eval ? 480 : 300);
+    struct fold f; /* ~45 KB */
     memset(&f, 0, sizeof f);
     for (int i = 0; i < c->n; i++) {
         const struct ct_net_host *h = &g_net.h[c->host[i]];
@@ -483,23 +517,42 @@ static void check(struct collab *c, int n_direct)
     /* every step had every part averaged by all; once all agents were in
        (they join over the first seconds: each measures its link at the
        backbone first), every round held all of them */
-    int full = 0, all_in = 0, first_all = 0;
-    for (int s = 1; s <= STEPS; s++) {
+    int full = 0, all_in = 0, first_all = 0, all_in_first = 0;
+    for (int s = 1; s <= n; s++) {
         if (!first_all && f.members[s] == c->n)
             first_all = s;
         all_in += first_all && f.members[s] == c->n;
+        all_in_first += first_all && s <= STEPS && f.members[s] == c->n;
         full += f.full[s] > 0;
     }
     printf("%s: all %d agents in every round from step %d on (%d of %d steps), %d steps had every part "
            "averaged; %d step-log lines\n",
-           c->run, c->n, first_all, all_in, STEPS, full, f.lines);
-    assert_true(f.hash[STEPS][0] != 0);
+           c->run, c->n, first_all, all_in, n, full, f.lines);
+    assert_true(f.hash[n][0] != 0);
     assert_true(first_all >= 1 && first_all <= STEPS / 2);
-    assert_int_equal(all_in, STEPS - first_all + 1);
-    assert_int_equal(full, STEPS);
-    double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[STEPS] > 0 ? f.loss[STEPS] / f.w[STEPS] : NAN;
-    printf("%s: loss %.3f at step 1, %.3f at step %d\n", c->run, first, last, STEPS);
+    /* over a long run a peer sometimes misses a round's window (its
+       micro-batch ran over it, under this machine's load) and joins the
+       next: the first STEPS steps hold all, the rest at least 97 % */
+    assert_int_equal(all_in_first, STEPS - first_all + 1);
+    if (n > STEPS)
+        assert_true(all_in >= 0.97 * (n - first_all + 1));
+    else
+        assert_int_equal(all_in, n - first_all + 1);
+    assert_int_equal(full, n);
+    double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[n] > 0 ? f.loss[n] / f.w[n] : NAN;
+    printf("%s: loss %.3f at step 1, %.3f at step %d\n", c->run, first, last, n);
     assert_true(isfinite(first) && isfinite(last) && last < 0.7 * first);
+    /* trained to the end: every agent's test accuracy (join's evaluation of
+       the final parameters, which are identical) */
+    for (int i = 0; c->eval && i < c->n; i++) {
+        char *log = ct_read_file(c->log[i], NULL);
+        const char *e = log ? strstr(log, "evaluation at step") : NULL;
+        const char *a = e ? strstr(e, "accuracy ") : NULL;
+        double acc = a ? atof(a + 9) : -1;
+        printf("%s: test accuracy %.2f %%\n", g_net.h[c->host[i]].name, acc);
+        free(log);
+        assert_true(acc >= NAT_ACCURACY);
+    }
 }
 
 static void test_public_hosts(void **state)
@@ -799,11 +852,12 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_public_hosts),
-        cmocka_unit_test(test_behind_nat),
         cmocka_unit_test(test_relay_killed),
         cmocka_unit_test(test_all_behind_nat),
         cmocka_unit_test(test_no_step_without_averaging),
         cmocka_unit_test(test_measured_links),
+        /* last: the NAT run trains longest, alone once the others ended */
+        cmocka_unit_test(test_behind_nat),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
     return failed || g_teardown_failed ? 1 : 0;
