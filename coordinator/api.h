@@ -117,6 +117,9 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp);
 void api_peers_list(struct coord_req *req, struct coord_resp *resp);
 /* base64url (no padding) of a 32-byte key; 1 when s is one. */
 int api_key_param(const char *s, uint8_t key[CM_ED25519_PUB_LEN]);
+/* The address the request came from as peers would dial it: an IPv4
+ * client of a dual-stack listener (::ffff:a.b.c.d) as a.b.c.d. */
+const char *api_peer_ip(const struct coord_req *req);
 
 /* api_reach.c: dial-back reachability checks (docs/p2p.md, "Reachability") */
 void api_reachability_post(struct coord_req *req, struct coord_resp *resp);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* A measured round trip above this is a bad report (a minute). */
 #define API_CAP_MAX_RTT_MS 60000.0
@@ -93,6 +94,14 @@ static int numeric_ip_port(const char *s)
     if (*end || port < 1 || port > 65535 || colon[1] == '-' || colon[1] == '+')
         return 0;
     return *s == '[' ? inet_pton(AF_INET6, host, ab) == 1 : inet_pton(AF_INET, host, ab) == 1;
+}
+
+const char *api_peer_ip(const struct coord_req *req)
+{
+    const char *ip = req->client_ip;
+    if (!strncasecmp(ip, "::ffff:", 7) && strchr(ip + 7, '.'))
+        ip += 7;
+    return ip;
 }
 
 void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
@@ -203,8 +212,17 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         json_object_set_new(report, "relay", json_string(relay));
     if (report && reach)
         json_object_set_new(report, "reachability", json_string(reach));
-    if (report && addr)
-        json_object_set_new(report, "address", json_string(addr));
+    /* where peers reach it: the address its reports come from, as the
+       coordinator sees it (the agent's own "address" says the same when
+       it is honest, and is checked above only as input); with its relay's
+       address this is what the schedule gives peers to check announced
+       averaging addresses against (api_sched.c, docs/p2p.md "Announced
+       addresses") */
+    (void)addr;
+    unsigned char sb[16];
+    const char *seen = api_peer_ip(req);
+    if (report && (inet_pton(AF_INET, seen, sb) == 1 || inet_pton(AF_INET6, seen, sb) == 1))
+        json_object_set_new(report, "address", json_string(seen));
     /* a peer whose rounds keep averaging nothing says so (the run's stats) */
     json_int_t failing = json_integer_value(json_object_get(req->json, "failing_rounds"));
     if (report && failing > 0) {

@@ -69,11 +69,8 @@ void api_reachability_post(struct coord_req *req, struct coord_resp *resp)
                 return;
             }
     }
-    /* an IPv4 client of a dual-stack listener shows as ::ffff:a.b.c.d:
-       announce and dial the IPv4 address itself */
-    const char *ip = req->client_ip;
-    if (!strncasecmp(ip, "::ffff:", 7) && strchr(ip + 7, '.'))
-        ip += 7;
+    /* announce and dial the address as peers would (api_peer_ip) */
+    const char *ip = api_peer_ip(req);
     struct sockaddr_storage addrs[REACH_MAX_PORTS];
     for (size_t i = 0; i < np; i++) {
         char a[96];

@@ -22,6 +22,7 @@
  *
  * The signed bytes are documented in docs/protocol.md ("Schedules"). */
 #include "coordinator/api.h"
+#include "coordinator/backbone.h"
 #include "coordinator/signed_doc.h"
 #include "coordinator/auth.h"
 #include "cm_err.h"
@@ -29,6 +30,7 @@
 #include "sched/sched.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -130,8 +132,9 @@ static int find_key(const struct sched_peer *peers, size_t n, const uint8_t key[
  * solved again. A peer that joined sends even parts (a slow one holds every
  * round to its link) and a peer that left is waited for until the schedule
  * says otherwise, so a change of the set of peers (the newest payload lists
- * them by key) waits MEMBERS_HYSTERESIS_S; changed figures of the same peers
- * (throughputs measured again) HYSTERESIS_S. */
+ * them by key) or of where one is reached (its "ip": another relay) waits
+ * MEMBERS_HYSTERESIS_S; changed figures of the same peers (throughputs
+ * measured again) HYSTERESIS_S. */
 static long long hysteresis_s(const struct coord_newest *nw, const struct inputs *in)
 {
     json_t *root = nw->payload ? json_loads(nw->payload, 0, NULL) : NULL;
@@ -143,8 +146,12 @@ static long long hysteresis_s(const struct coord_newest *nw, const struct inputs
         uint8_t k[CM_ED25519_PUB_LEN];
         if (changed)
             break;
-        changed = !api_key_param(json_string_value(json_object_get(e, "key")), k) ||
-                  find_key(in->peers, in->n, k) < 0;
+        int at = api_key_param(json_string_value(json_object_get(e, "key")), k) ? find_key(in->peers, in->n, k) : -1;
+        /* a peer reached elsewhere (another relay) is refused as an
+           aggregator by every member until the schedule says so: as
+           urgent as a change of peers */
+        const char *ip = json_string_value(json_object_get(e, "ip"));
+        changed = at < 0 || strcmp(ip ? ip : "", in->peers[at].ip) != 0;
     }
     json_decref(root);
     return changed ? MEMBERS_HYSTERESIS_S : HYSTERESIS_S;
@@ -159,6 +166,106 @@ static int newest_good(const struct coord_newest *nw, const struct inputs *in, l
     if (!in || !in->n || !strcmp(nw->sha, in->sha))
         return 1;
     return now - nw->created < hysteresis_s(nw, in); /* inputs changed, but solved moments ago */
+}
+
+/* The numeric address in "ip:port" or "[ip6]:port" into out (binary, *fam);
+ * 0 when it is none. */
+static int host_of(const char *hp, unsigned char out[16], int *fam)
+{
+    char h[SCHED_IP_MAX + 2];
+    const char *colon = hp ? strrchr(hp, ':') : NULL;
+    size_t n = colon ? (size_t)(colon - hp) : 0;
+    if (!colon || n == 0 || n >= sizeof h)
+        return 0;
+    memcpy(h, hp, n);
+    h[n] = '\0';
+    char *v = h;
+    if (v[0] == '[' && n > 2 && v[n - 1] == ']') {
+        v[n - 1] = '\0';
+        v++;
+    }
+    *fam = strchr(v, ':') ? AF_INET6 : AF_INET;
+    return inet_pton(*fam, v, out) == 1;
+}
+
+/* Whether the backbone address hp ("host:port", the host maybe a name, as
+ * --dht-advertise says) is at the numeric address rb of family fam. */
+static int backbone_is(const char *hp, int fam, const unsigned char *rb)
+{
+    unsigned char ob[16];
+    int of = 0;
+    if (host_of(hp, ob, &of))
+        return of == fam && !memcmp(ob, rb, fam == AF_INET ? 4 : 16);
+    char h[256];
+    const char *colon = hp ? strrchr(hp, ':') : NULL;
+    size_t n = colon ? (size_t)(colon - hp) : 0;
+    if (!colon || n == 0 || n >= sizeof h)
+        return 0;
+    memcpy(h, hp, n);
+    h[n] = '\0';
+    struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(h, NULL, &hints, &res) != 0)
+        return 0;
+    int same = 0;
+    for (struct addrinfo *ai = res; ai && !same; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET && fam == AF_INET)
+            same = !memcmp(&((struct sockaddr_in *)ai->ai_addr)->sin_addr, rb, 4);
+        else if (ai->ai_family == AF_INET6 && fam == AF_INET6)
+            same = !memcmp(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, rb, 16);
+    }
+    freeaddrinfo(res);
+    return same;
+}
+
+/* Where peers may reach each live peer (sched_peer.ip; docs/p2p.md,
+ * "Announced addresses"): the address the coordinator saw its reports come
+ * from, or, when it reports being relayed, its relay's address. A relay
+ * must be another live peer of the run (at the address the coordinator
+ * sees it at) or one of the run's backbone nodes; a peer that names any
+ * other is treated as one that accepts no connections (it gets no part),
+ * so a report cannot point the run's traffic at a third party. */
+static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports, size_t n)
+{
+    json_t *boot = NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct sched_peer *q = &in->peers[i];
+        const char *addr = json_string_value(json_object_get(reports[i], "address"));
+        const char *reach = json_string_value(json_object_get(reports[i], "reachability"));
+        const char *relay = json_string_value(json_object_get(reports[i], "relay"));
+        q->ip[0] = '\0';
+        if (!reach || strcmp(reach, "relayed") != 0 || !relay) {
+            if (addr && strlen(addr) < sizeof q->ip)
+                snprintf(q->ip, sizeof q->ip, "%s", addr);
+            continue;
+        }
+        unsigned char rb[16], ob[16];
+        int rf = 0, of = 0, known = 0;
+        if (host_of(relay, rb, &rf)) {
+            for (size_t k = 0; k < n && !known; k++) {
+                const char *a = json_string_value(json_object_get(reports[k], "address"));
+                of = a && strchr(a, ':') ? AF_INET6 : AF_INET;
+                known = k != i && a && of == rf && inet_pton(of, a, ob) == 1 &&
+                        !memcmp(ob, rb, rf == AF_INET ? 4 : 16);
+            }
+            if (!known && !boot)
+                boot = coord_backbone_bootstrap(req);
+            size_t b;
+            json_t *e;
+            json_array_foreach(boot, b, e) {
+                if (!known)
+                    known = backbone_is(json_string_value(e), rf, rb);
+            }
+        }
+        if (known) {
+            inet_ntop(rf, rb, q->ip, sizeof q->ip);
+        } else {
+            CM_LOGW("sched", "run %s: a peer reports a relay at %s, which is no live peer's or backbone's "
+                             "address: it gets no part",
+                    req->params[0], relay);
+            q->inbound = 0;
+        }
+    }
+    json_decref(boot);
 }
 
 static int inputs_load(struct coord_req *req, const char *run_id, json_t *params,
@@ -196,6 +303,8 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
         q->links = &in->links[i * SCHED_MAX_LINKS];
     }
     PQclear(r);
+    if (ok)
+        reach_ips(req, in, reports, n);
     /* Pairs name peers by key; those not live now are dropped. */
     for (size_t i = 0; ok && i < n; i++) {
         char k64[64];
@@ -213,11 +322,13 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
             l->mbps = json_number_value(json_object_get(e, "mbps"));
             json_array_append_new(pairs, json_pack("{s:s, s:f}", "peer", ok64, "mbps", l->mbps));
         }
-        json_array_append_new(
-            list, json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64,
-                            "samples_per_s", in->peers[i].samples_per_s, "upload_mbps",
-                            in->peers[i].up_mbps, "download_mbps", in->peers[i].down_mbps,
-                            "accepts_inbound", in->peers[i].inbound, "pairs", pairs));
+        json_t *pe = json_pack("{s:s, s:f, s:f, s:f, s:b, s:o}", "peer_public_key", k64, "samples_per_s",
+                               in->peers[i].samples_per_s, "upload_mbps", in->peers[i].up_mbps,
+                               "download_mbps", in->peers[i].down_mbps, "accepts_inbound",
+                               in->peers[i].inbound, "pairs", pairs);
+        if (pe && in->peers[i].ip[0])
+            json_object_set_new(pe, "ip", json_string(in->peers[i].ip));
+        json_array_append_new(list, pe);
     }
     for (size_t i = 0; reports && i < n; i++)
         json_decref(reports[i]);

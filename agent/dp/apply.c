@@ -339,7 +339,7 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
     if (j->loss_n)
         *last_loss = loss;
     if (s->steplog && !s->o.aggregate_only) {
-        char line[1600], ridhex[17], ls[32], ex[320], via[120] = "";
+        char line[1600], ridhex[17], ls[32], ex[320], via[160] = "";
         dp_experts_json(s, ex, sizeof ex);
         /* how the others reached us this step, and whether we aggregated a
            part (through a relay: issue 17) */
@@ -350,6 +350,8 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
             snprintf(via, sizeof via, ",\"reach\":\"%s\"", s->rt.my_addr[0] ? "direct" : "client");
         pthread_mutex_unlock(&s->rt.addr_mu);
         int aggregated = j->me < j->nmem && j->am[j->me].fraction > 0;
+        if (j->refused) /* members that announced an address the schedule does not give them */
+            snprintf(via + strlen(via), sizeof via - strlen(via), ",\"refused\":%zu", j->refused);
         cm_hex_encode(j->rid, 8, ridhex);
         if (isfinite(loss))
             snprintf(ls, sizeof ls, "%.6f", loss);
@@ -445,12 +447,15 @@ void dp_schedule_upkeep(struct dp_state *s, double sps)
     double t = peer_mono_s();
     peer_rt_report_caps(&s->rt, sps, s->o.aggregate_only);
     /* every 30 s once a schedule lists us; every 5 s until then, so a new
-       peer's capabilities are put to use soon after the coordinator solves */
+       peer's capabilities are put to use soon after the coordinator solves,
+       and while rounds refuse us as an aggregator for announcing an
+       address the schedule does not give us yet (a new relay) */
     const struct sched_schedule *cur = dp_sched_current(s->js);
     int listed = 0;
     for (size_t i = 0; cur && i < cur->n && !listed; i++)
         listed = !memcmp(cur->peers[i].key, s->rt.key.pub, CM_ED25519_PUB_LEN);
-    if (s->sched_at == 0 || t - s->sched_at > (listed ? 30 : 5)) {
+    int lagging = __atomic_load_n(&s->self_refused, __ATOMIC_RELAXED);
+    if (s->sched_at == 0 || t - s->sched_at > (listed && !lagging ? 30 : 5)) {
         if (dp_sched_refresh(s->js, &s->rt.coord) != CM_OK)
             dp_sched_from_dht(s);
         s->sched_at = t;

@@ -62,6 +62,8 @@ struct dp_opts {
  * steps they probed). */
 #define DP_PROBE_GUARD_MS 250
 
+#define DP_REFUSED_SLOTS 8
+
 struct dp_state {
     struct dp_opts o;
     struct peer_rt rt;          /* the runtime: session, pass, clock, net, reports, probes */
@@ -115,6 +117,14 @@ struct dp_state {
        last step log line, for per-step figures; micro-batches dropped */
     struct moe_remote_stats moe_prev;
     long moe_dropped;
+    /* members refused as aggregators for announcing an averaging address
+       the schedule does not give them (round.c, warn_refused): said once a
+       minute per key (round thread) */
+    uint8_t refused_key[DP_REFUSED_SLOTS][CM_ED25519_PUB_LEN];
+    double refused_at[DP_REFUSED_SLOTS];
+    int self_refused;           /* our last round refused us (atomic): the schedule
+                                   lags our address (a new relay); refreshed every
+                                   5 s meanwhile (dp_schedule_upkeep) */
 };
 
 /* One averaging round: what the accumulation hands over and what comes
@@ -151,6 +161,8 @@ struct dp_job {
     uint8_t rid[AR_ROUND_ID_LEN];
     struct peer_round_summary sum;
     int64_t sched_v;
+    size_t refused;     /* members refused as aggregators (announced elsewhere than
+                           the schedule says; round.c, warn_refused) */
     size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */
     size_t group_senders;            /* most senders in a group of ours */
     size_t group_last;               /* members of our group in the last round */

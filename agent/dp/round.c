@@ -117,13 +117,49 @@ static uint64_t agree_outcome(struct dp_state *s, int64_t step, const uint8_t ri
     return mask;
 }
 
+/* Says which members the plan refused as aggregators (refused: bit i of
+ * am[]): they announced an averaging address other than where the schedule
+ * says peers reach them, so their part would go to whoever holds that
+ * address (docs/p2p.md, "Announced addresses"). Once a minute per key. */
+static void warn_refused(struct dp_state *s, const struct ar_member *am, size_t n, int64_t v, uint64_t refused)
+{
+    int self = 0;
+    for (size_t i = 0; i < n && i < 64; i++)
+        self |= (refused >> i & 1) && !memcmp(am[i].pub, s->rt.key.pub, CM_ED25519_PUB_LEN);
+    __atomic_store_n(&s->self_refused, self, __ATOMIC_RELAXED);
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (!(refused >> i & 1))
+            continue;
+        size_t slot = am[i].pub[0] % DP_REFUSED_SLOTS;
+        double now = peer_mono_s();
+        if (!memcmp(s->refused_key[slot], am[i].pub, CM_ED25519_PUB_LEN) && now - s->refused_at[slot] < 60)
+            continue;
+        memcpy(s->refused_key[slot], am[i].pub, CM_ED25519_PUB_LEN);
+        s->refused_at[slot] = now;
+        char a[80] = "?", pk[64];
+        p2p_addr_format((const struct sockaddr *)&am[i].addr, a, sizeof a);
+        cm_b64url_encode(am[i].pub, CM_ED25519_PUB_LEN, pk);
+        const char *want = dp_sched_ip_of(s->js, v, am[i].pub);
+        if (!memcmp(am[i].pub, s->rt.key.pub, CM_ED25519_PUB_LEN))
+            fprintf(stderr, "\nwarning: we announce our averaging address as %s, but the coordinator sees us at "
+                            "%s: the others give us no part to aggregate (is --advertise-ip right?)\n",
+                    a, want);
+        else
+            fprintf(stderr, "\nwarning: peer %s announces its averaging address as %s, but the coordinator sees "
+                            "it at %s: it aggregates no part\n",
+                    pk, a, want);
+    }
+}
+
 /* The round's aggregation fractions: the schedule version the members
  * announced (the highest), fetched when we lack it; an even split among the
  * members that accept connections when there is none. Returns the version
  * used (0: even). */
 static int64_t plan_round(struct dp_state *s, const struct collab_announce *mem, struct ar_member *am,
-                          size_t nmem)
+                          size_t nmem, size_t *n_refused, char *eg, size_t egcap)
 {
+    *n_refused = 0;
+    eg[0] = '\0';
     int agg_ok[AR_MAX_MEMBERS];
     int64_t v = 0;
     for (size_t i = 0; i < nmem; i++) {
@@ -136,8 +172,22 @@ static int64_t plan_round(struct dp_state *s, const struct collab_announce *mem,
         (dp_sched_from_dht(s), !dp_sched_has_version(s->js, v)))
         fprintf(stderr, "\nwarning: could not get schedule version %lld; averaging with even parts\n",
                 (long long)v);
-    if (s->js && dp_sched_plan_version(s->js, v, am, agg_ok, nmem) == CM_OK)
+    uint64_t refused = 0;
+    int rc = s->js ? dp_sched_plan_checked(s->js, v, am, agg_ok, nmem, &refused) : CM_EINVAL;
+    warn_refused(s, am, nmem, v, refused);
+    *n_refused = (size_t)__builtin_popcountll(refused);
+    if (rc == CM_OK)
         return v;
+    if (rc == CM_EINVAL && refused) { /* every aggregator refused: nobody to send parts to */
+        size_t first = (size_t)__builtin_ctzll(refused);
+        char a[80] = "?";
+        p2p_addr_format((const struct sockaddr *)&am[first].addr, a, sizeof a);
+        snprintf(eg, egcap, "%s, seen at %s", a, dp_sched_ip_of(s->js, v, am[first].pub));
+        for (size_t i = 0; i < nmem; i++)
+            am[i].fraction = 0;
+        return v;
+    }
+    *n_refused = 0;
     for (size_t i = 0; i < nmem; i++)
         am[i].fraction = agg_ok[i] ? 1.0 : 0.0;
     return 0;
@@ -188,9 +238,11 @@ static uint64_t run_groups(struct dp_job *j, const struct dp_groups *G,
                 me = k;
         }
         pthread_mutex_lock(&s->js_mu);
-        if (!s->js || dp_sched_plan_version(s->js, j->sched_v, gm, agg_ok, ng) != CM_OK)
+        uint64_t refused = 0;
+        if (!s->js || dp_sched_plan_checked(s->js, j->sched_v, gm, agg_ok, ng, &refused) != CM_OK)
             for (size_t k = 0; k < ng; k++)
                 gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
+        warn_refused(s, gm, ng, j->sched_v, refused);
         pthread_mutex_unlock(&s->js_mu);
         char gid[48];
         snprintf(gid, sizeof gid, "g%zu.%d", r + 1, grp);
@@ -322,6 +374,7 @@ static int round_members(struct dp_job *j)
         j->nmem = AR_MAX_MEMBERS; /* larger collaborations need groups from the schedule */
     struct ar_member *am = j->am;
     size_t naggs = 0;
+    char eg[160] = "";
     j->me = j->nmem;
     memset(am, 0, sizeof j->am);
     for (size_t i = 0; i < j->nmem; i++) {
@@ -338,13 +391,24 @@ static int round_members(struct dp_job *j)
     }
     if (naggs) {
         pthread_mutex_lock(&s->js_mu);
-        j->sched_v = plan_round(s, j->mem, am, j->nmem);
+        j->sched_v = plan_round(s, j->mem, am, j->nmem, &j->refused, eg, sizeof eg);
         pthread_mutex_unlock(&s->js_mu);
     }
     if (j->me == j->nmem || naggs == 0) {
         fprintf(stderr, "\nwarning: step %lld: no usable round (%zu members, %zu aggregators)\n",
                 (long long)j->step, j->nmem, naggs);
         j->rc = CM_ESTATE;
+        return 1;
+    }
+    if (j->refused == naggs) {
+        /* Every aggregator announced an averaging address where the
+           coordinator does not see it (warn_refused said which): no part
+           can be averaged, so the round is no step (as one whose
+           aggregators cannot be reached, issue 17). */
+        snprintf(j->why, sizeof j->why, "every aggregator of the round (%zu) announced an averaging address "
+                 "where the coordinator does not see it (%s)", naggs, eg);
+        j->unaveraged = 1;
+        j->rc = CM_OK;
         return 1;
     }
     return 0;

@@ -10,6 +10,7 @@
  * same payload and signature, so it is verified again when loaded. */
 #include "agent/dp/sched_follow.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -390,16 +391,60 @@ static int even_split(struct ar_member *am, const int *agg_ok, size_t n)
     return CM_OK;
 }
 
+/* Whether the address a is at the numeric address ip ("" or none: nothing
+ * to check against). An IPv4 address matches its IPv4-mapped IPv6 form. */
+static int addr_is(const struct sockaddr_storage *a, const char *ip)
+{
+    if (!ip || !ip[0])
+        return 1;
+    unsigned char b[16], m[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, ip, b) == 1) {
+        memcpy(m + 12, b, 4);
+        if (a->ss_family == AF_INET)
+            return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, b, 4);
+        return a->ss_family == AF_INET6 && !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, m, 16);
+    }
+    return inet_pton(AF_INET6, ip, b) == 1 && a->ss_family == AF_INET6 &&
+           !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, b, 16);
+}
+
+const char *dp_sched_ip_of(const struct dp_sched *js, int64_t version, const uint8_t pub[CM_ED25519_PUB_LEN])
+{
+    const struct held *h = js && version > 0 ? find(js, version) : NULL;
+    const struct sched_entry *e = h ? entry_of(&h->s, pub) : NULL;
+    return e ? e->ip : "";
+}
+
 int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_member *am,
                           const int *agg_ok, size_t n)
 {
-    if (!am || !agg_ok || n == 0)
+    return dp_sched_plan_checked(js, version, am, agg_ok, n, NULL);
+}
+
+int dp_sched_plan_checked(const struct dp_sched *js, int64_t version, struct ar_member *am,
+                          const int *agg_ok_in, size_t n, uint64_t *refused)
+{
+    if (refused)
+        *refused = 0;
+    if (!am || !agg_ok_in || n == 0 || n > AR_MAX_MEMBERS)
         return CM_EINVAL;
     if (version == 0)
-        return even_split(am, agg_ok, n);
+        return even_split(am, agg_ok_in, n);
     const struct held *h = js ? find(js, version) : NULL;
     if (!h)
         return CM_ENOTFOUND;
+    /* A member whose announced averaging address is not where the
+       schedule says peers reach it (the coordinator saw it elsewhere, or
+       it names another relay) aggregates nothing: its part would go to
+       whoever holds that address (docs/p2p.md, "Announced addresses").
+       Every member decides from the same schedule and announcements. */
+    int agg_ok[AR_MAX_MEMBERS];
+    for (size_t i = 0; i < n; i++) {
+        const struct sched_entry *e = entry_of(&h->s, am[i].pub);
+        agg_ok[i] = agg_ok_in[i] && (!e || addr_is(&am[i].addr, e->ip));
+        if (refused && agg_ok_in[i] && !agg_ok[i])
+            *refused |= (uint64_t)1 << i;
+    }
     /* Integer shares, so every member computes the same sums. */
     uint64_t present = 0;
     for (size_t i = 0; i < n; i++) {

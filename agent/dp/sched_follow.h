@@ -99,7 +99,16 @@ void dp_sched_role(const struct dp_sched *js, const uint8_t pub[CM_ED25519_PUB_L
  * every member); CM_EINVAL when no member is agg_ok. */
 int dp_sched_plan_version(const struct dp_sched *js, int64_t version, struct ar_member *am,
                             const int *agg_ok, size_t n);
-/* The same with the newest version held (0 when none). */
+/* The same, and: a member whose announced averaging address (am[i].addr)
+ * is not at the address the schedule gives for its key (sched_entry.ip,
+ * when it gives one) aggregates nothing, as if agg_ok[i] were 0; *refused
+ * (may be NULL) gets bit i for each such member. n <= AR_MAX_MEMBERS.
+ * dp_sched_plan_version is this with refused NULL. */
+int dp_sched_plan_checked(const struct dp_sched *js, int64_t version, struct ar_member *am,
+                          const int *agg_ok, size_t n, uint64_t *refused);
+/* The address a version of the schedule gives for pub ("" when none). */
+const char *dp_sched_ip_of(const struct dp_sched *js, int64_t version, const uint8_t pub[CM_ED25519_PUB_LEN]);
+/* dp_sched_plan_version with the newest version held (0 when none). */
 int dp_sched_plan(const struct dp_sched *js, struct ar_member *am, const int *agg_ok,
                     size_t n);
 

@@ -43,8 +43,12 @@ struct sched_link {
     double mbps;
 };
 
+#define SCHED_IP_MAX 46 /* a numeric IPv4 or IPv6 address and its NUL (INET6_ADDRSTRLEN) */
+
 struct sched_peer {
     uint8_t key[CM_ED25519_PUB_LEN]; /* peer public key; identifies the peer */
+    char ip[SCHED_IP_MAX];           /* where peers reach it (the coordinator saw it there,
+                                        or its relay's address); "" = not known */
     double samples_per_s;            /* s_i; 0 = cannot compute (no accelerator) */
     double up_mbps, down_mbps;       /* u_i, d_i; both > 0 */
     int inbound;                     /* 0 = client mode: cannot aggregate (§3.3) */
@@ -117,6 +121,11 @@ struct sched_entry {
     int compute;
     int client_mode;
     uint32_t share;
+    /* The address peers may reach it at ("ip" on the wire; "" = not said):
+       where the coordinator saw its capability reports come from, or its
+       relay's address when relayed. A round member announcing an averaging
+       address elsewhere gets no part (docs/p2p.md, "Announced addresses"). */
+    char ip[SCHED_IP_MAX];
 };
 
 #define SCHED_RUN_MAX 64

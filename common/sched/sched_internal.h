@@ -48,6 +48,8 @@ int sched__roles_choose(struct sched__ctx *x, const double *c_relaxed, unsigned 
 void sched__seterr(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int sched__b64_key(const char *s, uint8_t key[CM_ED25519_PUB_LEN]);
 int sched__kid_ok(const char *s);
+/* A numeric IPv4 or IPv6 address (inet_pton), shorter than SCHED_IP_MAX. */
+int sched__ip_ok(const char *s);
 json_t *sched__parse_doc(const char *buf, size_t len, size_t max, const char *what, const char *format,
                          const struct cm_json_field *top, size_t ntop, int *rc, char *err, size_t cap);
 

@@ -10,6 +10,7 @@
 #include "sched/sched.h"
 #include "sched/sched_internal.h"
 
+#include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -48,6 +49,10 @@ int sched_schedule_encode(const struct sched_schedule *s, char **json_out, size_
         json_t *o = json_pack("{s:s, s:b, s:b, s:I}", "key", key, "compute", s->peers[i].compute,
                               "client_mode", s->peers[i].client_mode, "share",
                               (json_int_t)s->peers[i].share);
+        if (o && s->peers[i].ip[0] && json_object_set_new(o, "ip", json_string(s->peers[i].ip))) {
+            json_decref(o);
+            o = NULL;
+        }
         if (!o || json_array_append_new(peers, o)) {
             json_decref(peers);
             return CM_ENOMEM;
@@ -98,6 +103,12 @@ int sched__kid_ok(const char *s)
               *c == '-' || *c == '_'))
             return 0;
     return 1;
+}
+
+int sched__ip_ok(const char *s)
+{
+    unsigned char b[16];
+    return s && strlen(s) < SCHED_IP_MAX && (inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1);
 }
 
 json_t *sched__parse_doc(const char *buf, size_t len, size_t max, const char *what, const char *format,
@@ -155,6 +166,7 @@ int sched_schedule_decode(const char *buf, size_t len, struct sched_schedule *ou
         {"compute", CM_J_BOOL, 1, 1, 0},
         {"client_mode", CM_J_BOOL, 1, 1, 0},
         {"share", CM_J_INT, 1, 0, SCHED_SHARE_TOTAL},
+        {"ip", CM_J_STRING, 0, 2, SCHED_IP_MAX - 1},
     };
     if (!out) {
         sched__seterr(err, cap, "no output given");
@@ -224,6 +236,12 @@ int sched_schedule_decode(const char *buf, size_t len, struct sched_schedule *ou
         peers[i].compute = json_is_true(json_object_get(o, "compute"));
         peers[i].client_mode = json_is_true(json_object_get(o, "client_mode"));
         peers[i].share = (uint32_t)json_integer_value(json_object_get(o, "share"));
+        const char *ip = json_string_value(json_object_get(o, "ip"));
+        if (ip && !sched__ip_ok(ip)) {
+            sched__seterr(err, cap, "schedule: peer %zu: ip is not a numeric IPv4 or IPv6 address", i);
+            goto fail;
+        }
+        snprintf(peers[i].ip, sizeof peers[i].ip, "%s", ip ? ip : "");
         if (peers[i].client_mode && peers[i].share) {
             sched__seterr(err, cap, "schedule: peer %zu is in client mode but aggregates", i);
             goto fail;
@@ -332,6 +350,7 @@ int sched_schedule_from_solution(const struct sched_problem *p, const struct sch
         e[i].compute = sol->peers[i].compute;
         e[i].client_mode = !p->peers[i].inbound;
         e[i].share = sol->peers[i].share;
+        snprintf(e[i].ip, sizeof e[i].ip, "%s", p->peers[i].ip);
     }
     free(out->peers);
     out->peers = e;

@@ -237,12 +237,16 @@ static void test_capabilities_checked(void **state)
 
 /* Verifies a served schedule as a peer would: signature with a published
  * key over "crowdtrain-schedule/1\n" + payload, then the strict decoder. */
+static const char *g_run = "resnet"; /* the run fetch_verified reads */
+
 static void fetch_verified(struct sched_schedule *s, long long *version, int *solved_now)
 {
     struct ct_resp k, r;
     ct_http(&g_c, "GET", "/api/v1/keys", NULL, NULL, &k);
     assert_int_equal(k.status, 200);
-    ct_http(&g_c, "GET", "/api/v1/runs/resnet/schedule", NULL, NULL, &r);
+    char path[128];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/schedule", g_run);
+    ct_http(&g_c, "GET", path, NULL, NULL, &r);
     if (r.status != 200)
         fail_msg("GET schedule: %ld %s", r.status, r.body ? r.body : "");
     const char *p64 = json_string_value(json_object_get(r.json, "payload"));
@@ -281,7 +285,7 @@ static void fetch_verified(struct sched_schedule *s, long long *version, int *so
     char err[256] = "";
     if (sched_schedule_decode(payload, plen, s, err, sizeof err) != CM_OK)
         fail_msg("decode: %s", err);
-    assert_string_equal(s->run, "resnet");
+    assert_string_equal(s->run, g_run);
     assert_int_equal(s->version, json_integer_value(json_object_get(r.json, "version")));
     assert_true(s->valid_until > s->valid_from);
     *version = s->version;
@@ -516,6 +520,83 @@ static void *get_thread(void *arg)
  * background solve, exactly one solves (the advisory lock), both then serve
  * the same version, and a schedule signed by either verifies with the keys
  * either publishes. */
+/* Where peers may reach each peer travels in the schedule ("ip",
+ * docs/p2p.md "Announced addresses"): the address the coordinator sees a
+ * report come from, whatever the report claims; for a relayed peer its
+ * relay's, when the relay is another live peer (or a backbone node). A
+ * relay anywhere else makes the peer a client: no part of the gradient
+ * goes to an address no live peer has. */
+static void test_schedule_addresses(void **state)
+{
+    (void)state;
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"addrs\",\"target_batch_size\":64,\"config\":{\"model_parameters\":1000}}"),
+                     201);
+    assert_int_equal(req("PUT", "/api/v1/runs/addrs/allowlist/vol", g_org, NULL), 201);
+    struct cm_ed25519 key[3];
+    char pk[3][64];
+    for (int i = 0; i < 3; i++) {
+        char body[1024];
+        assert_int_equal(cm_ed25519_generate(&key[i]), CM_OK);
+        cm_b64url_encode(key[i].pub, CM_ED25519_PUB_LEN, pk[i]);
+        assert_int_equal(ct_pass_body("addrs", "vol", &key[i], body, sizeof body), 0);
+        expect("POST", "/api/v1/runs/addrs/passes", g_vol, body, 201, NULL);
+    }
+    char body[1024];
+    /* 0: direct, claiming to be at another host */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
+             "\"accepts_inbound\":true,\"reachability\":\"direct\",\"address\":\"203.0.113.9\"}",
+             pk[0]);
+    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    /* 1: relayed by peer 0 (at the address the coordinator sees peer 0 at) */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
+             "\"accepts_inbound\":true,\"reachability\":\"relayed\",\"relay\":\"127.0.0.1:4100\"}",
+             pk[1]);
+    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    /* 2: "relayed" by a host that is no peer of the run */
+    snprintf(body, sizeof body,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
+             "\"accepts_inbound\":true,\"reachability\":\"relayed\",\"relay\":\"198.51.100.7:4100\"}",
+             pk[2]);
+    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    struct sched_schedule s;
+    long long v = 0;
+    int fresh = 0;
+    g_run = "addrs";
+    fetch_verified(&s, &v, &fresh);
+    g_run = "resnet";
+    assert_int_equal(s.n, 3);
+    int at[3] = {-1, -1, -1};
+    for (size_t k = 0; k < s.n; k++)
+        for (int i = 0; i < 3; i++)
+            if (!memcmp(s.peers[k].key, key[i].pub, CM_ED25519_PUB_LEN))
+                at[i] = (int)k;
+    int a0 = at[0], a1 = at[1], a2 = at[2];
+    assert_true(a0 >= 0 && a1 >= 0 && a2 >= 0);
+    assert_string_equal(s.peers[a0].ip, "127.0.0.1"); /* not 203.0.113.9 */
+    assert_false(s.peers[a0].client_mode);
+    assert_string_equal(s.peers[a1].ip, "127.0.0.1");
+    assert_false(s.peers[a1].client_mode);
+    assert_string_equal(s.peers[a2].ip, "");
+    assert_true(s.peers[a2].client_mode);
+    assert_int_equal(s.peers[a2].share, 0);
+    assert_int_equal(s.peers[a0].share + s.peers[a1].share, SCHED_SHARE_TOTAL);
+    sched_schedule_cleanup(&s);
+    /* the organizer sees where the coordinator sees each peer */
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/addrs/peers", g_org, NULL, &r);
+    assert_int_equal(r.status, 200);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(r.json, "peers"), i, e)
+        assert_string_equal(json_string_value(json_object_get(e, "address")), "127.0.0.1");
+    ct_resp_free(&r);
+    for (int k = 0; k < 3; k++)
+        cm_ed25519_cleanup(&key[k]);
+}
+
 static void test_two_coordinators_one_solve(void **state)
 {
     (void)state;
@@ -563,6 +644,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capabilities_checked),
         cmocka_unit_test(test_schedule_served_and_resolved),
+        cmocka_unit_test(test_schedule_addresses),
         cmocka_unit_test(test_two_coordinators_one_solve),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);

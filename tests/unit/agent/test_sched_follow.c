@@ -36,6 +36,9 @@ static void key_of(uint8_t k[32], int id)
     k[31] = 0x77;
 }
 
+/* The addresses answer() gives its peers (NULL entries or array: none). */
+static const char *const *g_ips;
+
 /* A signed schedule answer as GET /schedule gives it. shares[i] for peer
  * key_of(i + 1); compute[i]. */
 static json_t *answer(const struct cm_ed25519 *signer, const char *run, int64_t version,
@@ -59,6 +62,8 @@ static json_t *answer(const struct cm_ed25519 *signer, const char *run, int64_t 
         s.peers[i].share = shares[i];
         s.peers[i].compute = compute ? compute[i] : 1;
         s.peers[i].client_mode = 0;
+        if (g_ips && g_ips[i])
+            snprintf(s.peers[i].ip, sizeof s.peers[i].ip, "%s", g_ips[i]);
     }
     char *payload = NULL;
     size_t plen = 0;
@@ -163,6 +168,93 @@ static void test_plan_follows_shares(void **state)
     key_of(am[0].pub, 1);
     dp_sched_role(js, am[0].pub, 1, &c, &ag);
     assert_true(c == 1 && ag == 0);
+    dp_sched_close(js);
+}
+
+static void set_addr(struct ar_member *m, const char *ip, int port)
+{
+    memset(&m->addr, 0, sizeof m->addr);
+    if (strchr(ip, ':')) {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&m->addr;
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        assert_int_equal(inet_pton(AF_INET6, ip, &a6->sin6_addr), 1);
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&m->addr;
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        assert_int_equal(inet_pton(AF_INET, ip, &a4->sin_addr), 1);
+    }
+}
+
+/* A member announcing an averaging address elsewhere than the schedule
+ * gives its key (another host's: issue 17) aggregates nothing; the others
+ * keep their proportions, or split evenly without it; an IPv4 address
+ * matches its IPv4-mapped form; a peer the schedule gives no address is
+ * not checked. Every member computes the same plan. */
+static void test_plan_refuses_announced_elsewhere(void **state)
+{
+    (void)state;
+    struct dp_sched *js = open_js(NULL, &g_coord);
+    int64_t now = (int64_t)time(NULL);
+    uint32_t shares[] = {400000000, 300000000, 300000000, 0};
+    const char *ips[] = {"10.0.0.1", "10.0.0.2", "2001:db8::3", NULL};
+    g_ips = ips;
+    json_t *a = answer(&g_coord, "r1", 5, now, 4, shares, NULL);
+    g_ips = NULL;
+    assert_int_equal(dp_sched_accept(js, a, now, 1), CM_OK);
+    json_decref(a);
+    assert_string_equal(dp_sched_ip_of(js, 5, (const uint8_t[32]){2, [31] = 0x77}), "10.0.0.2");
+
+    struct ar_member am[4], am2[4];
+    int ids[] = {1, 2, 3, 4}, ok[] = {1, 1, 1, 1};
+    members(am, 4, ids);
+    set_addr(&am[0], "10.0.0.1", 7000);
+    set_addr(&am[1], "::ffff:10.0.0.2", 7000);
+    set_addr(&am[2], "2001:db8::3", 7000);
+    set_addr(&am[3], "10.9.9.9", 7000); /* no address in the schedule: not checked */
+    uint64_t refused = 99;
+    assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
+    assert_true(refused == 0);
+    assert_true(am[0].fraction == 0.4 && am[1].fraction == 0.3 && am[2].fraction == 0.3 && am[3].fraction == 0);
+
+    /* peer 2 announces peer 1's host: refused, 1 and 3 keep 40 : 30 */
+    members(am, 4, ids);
+    set_addr(&am[0], "10.0.0.1", 7000);
+    set_addr(&am[1], "10.0.0.1", 7000);
+    set_addr(&am[2], "2001:db8::3", 7000);
+    set_addr(&am[3], "10.9.9.9", 7000);
+    assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
+    assert_true(refused == 2);
+    assert_true(am[0].fraction == 0.4 && am[1].fraction == 0 && am[2].fraction == 0.3);
+    /* the same through dp_sched_plan_version: the same bits */
+    memcpy(am2, am, sizeof am);
+    for (int i = 0; i < 4; i++)
+        am2[i].fraction = -1;
+    assert_int_equal(dp_sched_plan_version(js, 5, am2, ok, 4), CM_OK);
+    assert_memory_equal(am, am2, sizeof am);
+
+    /* 1 and 2 both elsewhere (70 % refused): even split over 3 and 4,
+       never over a refused one */
+    members(am, 4, ids);
+    set_addr(&am[0], "10.0.0.7", 7000);
+    set_addr(&am[1], "2001:db8::2", 7000);
+    set_addr(&am[2], "2001:db8::3", 7001);
+    set_addr(&am[3], "10.9.9.9", 7000);
+    assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
+    assert_true(refused == 3);
+    assert_true(am[0].fraction == 0 && am[1].fraction == 0 && am[2].fraction == 0.5 && am[3].fraction == 0.5);
+    /* nobody left to aggregate */
+    int ok3[] = {1, 1, 0, 0};
+    members(am, 4, ids);
+    set_addr(&am[0], "10.0.0.7", 7000);
+    set_addr(&am[1], "10.0.0.1", 7000);
+    assert_int_equal(dp_sched_plan_checked(js, 5, am, ok3, 4, &refused), CM_EINVAL);
+    /* version 0 (no schedule agreed): nothing to check against */
+    members(am, 4, ids);
+    set_addr(&am[0], "10.0.0.7", 7000);
+    assert_int_equal(dp_sched_plan_checked(js, 0, am, ok, 4, &refused), CM_OK);
+    assert_true(refused == 0 && am[0].fraction == 0.25);
     dp_sched_close(js);
 }
 
@@ -491,6 +583,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_without_schedule),
         cmocka_unit_test(test_plan_follows_shares),
+        cmocka_unit_test(test_plan_refuses_announced_elsewhere),
         cmocka_unit_test(test_forged_and_stale_ignored),
         cmocka_unit_test(test_cache_reload),
         cmocka_unit_test(test_refresh_and_report),

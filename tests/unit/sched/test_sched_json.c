@@ -26,6 +26,10 @@ static void make_schedule(struct sched_schedule *s, size_t n)
         pp[i].samples_per_s = i == n - 1 ? 0 : 100;
         pp[i].up_mbps = pp[i].down_mbps = i == n - 1 ? 10000 : 1000;
         pp[i].inbound = 1;
+        if (i == 1) /* the address peers reach it at travels with its entry */
+            snprintf(pp[i].ip, sizeof pp[i].ip, "10.77.0.12");
+        if (i == 2)
+            snprintf(pp[i].ip, sizeof pp[i].ip, "2001:db8::7");
     }
     struct sched_problem p = {pp, n, 4096, 817.8};
     struct sched_solution sol;
@@ -72,7 +76,12 @@ static void test_roundtrip_and_signature(void **state)
         assert_memory_equal(d.peers[i].key, s.peers[i].key, CM_ED25519_PUB_LEN);
         assert_int_equal(d.peers[i].share, s.peers[i].share);
         assert_int_equal(d.peers[i].compute, s.peers[i].compute);
+        assert_string_equal(d.peers[i].ip, s.peers[i].ip);
     }
+    assert_string_equal(d.peers[1].ip, "10.77.0.12");
+    assert_string_equal(d.peers[2].ip, "2001:db8::7");
+    assert_string_equal(d.peers[0].ip, ""); /* none said: no "ip" field */
+    assert_null(strstr(json, "\"ip\":\"\""));
     /* The no-compute 10 Gbit/s peer is the parameter server. */
     assert_int_equal(d.peers[4].share, SCHED_SHARE_TOTAL);
     assert_false(d.peers[4].compute);
@@ -143,6 +152,32 @@ static void test_strict_decoder(void **state)
         fail_msg("good schedule rejected: %s", err);
     assert_int_equal(d.peers[1].key[0], 2);
     sched_schedule_cleanup(&d);
+
+    const char *with_ip = HEAD "\"peers\":[{\"key\":\"" K1 "\",\"compute\":true,\"client_mode\":false,"
+                               "\"share\":600000000,\"ip\":\"::1\"},{\"key\":\"" K2 "\",\"compute\":true,"
+                               "\"client_mode\":false,\"share\":400000000,\"ip\":\"192.0.2.4\"}]}";
+    if (sched_schedule_decode(with_ip, strlen(with_ip), &d, err, sizeof err) != CM_OK)
+        fail_msg("schedule with addresses rejected: %s", err);
+    assert_string_equal(d.peers[0].ip, "::1");
+    assert_string_equal(d.peers[1].ip, "192.0.2.4");
+    sched_schedule_cleanup(&d);
+    /* an address is numeric, without a port, IPv4 or IPv6 */
+    static const char *const BAD_IPS[] = {"\"example.org\"", "\"10.0.0.1:80\"", "\"10.0.0.256\"",
+                                          "\"[::1]\"", "\"\"", "17",
+                                          "\"1111:2222:3333:4444:5555:6666:123.123.123.123xxxxx\""};
+    for (size_t i = 0; i < sizeof BAD_IPS / sizeof *BAD_IPS; i++) {
+        char bad[1024];
+        snprintf(bad, sizeof bad,
+                 HEAD "\"peers\":[{\"key\":\"" K1 "\",\"compute\":true,\"client_mode\":false,"
+                      "\"share\":1000000000,\"ip\":%s}]}",
+                 BAD_IPS[i]);
+        struct sched_schedule b;
+        char e2[256] = "";
+        if (sched_schedule_decode(bad, strlen(bad), &b, e2, sizeof e2) != CM_EPARSE)
+            fail_msg("accepted ip %s", BAD_IPS[i]);
+        assert_non_null(strstr(e2, "ip"));
+        assert_null(b.peers);
+    }
 
     expect_reject("", CM_EPARSE, "empty");
     expect_reject("[1]", CM_EPARSE, "JSON object");
