@@ -23,11 +23,18 @@
  * 64-bit hash of each buffer). gloo's output is checked the same way by the
  * script against the same expected values. A wrong answer fails the bench.
  *
- *   bench_allreduce_gloo                     the table (4 and 8 peers)
+ *   bench_allreduce_gloo                     the table (4 and 8 peers), then
+ *                                            the hosts table (root)
+ *   bench_allreduce_gloo --hosts             only the hosts table: 8 agents
+ *                                            on 8 network namespaces capped
+ *                                            at 1 Gbit/s and 100 Mbit/s (tc
+ *                                            tbf), against gloo there (issue 17)
  *   bench_allreduce_gloo N FLOATS MBPS COMP [REPS]
  *                                            one configuration of ours
  *                                            (MBPS 0: uncapped), no gloo
  * Environment: BENCH_AR_NO_GLOO=1 skips gloo (the table says so);
+ * BENCH_AR_HOSTS_MBPS=M runs the hosts table at that one cap;
+ * BENCH_AR_VERBOSE=1 prints each peer's phase times of every round;
  * BENCH_PYTHON names the interpreter that has torch (default /usr/bin/python3,
  * Debian's python3-torch). */
 #include <errno.h>
@@ -46,6 +53,8 @@
 #include "ar/ar.h"
 #include "cm_err.h"
 #include "cm_log.h"
+#include "tests/harness/ct_harness.h"
+#include "tests/harness/ct_net.h"
 #include "tests/harness/p2p_testkit.h"
 
 #define MAXN 16
@@ -170,6 +179,7 @@ struct peer {
     struct ar_member *mem;
     float *grad0, *buf;
     const float *expected;
+    const char *ip; /* where it listens: 127.0.0.1, or its host's address */
     int quit, in_round;
     double cpu0; /* CPU ms at the start of the round */
     double sys0; /* system CPU ms at the start of the round */
@@ -283,7 +293,7 @@ static int peer_main(struct peer *p)
     struct p2p_ctx_config cc = {.loop = &p->loop, .auth = p2p_tk_auth_config(&g_tk)};
     int rc = p2p_ctx_new(&cc, &p->ctx);
     struct ar_engine_config ec = {.ctx = p->ctx, .key = &p->id->key, .token = p->id->token,
-                                  .listen_ip = "127.0.0.1"};
+                                  .listen_ip = p->ip};
     if (!rc)
         rc = ar_engine_new(&ec, &p->eng);
     p->grad0 = malloc(p->n * sizeof(float));
@@ -351,6 +361,16 @@ static void swarm_stop(struct swarm *s)
     }
 }
 
+/* The hosts mode: peer i runs on host g_host[i] of g_net (set by
+ * hosts_table; g_on_hosts 0: every peer on loopback). */
+static struct ct_net g_net;
+static int g_host[MAXN], g_on_hosts;
+
+static const char *peer_ip(size_t i)
+{
+    return g_on_hosts ? g_net.h[g_host[i]].ip : "127.0.0.1";
+}
+
 static int swarm_start(struct swarm *s, size_t n_peers, size_t n, const float *expected)
 {
     memset(s, 0, sizeof *s);
@@ -381,7 +401,10 @@ static int swarm_start(struct swarm *s, size_t n_peers, size_t n, const float *e
                 close(s->from[j]);
             }
             struct peer p = {.idx = i, .n_peers = n_peers, .n = n, .rd = down[0], .wr = up[1],
-                             .id = &s->id[i], .mem = s->mem, .expected = expected};
+                             .id = &s->id[i], .mem = s->mem, .expected = expected, .ip = peer_ip(i)};
+            /* on its own host (before any thread: setns moves one) */
+            if (g_on_hosts && ct_net_enter(&g_net, g_host[i]) != 0)
+                _exit(1);
             _exit(peer_main(&p));
         }
         close(down[0]);
@@ -395,7 +418,7 @@ static int swarm_start(struct swarm *s, size_t n_peers, size_t n, const float *e
         if (read_all(s->from[i], &hl, sizeof hl))
             return -1;
         char a[64];
-        snprintf(a, sizeof a, "127.0.0.1:%u", hl.port);
+        snprintf(a, sizeof a, "%s:%u", peer_ip(i), hl.port);
         memcpy(s->mem[i].pub, s->id[i].key.pub, 32);
         s->mem[i].fraction = 1;
         s->mem[i].sends = 1;
@@ -595,6 +618,154 @@ static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected
     return ms;
 }
 
+/* gloo on the hosts: rank r runs alone on host g_host[r] (the script's
+ * --rank mode, GLOO_SOCKET_IFNAME=eth0), rank 0's host holds the
+ * rendezvous. Same result line and checks as run_gloo. */
+static double run_gloo_hosts(size_t n_peers, size_t n, int reps, const float *expected, double *max_err,
+                             double *cpu_ms, int *failed, char *why, size_t why_len)
+{
+    *failed = 0;
+    const char *python = getenv("BENCH_PYTHON") ? getenv("BENCH_PYTHON") : PYTHON_DEFAULT;
+    if (getenv("BENCH_AR_NO_GLOO") || access(python, X_OK) || access(GLOO_SCRIPT, R_OK)) {
+        snprintf(why, why_len, "skipped (BENCH_AR_NO_GLOO, or %s or %s missing)", python, GLOO_SCRIPT);
+        return -1;
+    }
+    char path[] = "/tmp/bench_allreduce_gloo_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write_all(fd, expected, n * sizeof(float))) {
+        snprintf(why, why_len, "cannot write the expected values");
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        return -1;
+    }
+    close(fd);
+    setenv("GLOO_SOCKET_IFNAME", "eth0", 1);
+    char world[16], floats[24], nreps[16], logs[MAXN][64], rank[MAXN][16];
+    snprintf(world, sizeof world, "%zu", n_peers);
+    snprintf(floats, sizeof floats, "%zu", n);
+    snprintf(nreps, sizeof nreps, "%d", reps);
+    pid_t pid[MAXN];
+    for (size_t r = 0; r < n_peers; r++) {
+        snprintf(logs[r], sizeof logs[r], "%s.rank%zu", path, r);
+        snprintf(rank[r], sizeof rank[r], "%zu", r);
+        const char *argv[] = {python, GLOO_SCRIPT, "--world", world, "--floats", floats, "--reps", nreps,
+                              "--expected", path, "--rank", rank[r], "--master", peer_ip(0), "--port", "29517",
+                              NULL};
+        pid[r] = ct_net_spawn(&g_net, g_host[r], argv, logs[r]);
+    }
+    int st_all = 0;
+    for (size_t r = 0; r < n_peers; r++)
+        st_all |= pid[r] <= 0 || ct_wait(pid[r], 900) != 0;
+    double ms = -1;
+    snprintf(why, why_len, "the gloo script printed no result");
+    for (size_t r = 0; r < n_peers; r++) {
+        char *out = ct_read_file(logs[r], NULL);
+        for (char *line = out; line && *line;) {
+            char *nl = strchr(line, '\n');
+            if (nl)
+                *nl = '\0';
+            double m, e, c, y;
+            if (sscanf(line, "gloo median_ms=%lf max_err=%lf cpu_ms=%lf sys_ms=%lf", &m, &e, &c, &y) == 4) {
+                ms = m;
+                *max_err = e;
+                *cpu_ms = c;
+            } else if (!strncmp(line, "gloo skip: ", 11)) {
+                snprintf(why, why_len, "skipped (%.150s)", line + 11);
+            } else if (*line && strncmp(line, "gloo rounds_ms=", 15)) {
+                fprintf(stderr, "gloo rank %zu: %s\n", r, line);
+            }
+            line = nl ? nl + 1 : NULL;
+        }
+        free(out);
+        unlink(logs[r]);
+    }
+    unlink(path);
+    if (st_all) { /* a rank failed or gloo's result was wrong: the bench fails */
+        snprintf(why, why_len, "FAILED (a rank exited non-zero, see above)");
+        *failed = 1;
+        ms = -1;
+    }
+    return ms;
+}
+
+/* Issue 17 (make bench (c)): 8 agents on 8 hosts of the namespace test bed
+ * (tests/harness/ct_net.h), each host's link capped with tc tbf at 1 Gbit/s
+ * and then 100 Mbit/s up and down, against gloo's all_reduce on the same
+ * hosts and caps. Our transport signs and checks every message; gloo
+ * authenticates nothing. */
+static int hosts_table(size_t floats)
+{
+    if (geteuid() != 0) {
+        printf("on hosts: skipped (needs root for network namespaces)\n");
+        return 0;
+    }
+    int rc = ct_net_init(&g_net);
+    if (rc == CT_SKIP) {
+        printf("on hosts: skipped (no network namespaces here)\n");
+        return 0;
+    }
+    const size_t np = 8;
+    for (size_t i = 0; rc == 0 && i < np; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "ar%zu", i);
+        g_host[i] = ct_net_public(&g_net, name);
+        rc = g_host[i] < 0;
+    }
+    if (rc) {
+        fprintf(stderr, "cannot make the test bed\n");
+        ct_net_destroy(&g_net);
+        return 1;
+    }
+    g_on_hosts = 1;
+    int bad = 0;
+    float *exp = expected_new(np, floats);
+    printf("all-reduce of %zu fp32 values (%.1f MB) among %zu agents on %zu hosts (network namespaces, each "
+           "link capped with tc tbf), against PyTorch gloo's all_reduce on the same hosts and caps\n",
+           floats, (double)floats * 4 / 1e6, np, np);
+    double CAPS[2] = {1000, 100};
+    int ncaps = 2;
+    g_verbose = getenv("BENCH_AR_VERBOSE") != NULL;
+    if (getenv("BENCH_AR_HOSTS_MBPS")) { /* one cap only (investigating) */
+        CAPS[0] = atof(getenv("BENCH_AR_HOSTS_MBPS"));
+        ncaps = CAPS[0] > 0 ? 1 : 2;
+    }
+    for (int k = 0; k < ncaps && exp && !bad; k++) {
+        for (size_t i = 0; i < np; i++)
+            bad |= ct_net_cap(&g_net, g_host[i], CAPS[k]) != 0;
+        struct swarm s;
+        if (bad || swarm_start(&s, np, floats, exp)) {
+            fprintf(stderr, "cannot start %zu peers on the hosts\n", np);
+            bad = 1;
+            break;
+        }
+        int reps = CAPS[k] >= 1000 ? 3 : 1;
+        double err = 0, cpu = 0, sys = 0, eg = 0, cg = 0;
+        double ours = measure(&s, AR_COMP_NONE, 0, 1, reps, &err, &cpu, &sys);
+        swarm_stop(&s);
+        char why[256] = "";
+        int gfail = 0;
+        double tg = run_gloo_hosts(np, floats, reps, exp, &eg, &cg, &gfail, why, sizeof why);
+        double tmin = 2.0 * (double)(np - 1) / (double)np * (double)floats * 4 / (CAPS[k] * 1e6 / 8) * 1000;
+        bad |= ours < 0 || gfail;
+        printf("N=%zu hosts at %.0f Mbit/s  ours fp32 %6.0f ms (CPU %6.0f ms, max |err| %.2g, bound %.0f ms: %.3f)%s\n",
+               np, CAPS[k], ours, cpu, err, tmin, ours / tmin, ours < 0 ? "  WRONG" : "");
+        if (tg >= 0)
+            printf("N=%zu hosts at %.0f Mbit/s  gloo fp32 %6.0f ms (CPU %6.0f ms, max |err| %.2g); ours/gloo %.2f%s\n",
+                   np, CAPS[k], tg, cg, eg, ours / tg,
+                   ours >= 0 && ours <= tg ? "  (goal: <= 1, met)" : "  (goal: <= 1)");
+        else
+            printf("N=%zu hosts at %.0f Mbit/s  gloo %s\n", np, CAPS[k], why);
+        fflush(stdout);
+    }
+    if (exp)
+        munmap(exp, floats * sizeof(float));
+    g_on_hosts = 0;
+    ct_net_destroy(&g_net);
+    return bad;
+}
+
 static int table(size_t floats, int reps, double cap)
 {
     int bad = 0;
@@ -705,8 +876,11 @@ int main(int argc, char **argv)
         munmap(exp, n * sizeof(float));
     } else if (argc == 1) {
         rc = table(25600000, 3, 100);
+        rc |= hosts_table(25600000);
+    } else if (argc == 2 && !strcmp(argv[1], "--hosts")) {
+        rc = hosts_table(25600000);
     } else {
-        fprintf(stderr, "usage: bench_allreduce_gloo [N FLOATS MBPS fp32|fp16|q8 [REPS]]\n");
+        fprintf(stderr, "usage: bench_allreduce_gloo [--hosts | N FLOATS MBPS fp32|fp16|q8 [REPS]]\n");
         rc = 2;
     }
     p2p_tk_cleanup(&g_tk);

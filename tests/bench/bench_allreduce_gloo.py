@@ -10,6 +10,10 @@ time is the slowest rank's, measured after a barrier. Every rank's output of
 every round is compared with the expected values written by the C driver
 (exact average in double, rounded to fp32).
 
+With --rank R --master IP --port P it runs rank R alone (the C driver starts
+one per network-namespace host, GLOO_SOCKET_IFNAME naming the host's
+interface; rank 0 holds the rendezvous at IP:P and prints the result).
+
 Prints one line `gloo median_ms=M max_err=E cpu_ms=C sys_ms=S` (C: user +
 system CPU of all ranks, S: its system part; or `gloo skip: why`); exits
 non-zero when a result is wrong.
@@ -62,10 +66,10 @@ def cpu_s():
     return ru.ru_utime + ru.ru_stime, ru.ru_stime
 
 
-def rank_main(rank, world, n, reps, port, expected_path, q):
+def rank_main(rank, world, n, reps, port, expected_path, q, master="127.0.0.1"):
     torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (master, port), rank=rank,
                             world_size=world)
     W = sum(weight(p) for p in range(world))
     g0 = torch.from_numpy(grad(rank, n) * np.float32(weight(rank) / W))
@@ -94,9 +98,34 @@ def rank_main(rank, world, n, reps, port, expected_path, q):
             syss.append(cpu[1].item() * 1000)
     e = torch.tensor([worst], dtype=torch.float64)
     dist.all_reduce(e, op=dist.ReduceOp.MAX)
+    dist.destroy_process_group()
     if rank == 0:
         q.put((times, cpus, syss, e.item()))
-    dist.destroy_process_group()
+
+
+class _Box:
+    """q.put of rank_main when the rank runs alone (--rank)."""
+    item = None
+
+    def put(self, x):
+        self.item = x
+
+
+def report(times, cpus, syss, err, tol):
+    times.sort()
+    m = len(times)
+    med = times[m // 2] if m % 2 else (times[m // 2 - 1] + times[m // 2]) / 2
+    cpus.sort()
+    cmed = cpus[m // 2] if m % 2 else (cpus[m // 2 - 1] + cpus[m // 2]) / 2
+    syss.sort()
+    smed = syss[m // 2] if m % 2 else (syss[m // 2 - 1] + syss[m // 2]) / 2
+    print("gloo rounds_ms=%s cpu_ms=%s" % (",".join("%.0f" % x for x in times),
+                                          ",".join("%.0f" % x for x in cpus)))
+    print("gloo median_ms=%.1f max_err=%.3g cpu_ms=%.1f sys_ms=%.1f" % (med, err, cmed, smed))
+    if not err <= tol:
+        print("gloo: result differs from the exact average by %.3g (> %.3g)" % (err, tol))
+        return 1
+    return 0
 
 
 def main():
@@ -106,10 +135,18 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--expected", required=True)
     ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--rank", type=int, default=-1,
+                    help="run this one rank (on a host of its own); rank 0 prints the result")
+    ap.add_argument("--master", default="127.0.0.1", help="rank 0's address (with --rank)")
+    ap.add_argument("--port", type=int, default=0, help="rendezvous port at --master (with --rank)")
     a = ap.parse_args()
     if not dist.is_available() or not dist.is_gloo_available():
         print("gloo skip: torch.distributed without gloo")
         return 0
+    if a.rank >= 0:
+        box = _Box()
+        rank_main(a.rank, a.world, a.floats, a.reps, a.port, a.expected, box, a.master)
+        return report(*box.item, a.tol) if a.rank == 0 else 0
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -126,20 +163,7 @@ def main():
     if any(p.exitcode for p in procs):
         print("gloo: a rank failed")
         return 1
-    times.sort()
-    m = len(times)
-    med = times[m // 2] if m % 2 else (times[m // 2 - 1] + times[m // 2]) / 2
-    cpus.sort()
-    cmed = cpus[m // 2] if m % 2 else (cpus[m // 2 - 1] + cpus[m // 2]) / 2
-    syss.sort()
-    smed = syss[m // 2] if m % 2 else (syss[m // 2 - 1] + syss[m // 2]) / 2
-    print("gloo rounds_ms=%s cpu_ms=%s" % (",".join("%.0f" % x for x in times),
-                                          ",".join("%.0f" % x for x in cpus)))
-    print("gloo median_ms=%.1f max_err=%.3g cpu_ms=%.1f sys_ms=%.1f" % (med, err, cmed, smed))
-    if not err <= a.tol:
-        print("gloo: result differs from the exact average by %.3g (> %.3g)" % (err, a.tol))
-        return 1
-    return 0
+    return report(times, cpus, syss, err, a.tol)
 
 
 if __name__ == "__main__":
