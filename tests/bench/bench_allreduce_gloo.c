@@ -35,6 +35,7 @@
  * Environment: BENCH_AR_NO_GLOO=1 skips gloo (the table says so);
  * BENCH_AR_HOSTS_MBPS=M runs the hosts table at that one cap;
  * BENCH_AR_VERBOSE=1 prints each peer's phase times of every round;
+ * BENCH_AR_WINDOW=W sets the chunks in flight per link (default 4);
  * BENCH_PYTHON names the interpreter that has torch (default /usr/bin/python3,
  * Debian's python3-torch). */
 #include <errno.h>
@@ -269,6 +270,8 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .n = p->n, .weight = weight_of(p->idx), .comp = c.comp, .deadline_ms = 600000,
         .stall_ms = 20000, .linger_ms = 60000, .in_place = 1, /* as the agent averages */
         .done = on_done, .arg = p};
+    if (getenv("BENCH_AR_WINDOW")) /* chunks in flight per link (the engine's default: 4) */
+        rc.window = (unsigned)atoi(getenv("BENCH_AR_WINDOW"));
     p->in_round = 1;
     p->cpu0 = cpu_ms();
     p->sys0 = sys_ms();
