@@ -168,24 +168,32 @@ static int newest_good(const struct coord_newest *nw, const struct inputs *in, l
     return now - nw->created < hysteresis_s(nw, in); /* inputs changed, but solved moments ago */
 }
 
+/* The host part of "host:port" or "[ip6]:port" into h (brackets dropped);
+ * 0 when there is none or it does not fit. */
+static int host_part(const char *hp, char *h, size_t cap)
+{
+    const char *colon = hp ? strrchr(hp, ':') : NULL;
+    size_t n = colon ? (size_t)(colon - hp) : 0;
+    if (!colon || n == 0 || n >= cap)
+        return 0;
+    if (hp[0] == '[' && n > 2 && hp[n - 1] == ']') {
+        hp++;
+        n -= 2;
+    }
+    memcpy(h, hp, n);
+    h[n] = '\0';
+    return 1;
+}
+
 /* The numeric address in "ip:port" or "[ip6]:port" into out (binary, *fam);
  * 0 when it is none. */
 static int host_of(const char *hp, unsigned char out[16], int *fam)
 {
     char h[SCHED_IP_MAX + 2];
-    const char *colon = hp ? strrchr(hp, ':') : NULL;
-    size_t n = colon ? (size_t)(colon - hp) : 0;
-    if (!colon || n == 0 || n >= sizeof h)
+    if (!host_part(hp, h, sizeof h))
         return 0;
-    memcpy(h, hp, n);
-    h[n] = '\0';
-    char *v = h;
-    if (v[0] == '[' && n > 2 && v[n - 1] == ']') {
-        v[n - 1] = '\0';
-        v++;
-    }
-    *fam = strchr(v, ':') ? AF_INET6 : AF_INET;
-    return inet_pton(*fam, v, out) == 1;
+    *fam = strchr(h, ':') ? AF_INET6 : AF_INET;
+    return inet_pton(*fam, h, out) == 1;
 }
 
 /* Whether the backbone address hp ("host:port", the host maybe a name, as
@@ -197,12 +205,8 @@ static int backbone_is(const char *hp, int fam, const unsigned char *rb)
     if (host_of(hp, ob, &of))
         return of == fam && !memcmp(ob, rb, fam == AF_INET ? 4 : 16);
     char h[256];
-    const char *colon = hp ? strrchr(hp, ':') : NULL;
-    size_t n = colon ? (size_t)(colon - hp) : 0;
-    if (!colon || n == 0 || n >= sizeof h)
+    if (!host_part(hp, h, sizeof h))
         return 0;
-    memcpy(h, hp, n);
-    h[n] = '\0';
     struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_STREAM}, *res = NULL;
     if (getaddrinfo(h, NULL, &hints, &res) != 0)
         return 0;

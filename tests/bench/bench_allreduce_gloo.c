@@ -563,6 +563,23 @@ static float *expected_new(size_t n_peers, size_t n)
 
 /* Runs the gloo script; returns its median ms or -1. It reads the expected
  * values from a file and checks every rank's output against them. */
+/* The expected values into a new file at path (a mkstemp template) for
+ * the gloo script; -1 with why when it cannot. */
+static int write_expected(const float *expected, size_t n, char *path, char *why, size_t why_len)
+{
+    int fd = mkstemp(path);
+    if (fd < 0 || write_all(fd, expected, n * sizeof(float))) {
+        snprintf(why, why_len, "cannot write the expected values");
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
 static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected, double *max_err,
                        double *cpu_ms, double *sys_ms, int *failed, char *why,
                        size_t why_len)
@@ -578,16 +595,8 @@ static double run_gloo(size_t n_peers, size_t n, int reps, const float *expected
         return -1;
     }
     char path[] = "/tmp/bench_allreduce_gloo_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0 || write_all(fd, expected, n * sizeof(float))) {
-        snprintf(why, why_len, "cannot write the expected values");
-        if (fd >= 0) {
-            close(fd);
-            unlink(path);
-        }
+    if (write_expected(expected, n, path, why, why_len))
         return -1;
-    }
-    close(fd);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%.500s %s --world %zu --floats %zu --reps %d --expected %s 2>&1",
              python, GLOO_SCRIPT, n_peers, n, reps, path);
@@ -634,16 +643,8 @@ static double run_gloo_hosts(size_t n_peers, size_t n, int reps, const float *ex
         return -1;
     }
     char path[] = "/tmp/bench_allreduce_gloo_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0 || write_all(fd, expected, n * sizeof(float))) {
-        snprintf(why, why_len, "cannot write the expected values");
-        if (fd >= 0) {
-            close(fd);
-            unlink(path);
-        }
+    if (write_expected(expected, n, path, why, why_len))
         return -1;
-    }
-    close(fd);
     setenv("GLOO_SOCKET_IFNAME", "eth0", 1);
     char world[16], floats[24], nreps[16], logs[MAXN][64], rank[MAXN][16];
     snprintf(world, sizeof world, "%zu", n_peers);
