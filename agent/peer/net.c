@@ -415,26 +415,31 @@ int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out)
         free(n);
         return rc;
     }
-    if (cfg->n_bootstrap) {
-        struct job *j = calloc(1, sizeof *j);
-        if (!j) {
-            peer_net_stop(n);
-            return CM_ENOMEM;
-        }
-        j->kind = JOB_BOOT;
-        j->addrs = calloc(cfg->n_bootstrap, sizeof *j->addrs);
-        for (size_t i = 0; j->addrs && i < cfg->n_bootstrap; i++)
-            if (p2p_addr_parse(cfg->bootstrap[i], &j->addrs[j->naddrs]) == CM_OK)
-                j->naddrs++;
-            else
-                CM_LOGW("join", "ignoring bad bootstrap address '%s'", cfg->bootstrap[i]);
-        int rc = submit(n, j);
-        net__release(n, j);
-        if (rc != CM_OK)
-            CM_LOGW("join", "DHT bootstrap: %s (continuing; peers may reach us)", cm_strerror(rc));
+    if (cfg->n_bootstrap && peer_net_bootstrap(n, cfg->bootstrap, cfg->n_bootstrap) == CM_ENOMEM) {
+        peer_net_stop(n);
+        return CM_ENOMEM;
     }
     *out = n;
     return CM_OK;
+}
+
+int peer_net_bootstrap(struct peer_net *n, const char *const *addrs, size_t count)
+{
+    struct job *j = calloc(1, sizeof *j);
+    if (!j)
+        return CM_ENOMEM;
+    j->kind = JOB_BOOT;
+    j->addrs = calloc(count ? count : 1, sizeof *j->addrs);
+    for (size_t i = 0; j->addrs && i < count; i++)
+        if (p2p_addr_parse(addrs[i], &j->addrs[j->naddrs]) == CM_OK)
+            j->naddrs++;
+        else
+            CM_LOGW("join", "ignoring bad bootstrap address '%s'", addrs[i]);
+    int rc = submit(n, j);
+    net__release(n, j);
+    if (rc != CM_OK)
+        CM_LOGW("join", "DHT bootstrap: %s (continuing; peers may reach us)", cm_strerror(rc));
+    return rc;
 }
 
 void peer_net_stop(struct peer_net *n)

@@ -40,6 +40,10 @@ struct peer_net;
 
 int peer_net_start(const struct peer_net_config *cfg, struct peer_net **out);
 void peer_net_stop(struct peer_net *n);
+/* Joins the DHT through these "ip:port" nodes (what peer_net_start does
+ * with cfg->bootstrap; a start with none leaves the node out of everyone's
+ * routing table until this). Waits for the bootstrap. */
+int peer_net_bootstrap(struct peer_net *n, const char *const *addrs, size_t count);
 uint16_t peer_net_ar_port(const struct peer_net *n);
 uint16_t peer_net_dht_port(const struct peer_net *n); /* 0 in client mode */
 

@@ -304,8 +304,15 @@ static int net_up(struct peer_rt *rt, const char *listen)
     nc.max_upload_mbps = rt->cfg.max_upload_mbps;
     nc.max_download_mbps = rt->cfg.max_download_mbps;
     nc.latency_ms = rt->cfg.latency_ms;
-    nc.bootstrap = rt->bootstrap;
-    nc.n_bootstrap = rt->n_bootstrap;
+    /* A node that listens joins the DHT only once the coordinator's
+       dial-back reached it (start_net): joined before, everyone's routing
+       tables kept its address at a router that drops what it did not ask
+       for, and every lookup through it waited out a deadline (issue 17:
+       with such routers the NAT'ed agents' reads missed the others and the
+       collaboration split in two) */
+    int defer = !rt->cfg.client_mode && !rt->cfg.advertise_ip;
+    nc.bootstrap = defer ? NULL : (const char *const *)rt->bootstrap;
+    nc.n_bootstrap = defer ? 0 : rt->n_bootstrap;
     nc.on_other = rt->cfg.on_other;
     nc.on_other_arg = rt->cfg.on_other_arg;
     int rc = peer_net_start(&nc, &rt->net);
@@ -395,6 +402,10 @@ static int start_net(struct peer_rt *rt)
     char adv[64] = "";
     if (rc == CM_OK && !rt->cfg.client_mode)
         rc = discover(rt, listen, adv, sizeof adv);
+    /* reachable (or the coordinator could not tell): now into the DHT
+       (net_up deferred it; a client-mode restart bootstrapped already) */
+    if (rc == CM_OK && !rt->cfg.client_mode && !rt->cfg.advertise_ip && rt->n_bootstrap)
+        peer_net_bootstrap(rt->net, (const char *const *)rt->bootstrap, rt->n_bootstrap);
     if (rc != CM_OK) {
         if (rt->net)
             peer_net_stop(rt->net);
