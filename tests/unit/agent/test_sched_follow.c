@@ -187,6 +187,16 @@ static void set_addr(struct ar_member *m, const char *ip, int port)
     }
 }
 
+/* Members 1..4 announcing averaging addresses at these hosts (port 7000). */
+static void announce4(struct ar_member *am, const int *ids, const char *a0, const char *a1, const char *a2,
+                      const char *a3)
+{
+    const char *ip[4] = {a0, a1, a2, a3};
+    members(am, 4, ids);
+    for (int i = 0; i < 4; i++)
+        set_addr(&am[i], ip[i], 7000);
+}
+
 /* A member announcing an averaging address elsewhere than the schedule
  * gives its key (another host's: issue 17) aggregates nothing; the others
  * keep their proportions, or split evenly without it; an IPv4 address
@@ -208,22 +218,15 @@ static void test_plan_refuses_announced_elsewhere(void **state)
 
     struct ar_member am[4], am2[4];
     int ids[] = {1, 2, 3, 4}, ok[] = {1, 1, 1, 1};
-    members(am, 4, ids);
-    set_addr(&am[0], "10.0.0.1", 7000);
-    set_addr(&am[1], "::ffff:10.0.0.2", 7000);
-    set_addr(&am[2], "2001:db8::3", 7000);
-    set_addr(&am[3], "10.9.9.9", 7000); /* no address in the schedule: not checked */
+    /* peer 4 has no address in the schedule: not checked */
+    announce4(am, ids, "10.0.0.1", "::ffff:10.0.0.2", "2001:db8::3", "10.9.9.9");
     uint64_t refused = 99;
     assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
     assert_true(refused == 0);
     assert_true(am[0].fraction == 0.4 && am[1].fraction == 0.3 && am[2].fraction == 0.3 && am[3].fraction == 0);
 
     /* peer 2 announces peer 1's host: refused, 1 and 3 keep 40 : 30 */
-    members(am, 4, ids);
-    set_addr(&am[0], "10.0.0.1", 7000);
-    set_addr(&am[1], "10.0.0.1", 7000);
-    set_addr(&am[2], "2001:db8::3", 7000);
-    set_addr(&am[3], "10.9.9.9", 7000);
+    announce4(am, ids, "10.0.0.1", "10.0.0.1", "2001:db8::3", "10.9.9.9");
     assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
     assert_true(refused == 2);
     assert_true(am[0].fraction == 0.4 && am[1].fraction == 0 && am[2].fraction == 0.3);
@@ -236,11 +239,7 @@ static void test_plan_refuses_announced_elsewhere(void **state)
 
     /* 1 and 2 both elsewhere (70 % refused): even split over 3 and 4,
        never over a refused one */
-    members(am, 4, ids);
-    set_addr(&am[0], "10.0.0.7", 7000);
-    set_addr(&am[1], "2001:db8::2", 7000);
-    set_addr(&am[2], "2001:db8::3", 7001);
-    set_addr(&am[3], "10.9.9.9", 7000);
+    announce4(am, ids, "10.0.0.7", "2001:db8::2", "2001:db8::3", "10.9.9.9");
     assert_int_equal(dp_sched_plan_checked(js, 5, am, ok, 4, &refused), CM_OK);
     assert_true(refused == 3);
     assert_true(am[0].fraction == 0 && am[1].fraction == 0 && am[2].fraction == 0.5 && am[3].fraction == 0.5);
