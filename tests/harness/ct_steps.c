@@ -17,6 +17,14 @@ long ct_steps_fold(const char *path, struct ct_steps *st, const char *who)
         if (!j)
             continue;
         long step = (long)json_integer_value(json_object_get(j, "step"));
+        int64_t t = (int64_t)json_integer_value(json_object_get(j, "t_ms"));
+        if (t > 0) {
+            if (!st->t_first || t < st->t_first)
+                st->t_first = t;
+            if (t > st->t_last)
+                st->t_last = t;
+            st->span_s = (double)(st->t_last - st->t_first) / 1000;
+        }
         const char *h = json_string_value(json_object_get(j, "hash"));
         if (step >= 0 && step <= CT_STEPS_MAX && h && strlen(h) == 64) {
             st->lines++;
@@ -38,9 +46,18 @@ long ct_steps_fold(const char *path, struct ct_steps *st, const char *who)
                 int mem = (int)json_integer_value(json_object_get(j, "members"));
                 if (mem > st->members[step])
                     st->members[step] = mem;
-                json_t *parts = json_object_get(j, "parts");
-                if (parts && json_integer_value(json_object_get(j, "agreed")) == json_integer_value(parts))
+                json_int_t parts = json_integer_value(json_object_get(j, "parts"));
+                int agreed = json_integer_value(json_object_get(j, "agreed")) == parts;
+                if (agreed && parts > 0)
                     st->full[step]++;
+                if (agreed)
+                    st->global[step] = json_number_value(json_object_get(j, "global_samples"));
+                st->round_ms[step] = json_number_value(json_object_get(j, "round_ms"));
+                long m = (long)json_integer_value(json_object_get(j, "margin_ms"));
+                if (!st->margin_min || m < st->margin_min)
+                    st->margin_min = m;
+                if (m > st->margin_max)
+                    st->margin_max = m;
                 if (first < 0)
                     first = step;
             }

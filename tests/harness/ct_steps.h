@@ -14,7 +14,13 @@ struct ct_steps {
     char hash[CT_STEPS_MAX + 1][65]; /* "" = no log had the step */
     double loss_sum[CT_STEPS_MAX + 1], samples[CT_STEPS_MAX + 1]; /* loss x samples, samples */
     int members[CT_STEPS_MAX + 1];   /* most members any log shows for the step's round (join) */
-    int full[CT_STEPS_MAX + 1];      /* logs where every part was averaged (agreed == parts) */
+    int full[CT_STEPS_MAX + 1];      /* logs where every part was averaged (agreed == parts > 0) */
+    double round_ms[CT_STEPS_MAX + 1]; /* the step's round_ms (the last log folded) */
+    double global[CT_STEPS_MAX + 1]; /* samples the step's round averaged (its members' weights), from a
+                                        log whose round agreed on every part */
+    int64_t t_first, t_last;         /* earliest and latest t_ms of any line */
+    double span_s;                   /* (t_last - t_first) / 1000 */
+    long margin_min, margin_max;     /* the gatherings' margins (margin_ms), 0 = none seen */
     int mismatches, nan_losses, lines;
 };
 

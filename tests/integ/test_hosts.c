@@ -65,6 +65,7 @@
 
 #include "ct_harness.h"
 #include "ct_net.h"
+#include "ct_steps.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define STEPS 24
@@ -86,7 +87,7 @@
 #define NAT_STEPS 500
 #endif
 #define NAT_ACCURACY 88.5
-#define MAXSTEPS (NAT_STEPS > STEPS ? NAT_STEPS : STEPS)
+_Static_assert(NAT_STEPS <= CT_STEPS_MAX, "the step logs' fold holds every step of the NAT run");
 #define PORT "8443"
 #define NPUB 4
 #define NNAT_PUB 2
@@ -469,50 +470,6 @@ static void wait_all(struct collab *c, int timeout_s)
     stop_all(c);
 }
 
-struct fold {
-    char hash[MAXSTEPS + 2][65];
-    int members[MAXSTEPS + 2], full[MAXSTEPS + 2];
-    double loss[MAXSTEPS + 2], w[MAXSTEPS + 2];
-    int mismatches, lines;
-};
-
-static void fold_steplog(const char *path, struct fold *f, const char *who)
-{
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
-    char line[2048];
-    while (fgets(line, sizeof line, fp)) {
-        json_t *j = json_loads(line, 0, NULL);
-        if (!j)
-            continue;
-        long step = (long)json_integer_value(json_object_get(j, "step"));
-        const char *h = json_string_value(json_object_get(j, "hash"));
-        if (step >= 0 && step <= MAXSTEPS + 1 && h && strlen(h) == 64 && !json_is_true(json_object_get(j, "synced"))) {
-            f->lines++;
-            if (!f->hash[step][0])
-                snprintf(f->hash[step], sizeof f->hash[step], "%s", h);
-            else if (strcmp(f->hash[step], h)) {
-                f->mismatches++;
-                fprintf(stderr, "%s: step %ld hash %.16s differs from %.16s\n", who, step, h, f->hash[step]);
-            }
-            int mem = (int)json_integer_value(json_object_get(j, "members"));
-            if (mem > f->members[step])
-                f->members[step] = mem;
-            if (json_integer_value(json_object_get(j, "agreed")) == json_integer_value(json_object_get(j, "parts")) &&
-                json_integer_value(json_object_get(j, "parts")) > 0)
-                f->full[step]++;
-            json_t *l = json_object_get(j, "loss");
-            double w = json_number_value(json_object_get(j, "samples"));
-            if (json_is_number(l) && isfinite(json_number_value(l)) && w > 0) {
-                f->loss[step] += json_number_value(l) * w;
-                f->w[step] += w;
-            }
-        }
-        json_decref(j);
-    }
-    fclose(fp);
-}
-
 /* The collaboration's checks: every agent finished, its reachability line
  * says `want` (for agents [0, n_direct): "direct at <its host's IP>", the
  * rest "not reachable at <its router's address>", within 10 s), every step
@@ -522,7 +479,7 @@ static void check(struct collab *c, int n_direct)
 {
     const int n = c->nsteps ? (int)c->nsteps : STEPS;
     wait_all(c, c->eval ? 480 : 300);
-    struct fold f; /* ~45 KB */
+    static struct ct_steps f;
     memset(&f, 0, sizeof f);
     for (int i = 0; i < c->n; i++) {
         const struct ct_net_host *h = &g_net.h[c->host[i]];
@@ -545,7 +502,7 @@ static void check(struct collab *c, int n_direct)
         if (i >= n_direct) /* and reserved ports at a relay (the public agents lend them) */
             assert_non_null(strstr(log, "reachability: relayed through 10.77.0."));
         free(log);
-        fold_steplog(c->steps[i], &f, h->name);
+        ct_steps_fold(c->steps[i], &f, h->name);
     }
     assert_int_equal(f.mismatches, 0);
     /* every step had every part averaged by all; once all agents were in
@@ -571,7 +528,7 @@ static void check(struct collab *c, int n_direct)
     else
         assert_int_equal(all_in, n - first_all + 1);
     assert_int_equal(full, n);
-    double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[n] > 0 ? f.loss[n] / f.w[n] : NAN;
+    double first = f.samples[1] > 0 ? f.loss_sum[1] / f.samples[1] : NAN, last = f.samples[n] > 0 ? f.loss_sum[n] / f.samples[n] : NAN;
     printf("%s: loss %.3f at step 1, %.3f at step %d\n", c->run, first, last, n);
     assert_true(isfinite(first) && isfinite(last) && last < 0.7 * first);
     /* trained to the end: every agent's test accuracy (join's evaluation of
@@ -783,7 +740,7 @@ static void test_announces_another_host(void **state)
              ", but the coordinator sees it at %s: it aggregates no part", g_liar_ip, liar_ip);
     snprintf(told, sizeof told, "we announce our averaging address as %s:" LIAR_AR_PORT
              ", but the coordinator sees us at %s", g_liar_ip, liar_ip);
-    struct fold f;
+    static struct ct_steps f;
     memset(&f, 0, sizeof f);
     int refused_steps = 0, failed_parts_scheduled = 0, failed_parts_early = 0, victim_agg = 0, liar_agg = 0;
     int first_refused = 0;
@@ -800,7 +757,7 @@ static void test_announces_another_host(void **state)
         assert_int_equal(g_liar.status[i], 0);
         assert_true(said);
         free(log);
-        fold_steplog(g_liar.steps[i], &f, h->name);
+        ct_steps_fold(g_liar.steps[i], &f, h->name);
         FILE *fp = fopen(g_liar.steps[i], "r");
         assert_non_null(fp);
         char line[2048];
@@ -833,7 +790,7 @@ static void test_announces_another_host(void **state)
     int all_in = 0;
     for (int st = first_refused; first_refused && st <= STEPS; st++)
         all_in += f.members[st] == NLIAR;
-    double first = f.w[1] > 0 ? f.loss[1] / f.w[1] : NAN, last = f.w[STEPS] > 0 ? f.loss[STEPS] / f.w[STEPS] : NAN;
+    double first = f.samples[1] > 0 ? f.loss_sum[1] / f.samples[1] : NAN, last = f.samples[STEPS] > 0 ? f.loss_sum[STEPS] / f.samples[STEPS] : NAN;
     printf("hosts-liar: %d steps refused the liar (the victim aggregated a part in %d of them), the liar aggregated "
            "%d parts under a schedule; parts not averaged: %d before a schedule, %d under one; from step %d "
            "(the first refusing it) all 4 in %d rounds; loss %.3f -> %.3f\n",

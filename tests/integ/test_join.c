@@ -41,6 +41,7 @@
 
 #include "ct_harness.h"
 #include "ct_net.h"
+#include "ct_steps.h"
 
 #define NAGENTS 4
 
@@ -53,7 +54,6 @@
 #define SHORT_RUN 0
 #endif
 #define STEPS (SHORT_RUN ? 60 : 0) /* 0: the recipe's 500 */
-#define MAXSTEPS 600
 
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
@@ -155,83 +155,7 @@ static double accuracy_of(const char *log)
     return a ? atof(a + 9) : -1;
 }
 
-/* ---- step logs ---------------------------------------------------------- */
-
-struct steps {
-    char hash[MAXSTEPS + 1][65]; /* "" = no agent logged the step */
-    double loss_sum[MAXSTEPS + 1], samples[MAXSTEPS + 1], round_ms[MAXSTEPS + 1];
-    double global[MAXSTEPS + 1]; /* samples the step's round averaged (its members' weights) */
-    int members[MAXSTEPS + 1];   /* most members any log shows for the step's round */
-    int64_t t_first, t_last;     /* earliest and latest t_ms of the logged steps */
-    double span_s;               /* (t_last - t_first) / 1000 */
-    int mismatches, nan_losses, lines;
-    long margin_min, margin_max; /* the gatherings' margins (margin_ms), 0 = none seen */
-};
-
-/* Folds one --step-log file into `st`: every step's hash must equal what the
- * other logs say for that step. Returns the first step it logged without
- * "synced" (the first step it took part in), or -1. */
-static long fold_steplog(const char *path, struct steps *st, const char *who)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    char line[2048];
-    long first = -1;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        if (!j) /* a killed agent may leave a partial last line */
-            continue;
-        long step = (long)json_integer_value(json_object_get(j, "step"));
-        int64_t t = (int64_t)json_integer_value(json_object_get(j, "t_ms"));
-        if (t > 0) {
-            if (!st->t_first || t < st->t_first)
-                st->t_first = t;
-            if (t > st->t_last)
-                st->t_last = t;
-            st->span_s = (double)(st->t_last - st->t_first) / 1000;
-        }
-        const char *h = json_string_value(json_object_get(j, "hash"));
-        int synced = json_is_true(json_object_get(j, "synced"));
-        if (step >= 0 && step <= MAXSTEPS && h && strlen(h) == 64) {
-            st->lines++;
-            if (!st->hash[step][0]) {
-                snprintf(st->hash[step], sizeof st->hash[step], "%s", h);
-            } else if (strcmp(st->hash[step], h) != 0) {
-                st->mismatches++;
-                fprintf(stderr, "%s: step %ld hash %.16s differs from %.16s\n", who, step, h,
-                        st->hash[step]);
-            }
-            if (!synced) {
-                json_t *l = json_object_get(j, "loss");
-                double w = json_number_value(json_object_get(j, "samples"));
-                if (!json_is_number(l) || !isfinite(json_number_value(l)))
-                    st->nan_losses++;
-                else {
-                    st->loss_sum[step] += json_number_value(l) * w;
-                    st->samples[step] += w;
-                }
-                st->round_ms[step] = json_number_value(json_object_get(j, "round_ms"));
-                long m = (long)json_integer_value(json_object_get(j, "margin_ms"));
-                if (!st->margin_min || m < st->margin_min)
-                    st->margin_min = m;
-                if (m > st->margin_max)
-                    st->margin_max = m;
-                int mem = (int)json_integer_value(json_object_get(j, "members"));
-                if (mem > st->members[step])
-                    st->members[step] = mem;
-                if (json_integer_value(json_object_get(j, "agreed")) ==
-                    json_integer_value(json_object_get(j, "parts")))
-                    st->global[step] = json_number_value(json_object_get(j, "global_samples"));
-                if (first < 0)
-                    first = step;
-            }
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return first;
-}
+/* ---- step logs (tests/harness/ct_steps.h) ------------------------------- */
 
 /* The step an agent's log shows last (its progress line), or -1. */
 static long last_step(const char *log)
@@ -406,13 +330,13 @@ static void test_chaos(void **state)
     assert_true(kills + leaves >= 1);
     assert_int_equal(ct_wait_agents(pids, (const char (*)[320])logs, NAGENTS, 1200), 0);
     /* every step: one hash among all agents; never a NaN loss */
-    static struct steps st;
+    static struct ct_steps st;
     memset(&st, 0, sizeof st);
     long first[NAGENTS];
     for (int i = 0; i < NAGENTS; i++) {
         char who[16];
         snprintf(who, sizeof who, "agent %d", i);
-        first[i] = fold_steplog(steplogs[i], &st, who);
+        first[i] = ct_steps_fold(steplogs[i], &st, who);
     }
     printf("step logs: %d lines, %d hash mismatches, %d NaN losses; gathering margins %ld-%ld ms\n",
            st.lines, st.mismatches, st.nan_losses, st.margin_min, st.margin_max);
@@ -566,12 +490,12 @@ static void test_equivalence(void **state)
         assert_true(g_local_pids[k] > 0);
     for (int i = 0; i < NAGENTS; i++)
         assert_int_equal(ct_wait(pids[i], 900), 0);
-    static struct steps collab;
+    static struct ct_steps collab;
     memset(&collab, 0, sizeof collab);
     for (int i = 0; i < NAGENTS; i++)
-        fold_steplog(steplogs[i], &collab, "collab");
+        ct_steps_fold(steplogs[i], &collab, "collab");
     assert_int_equal(collab.mismatches, 0);
-    static struct steps local[EQ_SEEDS];
+    static struct ct_steps local[EQ_SEEDS];
     for (int k = 0; k < EQ_SEEDS; k++) {
         int rc = ct_wait(g_local_pids[k], 600);
         g_local_pids[k] = 0;
@@ -580,7 +504,7 @@ static void test_equivalence(void **state)
             fail_msg("train --local exited %d:\n%s", rc, out ? out : "");
         }
         memset(&local[k], 0, sizeof local[k]);
-        fold_steplog(g_local_slogs[k], &local[k], "local");
+        ct_steps_fold(g_local_slogs[k], &local[k], "local");
     }
     /* Per window of EQ_WINDOW steps: the mean loss of each single-process
        run; their spread (max - min over seeds) defines the tolerance: the
@@ -739,12 +663,12 @@ static void test_slow_peer(void **state)
     /* started by setup (start_side_runs) */
     char (*steplogs)[320] = g_slow.steplogs;
     assert_int_equal(side_wait(&g_slow), 0);
-    static struct steps st;
+    static struct ct_steps st;
     memset(&st, 0, sizeof st);
-    fold_steplog(steplogs[1], &st, "fast agent");
+    ct_steps_fold(steplogs[1], &st, "fast agent");
     for (int i = 0; i < NAGENTS; i++)
         if (i != 1)
-            fold_steplog(steplogs[i], &st, "agent");
+            ct_steps_fold(steplogs[i], &st, "agent");
     assert_int_equal(st.mismatches, 0);
     /* What the caps explain (even parts among 4 aggregators, 4 bytes per
        parameter): the slow peer sends its gradient's 3 foreign parts and
@@ -806,10 +730,10 @@ static void test_corrupt_peer(void **state)
     }
     for (int i = 0; i < NAGENTS; i++)
         assert_int_equal(ct_wait(pids[i], 900), 0);
-    static struct steps st;
+    static struct ct_steps st;
     memset(&st, 0, sizeof st);
     for (int i = 0; i < 3; i++)
-        fold_steplog(steplogs[i], &st, "honest agent");
+        ct_steps_fold(steplogs[i], &st, "honest agent");
     assert_int_equal(st.mismatches, 0);
     assert_int_equal(st.nan_losses, 0);
     /* the others named it and excluded it */
@@ -896,10 +820,10 @@ static void test_delayed_updates(void **state)
     }
     for (int i = 0; i < NAGENTS; i++)
         assert_int_equal(ct_wait(pids[i], 900), 0);
-    static struct steps st;
+    static struct ct_steps st;
     memset(&st, 0, sizeof st);
     for (int i = 0; i < NAGENTS; i++)
-        fold_steplog(steplogs[i], &st, "agent");
+        ct_steps_fold(steplogs[i], &st, "agent");
     if (getenv("CT_KEEP_LOGS"))
         for (int i = 0; i < NAGENTS; i++) {
             char cmd[1024];
@@ -988,17 +912,17 @@ static void test_clock_skew(void **state)
     }
     for (int i = 0; i < NAGENTS; i++)
         assert_int_equal(ct_wait(pids[i], 600), 0);
-    static struct steps st;
+    static struct ct_steps st;
     memset(&st, 0, sizeof st);
     for (int i = 0; i < NAGENTS; i++)
-        fold_steplog(steplogs[i], &st, "agent");
+        ct_steps_fold(steplogs[i], &st, "agent");
     assert_int_equal(st.mismatches, 0);
     /* each skewed agent took part in the rounds (its own step log: the
        round's members), not in states fetched after rounds without it */
     for (int i = 1; i <= 2; i++) {
-        static struct steps mine;
+        static struct ct_steps mine;
         memset(&mine, 0, sizeof mine);
-        fold_steplog(steplogs[i], &mine, "skewed agent");
+        ct_steps_fold(steplogs[i], &mine, "skewed agent");
         int all = 0;
         for (long k = 1; k <= CLOCK_STEPS; k++)
             all += mine.members[k] == NAGENTS;

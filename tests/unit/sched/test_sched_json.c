@@ -164,7 +164,7 @@ static void test_strict_decoder(void **state)
     /* an address is numeric, without a port, IPv4 or IPv6 */
     static const char *const BAD_IPS[] = {"\"example.org\"", "\"10.0.0.1:80\"", "\"10.0.0.256\"",
                                           "\"[::1]\"", "\"\"", "17",
-                                          "\"1111:2222:3333:4444:5555:6666:123.123.123.123xxxxx\""};
+                                          "\"1111:2222:3333:4444:5555:6666:123.123.123.123:65535\""};
     for (size_t i = 0; i < sizeof BAD_IPS / sizeof *BAD_IPS; i++) {
         char bad[1024];
         snprintf(bad, sizeof bad,
