@@ -439,8 +439,9 @@ int dp_sched_plan_checked(const struct dp_sched *js, int64_t version, struct ar_
        whoever holds that address (docs/p2p.md, "Announced addresses").
        Every member decides from the same schedule and announcements. */
     int agg_ok[AR_MAX_MEMBERS];
+    const struct sched_entry *ent[AR_MAX_MEMBERS];
     for (size_t i = 0; i < n; i++) {
-        const struct sched_entry *e = entry_of(&h->s, am[i].pub);
+        const struct sched_entry *e = ent[i] = entry_of(&h->s, am[i].pub);
         agg_ok[i] = agg_ok_in[i] && (!e || addr_is(&am[i].addr, e->ip));
         if (refused && agg_ok_in[i] && !agg_ok[i])
             *refused |= (uint64_t)1 << i;
@@ -448,7 +449,7 @@ int dp_sched_plan_checked(const struct dp_sched *js, int64_t version, struct ar_
     /* Integer shares, so every member computes the same sums. */
     uint64_t present = 0;
     for (size_t i = 0; i < n; i++) {
-        const struct sched_entry *e = entry_of(&h->s, am[i].pub);
+        const struct sched_entry *e = ent[i];
         uint32_t share = e && agg_ok[i] && !e->client_mode ? e->share : 0;
         /* a key listed twice in the round counts once (the first) */
         for (size_t j = 0; j < i && share; j++)
