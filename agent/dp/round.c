@@ -240,8 +240,8 @@ static uint64_t run_groups(struct dp_job *j, const struct dp_groups *G,
         pthread_mutex_lock(&s->js_mu);
         uint64_t refused = 0;
         if (!s->js || dp_sched_plan_checked(s->js, j->sched_v, gm, agg_ok, ng, &refused) != CM_OK)
-            for (size_t k = 0; k < ng; k++)
-                gm[k].fraction = agg_ok[k] ? 1.0 : 0.0;
+            for (size_t k = 0; k < ng; k++) /* every aggregator refused: none (as plan_round) */
+                gm[k].fraction = agg_ok[k] && !refused ? 1.0 : 0.0;
         warn_refused(s, gm, ng, j->sched_v, refused);
         pthread_mutex_unlock(&s->js_mu);
         char gid[48];
