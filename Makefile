@@ -92,19 +92,23 @@ deps:
 	$(Q)./scripts/install-deps.sh
 
 # `make test` installs packages first, then re-enters make so pkg-config sees them.
-# Builds run on every core (CI has 2); the tests themselves one at a time.
+# Builds run on every core (CI has 2); the unit tests two at a time (each uses
+# one core or waits on its own deadlines; those that measure time say
+# ct-serial and run alone), the integration tests one at a time (they start
+# several agents each and check rounds' members and timings).
 NPROC := $(shell nproc 2>/dev/null || echo 2)
+UNIT_JOBS ?= 2
 test: deps
 	$(Q)$(MAKE) --no-print-directory -j$(NPROC) all
 	$(Q)rc=0; \
-	  ./scripts/run-tests.sh --suite unit $(UNIT_TESTS) || rc=1; \
+	  ./scripts/run-tests.sh --suite unit --jobs $(UNIT_JOBS) $(UNIT_TESTS) || rc=1; \
 	  ./scripts/run-tests.sh --suite integration $(INTEG_TESTS) || rc=1; \
 	  $(MAKE) --no-print-directory unit-san || rc=1; \
 	  $(MAKE) --no-print-directory integ-san || rc=1; \
 	  if [ $$rc -ne 0 ]; then echo "make test: FAILED"; else echo "make test: all suites passed"; fi; exit $$rc
 
 unit: $(UNIT_TESTS)
-	$(Q)./scripts/run-tests.sh --suite unit $(UNIT_TESTS)
+	$(Q)./scripts/run-tests.sh --suite unit --jobs $(UNIT_JOBS) $(UNIT_TESTS)
 
 integ: bins $(INTEG_TESTS)
 	$(Q)./scripts/run-tests.sh --suite integration $(INTEG_TESTS)

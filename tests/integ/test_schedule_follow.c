@@ -42,9 +42,10 @@
  * one core (the whole test: 65 CPU-s in the normal build, 115 under the
  * sanitizers), so they barely meet: run one after another they took
  * 206-230 s, most of it waiting on the caps; together 130-140 s, and 86-96 s
- * since the schedule's run has 30 steps (SF_STEPS). The test
- * runs in both builds: under the sanitizers the rounds stay bandwidth-bound
- * (ratio 1.05 there too). */
+ * since the schedule's run has 30 steps (SF_STEPS). Under the sanitizers
+ * the rounds stayed bandwidth-bound (ratio 1.05 there too), but make test
+ * neared its 25 minutes: that build runs the group rounds and the pull-only
+ * role only (about 45 s instead of 88). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -66,14 +67,17 @@
 #include "ct_harness.h"
 #include "sched/sched.h"
 
-/* Under the sanitizers the agents' CPU work is several times slower; the
- * rounds stay bandwidth-bound, but per-message costs grow, so the bound on
- * measured / predicted is looser there (the normal build checks 1.2). */
+/* The schedule's rounds are a measurement of time (measured / predicted
+ * within 1.2x) and the longest of the three runs (80 s of the file's 86 s);
+ * the sanitizer build runs the other two, which follow schedules too (the
+ * LP's roles, a group schedule) and check lockstep, and leaves the timing to
+ * the normal build (it had checked a looser 1.5 there). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
-#define MAX_RATIO 1.5
+#define SANITIZED 1
 #else
-#define MAX_RATIO 1.2
+#define SANITIZED 0
 #endif
+#define MAX_RATIO 1.2
 
 #define NAGENTS 4
 /* 40 steps in both builds for the group rounds and the pull-only role */
@@ -282,7 +286,7 @@ static int setup(void **state)
     g_org = ct_login(&g_c, "org", "organizer-password");
     /* the schedule's rounds first (the longest), the group rounds last:
        their test, the first, watches for step 12 to kill an agent there */
-    if (start_follow() != 0 || start_pull_only() != 0 || start_groups() != 0)
+    if ((!SANITIZED && start_follow() != 0) || start_pull_only() != 0 || start_groups() != 0)
         return -1;
     return 0;
 }
@@ -691,8 +695,14 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_rounds),
         cmocka_unit_test(test_pull_only_role),
+#if !SANITIZED
         cmocka_unit_test(test_agents_follow_schedule),
+#endif
     };
+    if (SANITIZED) {
+        (void)test_agents_follow_schedule;
+        printf("sanitizer build: test_agents_follow_schedule (a timing measurement) runs in the normal build only\n");
+    }
     if (getenv("CT_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CT_TEST_FILTER"));
     int failed = cmocka_run_group_tests(tests, setup, teardown);

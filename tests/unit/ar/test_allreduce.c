@@ -1,3 +1,4 @@
+/* ct-serial: its deadlines and kills are timed */
 /* Butterfly all-reduce over real loopback sockets: several averaging engines
  * in one process on one libuv loop, each with its own host and key, tokens
  * minted here from a throwaway coordinator key. Checks the exact weighted

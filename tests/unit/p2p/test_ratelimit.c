@@ -1,3 +1,4 @@
+/* ct-serial: measures rates and round trips against the wall clock */
 /* Bandwidth caps and emulated latency. The token bucket alone over a simulated clock, then real
  * loopback transfers: a 6 MB stream through a process capped at 16 Mbit/s
  * upload, and one into a process capped at 16 Mbit/s download; the measured
