@@ -285,8 +285,18 @@ static int misplaced(struct dp_loop *l)
        our step. Ahead: see dp_majority_below. */
     size_t firm = 0, pending = 0;
     a->ahead_now = dp_peers_ahead(a->seen, a->nseen, a->acc_step, now, &firm, &pending);
-    if (!a->open && a->view.max_step > a->acc_step && a->ahead_now >= a->view.at_step &&
-        (firm > 0 || (pending > a->view.at_step && dp_round_going(s, a->seen, a->nseen, a->acc_step, now)))) {
+    /* Newcomers: at step 0, before any round of ours, a peer that applied a
+       round (firm) is the collaboration, however many of us start at step 0
+       (they trained nothing yet). Counted as above, four volunteers
+       arriving together at a run two peers had trained for a while
+       outnumbered them and stepped 0 -> 1 on their own, a fork healed
+       only a step later (issue 17: agents behind routers that drop the
+       dial-back learn their reachability 3 s after the public ones). Also
+       when a round of step 0 is open: it is one of newcomers. */
+    int newcomer = a->acc_step == 0 && l->step == 0 && s->n_prev == 0 && firm > 0 && !s->o.aggregate_only;
+    if (newcomer ||
+        (!a->open && a->view.max_step > a->acc_step && a->ahead_now >= a->view.at_step &&
+         (firm > 0 || (pending > a->view.at_step && dp_round_going(s, a->seen, a->nseen, a->acc_step, now))))) {
         /* A round averaging now (its parameters are the newest a peer
            holds) is one to catch up with by joining the round after it
            only when its window held a majority: peers whose rounds were

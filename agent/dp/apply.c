@@ -339,7 +339,7 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
     if (j->loss_n)
         *last_loss = loss;
     if (s->steplog && !s->o.aggregate_only) {
-        char line[1600], ridhex[17], ls[32], ex[320], via[160] = "";
+        char line[1600], ridhex[17], ls[32], ex[320], via[256] = "";
         dp_experts_json(s, ex, sizeof ex);
         /* how the others reached us this step, and whether we aggregated a
            part (through a relay: issue 17) */
@@ -352,6 +352,9 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         int aggregated = j->me < j->nmem && j->am[j->me].fraction > 0;
         if (j->refused) /* members that announced an address the schedule does not give them */
             snprintf(via + strlen(via), sizeof via - strlen(via), ",\"refused\":%zu", j->refused);
+        if (j->relayed_aggs) /* relayed aggregators, and how many we reached through a punched hole */
+            snprintf(via + strlen(via), sizeof via - strlen(via), ",\"relayed_aggs\":%zu,\"punched\":%zu",
+                     j->relayed_aggs, j->punched);
         cm_hex_encode(j->rid, 8, ridhex);
         if (isfinite(loss))
             snprintf(ls, sizeof ls, "%.6f", loss);

@@ -27,9 +27,10 @@ int collab_announce_encode(const struct collab_announce *a, char *out, size_t ca
 {
     int n = snprintf(out, cap,
                      "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d,\"t\":%lld,"
-                     "\"sv\":%lld%s}",
+                     "\"sv\":%lld%s%s}",
                      a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0, (long long)a->t_ms,
-                     (long long)a->sched_version, a->pull_only && !a->sends ? ",\"po\":1" : "");
+                     (long long)a->sched_version, a->pull_only && !a->sends ? ",\"po\":1" : "",
+                     a->relayed && a->addr[0] ? ",\"rl\":1" : "");
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -171,24 +172,25 @@ int collab_progress_parse(const void *buf, size_t len, struct collab_progress *o
 
 int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out)
 {
-    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t", "sv", "po"};
+    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t", "sv", "po", "rl"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
     double t = 0, sv = 0;
-    int ok = only_keys(j, keys, 8) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
+    int ok = only_keys(j, keys, 9) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
              addr(j, "addr", out->addr) && flag(j, "agg", &out->agg) &&
              flag(j, "sends", &out->sends) && num(j, "t", 0, 9e15, &t) &&
              (!json_object_get(j, "sv") || (num(j, "sv", 0, (double)MAX_STEP, &sv) && sv == floor(sv))) &&
-             (!json_object_get(j, "po") || flag(j, "po", &out->pull_only));
+             (!json_object_get(j, "po") || flag(j, "po", &out->pull_only)) &&
+             (!json_object_get(j, "rl") || flag(j, "rl", &out->relayed));
     out->t_ms = (int64_t)t;
     out->sched_version = (int64_t)sv;
     json_decref(j);
     /* an aggregator needs an address; a sender needs a weight; a pull-only
        member sends nothing */
     if (!ok || (out->agg && !out->addr[0]) || (out->sends && out->weight <= 0) ||
-        (out->pull_only && (out->sends || out->weight != 0)))
+        (out->pull_only && (out->sends || out->weight != 0)) || (out->relayed && !out->addr[0]))
         return CM_EPARSE;
     return CM_OK;
 }

@@ -7,7 +7,7 @@
  * Two kinds of DHT records, both dictionary entries authored and signed by
  * the peer (so nobody can overwrite another's):
  *   "<run>/progress"       {"v":1,"step","samples","sps","t","addr","client","aux"[,"st","h","pl","ps"]}
- *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"[,"sv"][,"po"]}
+ *   "<run>/round/<step>"   {"v":1,"w","addr","agg","sends","t"[,"sv"][,"po"][,"rl"]}
  *   "<run>/outcome/<step>" {"v":1,"rid","mask","t"}
  * The parsers are pure, strict and bounded (network input; fuzzed). */
 #ifndef AGENT_COLLAB_H
@@ -47,6 +47,8 @@ struct collab_announce {
                        told it not to compute; "po":1, with sends 0 and w 0) */
     int64_t t_ms;   /* when it announced (author's clock) */
     int64_t sched_version; /* schedule version it holds (0: none) */
+    int relayed;    /* addr is a port lent by a relay ("rl":1): others may punch a hole
+                       to it (docs/p2p.md, "Hole punching") */
 };
 
 /* What a member of a round reports after it: which parts it committed.

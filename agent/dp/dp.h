@@ -161,6 +161,8 @@ struct dp_job {
     uint8_t rid[AR_ROUND_ID_LEN];
     struct peer_round_summary sum;
     int64_t sched_v;
+    size_t relayed_aggs, punched; /* other aggregators reached through a relay, and
+                                     those of them through a punched hole */
     size_t refused;     /* members refused as aggregators (announced elsewhere than
                            the schedule says; round.c, warn_refused) */
     size_t group_rounds, group_size; /* rounds of group all-reduce (1: one group), our last group */

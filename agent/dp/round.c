@@ -400,6 +400,19 @@ static int round_members(struct dp_job *j)
         j->rc = CM_ESTATE;
         return 1;
     }
+    /* Aggregators reached through a relay: a hole punched in the
+       background takes their next rounds direct (docs/p2p.md, "Hole
+       punching"); this one goes through the relay as planned */
+    for (size_t i = 0; i < j->nmem; i++) {
+        if (i == j->me || !j->mem[i].relayed || am[i].fraction <= 0)
+            continue;
+        j->relayed_aggs++;
+        int st = peer_net_punch_state(s->rt.net, j->mem[i].pub, j->mem[i].addr);
+        if (st == PEER_PUNCH_DIRECT)
+            j->punched++;
+        else
+            peer_net_punch(s->rt.net, j->mem[i].pub, j->mem[i].addr);
+    }
     if (j->refused == naggs) {
         /* Every aggregator announced an averaging address where the
            coordinator does not see it (warn_refused said which): no part

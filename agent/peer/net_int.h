@@ -45,6 +45,18 @@ struct peer_relay_slot {
     char adv[PEER_RELAY_ADDR_MAX];
 };
 
+/* A peer we punched (or try to punch) a hole to (net_punch.c); under
+ * relay_mu. */
+#define PEER_PUNCH_MAX 64
+struct peer_punch {
+    struct peer_net *net;
+    uint8_t pub[CM_ED25519_PUB_LEN];
+    struct sockaddr_storage addr; /* its relayed averaging address */
+    int state;                    /* PEER_PUNCH_* of net.h */
+    double retry_at;              /* mono s: a failed one is tried again from then */
+    int fails;
+};
+
 struct peer_net {
     uv_loop_t loop;
     uv_async_t async;
@@ -71,6 +83,8 @@ struct peer_net {
     const struct peer_net_config *cfg; /* during start only */
     pthread_mutex_t relay_mu;
     struct peer_relay_slot relay_ar, relay_st;
+    struct peer_punch punch[PEER_PUNCH_MAX]; /* under relay_mu */
+    int public_ip_set;                       /* loop thread */
 };
 
 /* Queues a job on the loop (CM_ECLOSED when the net stops); waits for it

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cm_err.h"
+#include "cm_log.h"
 #include "cm_token.h"
 
 static const char *const STAGE_NAMES[] = {"none", "session", "pass", "clock", "net", "reports", "probes"};
@@ -433,6 +434,10 @@ static int start_net(struct peer_rt *rt)
     pthread_mutex_lock(&rt->addr_mu);
     rt->relay[0] = 0;
     pthread_mutex_unlock(&rt->addr_mu);
+    /* hole punching needs where the Internet sees us, on both sides
+       (docs/p2p.md, "Hole punching") */
+    if (rt->observed_ip[0] && peer_net_set_public_ip(rt->net, rt->observed_ip) != CM_OK)
+        CM_LOGW("peer", "could not set our public address %s for hole punching", rt->observed_ip);
     /* unreachable: a relay at once when one is known (the keeper goes on
        looking otherwise, and replaces one that goes away) */
     if (rt->reach == PEER_REACH_CLIENT && !rt->cfg.no_relay && peer__relay_acquire(rt, NULL, 0) == CM_OK) {

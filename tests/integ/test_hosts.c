@@ -137,6 +137,14 @@ static struct collab g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "ho
 #define LIAR_RUN 1
 #endif
 static struct collab g_liar = {.run = "hosts-liar"};
+/* The cone-like router drops unsolicited connections and the NAT run checks
+   that the public agents punched holes to the agents behind it: in the
+   normal build (setup says why not under the sanitizers) */
+#if defined(__SANITIZE_ADDRESS__)
+#define PUNCH_CHECKED 0
+#else
+#define PUNCH_CHECKED 1
+#endif
 static char g_liar_ip[40]; /* the host whose address the liar announces (g_liar's agent 0) */
 static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directions */
 static int g_vol; /* volunteers made so far */
@@ -241,7 +249,15 @@ static int setup(void **state)
             return -1;
     }
     int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
-    if (cone < 0 || sym < 0)
+    /* the cone-like router drops what nobody behind it asked for, as most
+       home routers do (a reset would end a hole punch's try: test_punch).
+       Not under the sanitizers: the two agents behind it learn their
+       reachability after the dial-back's 3 s deadline, then reserve at a
+       relay and fetch the collaboration's state, and the sanitizer build's
+       24 steps went faster: all six were in the rounds from step 13, past
+       the check's half of the run (identical parameters throughout: late
+       newcomers take the collaboration's state, accum.c) */
+    if (cone < 0 || sym < 0 || (PUNCH_CHECKED && ct_net_router_stealth(&g_net, cone) != 0))
         return -1;
     g_kill.n = NKILL;
     for (int i = 0; i < NKILL; i++) {
@@ -598,6 +614,31 @@ static void test_behind_nat(void **state)
         relayed_agg += agg;
     }
     assert_true(relayed_agg >= 1);
+    /* the public agents punched holes to the agents behind the cone-like
+       router (their relays carry their rounds no more) and not to those
+       behind the symmetric-like one, which stay relayed */
+    for (int i = 0; PUNCH_CHECKED && i < NNAT_PUB; i++) {
+        FILE *fp = fopen(g_nat.steps[i], "r");
+        assert_non_null(fp);
+        char line[2048];
+        long most = 0, first = 0, relayed_aggs = 0;
+        while (fgets(line, sizeof line, fp)) {
+            json_t *j = json_loads(line, 0, NULL);
+            long p = j ? (long)json_integer_value(json_object_get(j, "punched")) : 0;
+            long r = j ? (long)json_integer_value(json_object_get(j, "relayed_aggs")) : 0;
+            if (p > most)
+                most = p;
+            if (p > 0 && !first)
+                first = (long)json_integer_value(json_object_get(j, "step"));
+            relayed_aggs = r > relayed_aggs ? r : relayed_aggs;
+            json_decref(j);
+        }
+        fclose(fp);
+        printf("%s: up to %ld of %ld relayed aggregators reached through a punched hole, from step %ld\n",
+               g_net.h[g_nat.host[i]].name, most, relayed_aggs, first);
+        assert_true(most >= 1 && most <= 2);
+        assert_true(first >= 1 && first <= STEPS / 2);
+    }
     /* the organizer's live-peers list says how each is reached, and where */
     struct ct_resp r;
     assert_int_equal(ct_http(&g_c, "GET", "/api/v1/runs/hosts-nat/peers", g_org, NULL, &r), 0);

@@ -105,6 +105,24 @@ static void test_announce(void **state)
         "{\"v\":1,\"w\":0,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":true}"};
     for (int i = 0; i < 4; i++)
         assert_int_equal(collab_announce_parse(bad_po[i], strlen(bad_po[i]), &b), CM_EPARSE);
+    /* a member reached through a relay: "rl":1 (others may punch a hole to
+       it); only with an address, 0 or 1 */
+    struct collab_announce rl = a;
+    rl.relayed = 1;
+    assert_int_equal(collab_announce_encode(&rl, rec, sizeof rec), CM_OK);
+    assert_non_null(strstr(rec, "\"rl\":1"));
+    assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
+    assert_int_equal(b.relayed, 1);
+    assert_int_equal(collab_announce_encode(&a, rec, sizeof rec), CM_OK);
+    assert_null(strstr(rec, "\"rl\""));
+    assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
+    assert_int_equal(b.relayed, 0);
+    const char *bad_rl[] = {
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"rl\":1}",
+        "{\"v\":1,\"w\":5,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1,\"rl\":2}",
+        "{\"v\":1,\"w\":5,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1,\"rl\":\"1\"}"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(collab_announce_parse(bad_rl[i], strlen(bad_rl[i]), &b), CM_EPARSE);
 }
 
 static void test_estimate(void **state)
