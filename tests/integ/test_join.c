@@ -21,6 +21,8 @@
  *    much as its caps explain;
  *  - a peer that sends NaN or huge gradients is excluded by the others and
  *    the run goes on unaffected;
+ *  - newcomers: three agents arriving at once at a run one agent trained
+ *    alone take its state, though they outnumber it (no fork at step 1);
  *  - with --delayed-updates the averaging overlaps the next accumulation and
  *    the peers still stay identical. */
 #include <setjmp.h>
@@ -775,6 +777,62 @@ static void test_corrupt_peer(void **state)
     assert_true(last < 0.8 * first);
 }
 
+/* ---- newcomers outnumbering the collaboration ------------------------------ */
+
+/* One agent trains alone (a volunteer who started the run) until step
+ * NEW_AT; then three newcomers start at once. At step 0 they outnumber it,
+ * and counted as peers at a step they once were the collaboration: they
+ * stepped 0 -> 1 among themselves, a fork (the veteran then even took their
+ * state, losing its steps). A newcomer takes the state of a peer that
+ * applied a round (accum.c, misplaced): every step has one hash, and no
+ * newcomer's first own step is at or before the veteran's step when they
+ * came. */
+#define NEW_STEPS (SHORT_RUN ? 14 : 20)
+#define NEW_AT 4
+
+static void test_newcomers(void **state)
+{
+    (void)state;
+    assert_int_equal(create_run("fmnist-new", NEW_STEPS), 0);
+    pid_t pids[NAGENTS];
+    char logs[NAGENTS][320], steplogs[NAGENTS][320];
+    const char *extra[] = {"--no-eval", NULL};
+    for (int i = 0; i < NAGENTS; i++) {
+        snprintf(logs[i], sizeof logs[i], "%.250s/new.log", g_dirs[i]);
+        snprintf(steplogs[i], sizeof steplogs[i], "%.250s/new.steps", g_dirs[i]);
+    }
+    pids[0] = spawn_agent(0, "fmnist-new", logs[0], steplogs[0], extra);
+    assert_true(pids[0] > 0);
+    assert_true(wait_for_step(logs[0], NEW_AT, 120));
+    long at = last_step(logs[0]);
+    for (int i = 1; i < NAGENTS; i++) {
+        pids[i] = spawn_agent(i, "fmnist-new", logs[i], steplogs[i], extra);
+        assert_true(pids[i] > 0);
+    }
+    for (int i = 0; i < NAGENTS; i++)
+        assert_int_equal(ct_wait(pids[i], 900), 0);
+    static struct ct_steps st;
+    memset(&st, 0, sizeof st);
+    ct_steps_fold(steplogs[0], &st, "veteran");
+    long first_new = NEW_STEPS + 1;
+    for (int i = 1; i < NAGENTS; i++) {
+        long f = ct_steps_fold(steplogs[i], &st, "newcomer");
+        printf("newcomer %d: first step of its own %ld (the veteran was at %ld when they came)\n", i, f, at);
+        assert_true(f > at);
+        first_new = f < first_new ? f : first_new;
+    }
+    assert_int_equal(st.mismatches, 0);
+    /* and they trained together: every round from the newcomers' first on
+       held all four */
+    int all_in = 0;
+    for (long k = first_new; k <= NEW_STEPS; k++)
+        all_in += st.members[k] == NAGENTS;
+    printf("newcomers: rounds of all %d from step %ld: %d of %ld\n", NAGENTS, first_new, all_in,
+           NEW_STEPS - first_new + 1);
+    assert_true(first_new <= NEW_STEPS - 4);
+    assert_true(all_in >= NEW_STEPS - first_new);
+}
+
 /* ---- delayed parameter updates --------------------------------------------- */
 
 #define DPU_STEPS (SHORT_RUN ? 20 : 40)
@@ -944,6 +1002,7 @@ int main(void)
         cmocka_unit_test(test_equivalence),
         cmocka_unit_test(test_slow_peer),
         cmocka_unit_test(test_corrupt_peer),
+        cmocka_unit_test(test_newcomers),
         cmocka_unit_test(test_delayed_updates),
         cmocka_unit_test(test_clock_skew),
     };
