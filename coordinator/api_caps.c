@@ -118,6 +118,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         {"reachability", CM_J_STRING, 0, 1, 16},
         {"address", CM_J_STRING, 0, 1, 64},
         {"relay", CM_J_STRING, 0, 1, 64},
+        {"punched", CM_J_INT, 0, 0, 4096},
     };
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
@@ -212,6 +213,11 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
         json_object_set_new(report, "relay", json_string(relay));
     if (report && reach)
         json_object_set_new(report, "reachability", json_string(reach));
+    /* peers it reaches, or that reach it, through punched holes (docs/p2p.md,
+       "Hole punching") */
+    json_int_t punched = json_integer_value(json_object_get(req->json, "punched"));
+    if (report && punched > 0)
+        json_object_set_new(report, "punched", json_integer(punched));
     /* where peers reach it: the address its reports come from, as the
        coordinator sees it (the agent's own "address" says the same when
        it is honest, and is checked above only as input); with its relay's
@@ -328,7 +334,7 @@ void api_peers_list(struct coord_req *req, struct coord_resp *resp)
                               (json_int_t)strtoll(PQgetvalue(r, i, 3), NULL, 10), "reported_at",
                               (json_int_t)strtoll(PQgetvalue(r, i, 4), NULL, 10));
         static const char *const KEEP[] = {"samples_per_s", "upload_mbps", "download_mbps", "accepts_inbound",
-                                           "reachability", "address", "relay", "failing_rounds",
+                                           "reachability", "address", "relay", "punched", "failing_rounds",
                                            "failing_reason"};
         for (size_t k = 0; rep && o && k < sizeof KEEP / sizeof *KEEP; k++) {
             json_t *v = json_object_get(rep, KEEP[k]);

@@ -45,6 +45,8 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
         json_object_set_new(body, "address", json_string(c->addr));
     if (body && c->relay[0])
         json_object_set_new(body, "relay", json_string(c->relay));
+    if (body && c->punched > 0)
+        json_object_set_new(body, "punched", json_integer(c->punched));
     if (body && c->failing > 0) {
         json_object_set_new(body, "failing_rounds", json_integer(c->failing));
         json_object_set_new(body, "failing_reason", json_string(c->failing_why));
@@ -82,7 +84,7 @@ int peer_caps_changed(const struct peer_caps *old, const struct peer_caps *now)
     if (moved(old->sps, now->sps) || moved(old->up_mbps, now->up_mbps) ||
         moved(old->down_mbps, now->down_mbps) || (old->inbound != 0) != (now->inbound != 0) ||
         (old->failing != 0) != (now->failing != 0) || strcmp(old->reach, now->reach) ||
-        strcmp(old->relay, now->relay) || old->n_pairs != now->n_pairs)
+        strcmp(old->relay, now->relay) || old->punched != now->punched || old->n_pairs != now->n_pairs)
         return 1;
     for (size_t i = 0; i < now->n_pairs; i++) {
         size_t j = 0;
@@ -103,6 +105,10 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     struct peer_caps c = {0};
     c.sps = aux ? 0 : sps;
     c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
+    /* peers reached through a punched hole, or reaching us through one
+       (asked of the net's loop before any lock is held) */
+    size_t punched = rt->net ? peer_net_punched(rt->net) : 0;
+    c.punched = punched > PEER_CAPS_MAX_PUNCHED ? PEER_CAPS_MAX_PUNCHED : (int)punched;
     /* measured (the link probe), capped by what the volunteer allows; the
        cap, or 1 Gbit/s, until measured; one lock for what the probe thread
        and the role's failing rounds hand over */

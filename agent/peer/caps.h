@@ -14,6 +14,7 @@
 
 #define PEER_CAPS_MAX_PAIRS 16
 
+#define PEER_CAPS_MAX_PUNCHED 4096 /* what the coordinator accepts */
 struct peer_caps {
     double sps;                 /* samples/s on this device for the run's model; 0: none */
     double up_mbps, down_mbps;  /* after the volunteer's caps */
@@ -23,6 +24,7 @@ struct peer_caps {
     char relay[64];             /* relayed: the relay's address ("ip:port") */
     char addr[64];              /* the address the coordinator saw us at, or --advertise-ip */
     char failing_why[160];      /* and why, when failing */
+    int punched;                /* open connections a hole punch made (net_punch.c) */
     size_t n_pairs;
     struct {
         uint8_t pub[CM_ED25519_PUB_LEN];

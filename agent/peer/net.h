@@ -196,6 +196,9 @@ enum { PEER_PUNCH_NONE, PEER_PUNCH_TRYING, PEER_PUNCH_DIRECT, PEER_PUNCH_FAILED 
 int peer_net_set_public_ip(struct peer_net *n, const char *ip);
 void peer_net_punch(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr);
 int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr);
+/* Open connections of the averaging host that punches made, either side
+ * (p2p_host_punched); 0 when the net is not running. Thread-safe. */
+size_t peer_net_punched(struct peer_net *n);
 
 /* Replaces the revocation list the receivers check. Thread-safe. */
 void peer_net_set_revoked(struct peer_net *n, const char *const *ids, size_t count, int64_t generated_at);

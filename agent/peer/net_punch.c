@@ -148,15 +148,49 @@ void peer_net_punch(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], c
     }
 }
 
+struct alive_arg {
+    struct sockaddr_storage addr;
+    int alive;
+};
+
+static void alive_fn(void *arg, struct peer_net *n)
+{
+    struct alive_arg *a = arg;
+    a->alive = p2p_host_punched_to(ar_engine_host(n->ar), (struct sockaddr *)&a->addr);
+}
+
 int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr)
 {
-    struct sockaddr_storage sa;
-    memset(&sa, 0, sizeof sa);
-    if (!n || p2p_addr_parse(addr, &sa))
+    struct alive_arg a = {0};
+    if (!n || p2p_addr_parse(addr, &a.addr))
         return PEER_PUNCH_NONE;
     pthread_mutex_lock(&n->relay_mu);
-    struct peer_punch *p = find(n, pub, &sa);
+    struct peer_punch *p = find(n, pub, &a.addr);
     int st = p ? p->state : PEER_PUNCH_NONE;
     pthread_mutex_unlock(&n->relay_mu);
+    /* a hole that closed (the peer left, its router forgot the mapping):
+       the transport took the relay again; punch anew */
+    if (st == PEER_PUNCH_DIRECT && peer_net_call(n, alive_fn, &a) == CM_OK && !a.alive) {
+        pthread_mutex_lock(&n->relay_mu);
+        if ((p = find(n, pub, &a.addr)) && p->state == PEER_PUNCH_DIRECT) {
+            p->state = PEER_PUNCH_FAILED; /* the next peer_net_punch tries at once */
+            p->retry_at = 0;
+        }
+        pthread_mutex_unlock(&n->relay_mu);
+        st = PEER_PUNCH_NONE;
+    }
     return st;
+}
+
+static void punched_fn(void *arg, struct peer_net *n)
+{
+    *(size_t *)arg = p2p_host_punched(ar_engine_host(n->ar));
+}
+
+size_t peer_net_punched(struct peer_net *n)
+{
+    size_t c = 0;
+    if (!n || peer_net_call(n, punched_fn, &c) != CM_OK)
+        return 0;
+    return c;
 }

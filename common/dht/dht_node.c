@@ -20,6 +20,9 @@
  * k replicas are written together, so three agreeing sources are enough to
  * merge the newest entries without walking the whole neighbourhood. */
 #define VALUE_SOURCES_ENOUGH 3
+#ifndef DHT_ALPHA_VALUE
+#define DHT_ALPHA_VALUE DHT_ALPHA
+#endif
 
 enum { CAND_NEW, CAND_INFLIGHT, CAND_DONE, CAND_FAILED };
 enum lk_kind { LK_NODE, LK_VALUE, LK_STORE };
@@ -444,7 +447,7 @@ static void lookup_pump(struct dht__lookup *lk)
      * neighbourhood and most likely hold it too. Topping up to alpha after
      * each answer would leave requests in flight when the last source
      * arrives, and the get would wait a whole round trip more for them. */
-    int cap = DHT_ALPHA;
+    int cap = lk->kind == LK_VALUE ? DHT_ALPHA_VALUE : DHT_ALPHA;
     if (lk->kind == LK_VALUE && lk->sources > 0 && lk->need - lk->sources < cap)
         cap = lk->need - lk->sources;
     if (!n->closing && !enough) {

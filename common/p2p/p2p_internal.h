@@ -91,6 +91,7 @@ struct p2p_conn {
     uv_connect_t creq;
     uv_shutdown_t sreq;
     int connected, graceful, has_fd;
+    int punched; /* opened by a hole punch (p2p_punch.c), either side */
     struct p2p_conn *fdnext; /* ctx's queue of connections waiting for a descriptor */
     struct p2p_host *h;
     int outgoing;

@@ -110,6 +110,7 @@ static void on_connected(uv_connect_t *req, int status)
     }
     c->state = C_OPEN;
     c->connected = 1;
+    c->punched = 1;
     uv_tcp_nodelay(&c->tcp, 1);
     c->punch = NULL;
     p->c = NULL;
@@ -370,4 +371,20 @@ void p2p__punch_host_close(struct p2p_host *h)
 {
     while (h->punches)
         punch_finish(h->punches, CM_ECLOSED, NULL);
+}
+
+size_t p2p_host_punched(const struct p2p_host *h)
+{
+    size_t n = 0;
+    for (const struct p2p_conn *c = h ? h->conns : NULL; c; c = c->hnext)
+        n += c->punched && c->state == C_OPEN;
+    return n;
+}
+
+int p2p_host_punched_to(const struct p2p_host *h, const struct sockaddr *target)
+{
+    for (const struct p2p_conn *c = h ? h->conns : NULL; c; c = c->hnext)
+        if (c->punched && c->outgoing && c->state == C_OPEN && p2p__addr_equal(&c->remote, target))
+            return 1;
+    return 0;
 }

@@ -95,5 +95,12 @@ typedef void (*p2p_punch_cb)(void *arg, int status, const struct sockaddr *direc
 int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip);
 int p2p_host_punch(struct p2p_host *h, const struct sockaddr *target, const uint8_t pub[32],
                    uint32_t timeout_ms, p2p_punch_cb cb, void *arg);
+/* Open connections of h that a punch made, as initiator or responder: the
+ * peers that reach it (or that it reaches) directly through NAT. Loop
+ * thread. */
+size_t p2p_host_punched(const struct p2p_host *h);
+/* Whether h holds an open connection that its punch to `target` made (the
+ * hole is still there). Loop thread. */
+int p2p_host_punched_to(const struct p2p_host *h, const struct sockaddr *target);
 
 #endif

@@ -246,13 +246,14 @@ test('overview-not-averaging', async (page) => {
   for (const bad of [{ failing_rounds: -1 }, { failing_rounds: 'many' }, { failing_reason: 'x'.repeat(400) },
     { reachability: 'punched' }, { reachability: '' }, { address: 'not-an-ip' }, { address: '10.0.0.1:80' },
     { relay: '10.0.0.1:80' }, { reachability: 'relayed', relay: 'relay.example:80' },
-    { reachability: 'relayed', relay: '10.0.0.1' }, { reachability: 'relayed', relay: '10.0.0.1:0' }]) {
+    { reachability: 'relayed', relay: '10.0.0.1' }, { reachability: 'relayed', relay: '10.0.0.1:0' },
+    { punched: -1 }, { punched: 4097 }, { punched: '2' }, { punched: 1.5 }]) {
     r = await caps(bad);
     assert.equal(r.status, 400, `${JSON.stringify(bad).slice(0, 40)}: ${r.text}`);
   }
   // averaging again: the next report has no failing rounds (and says how
   // peers reach the device: the organizer's live-peers table shows it)
-  r = await caps({ reachability: 'direct', address: '10.77.0.11' });
+  r = await caps({ reachability: 'direct', address: '10.77.0.11', punched: 2 });
   assert.equal(r.status, 200, r.text);
   await page.clock.fastForward(OVERVIEW_REFRESH_MS);
   await page.waitForSelector('#not-averaging', { state: 'hidden', timeout: 20000 });
@@ -471,14 +472,15 @@ test('organizer-actions', async (page) => {
   assert.ok(peers.some((r) => /aggregates/.test(r[2])), `someone aggregates: ${JSON.stringify(peers)}`);
   assert.equal(peers.find((r) => r[1] === 'dave')[2], 'aggregates only', 'the no-compute peer only aggregates');
   // live peers: each device's reachability; bob's report said "direct at
-  // 10.77.0.11", and the page shows where the coordinator saw it come from
-  // (this browser test's loopback), not what the report claims
+  // 10.77.0.11" with two peers through punched holes, and the page shows
+  // where the coordinator saw it come from (this browser test's loopback),
+  // not what the report claims
   const live = await rowsOf(page, '#live-peers-table');
   assert.equal(live.length, seed.peers.length, JSON.stringify(live));
   const bobKey = seed.peers.find((p) => p.username === seed.users.volunteer.username).peer_public_key;
   const bobRow = live.find((r) => bobKey.startsWith(r[0].slice(0, 8)) && bobKey.endsWith(r[0].slice(-4)));
   assert.ok(bobRow, `bob's device listed: ${JSON.stringify(live)}`);
-  assert.equal(bobRow[2], 'direct');
+  assert.equal(bobRow[2], 'direct; hole-punched with 2 peers');
   assert.equal(bobRow[3], '127.0.0.1');
   assert.ok(live.some((r) => r[2] === 'client mode'), `the device that accepts no connections: ${JSON.stringify(live)}`);
   await shot(page, 'organizer-run-admin-after-actions');

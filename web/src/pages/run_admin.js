@@ -6,6 +6,18 @@ import { h, table, fmtNum, fmtTime, shortKey, message, fill } from '../dom.js';
 import { api, seg, role } from '../api.js';
 import { runTabs, forbidden, errorBox } from './common.js';
 
+// How the others reach a live peer (docs/p2p.md): the coordinator's
+// dial-back says direct, client or relayed; "punched" counts the peers it
+// reaches, or that reach it, through a hole punched in their NATs.
+function reachText(p) {
+  if (!p.reachability) return p.accepts_inbound ? 'accepts inbound' : 'client mode';
+  const base = p.reachability === 'client' ? 'client (not reachable)'
+    : p.reachability === 'relayed' ? `relayed via ${p.relay || '?'}` : p.reachability;
+  if (!p.punched) return base;
+  const n = `${p.punched} peer${p.punched === 1 ? '' : 's'}`;
+  return p.reachability === 'relayed' ? `hole-punched with ${n}, else ${base}` : `${base}; hole-punched with ${n}`;
+}
+
 export function render(main, [run]) {
   main.appendChild(runTabs(run, '/admin'));
   if (role() !== 'organizer') { forbidden(main, 'Managing a run', 'organizers'); return null; }
@@ -112,8 +124,7 @@ export function render(main, [run]) {
       const lp = await api.get(`${R}/peers`);
       parts.push(h('h3', 'Live peers'), table(['peer key', 'username', 'reachability', 'address', 'upload / download', 'samples/s', 'averaging'],
         lp.peers.map((p) => [h('code', { title: p.peer_public_key }, shortKey(p.peer_public_key)), p.username,
-          h('span.reach', p.reachability ? (p.reachability === 'client' ? 'client (not reachable)'
-            : p.reachability === 'relayed' ? `relayed via ${p.relay || '?'}` : p.reachability) : (p.accepts_inbound ? 'accepts inbound' : 'client mode')),
+          h('span.reach', reachText(p)),
           p.address || '—', `${fmtNum(p.upload_mbps, 1)} / ${fmtNum(p.download_mbps, 1)} Mbit/s`, fmtNum(p.samples_per_s, 1),
           p.failing_rounds ? h('span.failing', { title: p.failing_reason || '' }, `${fmtNum(p.failing_rounds)} rounds averaged nothing`) : 'ok']),
         'no live peers', { id: 'live-peers-table' }));
