@@ -20,9 +20,13 @@
  * k replicas are written together, so three agreeing sources are enough to
  * merge the newest entries without walking the whole neighbourhood. */
 #define VALUE_SOURCES_ENOUGH 3
-#ifndef DHT_ALPHA_VALUE
-#define DHT_ALPHA_VALUE DHT_ALPHA
-#endif
+/* A get with DHT_GET_GRACE answers GRACE_FRAC of the first remote
+ * source's round trip after it (at least GRACE_MIN_MS), with the records
+ * of every source that answered by then: the requests sent in the same wave
+ * as the first source's answer within about the same round trip, and a
+ * third source a hop further on does not hold the get for another one. */
+#define GRACE_FRAC 0.25
+#define GRACE_MIN_MS 5
 
 enum { CAND_NEW, CAND_INFLIGHT, CAND_DONE, CAND_FAILED };
 enum lk_kind { LK_NODE, LK_VALUE, LK_STORE };
@@ -46,6 +50,8 @@ struct dht__lookup {
     int sources, value_hop;
     int need;      /* get: sources that are enough (VALUE_SOURCES_ENOUGH) */
     int delivered; /* get: the callback ran; answers still in flight are drained */
+    int grace;     /* get: DHT_GET_GRACE; grace_armed once the first remote source answered */
+    int grace_armed, late_holders; /* late_holders: sources that answered after the grace */
     struct dht_record store_rec;
     int has_store_rec, store_inflight, stored, store_phase;
     uv_timer_t start_timer;
@@ -56,6 +62,7 @@ struct dht__lookup {
 struct rpc_arg {
     struct dht__lookup *lk;
     uint8_t id[DHT_ID_LEN];
+    int64_t sent_ms;
 };
 
 static void node_maybe_release(struct dht_node *n);
@@ -172,6 +179,7 @@ static struct cand *find_cand(struct dht__lookup *lk, const uint8_t *id)
 /* ---- lookups ----------------------------------------------------------- */
 
 static void lookup_pump(struct dht__lookup *lk);
+static void grace_arm(struct dht__lookup *lk, int64_t rtt_ms);
 
 static void lookup_freed(uv_handle_t *h)
 {
@@ -281,6 +289,8 @@ static void lookup_finish(struct dht__lookup *lk)
     lk->finished = 1;
     if (!lk->delivered)
         lookup_deliver(lk);
+    else if (lk->late_holders)
+        hint_save(lk); /* the holders that answered after a grace answer too */
     if (lk->has_store_rec)
         dht_record_cleanup(&lk->store_rec);
     if (lk->prev)
@@ -371,6 +381,15 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
     int ok = 0;
     if (status == CM_OK && from && lk->delivered) {
         ok = 1; /* a get that already answered: the node is alive, its records are not needed */
+        /* but after a grace answer, whether it holds them: the next get of
+           the key asks it first (holder hints, above) */
+        struct dht_msg_values v;
+        if (lk->grace && lk->kind == LK_VALUE && c && dht_msg_parse_values(body, len, &v) == CM_OK) {
+            for (size_t i = 0; i < v.r.n && !c->had; i++)
+                c->had = !memcmp(v.r.rec[i].key, lk->target, DHT_ID_LEN);
+            lk->late_holders |= c->had;
+            dht_msg_values_cleanup(&v);
+        }
     } else if (status == CM_OK && from) {
         if (lk->kind == LK_VALUE) {
             struct dht_msg_values v;
@@ -392,6 +411,8 @@ static void lookup_rpc_done(void *arg, int status, const struct p2p_peer *from,
                     lk->sources++;
                     if (c)
                         c->had = 1;
+                    if (lk->grace && !lk->grace_armed)
+                        grace_arm(lk, now - ra->sent_ms);
                 }
                 for (size_t i = 0; i < v.nodes.n; i++)
                     add_cand(lk, &v.nodes.c[i], hop + 1);
@@ -447,7 +468,7 @@ static void lookup_pump(struct dht__lookup *lk)
      * neighbourhood and most likely hold it too. Topping up to alpha after
      * each answer would leave requests in flight when the last source
      * arrives, and the get would wait a whole round trip more for them. */
-    int cap = lk->kind == LK_VALUE ? DHT_ALPHA_VALUE : DHT_ALPHA;
+    int cap = DHT_ALPHA;
     if (lk->kind == LK_VALUE && lk->sources > 0 && lk->need - lk->sources < cap)
         cap = lk->need - lk->sources;
     if (!n->closing && !enough) {
@@ -468,6 +489,7 @@ static void lookup_pump(struct dht__lookup *lk)
             if (!ra)
                 break;
             ra->lk = lk;
+            ra->sent_ms = p2p_now_ms();
             memcpy(ra->id, c->c.id, DHT_ID_LEN);
             struct sockaddr_storage sa;
             dht_addr_to_sockaddr(&c->c.addr, &sa);
@@ -492,6 +514,26 @@ static void lookup_pump(struct dht__lookup *lk)
         else
             lookup_finish(lk);
     }
+}
+
+/* The grace after a get's first remote source (DHT_GET_GRACE) ran out:
+ * answer with what the sources gave so far. */
+static void grace_cb(uv_timer_t *t)
+{
+    struct dht__lookup *lk = t->data;
+    if (lk->finished || lk->delivered)
+        return;
+    lookup_deliver(lk);
+    if (lk->inflight == 0)
+        lookup_finish(lk);
+}
+
+static void grace_arm(struct dht__lookup *lk, int64_t rtt_ms)
+{
+    lk->grace_armed = 1;
+    int64_t ms = (int64_t)(GRACE_FRAC * (double)rtt_ms);
+    /* the start timer fired long ago (a response came): reused */
+    uv_timer_start(&lk->start_timer, grace_cb, (uint64_t)(ms < GRACE_MIN_MS ? GRACE_MIN_MS : ms), 0);
 }
 
 static void lookup_start_cb(uv_timer_t *t)
@@ -555,7 +597,12 @@ int dht_find_node_async(struct dht_node *n, const uint8_t target[DHT_ID_LEN], dh
 
 int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg)
 {
-    if (!key || klen == 0)
+    return dht_get_async_ex(n, key, klen, 0, cb, arg);
+}
+
+int dht_get_async_ex(struct dht_node *n, const void *key, size_t klen, unsigned flags, dht_cb cb, void *arg)
+{
+    if (!key || klen == 0 || (flags & ~(unsigned)DHT_GET_GRACE))
         return CM_EINVAL;
     uint8_t id[DHT_ID_LEN];
     dht_key_id(key, klen, id);
@@ -564,6 +611,7 @@ int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, v
     if (rc)
         return rc;
     hint_use(lk);
+    lk->grace = (flags & DHT_GET_GRACE) != 0;
     /* Our own store counts as one source (hop 0). */
     const struct dht_record *mine[DHT_MAX_VALUE_RECORDS];
     size_t m = dht_store_get(&n->store, id, p2p_now_ms(), mine, DHT_MAX_VALUE_RECORDS);

@@ -122,6 +122,14 @@ int dht_put_async(struct dht_node *n, const void *key, size_t klen, const void *
 /* Finds the live records of key: the plain value with the latest
  * expiration and every dictionary entry (newest per author and subkey). */
 int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg);
+/* The same with flags. DHT_GET_GRACE: answer half the first remote
+ * source's round trip after it, with the records of every source that
+ * answered by then, instead of waiting for three sources (a read that
+ * must be fast rather than complete: the beam search's prefix reads, where
+ * an expert missed now is found on the next search; not for records every
+ * reader must see, like round announcements). */
+#define DHT_GET_GRACE 1u
+int dht_get_async_ex(struct dht_node *n, const void *key, size_t klen, unsigned flags, dht_cb cb, void *arg);
 /* Runs one refresh / republish pass now (normally timer driven). */
 void dht_node_refresh_now(struct dht_node *n);
 void dht_node_republish_now(struct dht_node *n);
@@ -143,6 +151,8 @@ int dht_put(struct dht_node *n, const void *key, size_t klen, const void *subkey
 /* On CM_OK fills *res (records owned by it; free with dht_result_cleanup). */
 int dht_get(struct dht_node *n, const void *key, size_t klen, uint32_t deadline_ms,
             struct dht_result *res);
+int dht_get_ex(struct dht_node *n, const void *key, size_t klen, unsigned flags, uint32_t deadline_ms,
+               struct dht_result *res);
 /* Picks the plain value out of a get result: NULL when there is none. */
 const struct dht_record *dht_result_plain(const struct dht_result *res);
 void dht_result_cleanup(struct dht_result *res);

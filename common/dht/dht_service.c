@@ -23,6 +23,7 @@ struct dht__job {
     int refs, done, rc;
     uint8_t *key, *subkey, *value;
     size_t klen, sklen, vlen;
+    unsigned get_flags; /* J_GET: dht_get_async_ex's flags */
     int64_t expires_ms;
     struct sockaddr_storage *addrs;
     size_t naddrs;
@@ -177,7 +178,7 @@ static void run_job(struct dht_node *n, struct dht__job *j)
                            j->expires_ms, job_cb, c);
         break;
     case J_GET:
-        rc = dht_get_async(n, j->key, j->klen, job_cb, c);
+        rc = dht_get_async_ex(n, j->key, j->klen, j->get_flags, job_cb, c);
         break;
     default:
         rc = dht_bootstrap_async(n, j->addrs, j->naddrs, job_cb, c);
@@ -429,8 +430,14 @@ int dht_put(struct dht_node *n, const void *key, size_t klen, const void *subkey
 int dht_get(struct dht_node *n, const void *key, size_t klen, uint32_t deadline_ms,
             struct dht_result *res)
 {
+    return dht_get_ex(n, key, klen, 0, deadline_ms, res);
+}
+
+int dht_get_ex(struct dht_node *n, const void *key, size_t klen, unsigned flags, uint32_t deadline_ms,
+               struct dht_result *res)
+{
     memset(res, 0, sizeof *res);
-    if (!key || !klen)
+    if (!key || !klen || (flags & ~(unsigned)DHT_GET_GRACE))
         return CM_EINVAL;
     struct dht__job *j = calloc(1, sizeof *j);
     if (!j || !(j->key = dup_bytes(key, klen))) {
@@ -439,6 +446,7 @@ int dht_get(struct dht_node *n, const void *key, size_t klen, uint32_t deadline_
     }
     j->type = J_GET;
     j->klen = klen;
+    j->get_flags = flags;
     int rc = submit(n, j, deadline_ms);
     if (rc == CM_ESTATE || rc == CM_ECLOSED)
         return rc;

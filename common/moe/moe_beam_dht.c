@@ -180,7 +180,7 @@ static void *round_worker(void *arg)
             continue;
         }
         struct dht_result r;
-        l->status = dht_get(j->node, l->key, l->klen, (uint32_t)left, &r);
+        l->status = dht_get_ex(j->node, l->key, l->klen, DHT_GET_GRACE, (uint32_t)left, &r);
         if (l->status == CM_OK) {
             l->status = r.status;
             if (l->status == CM_OK)
@@ -344,7 +344,7 @@ static void async_issue(struct async_search *as)
             ag->as = as;
             ag->p = ps[i];
             as->refs++;
-            rc = dht_get_async(as->node, key, kl, async_get_done, ag);
+            rc = dht_get_async_ex(as->node, key, kl, DHT_GET_GRACE, async_get_done, ag);
             if (rc)
                 as->refs--;
         }
