@@ -41,6 +41,7 @@
 
 #define HYSTERESIS_S 30       /* at most one solve per run per this many seconds... */
 #define MEMBERS_HYSTERESIS_S 5 /* ...or this many when peers joined or left */
+#define IP_HYSTERESIS_S 2      /* ...or this many when only where one is reached changed */
 #define VALID_S 600           /* validity window of a schedule */
 #define REFRESH_S 300         /* re-solve when less validity than this is left */
 #define FAIL_WINDOW_S 3600    /* history used to estimate the failure rate */
@@ -132,14 +133,17 @@ static int find_key(const struct sched_peer *peers, size_t n, const uint8_t key[
  * solved again. A peer that joined sends even parts (a slow one holds every
  * round to its link) and a peer that left is waited for until the schedule
  * says otherwise, so a change of the set of peers (the newest payload lists
- * them by key) or of where one is reached (its "ip": another relay) waits
- * MEMBERS_HYSTERESIS_S; changed figures of the same peers (throughputs
- * measured again) HYSTERESIS_S. */
+ * them by key) waits MEMBERS_HYSTERESIS_S, a change of where one is
+ * reached (its "ip": another relay, rare) IP_HYSTERESIS_S: every member
+ * refuses it as an aggregator until a schedule has it, and a NAT'ed
+ * agent whose relay died rounds with only refused aggregators failed for
+ * 5-10 s (test_hosts' relay kill under the sanitizers: 6 rounds); changed
+ * figures of the same peers (throughputs measured again) HYSTERESIS_S. */
 static long long hysteresis_s(const struct coord_newest *nw, const struct inputs *in)
 {
     json_t *root = nw->payload ? json_loads(nw->payload, 0, NULL) : NULL;
     json_t *arr = json_object_get(root, "peers");
-    int changed = !json_is_array(arr) || json_array_size(arr) != in->n;
+    int changed = !json_is_array(arr) || json_array_size(arr) != in->n, moved = 0;
     size_t i;
     json_t *e;
     json_array_foreach(arr, i, e) {
@@ -148,13 +152,13 @@ static long long hysteresis_s(const struct coord_newest *nw, const struct inputs
             break;
         int at = api_key_param(json_string_value(json_object_get(e, "key")), k) ? find_key(in->peers, in->n, k) : -1;
         /* a peer reached elsewhere (another relay) is refused as an
-           aggregator by every member until the schedule says so: as
-           urgent as a change of peers */
+           aggregator by every member until the schedule says so */
         const char *ip = json_string_value(json_object_get(e, "ip"));
-        changed = at < 0 || strcmp(ip ? ip : "", in->peers[at].ip) != 0;
+        changed = at < 0;
+        moved |= !changed && strcmp(ip ? ip : "", in->peers[at].ip) != 0;
     }
     json_decref(root);
-    return changed ? MEMBERS_HYSTERESIS_S : HYSTERESIS_S;
+    return changed ? MEMBERS_HYSTERESIS_S : moved ? IP_HYSTERESIS_S : HYSTERESIS_S;
 }
 
 /* Serve it as is, or solve again? in: the live inputs (NULL or none: there

@@ -450,15 +450,16 @@ void dp_schedule_upkeep(struct dp_state *s, double sps)
     double t = peer_mono_s();
     peer_rt_report_caps(&s->rt, sps, s->o.aggregate_only);
     /* every 30 s once a schedule lists us; every 5 s until then, so a new
-       peer's capabilities are put to use soon after the coordinator solves,
-       and while rounds refuse us as an aggregator for announcing an
-       address the schedule does not give us yet (a new relay) */
+       peer's capabilities are put to use soon after the coordinator solves;
+       every 2 s while rounds refuse us as an aggregator for announcing an
+       address the schedule does not give us yet (a new relay: the
+       coordinator solves 2 s after such a change) */
     const struct sched_schedule *cur = dp_sched_current(s->js);
     int listed = 0;
     for (size_t i = 0; cur && i < cur->n && !listed; i++)
         listed = !memcmp(cur->peers[i].key, s->rt.key.pub, CM_ED25519_PUB_LEN);
     int lagging = __atomic_load_n(&s->self_refused, __ATOMIC_RELAXED);
-    if (s->sched_at == 0 || t - s->sched_at > (listed && !lagging ? 30 : 5)) {
+    if (s->sched_at == 0 || t - s->sched_at > (lagging ? 2 : listed ? 30 : 5)) {
         if (dp_sched_refresh(s->js, &s->rt.coord) != CM_OK)
             dp_sched_from_dht(s);
         s->sched_at = t;

@@ -272,6 +272,14 @@ int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint
     if ((iplen == 4 && (ip[0] == 127 || ip[0] == 0 || ip[0] >= 224)) ||
         (iplen == 16 && (!memcmp(ip, v6_loop, 16) || !memcmp(ip, v6_any, 16) || ip[0] == 0xff)))
         return CM_EPARSE;
+    /* the requester is behind our own router: a punch would need the
+       router to hairpin (the initiator gives up on our answer's address
+       too) */
+    uint8_t own[16];
+    size_t ownlen;
+    public_ip_bytes(h, own, &ownlen);
+    if (ownlen == iplen && !memcmp(own, ip, iplen))
+        return CM_ECONN;
     /* A punch makes us send SYNs, for a few seconds, to an address the
        requester names (it cannot be checked: the request comes through a
        relay): a run member could point them anywhere. Bounded: 4 at once
@@ -312,7 +320,16 @@ static void offer_done(void *arg, int status, const struct p2p_peer *from, const
     size_t iplen;
     uint16_t port;
     if (!p->finished) {
-        if (status == CM_OK && p2p_punch_parse(body, len, ip, &iplen, &port) == CM_OK) {
+        uint8_t me[16];
+        size_t melen = 0;
+        if (status == CM_OK && p2p_punch_parse(body, len, ip, &iplen, &port) == CM_OK)
+            public_ip_bytes(p->h, me, &melen);
+        if (melen && melen == iplen && !memcmp(me, ip, iplen)) {
+            /* behind our own router: the connection would have to turn
+               back at it (hairpinning), which home routers rarely do; the
+               relay stays, without 3 s of SYNs first */
+            punch_finish(p, CM_ECONN, NULL);
+        } else if (melen) {
             endpoint(ip, iplen, port, &p->peer_ep);
             p->have_peer = 1;
             try_connect(p);

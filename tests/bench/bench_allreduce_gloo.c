@@ -746,7 +746,10 @@ static int hosts_table(size_t floats)
         }
         int reps = CAPS[k] >= 1000 ? 3 : 1;
         double err = 0, cpu = 0, sys = 0, eg = 0, cg = 0;
-        double ours = measure(&s, AR_COMP_NONE, 0, 1, reps, &err, &cpu, &sys);
+        /* BENCH_AR_PACE=F (investigating): our peers pace their own
+           sending at F x the link's cap (the transport's token bucket) */
+        double pace = getenv("BENCH_AR_PACE") ? atof(getenv("BENCH_AR_PACE")) * CAPS[k] : 0;
+        double ours = measure(&s, AR_COMP_NONE, pace, 1, reps, &err, &cpu, &sys);
         swarm_stop(&s);
         char why[256] = "";
         int gfail = 0;
