@@ -587,7 +587,7 @@ static void test_behind_nat(void **state)
     check(&g_nat, NNAT_PUB);
     /* the NAT'ed agents aggregated parts through their relays, and their
        step logs say so */
-    int relayed_agg = 0;
+    int relayed_agg = 0, cone_aggs = 0;
     for (int i = NNAT_PUB; i < g_nat.n; i++) {
         FILE *fp = fopen(g_nat.steps[i], "r");
         assert_non_null(fp);
@@ -612,6 +612,9 @@ static void test_behind_nat(void **state)
         printf("%s: %d steps reached through a relay, %d of them aggregating a part\n",
                g_net.h[g_nat.host[i]].name, via, agg);
         relayed_agg += agg;
+        /* hosts 2 and 3 are behind the cone-like router: others punch a
+           hole to those the schedule has aggregate */
+        cone_aggs += i < NNAT_PUB + 2 && agg > 0;
     }
     assert_true(relayed_agg >= 1);
     /* the public agents punched holes to the agents behind the cone-like
@@ -653,7 +656,10 @@ static void test_behind_nat(void **state)
                "cone-like NAT's agents came at step %ld); punched in %ld of %ld steps since\n",
                g_net.h[g_nat.host[i]].name, most, relayed_aggs, first, cone_first, held, after);
         assert_true(cone_first < LONG_MAX);
-        assert_int_equal(most, 2);
+        /* the cone agents the schedule had aggregate (the LP may leave
+           one of them without a part: 1 of 2 in a run) */
+        assert_true(cone_aggs >= 1);
+        assert_true(most >= 1 && most <= cone_aggs);
         assert_true(first >= cone_first && first <= cone_first + 60);
         assert_true(held >= 0.9 * after);
     }
@@ -693,10 +699,11 @@ static void test_behind_nat(void **state)
     }
     assert_int_equal(direct, NNAT_PUB);
     assert_int_equal(relayed, NNAT_PRIV);
-    /* their reports say so: the two behind the cone-like router hold
-       punched connections, the two behind the symmetric-like one none */
+    /* their reports say so: the agents behind the cone-like router that
+       aggregated hold punched connections, the two behind the
+       symmetric-like one none */
     if (PUNCH_CHECKED)
-        assert_int_equal(cone_punched, 2);
+        assert_true(cone_punched >= cone_aggs);
     assert_int_equal(sym_punched, 0);
     ct_resp_free(&r);
 }
