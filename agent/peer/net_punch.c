@@ -21,24 +21,25 @@ static double mono_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-struct ip_arg {
-    struct sockaddr_storage ip;
+/* An address handed to the loop thread, and what came of it. */
+struct addr_arg {
+    struct sockaddr_storage addr;
     int rc;
 };
 
 static void public_ip_fn(void *arg, struct peer_net *n)
 {
-    struct ip_arg *a = arg;
-    a->rc = p2p_host_set_public_ip(ar_engine_host(n->ar), (struct sockaddr *)&a->ip);
+    struct addr_arg *a = arg;
+    a->rc = p2p_host_set_public_ip(ar_engine_host(n->ar), (struct sockaddr *)&a->addr);
     if (!a->rc)
         n->public_ip_set = 1;
 }
 
 int peer_net_set_public_ip(struct peer_net *n, const char *ip)
 {
-    struct ip_arg a = {.rc = CM_EINVAL};
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&a.ip;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&a.ip;
+    struct addr_arg a = {.rc = CM_EINVAL};
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&a.addr;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&a.addr;
     if (ip && inet_pton(AF_INET, ip, &a4->sin_addr) == 1)
         a4->sin_family = AF_INET;
     else if (ip && inet_pton(AF_INET6, ip, &a6->sin6_addr) == 1)
@@ -148,20 +149,15 @@ void peer_net_punch(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], c
     }
 }
 
-struct alive_arg {
-    struct sockaddr_storage addr;
-    int alive;
-};
-
 static void alive_fn(void *arg, struct peer_net *n)
 {
-    struct alive_arg *a = arg;
-    a->alive = p2p_host_punched_to(ar_engine_host(n->ar), (struct sockaddr *)&a->addr);
+    struct addr_arg *a = arg;
+    a->rc = p2p_host_punched_to(ar_engine_host(n->ar), (struct sockaddr *)&a->addr);
 }
 
 int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr)
 {
-    struct alive_arg a = {0};
+    struct addr_arg a = {0}; /* rc: the hole is open */
     if (!n || p2p_addr_parse(addr, &a.addr))
         return PEER_PUNCH_NONE;
     pthread_mutex_lock(&n->relay_mu);
@@ -170,7 +166,7 @@ int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LE
     pthread_mutex_unlock(&n->relay_mu);
     /* a hole that closed (the peer left, its router forgot the mapping):
        the transport took the relay again; punch anew */
-    if (st == PEER_PUNCH_DIRECT && peer_net_call(n, alive_fn, &a) == CM_OK && !a.alive) {
+    if (st == PEER_PUNCH_DIRECT && peer_net_call(n, alive_fn, &a) == CM_OK && !a.rc) {
         pthread_mutex_lock(&n->relay_mu);
         if ((p = find(n, pub, &a.addr)) && p->state == PEER_PUNCH_DIRECT) {
             p->state = PEER_PUNCH_FAILED; /* the next peer_net_punch tries at once */
