@@ -64,6 +64,8 @@
 #include <unistd.h>
 
 #include "ct_harness.h"
+#include "ct_hostrun.h"
+#include "ct_join.h"
 #include "ct_net.h"
 #include "ct_steps.h"
 
@@ -100,32 +102,18 @@ _Static_assert(NAT_STEPS <= CT_STEPS_MAX, "the step logs' fold holds every step 
 #define NLIAR 4   /* three honest agents and one announcing the first one's host */
 #define LIAR_AR_PORT "7411"
 #define LIAR_DHT_PORT "7412"
-#define MAXA 8
-
-struct collab {
-    const char *run;
-    long nsteps; /* the run's steps; 0: STEPS */
-    int eval;    /* evaluate at the end (the others train with --no-eval) */
-    const char *extra_of[MAXA][7]; /* flags of agent i alone (NULL-terminated) */
-    int n;
-    int host[MAXA];
-    char dir[MAXA][256], log[MAXA][320], steps[MAXA][320];
-    pid_t pid[MAXA];
-    double t0;              /* when the agents were started (monotonic s) */
-    double reach_at[MAXA];  /* when each printed its reachability line */
-    int status[MAXA];
-};
+#define MAXA CT_HOSTRUN_MAX
 
 static struct ct_net g_net;
 static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
 static int g_coord_host;
-static struct collab g_pub = {.run = "hosts-public"},
+static struct ct_hostrun g_pub = {.run = "hosts-public"},
                      g_nat = {.run = "hosts-nat", .nsteps = NAT_STEPS, .eval = NAT_STEPS > STEPS},
                      g_lost = {.run = "hosts-lost"},
                      g_links = {.run = "hosts-links", .nsteps = LINK_STEPS};
-static struct collab g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "hosts-allnat"};
+static struct ct_hostrun g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "hosts-allnat"};
 /* The liar run trains in the normal build only: beside the other runs its
    four more agents under the sanitizers left the 24-step NAT run's rounds
    without one of its agents in 12 of 24 steps (a fresh clone); what it
@@ -136,7 +124,7 @@ static struct collab g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "ho
 #else
 #define LIAR_RUN 1
 #endif
-static struct collab g_liar = {.run = "hosts-liar"};
+static struct ct_hostrun g_liar = {.run = "hosts-liar"};
 /* The cone-like router drops unsolicited connections and the NAT run checks
    that the public agents punched holes to the agents behind it: in the
    normal build (setup says why not under the sanitizers) */
@@ -150,14 +138,7 @@ static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directi
 static int g_vol; /* volunteers made so far */
 static int g_teardown_failed;
 
-static double mono_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static int prepare(struct collab *c)
+static int prepare(struct ct_hostrun *c)
 {
     json_t *recipe = ct_fmnist_recipe(c->nsteps ? c->nsteps : STEPS);
     char *body = ct_run_body(c->run, recipe);
@@ -179,40 +160,9 @@ static int prepare(struct collab *c)
     return 0;
 }
 
-/* Starts the agents; extra0, extra1 (may be NULL) are flags for all of
- * them. A run that trains to its accuracy (c->eval) evaluates at the end
- * and takes a 50 ms round window and a 20 ms gathering margin (defaults
- * 300 and 150; the window is how long a round waits for announcements,
- * sized for the Internet's delays, which the test bed does not have): at
- * the defaults its 500 steps took 0.55 s each, 0.45 s of them waiting. */
-static int start(struct collab *c, const char *extra0, const char *extra1)
+static int start(struct ct_hostrun *c, const char *extra0, const char *extra1)
 {
-    c->t0 = mono_s();
-    for (int i = 0; i < c->n; i++) {
-        snprintf(c->log[i], sizeof c->log[i], "%.250s/join.log", c->dir[i]);
-        snprintf(c->steps[i], sizeof c->steps[i], "%.250s/join.steps", c->dir[i]);
-        const char *argv[24] = {ct_bin("crowdtrain-agent"), "join", "--run", c->run, "--config-dir", c->dir[i],
-                                "--device", "cpu", "--step-log", c->steps[i]};
-        int a = 10;
-        if (c->eval) {
-            argv[a++] = "--round-window-ms";
-            argv[a++] = "100";
-            argv[a++] = "--gather-margin-ms";
-            argv[a++] = "30";
-        } else {
-            argv[a++] = "--no-eval";
-        }
-        if (extra0)
-            argv[a++] = extra0;
-        if (extra1)
-            argv[a++] = extra1;
-        for (int k = 0; c->extra_of[i][k] && a < 23; k++)
-            argv[a++] = c->extra_of[i][k];
-        argv[a] = NULL;
-        if ((c->pid[i] = ct_net_spawn(&g_net, c->host[i], argv, c->log[i])) <= 0)
-            return -1;
-    }
-    return 0;
+    return ct_hostrun_start(c, &g_net, extra0, extra1);
 }
 
 static int setup(void **state)
@@ -331,7 +281,7 @@ static int setup(void **state)
     /* The backbone measures one link at a time (agents that join together
        queue, and give up after 10 s to try again later): the capped hosts
        measure theirs first, then the others join. */
-    for (double t0 = mono_s(); mono_s() - t0 < 40;) {
+    for (double t0 = ct_hostrun_now(); ct_hostrun_now() - t0 < 40;) {
         int measured = 0;
         for (int i = 0; i < g_links.n; i++) {
             char *log = ct_read_file(g_links.log[i], NULL);
@@ -350,65 +300,22 @@ static int setup(void **state)
     return 0;
 }
 
-static void stop_all(struct collab *c)
-{
-    for (int i = 0; i < c->n; i++)
-        if (c->pid[i] > 0) {
-            kill(c->pid[i], SIGKILL);
-            ct_wait(c->pid[i], 10);
-            c->pid[i] = 0;
-        }
-}
-
 static int teardown(void **state)
 {
     (void)state;
-    stop_all(&g_pub);
-    stop_all(&g_nat);
-    stop_all(&g_lost);
-    stop_all(&g_links);
-    stop_all(&g_kill);
-    stop_all(&g_allnat);
-    stop_all(&g_liar);
+    struct ct_hostrun *all[] = {&g_pub, &g_nat, &g_lost, &g_links, &g_kill, &g_allnat, &g_liar};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+        ct_hostrun_cleanup(all[k]);
     int rc = ct_coord_cleanup(&g_c);
     ct_pg_stop(&g_pg);
     ct_net_destroy(&g_net);
-    for (int i = 0; i < MAXA && !getenv("CT_KEEP_LOGS"); i++) {
-        if (g_pub.dir[i][0])
-            ct_rmrf(g_pub.dir[i]);
-        if (g_nat.dir[i][0])
-            ct_rmrf(g_nat.dir[i]);
-        if (g_lost.dir[i][0])
-            ct_rmrf(g_lost.dir[i]);
-        if (g_links.dir[i][0])
-            ct_rmrf(g_links.dir[i]);
-        if (g_kill.dir[i][0])
-            ct_rmrf(g_kill.dir[i]);
-        if (g_allnat.dir[i][0])
-            ct_rmrf(g_allnat.dir[i]);
-        if (g_liar.dir[i][0])
-            ct_rmrf(g_liar.dir[i]);
-    }
     free(g_org);
     g_teardown_failed = rc != 0;
     return rc;
 }
 
-/* Notes when each agent of c printed its reachability line. */
-static void watch(struct collab *c)
-{
-    for (int i = 0; i < c->n; i++) {
-        if (c->reach_at[i] || !c->t0)
-            continue;
-        char *log = ct_read_file(c->log[i], NULL);
-        if (log && strstr(log, "reachability: "))
-            c->reach_at[i] = mono_s() - c->t0;
-        free(log);
-    }
-}
-
 /* When the coordinator's stats of the lost run first said it is not
- * averaging (seconds after its agents started; 0: not yet). */
+ * averaging (seconds after its agents started; 0: not yet), and why. */
 static double g_lost_flagged;
 static char g_lost_reason[400];
 
@@ -420,7 +327,7 @@ static void watch_lost_stats(void)
     if (ct_http(&g_c, "GET", "/api/v1/runs/hosts-lost/stats", NULL, NULL, &r) == 0 && r.status == 200) {
         json_t *a = json_object_get(r.json, "averaging");
         if (json_is_true(json_object_get(a, "not_averaging"))) {
-            g_lost_flagged = mono_s() - g_lost.t0;
+            g_lost_flagged = ct_hostrun_now() - g_lost.t0;
             const char *why = json_string_value(json_object_get(a, "reason"));
             snprintf(g_lost_reason, sizeof g_lost_reason, "%s", why ? why : "");
         }
@@ -450,7 +357,7 @@ static void watch_kill(void)
             if (!strncmp(l, ip, strlen(ip)) && l[strlen(ip)] == ':' && g_kill.pid[i] > 0) {
                 kill(g_kill.pid[i], SIGKILL);
                 g_killed = i;
-                g_killed_at = mono_s();
+                g_killed_at = ct_hostrun_now();
                 snprintf(g_killed_ip, sizeof g_killed_ip, "%s", ip);
                 printf("killed the relay %s (%s) at step %d of its NAT'ed agent\n", g_net.h[g_kill.host[i]].name,
                        ip, KILL_AT_STEP);
@@ -464,36 +371,19 @@ static void watch_kill(void)
 /* Waits for every agent of c to exit, watching the collaborations'
  * reachability lines and the lost run's stats meanwhile (they run at
  * once). */
-static void wait_all(struct collab *c, int timeout_s)
+static void wait_all(struct ct_hostrun *c, int timeout_s)
 {
-    double end = mono_s() + timeout_s;
-    int left = c->n;
-    for (int i = 0; i < c->n; i++)
-        c->status[i] = -1;
-    while (left > 0 && mono_s() < end) {
-        watch(&g_pub);
-        watch(&g_nat);
-        watch(&g_lost);
-        watch(&g_links);
-        watch(&g_kill);
-        watch(&g_allnat);
-        watch(&g_liar);
+    double end = ct_hostrun_now() + timeout_s;
+    struct ct_hostrun *all[] = {&g_pub, &g_nat, &g_lost, &g_links, &g_kill, &g_allnat, &g_liar};
+    while (ct_hostrun_reap(c) > 0 && ct_hostrun_now() < end) {
+        for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+            ct_hostrun_watch(all[k]);
         watch_kill();
         watch_lost_stats();
-        for (int i = 0; i < c->n; i++) {
-            if (c->status[i] < 0 && c->pid[i] > 0) {
-                int st = 0;
-                if (waitpid(c->pid[i], &st, WNOHANG) == c->pid[i]) {
-                    c->status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-                    c->pid[i] = 0;
-                    left--;
-                }
-            }
-        }
         usleep(100000);
     }
-    watch(c);
-    stop_all(c);
+    ct_hostrun_watch(c);
+    ct_hostrun_stop(c);
 }
 
 /* The collaboration's checks: every agent finished, its reachability line
@@ -501,7 +391,7 @@ static void wait_all(struct collab *c, int timeout_s)
  * rest "not reachable at <its router's address>", within 10 s), every step
  * was averaged by all n members with every part agreed, identical hashes,
  * and the loss fell. */
-static void check(struct collab *c, int n_direct)
+static void check(struct ct_hostrun *c, int n_direct)
 {
     const int n = c->nsteps ? (int)c->nsteps : STEPS;
     wait_all(c, c->eval ? 480 : 300);
@@ -561,9 +451,7 @@ static void check(struct collab *c, int n_direct)
        the final parameters, which are identical) */
     for (int i = 0; c->eval && i < c->n; i++) {
         char *log = ct_read_file(c->log[i], NULL);
-        const char *e = log ? strstr(log, "evaluation at step") : NULL;
-        const char *a = e ? strstr(e, "accuracy ") : NULL;
-        double acc = a ? atof(a + 9) : -1;
+        double acc = log ? ct_join_accuracy(log) : -1;
         printf("%s: test accuracy %.2f %%\n", g_net.h[c->host[i]].name, acc);
         free(log);
         assert_true(acc >= NAT_ACCURACY);
@@ -632,26 +520,9 @@ static void test_behind_nat(void **state)
         cone_first = f > 0 && f < cone_first ? f : cone_first;
     }
     for (int i = 0; PUNCH_CHECKED && i < NNAT_PUB; i++) {
-        FILE *fp = fopen(g_nat.steps[i], "r");
-        assert_non_null(fp);
-        char line[2048];
-        long most = 0, first = 0, relayed_aggs = 0, held = 0, after = 0;
-        while (fgets(line, sizeof line, fp)) {
-            json_t *j = json_loads(line, 0, NULL);
-            long p = j ? (long)json_integer_value(json_object_get(j, "punched")) : 0;
-            long r = j ? (long)json_integer_value(json_object_get(j, "relayed_aggs")) : 0;
-            if (p > most)
-                most = p;
-            if (p > 0 && !first)
-                first = (long)json_integer_value(json_object_get(j, "step"));
-            if (first) { /* from the first punched step on: through holes still */
-                after++;
-                held += p >= 1;
-            }
-            relayed_aggs = r > relayed_aggs ? r : relayed_aggs;
-            json_decref(j);
-        }
-        fclose(fp);
+        struct ct_punch_log pl;
+        assert_int_equal(ct_punch_log_read(g_nat.steps[i], &pl), 0);
+        long most = pl.most, first = pl.first, relayed_aggs = pl.relayed_aggs, held = pl.held, after = pl.after;
         printf("%s: up to %ld of %ld relayed aggregators reached through a punched hole, from step %ld (the "
                "cone-like NAT's agents came at step %ld); punched in %ld of %ld steps since\n",
                g_net.h[g_nat.host[i]].name, most, relayed_aggs, first, cone_first, held, after);
@@ -904,7 +775,7 @@ static void test_announces_another_host(void **state)
 static void test_no_step_without_averaging(void **state)
 {
     (void)state;
-    while (mono_s() - g_lost.t0 < 60 && !g_lost_flagged) {
+    while (ct_hostrun_now() - g_lost.t0 < 60 && !g_lost_flagged) {
         watch_lost_stats();
         usleep(500000);
     }
