@@ -222,11 +222,7 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
     me.sends = !s->o.aggregate_only && !pull_only;
     me.pull_only = !s->o.aggregate_only && pull_only;
     char my[PEER_ADDR_MAX];
-    pthread_mutex_lock(&s->rt.addr_mu); /* the address and how it reaches us, together */
-    snprintf(my, sizeof my, "%s", s->rt.my_addr);
-    me.agg = my[0] != 0;
-    me.relayed = me.agg && s->rt.reach == PEER_REACH_RELAYED;
-    pthread_mutex_unlock(&s->rt.addr_mu);
+    me.agg = peer_rt_my_addr(&s->rt, my, &me.relayed);
     me.t_ms = dp_now(s);
     me.sched_version = s->js ? dp_sched_version(s->js) : 0;
     snprintf(me.addr, sizeof me.addr, "%s", my);

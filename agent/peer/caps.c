@@ -105,10 +105,15 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
     struct peer_caps c = {0};
     c.sps = aux ? 0 : sps;
     c.failing = __atomic_load_n(&rt->failing_rounds, __ATOMIC_RELAXED);
-    /* peers reached through a punched hole, or reaching us through one
-       (asked of the net's loop before any lock is held) */
-    size_t punched = rt->net ? peer_net_punched(rt->net) : 0;
-    c.punched = punched > PEER_CAPS_MAX_PUNCHED ? PEER_CAPS_MAX_PUNCHED : (int)punched;
+    /* peers reached through a punched hole, or reaching us through one:
+       asked of the net's loop (a wait for it, on the training thread) at
+       most every 5 s, before any lock is held */
+    if (rt->net && t - rt->punched_at >= 5) {
+        size_t punched = peer_net_punched(rt->net);
+        rt->punched = punched > PEER_CAPS_MAX_PUNCHED ? PEER_CAPS_MAX_PUNCHED : (int)punched;
+        rt->punched_at = t;
+    }
+    c.punched = rt->punched;
     /* measured (the link probe), capped by what the volunteer allows; the
        cap, or 1 Gbit/s, until measured; one lock for what the probe thread
        and the role's failing rounds hand over */

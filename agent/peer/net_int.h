@@ -54,6 +54,7 @@ struct peer_punch {
     struct sockaddr_storage addr; /* its relayed averaging address */
     int state;                    /* PEER_PUNCH_* of net.h */
     double retry_at;              /* mono s: a failed one is tried again from then */
+    double checked_at;            /* mono s: a direct one's connection last seen open */
     int fails;
 };
 

@@ -160,13 +160,19 @@ int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LE
     struct addr_arg a = {0}; /* rc: the hole is open */
     if (!n || p2p_addr_parse(addr, &a.addr))
         return PEER_PUNCH_NONE;
+    double now = mono_s();
     pthread_mutex_lock(&n->relay_mu);
     struct peer_punch *p = find(n, pub, &a.addr);
     int st = p ? p->state : PEER_PUNCH_NONE;
+    /* asked of the loop (a wait on the caller's thread: the training loop)
+       at most once a second per hole */
+    int check = st == PEER_PUNCH_DIRECT && now - p->checked_at >= 1.0;
+    if (check)
+        p->checked_at = now;
     pthread_mutex_unlock(&n->relay_mu);
     /* a hole that closed (the peer left, its router forgot the mapping):
        the transport took the relay again; punch anew */
-    if (st == PEER_PUNCH_DIRECT && peer_net_call(n, alive_fn, &a) == CM_OK && !a.rc) {
+    if (check && peer_net_call(n, alive_fn, &a) == CM_OK && !a.rc) {
         pthread_mutex_lock(&n->relay_mu);
         if ((p = find(n, pub, &a.addr)) && p->state == PEER_PUNCH_DIRECT) {
             p->state = PEER_PUNCH_FAILED; /* the next peer_net_punch tries at once */

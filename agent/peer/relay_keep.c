@@ -44,6 +44,17 @@ int peer_rt_addrs(struct peer_rt *rt, char my[PEER_ADDR_MAX], char st[PEER_ADDR_
     return accepting;
 }
 
+int peer_rt_my_addr(struct peer_rt *rt, char my[PEER_ADDR_MAX], int *relayed)
+{
+    pthread_mutex_lock(&rt->addr_mu);
+    snprintf(my, PEER_ADDR_MAX, "%s", rt->my_addr);
+    int accepting = rt->my_addr[0] != 0;
+    if (relayed)
+        *relayed = accepting && rt->reach == PEER_REACH_RELAYED;
+    pthread_mutex_unlock(&rt->addr_mu);
+    return accepting;
+}
+
 void peer__set_addrs(struct peer_rt *rt, const char *my, const char *st)
 {
     pthread_mutex_lock(&rt->addr_mu);

@@ -191,6 +191,8 @@ struct peer_rt {
     int failing_rounds;    /* the role's rounds in a row that averaged nothing (atomic) */
     char failing_why[160]; /* under probe_mu */
     double caps_at;        /* mono of the last report */
+    int punched;           /* open connections punches made (peer_net_punched), */
+    double punched_at;     /* asked of the net's loop at most every few seconds */
     /* state sync */
     uint64_t syncs; /* states fetched from peers */
 };
@@ -213,6 +215,9 @@ int peer_rt_interrupted(const struct peer_rt *rt);
  * state), 0 in client mode (both ""). They change when a relay comes or
  * goes. Any thread. */
 int peer_rt_addrs(struct peer_rt *rt, char my[PEER_ADDR_MAX], char st[PEER_ADDR_MAX]);
+/* The same for the averaging address alone, and in *relayed (may be NULL)
+ * whether it is a port lent by a relay, read together. */
+int peer_rt_my_addr(struct peer_rt *rt, char my[PEER_ADDR_MAX], int *relayed);
 
 /* ---- clock ---- */
 /* The collaboration's time in ms (the coordinator's clock). Any thread. */

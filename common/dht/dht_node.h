@@ -122,8 +122,8 @@ int dht_put_async(struct dht_node *n, const void *key, size_t klen, const void *
 /* Finds the live records of key: the plain value with the latest
  * expiration and every dictionary entry (newest per author and subkey). */
 int dht_get_async(struct dht_node *n, const void *key, size_t klen, dht_cb cb, void *arg);
-/* The same with flags. DHT_GET_GRACE: answer half the first remote
- * source's round trip after it, with the records of every source that
+/* The same with flags. DHT_GET_GRACE: answer a quarter of the first
+ * remote source's round trip after it (at least 5 ms), with the records of every source that
  * answered by then, instead of waiting for three sources (a read that
  * must be fast rather than complete: the beam search's prefix reads, where
  * an expert missed now is found on the next search; not for records every
