@@ -9,7 +9,9 @@ post-LN blocks, no final LayerNorm, MLM plus sentence-order loss on the
 tanh-pooled [CLS] position), each file holds the inputs, the initial flat parameter buffer (in our tensor
 order, kernels/kern_mlp.c and kern_tfm.c), the logits, the mean loss, the
 flat gradient, and the parameters after 3 AdamW steps and after 3 LAMB steps
-(fresh optimizer each, same batch every step).
+(fresh optimizer each, same batch every step; the key part of each qkv bias's
+gradient, zero in exact arithmetic, set to exactly zero before each step:
+zero_key_bias_grads).
 
 The models here mirror ours op for op: pre-LayerNorm blocks (eps 1e-5; post-LN
 for albert_sop),
@@ -179,6 +181,21 @@ def lamb_step(P, layout, state, t, lr, b1, b2, eps, wd):
             p.sub_(lr * ratio * u)
 
 
+def zero_key_bias_grads(P, layout):
+    """The key third of each attention's qkv bias has a gradient that is zero
+    in exact arithmetic (it adds one constant to every score of a softmax
+    row), so both frameworks hold rounding noise there, and which elements
+    are noise and which are exactly zero depends on the CPU's BLAS kernels.
+    Adam turns noise into full-size steps of either sign, and LAMB's
+    per-tensor norm carries them into the rest of the bias. Before each
+    optimizer step the test and this script set it to the exact zero."""
+    with torch.no_grad():
+        for n, shape in layout:
+            if n.endswith("attn.qkv.bias"):
+                c = shape[0] // 3
+                P[n].grad[c:2 * c] = 0
+
+
 def train_steps(make, layout, loss_fn, kind, steps=3, lr=1e-2, wd=0.01):
     P = make()
     if kind == "adamw":
@@ -192,6 +209,7 @@ def train_steps(make, layout, loss_fn, kind, steps=3, lr=1e-2, wd=0.01):
         for p in P.values():
             p.grad = None
         loss_fn(P).backward()
+        zero_key_bias_grads(P, layout)
         if kind == "adamw":
             opt.step()
         else:

@@ -101,6 +101,25 @@ static const struct fx_tensor *fx_get(const struct fixture *fx, const char *name
     return NULL;
 }
 
+/* The key third of each attention's qkv bias has a gradient that is zero
+ * in exact arithmetic (it adds one constant to every score of a softmax
+ * row), so both frameworks hold rounding noise there, and which elements
+ * are noise and which exactly zero depends on the CPU's BLAS kernels; Adam
+ * turns noise into full-size steps of either sign, and LAMB's per-tensor
+ * norm carries them into the rest of the bias. Before each optimizer step
+ * this test and the fixture's script (scripts/make_torch_fixtures.py,
+ * zero_key_bias_grads) set it to the exact zero. CPU backend: the
+ * gradients are host memory. */
+static void zero_key_bias_grads(struct kern_model *m)
+{
+    for (int i = 0; i < m->ntensors; i++) {
+        const struct kern_tensor *ts = &m->tensors[i];
+        size_t len = strlen(ts->name);
+        if (len >= 13 && !strcmp(ts->name + len - 13, "attn.qkv.bias"))
+            memset(m->grads + ts->off + ts->numel / 3, 0, ts->numel / 3 * sizeof(float));
+    }
+}
+
 static void close_enough(const char *what, const float *got, const float *want, size_t n,
                          double atol, double rtol)
 {
@@ -182,47 +201,11 @@ static void check(struct kern_model *m, const struct fixture *fx, const struct k
         for (int s = 0; s < 3; s++) {
             kern_model_zero_grad(m);
             assert_int_equal(kern_model_fwd_bwd(m, b, 1.0f, NULL), CM_OK);
+            zero_key_bias_grads(m);
             assert_int_equal(kern_optim_step(o, m, NULL, NULL), CM_OK);
         }
         assert_int_equal(kern_model_get_params(m, buf), CM_OK);
-        /* The key bias has a gradient that is zero in exact arithmetic
-         * (adding a constant to every score of a softmax row changes
-         * nothing), so both frameworks hold rounding noise there, which
-         * Adam's normalization turns into full-size steps of either sign.
-         * Those elements are compared to the initial value plus at most 3
-         * steps of lr; everything else must match PyTorch closely. */
-        float *ref = malloc(m->nparams * sizeof(float));
-        assert_non_null(ref);
-        memcpy(ref, fx_get(fx, names[k])->data, m->nparams * sizeof(float));
-        for (int i = 0; i < m->ntensors; i++) {
-            const struct kern_tensor *ts = &m->tensors[i];
-            size_t len = strlen(ts->name);
-            if (len < 13 || strcmp(ts->name + len - 13, "attn.qkv.bias"))
-                continue;
-            size_t C = ts->numel / 3;
-            for (size_t j = ts->off + C; j < ts->off + 2 * C; j++) {
-                float p0v = ((const float *)p0->data)[j];
-                assert_true(fabsf(buf[j] - p0v) <= 3.01f * oc.lr * (k ? 10.0f : 1.0f));
-                ref[j] = buf[j];
-            }
-            /* LAMB scales a whole tensor by ||p|| / ||update||, and the key
-               part's noise is in that norm: the rest of this bias moves by
-               a ratio a little off PyTorch's (up to 2.5e-5 after 3 steps in
-               albert_sop, against 2e-5 elsewhere). Within 5e-5 of PyTorch,
-               then taken as equal. */
-            for (size_t j = ts->off; k && j < ts->off + ts->numel; j++) {
-                if (j >= ts->off + C && j < ts->off + 2 * C)
-                    continue;
-                if (fabsf(buf[j] - ref[j]) > 5e-5f) {
-                    print_error("lamb3: %s[%zu]: got %.7g, PyTorch %.7g\n", ts->name, j - ts->off, buf[j],
-                                ref[j]);
-                    fail();
-                }
-                ref[j] = buf[j];
-            }
-        }
-        close_enough(names[k], buf, ref, m->nparams, 2e-5, 1e-3);
-        free(ref);
+        close_enough(names[k], buf, fx_get(fx, names[k])->data, m->nparams, 2e-5, 1e-3);
         kern_optim_free(o);
     }
     free(buf);
