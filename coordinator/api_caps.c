@@ -122,7 +122,7 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
     };
     static const struct cm_json_field PAIR[] = {
         {"peer_public_key", CM_J_STRING, 1, 43, 43},
-        {"mbps", CM_J_NUMBER, 1, 1, 0},
+        {"mbps", CM_J_NUMBER, 0, 1, 0},
         {"rtt_ms", CM_J_NUMBER, 0, 1, 0},
     };
     if (!api_name_param(req, resp, 0, "run") ||
@@ -168,11 +168,20 @@ void api_capabilities_post(struct coord_req *req, struct coord_resp *resp)
             json_decref(pairs);
             return;
         }
-        if (!num_field(e, "mbps", 0, SCHED_MAX_MBPS, 1, &mbps, resp, where)) {
+        /* the measured throughput, the round trip, or both (pipeline
+           stages measure round trips only: docs/pipelines.md) */
+        if (!json_object_get(e, "mbps") && !json_object_get(e, "rtt_ms")) {
+            coord_resp_error(resp, 400, "invalid_request", "pairs[%zu]: 'mbps', 'rtt_ms' or both", i);
             json_decref(pairs);
             return;
         }
-        json_t *pe = json_pack("{s:s, s:f}", "peer", ok, "mbps", mbps);
+        if (json_object_get(e, "mbps") && !num_field(e, "mbps", 0, SCHED_MAX_MBPS, 1, &mbps, resp, where)) {
+            json_decref(pairs);
+            return;
+        }
+        json_t *pe = json_pack("{s:s}", "peer", ok);
+        if (json_object_get(e, "mbps"))
+            json_object_set_new(pe, "mbps", json_real(mbps));
         double rtt;
         if (json_object_get(e, "rtt_ms") &&
             !num_field(e, "rtt_ms", 0, API_CAP_MAX_RTT_MS, 1, &rtt, resp, where)) {

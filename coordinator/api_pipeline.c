@@ -469,10 +469,11 @@ static int inputs_load(struct coord_req *req, struct coord_resp *resp, const cha
         json_array_foreach(d->pairs, k, e) {
             uint8_t other[CM_ED25519_PUB_LEN];
             const char *o64 = json_string_value(json_object_get(e, "peer"));
-            double mbps = json_number_value(json_object_get(e, "mbps"));
-            json_t *rtt = json_object_get(e, "rtt_ms");
+            json_t *mbps = json_object_get(e, "mbps"), *rtt = json_object_get(e, "rtt_ms");
             if (api_key_param(o64, other) && chosen_index(in, other) >= 0) {
-                json_t *pe = json_pack("{s:s, s:f}", "peer", o64, "mbps", mbps);
+                json_t *pe = json_pack("{s:s}", "peer", o64);
+                if (pe && json_is_number(mbps))
+                    json_object_set_new(pe, "mbps", json_real(json_number_value(mbps)));
                 if (pe && json_is_number(rtt))
                     json_object_set_new(pe, "rtt_ms", json_real(json_number_value(rtt)));
                 json_array_append_new(pairs, pe);

@@ -323,7 +323,9 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
             uint8_t other[32];
             const char *ok64 = json_string_value(json_object_get(e, "peer"));
             int at = api_key_param(ok64, other) ? find_key(in->peers, n, other) : -1;
-            if (at < 0 || (size_t)at == i || in->peers[i].nlinks >= SCHED_MAX_LINKS)
+            /* a round trip alone (a pipeline stage's) is no link for the LP */
+            if (at < 0 || (size_t)at == i || in->peers[i].nlinks >= SCHED_MAX_LINKS ||
+                !json_is_number(json_object_get(e, "mbps")))
                 continue;
             struct sched_link *l = &in->links[i * SCHED_MAX_LINKS + in->peers[i].nlinks++];
             l->to = (uint32_t)at;

@@ -28,7 +28,9 @@ int peer_caps_report(const struct agent_client *coord, const char *run,
     for (size_t i = 0; pairs && i < c->n_pairs; i++) {
         char o64[64];
         cm_b64url_encode(c->pairs[i].pub, CM_ED25519_PUB_LEN, o64);
-        json_t *e = json_pack("{s:s, s:f}", "peer_public_key", o64, "mbps", c->pairs[i].mbps);
+        json_t *e = json_pack("{s:s}", "peer_public_key", o64);
+        if (e && c->pairs[i].mbps > 0)
+            json_object_set_new(e, "mbps", json_real(c->pairs[i].mbps));
         if (e && c->pairs[i].rtt_ms > 0)
             json_object_set_new(e, "rtt_ms", json_real(c->pairs[i].rtt_ms));
         json_array_append_new(pairs, e);
@@ -152,6 +154,22 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux)
             rt->caps = c;
         rt->caps_at = t;
     }
+}
+
+void peer_rt_set_pairs(struct peer_rt *rt, const struct peer_caps *c)
+{
+    pthread_mutex_lock(&rt->probe_mu);
+    int same = rt->probe_caps.n_pairs == c->n_pairs;
+    for (size_t i = 0; same && i < c->n_pairs; i++)
+        same = !memcmp(rt->probe_caps.pairs[i].pub, c->pairs[i].pub, CM_ED25519_PUB_LEN) &&
+               rt->probe_caps.pairs[i].mbps == c->pairs[i].mbps &&
+               rt->probe_caps.pairs[i].rtt_ms == c->pairs[i].rtt_ms;
+    if (!same) {
+        rt->probe_caps.n_pairs = c->n_pairs;
+        memcpy(rt->probe_caps.pairs, c->pairs, c->n_pairs * sizeof c->pairs[0]);
+        rt->probe_new = 1;
+    }
+    pthread_mutex_unlock(&rt->probe_mu);
 }
 
 /* Pairwise throughput to a sample of peers (up to 3, chosen by

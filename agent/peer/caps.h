@@ -12,7 +12,7 @@
 #include "agent/client.h"
 #include "cm_crypto.h"
 
-#define PEER_CAPS_MAX_PAIRS 16
+#define PEER_CAPS_MAX_PAIRS 64 /* SCHED_MAX_LINKS: what the coordinator accepts */
 
 #define PEER_CAPS_MAX_PUNCHED 4096 /* what the coordinator accepts */
 struct peer_caps {
@@ -28,7 +28,8 @@ struct peer_caps {
     size_t n_pairs;
     struct {
         uint8_t pub[CM_ED25519_PUB_LEN];
-        double mbps;            /* measured throughput from this peer to that one */
+        double mbps;            /* measured throughput from this peer to that one; 0: not
+                                   measured (a round trip alone: pipeline stages) */
         double rtt_ms;          /* measured round trip (peer_net_rtt); 0: not measured */
     } pairs[PEER_CAPS_MAX_PAIRS];
 };

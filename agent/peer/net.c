@@ -272,6 +272,8 @@ static void *thread_main(void *arg)
     cc.auth.run = c->run;
     cc.auth.coord_keys = c->coord_keys;
     cc.auth.n_coord_keys = c->n_coord_keys;
+    cc.latency_rules = c->latency_rules;
+    cc.n_latency_rules = c->n_latency_rules;
     int rc = p2p_ctx_new(&cc, &n->ctx);
     if (!rc && c->latency_ms)
         p2p_ctx_set_latency(n->ctx, c->latency_ms);

@@ -34,6 +34,9 @@ struct peer_net_config {
     /* Emulated one-way delay added to every frame this agent sends (a test
        and benchmark knob: netem is not available, docs/p2p.md); 0: none. */
     uint32_t latency_ms;
+    /* ... and toward some networks instead (p2p_latency_rule; borrowed) */
+    const struct p2p_latency_rule *latency_rules;
+    size_t n_latency_rules;
 };
 
 struct peer_net;

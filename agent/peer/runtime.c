@@ -305,6 +305,8 @@ static int net_up(struct peer_rt *rt, const char *listen)
     nc.max_upload_mbps = rt->cfg.max_upload_mbps;
     nc.max_download_mbps = rt->cfg.max_download_mbps;
     nc.latency_ms = rt->cfg.latency_ms;
+    nc.latency_rules = rt->cfg.latency_rules;
+    nc.n_latency_rules = rt->cfg.n_latency_rules;
     /* A node that listens joins the DHT only once the coordinator's
        dial-back reached it (start_net): joined before, everyone's routing
        tables kept its address at a router that drops what it did not ask

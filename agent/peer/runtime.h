@@ -88,6 +88,8 @@ struct peer_rt_config {
     double caps_every_s;      /* a capability report at least this often (0: every 60 s); a
                                  pipeline run's reports expire sooner (pipeline.liveness_s) */
     uint32_t latency_ms;      /* emulated one-way delay of every frame sent (tests; 0: none) */
+    const struct p2p_latency_rule *latency_rules; /* or toward some networks (borrowed) */
+    size_t n_latency_rules;
     const volatile sig_atomic_t *interrupted; /* Ctrl-C count, may be NULL */
     /* Called before each stage starts (progress, tests); may be NULL. */
     void (*on_stage)(void *arg, enum peer_stage st);
@@ -218,6 +220,12 @@ int peer_rt_addrs(struct peer_rt *rt, char my[PEER_ADDR_MAX], char st[PEER_ADDR_
 /* The same for the averaging address alone, and in *relayed (may be NULL)
  * whether it is a port lent by a relay, read together. */
 int peer_rt_my_addr(struct peer_rt *rt, char my[PEER_ADDR_MAX], int *relayed);
+
+/* Pairs a role measured itself, for the capability reports from the next
+ * one on (sent at once when they differ from the last): a role that runs
+ * no probe thread (pipeline stages measure round trips only, with mbps 0).
+ * Any thread. */
+void peer_rt_set_pairs(struct peer_rt *rt, const struct peer_caps *pairs);
 
 /* ---- clock ---- */
 /* The collaboration's time in ms (the coordinator's clock). Any thread. */

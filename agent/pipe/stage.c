@@ -5,8 +5,9 @@
  *
  *   session -> access pass -> the run's config (its GPT recipe and its
  *   `pipeline` object) -> p2p node (must accept connections: neighbours
- *   send to us) -> our address on the run's DHT ("RUN/pipe/peers") and a
- *   capability report with our measured speed -> the coordinator's signed
+ *   send to us) -> our address on the run's DHT ("RUN/pipe/peers"), the
+ *   round trips to the other stage agents (rtt.c) and a capability report
+ *   with our measured speed and those round trips -> the coordinator's signed
  *   assignment (GET /runs/RUN/pipeline, verified with the pass's
  *   coordinator keys before it is parsed) -> our stage's model (the same
  *   initial parameters as the whole model's: kern_tfm_stage_new) -> steps.
@@ -17,8 +18,8 @@
  *   sent and passes the result on; the last one computes the loss, starts
  *   the backward pass (gradient scale 1/M) and sends the gradients of its
  *   input back; each stage runs its backward pass and sends its input's
- *   gradients on, to stage 0. Micro-batches go one after the other (a
- *   stage model keeps one micro-batch's activations).
+ *   gradients on, to stage 0 (stage_step.c interleaves the micro-batches
+ *   1F1B).
  *   Then the first and the last stage exchange the tied embedding's
  *   gradient (each adds the other's: both hold wte), every stage sends the
  *   squared norm of its gradients to every other (the last stage without
@@ -31,10 +32,10 @@
  * gradients with the butterfly all-reduce before the norm and the step
  * (seed 003 §2: stage j's data-parallel group).
  *
- * Not yet (docs/pipelines.md, "What is not there yet"): overlapping
- * micro-batches (1F1B),
- * re-scheduling when a stage agent leaves (a stage that waits past
- * --stage-timeout-ms for a neighbour stops with an error), checkpoints. */
+ * stage_step.c runs a replica's micro-batches 1F1B with sender threads;
+ * resched.c re-schedules when a stage agent leaves; rtt.c measures the
+ * round trips the schedule's delays come from. Not yet (docs/pipelines.md,
+ * "What is not there yet"): stage checkpoints on the coordinator. */
 #include "agent/pipe/stage_int.h"
 #include "agent/pipe/records.h"
 
@@ -82,6 +83,9 @@ static const struct cm_opt STAGE_OPTS[] = {
      "0 = no limit; the speed reported is the limited one", 0},
     {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",
      "add this one-way delay to every frame sent (latency emulation for tests and benchmarks)", 0},
+    {"latency-to", CM_OPT_STR, O(latency_to), NULL, "NET=MS,...",
+     "add a one-way delay to the frames sent to these networks instead (e.g. 10.77.0.128/25=40: "
+     "benchmarks of regions; up to 8 rules, the first match wins, --latency-ms elsewhere)", 0},
 };
 static const struct cm_cmd_spec STAGE_SPEC = {
     "crowdtrain-agent pipeline --run RUN [options]",
@@ -98,7 +102,10 @@ static const struct cm_cmd_spec STAGE_SPEC = {
     "--advertise-ip). With pipeline.replicas D, D pipelines each take 1/D of the\n"
     "step's micro-batches and the D agents of each stage average its gradients\n"
     "before the step. A stage whose neighbour is gone for --stage-timeout-ms\n"
-    "stops with an error (re-scheduling is not there yet). Ctrl-C stops.",
+    "waits for the coordinator's next assignment without that agent and goes on\n"
+    "from the newest state the stage's holders have. Before its first capability\n"
+    "report the agent measures its round trips to the other stage agents (up to\n"
+    "20 s) so that the schedule sees every link's delay. Ctrl-C stops.",
     STAGE_OPTS, sizeof STAGE_OPTS / sizeof STAGE_OPTS[0], 1};
 
 volatile sig_atomic_t pipe_g_interrupts;
@@ -109,9 +116,21 @@ static void on_signal(int sig)
     g_signal = sig;
 }
 
-static int check_opts(const struct pstage *s)
+/* --latency-to's rules into s; 1 (and why) when they do not parse. */
+static int latency_to_bad(struct pstage *s, char *why, size_t cap)
+{
+    char err[160];
+    if (p2p_latency_rules_parse(s->o.latency_to, s->lat_rules, P2P_MAX_LATENCY_RULES, &s->n_lat_rules, err,
+                                sizeof err) == CM_OK)
+        return 0;
+    snprintf(why, cap, "--latency-to: %s", err);
+    return 1;
+}
+
+static int check_opts(struct pstage *s)
 {
     const char *bad = NULL;
+    char why[200] = "";
     if (!s->o.run || !cm_name_valid(s->o.run))
         bad = "--run RUN is required (see --help)";
     else if (s->o.steps < 0)
@@ -127,6 +146,8 @@ static int check_opts(const struct pstage *s)
         bad = "--wait-s must be from 1 to 86400";
     else if (s->o.latency_ms < 0 || s->o.latency_ms > 10000)
         bad = "--latency-ms must be from 0 to 10000";
+    else if (s->o.latency_to && latency_to_bad(s, why, sizeof why))
+        bad = why;
     else if (!(s->o.samples_per_s >= 0 && s->o.samples_per_s <= 1e9))
         bad = "--samples-per-s must be from 0 (measure) to 1e9";
     else if (s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
@@ -563,6 +584,7 @@ static void *caps_thread(void *arg)
     pthread_mutex_lock(&s->caps_mu);
     while (!s->caps_stop) {
         pthread_mutex_unlock(&s->caps_mu);
+        pipe_rtt_tick(s);
         peer_rt_report_caps(&s->rt, s->sps, 0);
         pthread_mutex_lock(&s->caps_mu);
         struct timespec t;
@@ -605,6 +627,14 @@ static int start(struct pstage *s)
         return 1;
     printf("pipeline run '%s': %u stages, this device %s%.1f samples/s for the whole model; at %s\n", s->o.run,
            s->S, s->o.samples_per_s > 0 ? "(declared) " : "~", s->sps, s->rt.st_addr);
+    fflush(stdout);
+    /* our addresses first, then the round trips to the others (rtt.c), then
+       the first capability report: the first assignment has every pair's
+       delay */
+    pipe_keep_announced(s);
+    pipe_rtt_first(s);
+    if (pipe_g_interrupts)
+        return 1;
     if (pthread_create(&s->caps_th, NULL, caps_thread, s) != 0) {
         fprintf(stderr, "error: starting the capability reports' thread\n");
         return 1;
@@ -674,6 +704,8 @@ int agent_cmd_pipeline(int argc, char **argv)
     peer_rt_init(&s->rt, &cfg, &role);
     if (check_opts(s) != 0)
         goto out;
+    s->rt.cfg.latency_rules = s->lat_rules;
+    s->rt.cfg.n_latency_rules = s->n_lat_rules;
     status = 1;
     if (s->o.step_log && !(s->steplog = fopen(s->o.step_log, "a"))) {
         perror(s->o.step_log);

@@ -20,6 +20,7 @@
 
 struct stage_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *step_log;
+    char *latency_to;
     long steps, dht_port, ar_port, stage_timeout_ms, wait_s, latency_ms;
     double samples_per_s, max_cpu_percent;
 };
@@ -65,6 +66,16 @@ struct pstage {
     double sps;
     uint64_t bytes_sent;     /* stage messages (the step log's sent_kb); atomic: the senders add */
     uint64_t avg_bytes_sent; /* averaging with the replicas (avg_sent_kb) */
+    struct p2p_latency_rule lat_rules[P2P_MAX_LATENCY_RULES]; /* --latency-to */
+    size_t n_lat_rules;
+    /* round trips to the other stage agents (rtt.c; the caps thread's
+       after the first report) */
+    struct pipe_rtt_peer {
+        uint8_t pub[CM_ED25519_PUB_LEN];
+        double best_ms; /* smallest reading so far, 0: none */
+        double next;    /* mono s of the next reading */
+    } rtt[PEER_CAPS_MAX_PAIRS];
+    size_t n_rtt;
 };
 
 extern volatile sig_atomic_t pipe_g_interrupts;
@@ -120,6 +131,16 @@ int pipe_resolve(struct pstage *s, int only);
  * serves that state to the members (pipe_spare_serve). CM_OK with
  * s->run_finished set: we were a spare and every member finished. */
 int pipe_wait_assignment(struct pstage *s, int64_t after_version);
+
+/* rtt.c: Pings the agents announced on the run's DHT that are due for a
+ * reading (new ones at once, each again every 60 s) and hands the round
+ * trips to the capability reports (peer_rt_set_pairs); the number of
+ * agents with one, -1 when the DHT could not be read. */
+int pipe_rtt_tick(struct pstage *s);
+/* rtt.c: before the first capability report: pipe_rtt_tick until S x D - 1
+ * agents have a round trip, or PIPE_RTT_FIRST_WAIT_S passed. */
+#define PIPE_RTT_FIRST_WAIT_S 20.0
+int pipe_rtt_first(struct pstage *s);
 
 /* stage.c: puts our addresses on the run's DHT when due (every 10 s). */
 void pipe_keep_announced(struct pstage *s);

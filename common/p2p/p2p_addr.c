@@ -109,3 +109,110 @@ void p2p__addr_set_port(struct sockaddr_storage *a, uint16_t port)
         ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
 }
 
+
+/* ---- emulated latency toward networks (p2p_transport.h) ---------------- */
+
+static int rule_parse(const char *s, size_t len, struct p2p_latency_rule *r, char *err, size_t errcap)
+{
+    char buf[80];
+    if (len == 0 || len >= sizeof buf) {
+        snprintf(err, errcap, "a rule is NETWORK/BITS=MS (e.g. 10.77.0.0/25=40)");
+        return CM_EINVAL;
+    }
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    char *eq = strchr(buf, '=');
+    if (!eq) {
+        snprintf(err, errcap, "'%s': NETWORK/BITS=MS (e.g. 10.77.0.0/25=40)", buf);
+        return CM_EINVAL;
+    }
+    *eq = 0;
+    char *end;
+    long ms = strtol(eq + 1, &end, 10);
+    if (eq[1] == 0 || *end || ms < 0 || ms > 10000) {
+        snprintf(err, errcap, "'%s': the delay is whole milliseconds from 0 to 10000", eq + 1);
+        return CM_EINVAL;
+    }
+    char *slash = strchr(buf, '/');
+    long bits = -1;
+    if (slash) {
+        *slash = 0;
+        bits = strtol(slash + 1, &end, 10);
+        if (slash[1] == 0 || *end || bits < 0) {
+            snprintf(err, errcap, "'%s': the prefix length is a number", slash + 1);
+            return CM_EINVAL;
+        }
+    }
+    memset(r, 0, sizeof *r);
+    if (inet_pton(AF_INET, buf, r->net) == 1)
+        r->family = AF_INET;
+    else if (inet_pton(AF_INET6, buf, r->net) == 1)
+        r->family = AF_INET6;
+    else {
+        snprintf(err, errcap, "'%s': not an IPv4 or IPv6 address", buf);
+        return CM_EINVAL;
+    }
+    long max = r->family == AF_INET ? 32 : 128;
+    if (bits > max) {
+        snprintf(err, errcap, "'/%ld': at most /%ld for %s", bits, max, buf);
+        return CM_EINVAL;
+    }
+    r->bits = (uint8_t)(bits < 0 ? max : bits);
+    r->ms = (uint32_t)ms;
+    return CM_OK;
+}
+
+int p2p_latency_rules_parse(const char *s, struct p2p_latency_rule *out, size_t cap, size_t *n, char *err,
+                            size_t errcap)
+{
+    *n = 0;
+    if (!s || !*s) {
+        snprintf(err, errcap, "no rule");
+        return CM_EINVAL;
+    }
+    for (const char *p = s;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (*n == cap) {
+            snprintf(err, errcap, "at most %zu rules", cap);
+            return CM_EINVAL;
+        }
+        if (rule_parse(p, len, &out[*n], err, errcap) != CM_OK)
+            return CM_EINVAL;
+        (*n)++;
+        if (!comma)
+            return CM_OK;
+        p = comma + 1;
+    }
+}
+
+static int prefix_match(const uint8_t *a, const uint8_t *net, unsigned bits)
+{
+    unsigned whole = bits / 8, rest = bits % 8;
+    if (memcmp(a, net, whole))
+        return 0;
+    if (!rest)
+        return 1;
+    uint8_t mask = (uint8_t)(0xffu << (8 - rest));
+    return (a[whole] & mask) == (net[whole] & mask);
+}
+
+long p2p_latency_rules_match(const struct p2p_latency_rule *r, size_t n, const struct sockaddr *addr)
+{
+    static const uint8_t MAPPED[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const uint8_t *v4 = NULL, *v6 = NULL;
+    if (addr->sa_family == AF_INET) {
+        v4 = (const uint8_t *)&((const struct sockaddr_in *)(const void *)addr)->sin_addr;
+    } else if (addr->sa_family == AF_INET6) {
+        v6 = (const uint8_t *)&((const struct sockaddr_in6 *)(const void *)addr)->sin6_addr;
+        if (!memcmp(v6, MAPPED, sizeof MAPPED))
+            v4 = v6 + 12;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].family == AF_INET && v4 && prefix_match(v4, r[i].net, r[i].bits))
+            return r[i].ms;
+        if (r[i].family == AF_INET6 && v6 && prefix_match(v6, r[i].net, r[i].bits))
+            return r[i].ms;
+    }
+    return -1;
+}

@@ -503,6 +503,17 @@ static void conn_enqueue(struct p2p_conn *c, struct wframe *f)
     c->wq_tail = f;
 }
 
+/* The emulated one-way delay of c's frames: a rule's for its remote
+ * address, else the context's. */
+static uint32_t conn_latency(const struct p2p_conn *c)
+{
+    const struct p2p_ctx *ctx = c->h->ctx;
+    long r = ctx->n_lat_rules
+                 ? p2p_latency_rules_match(ctx->lat_rules, ctx->n_lat_rules, (const struct sockaddr *)&c->remote)
+                 : -1;
+    return r >= 0 ? (uint32_t)r : ctx->latency_ms;
+}
+
 static void delay_cb(uv_timer_t *t)
 {
     struct p2p_ctx *ctx = t->data;
@@ -532,9 +543,13 @@ int p2p__conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
     f->len = len;
     c->wq_bytes += len;
     conn_touch(c);
-    if (ctx->latency_ms) {
-        /* Emulated latency (benchmarks of home links; netem is not
-         * available everywhere): the frame waits, then queues as usual. */
+    uint32_t lat = conn_latency(c);
+    if (lat) {
+        /* Emulated latency (benchmarks of home links and regions; netem is
+         * not available everywhere): the frame waits, then queues as
+         * usual. Different connections may wait differently (rules by
+         * network): the queue stays in due order, and a connection's
+         * frames, all with one delay, keep theirs. */
         struct delayed *d = malloc(sizeof *d);
         if (!d) {
             c->wq_bytes -= len;
@@ -545,14 +560,22 @@ int p2p__conn_send(struct p2p_conn *c, uint8_t *buf, size_t len)
         d->next = NULL;
         d->c = c;
         d->f = f;
-        d->due_ms = p2p__mono_ms() + ctx->latency_ms;
-        if (ctx->dq_tail) {
-            ctx->dq_tail->next = d;
+        d->due_ms = p2p__mono_ms() + lat;
+        if (!ctx->dq_tail || ctx->dq_tail->due_ms <= d->due_ms) {
+            if (ctx->dq_tail)
+                ctx->dq_tail->next = d;
+            else
+                ctx->dq_head = d;
+            ctx->dq_tail = d;
         } else {
-            ctx->dq_head = d;
-            uv_timer_start(&ctx->delay_timer, delay_cb, ctx->latency_ms, 0);
+            struct delayed **pp = &ctx->dq_head;
+            while ((*pp)->due_ms <= d->due_ms)
+                pp = &(*pp)->next;
+            d->next = *pp;
+            *pp = d;
         }
-        ctx->dq_tail = d;
+        if (ctx->dq_head == d)
+            uv_timer_start(&ctx->delay_timer, delay_cb, lat, 0);
         return CM_OK;
     }
     conn_enqueue(c, f);
@@ -572,7 +595,7 @@ int p2p__conn_send_parts(struct p2p_conn *c, const struct p2p_iov *parts, size_t
     size_t total = 0, done = 0;
     for (size_t i = 0; i < np; i++)
         total += parts[i].len;
-    if (c->state == C_OPEN && !c->wq_head && !ctx->latency_ms && !p2p_rate_limited(&ctx->up) &&
+    if (c->state == C_OPEN && !c->wq_head && !conn_latency(c) && !p2p_rate_limited(&ctx->up) &&
         np <= 8 && total <= UINT32_MAX) {
         uv_buf_t b[8];
         for (size_t i = 0; i < np; i++)

@@ -179,8 +179,10 @@ struct p2p_ctx {
     size_t conn_handles; /* connection handles not yet closed */
     size_t rx_held, max_rx_held; /* bytes of partial frames held by connections */
     uint32_t latency_ms;          /* emulated one-way delay of every frame sent */
+    struct p2p_latency_rule lat_rules[P2P_MAX_LATENCY_RULES]; /* or this toward some networks */
+    size_t n_lat_rules;
     uv_timer_t delay_timer;
-    struct delayed *dq_head, *dq_tail; /* in due order: the delay is constant */
+    struct delayed *dq_head, *dq_tail; /* in due order (a connection's frames keep theirs) */
     int freeing;
     struct p2p_conn *fdwait_head, *fdwait_tail;
     uint8_t *rxbuf; /* shared read buffer: a connection keeps bytes only for a partial frame */

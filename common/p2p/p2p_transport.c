@@ -51,7 +51,8 @@ static void sweep_cb(uv_timer_t *t);
 
 int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
 {
-    if (!cfg->loop)
+    if (!cfg->loop || cfg->n_latency_rules > P2P_MAX_LATENCY_RULES ||
+        (cfg->n_latency_rules && !cfg->latency_rules))
         return CM_EINVAL;
     struct p2p_ctx *c = calloc(1, sizeof *c);
     if (!c)
@@ -88,6 +89,9 @@ int p2p_ctx_new(const struct p2p_ctx_config *cfg, struct p2p_ctx **out)
         c->max_conns = lim > 256 ? lim - lim / 4 : 64;
     }
     c->latency_ms = cfg->latency_ms;
+    if (cfg->n_latency_rules)
+        memcpy(c->lat_rules, cfg->latency_rules, cfg->n_latency_rules * sizeof *c->lat_rules);
+    c->n_lat_rules = cfg->n_latency_rules;
     c->no_sessions = cfg->no_sessions;
     uv_timer_init(c->loop, &c->up_timer);
     uv_timer_init(c->loop, &c->down_timer);

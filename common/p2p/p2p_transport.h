@@ -64,6 +64,27 @@ enum p2p_msg_type {
 
 #define P2P_STREAM_CHUNK_MAX (256u * 1024u)
 
+/* Emulated latency toward one network (benchmarks of regions: hosts in
+ * network namespaces share one machine, and netem is not available
+ * everywhere): frames sent on a connection whose remote address lies in
+ * net/bits wait ms before they queue. The first matching rule wins; other
+ * connections wait the context's latency_ms. */
+#define P2P_MAX_LATENCY_RULES 8
+struct p2p_latency_rule {
+    int family;       /* AF_INET or AF_INET6 */
+    uint8_t net[16];  /* network address (4 bytes for AF_INET) */
+    uint8_t bits;     /* prefix length */
+    uint32_t ms;      /* one-way delay, 0-10000 */
+};
+/* Parses "CIDR=MS[,CIDR=MS...]" (e.g. "10.77.0.0/25=40,fd00::/64=5"; a bare
+ * address is a /32 or /128), at most cap rules, MS from 0 to 10000. CM_OK
+ * with *n set, or CM_EINVAL with the reason in err. */
+int p2p_latency_rules_parse(const char *s, struct p2p_latency_rule *out, size_t cap, size_t *n, char *err,
+                            size_t errcap);
+/* The rule's delay for addr, or -1 when no rule matches (IPv4-mapped IPv6
+ * addresses match IPv4 rules). */
+long p2p_latency_rules_match(const struct p2p_latency_rule *r, size_t n, const struct sockaddr *addr);
+
 struct p2p_ctx_config {
     uv_loop_t *loop;          /* borrowed; the caller runs it */
     double max_upload_mbps;   /* 0: unlimited */
@@ -74,6 +95,8 @@ struct p2p_ctx_config {
     size_t max_conn_queue;    /* 0: 8 MiB of unsent bytes per connection */
     size_t max_rx_buffered;   /* 0: 64 MiB of partial frames, all connections together */
     uint32_t latency_ms;      /* emulated one-way latency added to every frame sent (0: none) */
+    const struct p2p_latency_rule *latency_rules; /* copied; toward some networks instead (above) */
+    size_t n_latency_rules;   /* at most P2P_MAX_LATENCY_RULES */
     int no_sessions;          /* 1: never upgrade connections to sessions (p2p_session.h):
                                  every frame is a signed envelope */
     struct p2p_auth_config auth;

@@ -454,6 +454,20 @@ static void test_replicas_average(void **state)
     assert_true(s[slot[0][1]].loss[STEPS] < s[slot[0][1]].loss[1] - 1.0);
     expect_stage_credit(RUN2, NAGENTS2, STEPS, 16.0 / 2 / 2); /* a pipeline's 8 samples, 2 stages */
     expect_stages_view(RUN2, 2, 2, STEPS, 16.0 / 2 / 2);
+    /* The first assignment was solved with every pair's round trip (the
+       agents measure them before their first capability report,
+       agent/pipe/rtt.c): each of the 4 devices in its inputs has a round
+       trip to each of the other 3, and no throughput (the links' rates
+       stand in for it). */
+    long v = -1;
+    assert_int_equal(ct_pg_scalar(&g_pg,
+                                  "SELECT count(*) FROM pipelines p JOIN runs r ON r.id = p.run_id, "
+                                  "jsonb_array_elements(p.inputs->'devices') d, jsonb_array_elements(d->'pairs') q "
+                                  "WHERE r.name = '" RUN2 "' AND p.version = 1 AND (q->>'rtt_ms')::float8 > 0 "
+                                  "AND NOT q ? 'mbps'",
+                                  &v),
+                     0);
+    assert_int_equal(v, NAGENTS2 * (NAGENTS2 - 1));
 }
 
 /* Churn (issue 19): 2 stages x 2 replicas with min_replicas 1 and

@@ -191,6 +191,10 @@ static void test_capabilities_checked(void **state)
         "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
         "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
         "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\",\"mbps\":5,\"rtt_ms\":\"fast\"}]}",
+        /* a pair with neither a throughput nor a round trip */
+        "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
+        "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
+        "\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"}]}",
         "{\"peer_public_key\":\"short\",\"samples_per_s\":1,\"upload_mbps\":10,"
         "\"download_mbps\":100,\"accepts_inbound\":true%s}",
     };
@@ -225,13 +229,17 @@ static void test_capabilities_checked(void **state)
     snprintf(body, sizeof body,
              "{\"peer_public_key\":\"%s\",\"samples_per_s\":1,\"upload_mbps\":10,"
              "\"download_mbps\":100,\"accepts_inbound\":true,\"pairs\":[{\"peer_public_key\":"
-             "\"%s\",\"mbps\":5,\"rtt_ms\":42.5},{\"peer_public_key\":\"%s\",\"mbps\":7}]}",
-             g_pk[0], g_pk[1], g_pk[2]);
+             "\"%s\",\"mbps\":5,\"rtt_ms\":42.5},{\"peer_public_key\":\"%s\",\"mbps\":7},"
+             "{\"peer_public_key\":\"%s\",\"rtt_ms\":3.5}]}",
+             g_pk[0], g_pk[1], g_pk[2], g_pk[3]);
     expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body, 200, NULL);
     assert_int_equal(scalar("SELECT (10 * (p->>'rtt_ms')::float8)::bigint FROM capabilities c, "
-                            "jsonb_array_elements(c.report->'pairs') p WHERE p ? 'rtt_ms'"),
+                            "jsonb_array_elements(c.report->'pairs') p WHERE p ? 'rtt_ms' AND p ? 'mbps'"),
                      425);
-    assert_int_equal(scalar("SELECT count(*) FROM capabilities c, jsonb_array_elements(c.report->'pairs') p"), 2);
+    assert_int_equal(scalar("SELECT count(*) FROM capabilities c, jsonb_array_elements(c.report->'pairs') p"), 3);
+    assert_int_equal(scalar("SELECT (10 * (p->>'rtt_ms')::float8)::bigint FROM capabilities c, "
+                            "jsonb_array_elements(c.report->'pairs') p WHERE NOT p ? 'mbps'"),
+                     35);
     assert_int_equal(scalar("WITH d AS (DELETE FROM capabilities RETURNING 1) SELECT count(*) FROM d"), 1);
 }
 
@@ -363,8 +371,16 @@ static void test_schedule_served_and_resolved(void **state)
     assert_false(fresh);
     sched_schedule_cleanup(&s);
 
-    /* A new peer joins: within the hysteresis window the last schedule stays. */
-    report(8, 100, 1000, 0, 200);
+    /* A new peer joins: within the hysteresis window the last schedule stays. Its
+       report has a measured pair and a round trip alone (as pipeline stages report
+       them), which is no link for the LP (the inputs below). */
+    char body8[1024];
+    snprintf(body8, sizeof body8,
+             "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":1000,"
+             "\"download_mbps\":1000,\"accepts_inbound\":false,\"pairs\":[{\"peer_public_key\":\"%s\","
+             "\"rtt_ms\":80},{\"peer_public_key\":\"%s\",\"mbps\":900}]}",
+             g_pk[8], g_pk[0], g_pk[1]);
+    expect("POST", "/api/v1/runs/resnet/capabilities", g_vol, body8, 200, NULL);
     fetch_verified(&s, &v, &fresh);
     assert_int_equal(v, v1);
     assert_int_equal(s.n, 8);
@@ -389,6 +405,9 @@ static void test_schedule_served_and_resolved(void **state)
     assert_int_equal(scalar("SELECT jsonb_array_length(inputs->'peers') FROM schedules "
                             "WHERE version = 2"),
                      9);
+    assert_int_equal(scalar("SELECT sum(jsonb_array_length(p->'pairs')) FROM schedules, "
+                            "jsonb_array_elements(inputs->'peers') p WHERE version = 2"),
+                     1);
     assert_int_equal(scalar("SELECT count(*) FROM schedules WHERE solve_ms > 0 AND "
                             "result->>'steps_per_s' IS NOT NULL AND length(signature) = 64"),
                      2);

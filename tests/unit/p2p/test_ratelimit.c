@@ -184,6 +184,112 @@ static void test_latency(void **state)
     p2p_tk_cleanup(&tk);
 }
 
+/* Latency toward networks (p2p_latency_rule): rules parse and match, and
+ * two delays at once keep the delay queue in due order. */
+static void test_latency_rules_parse(void **state)
+{
+    (void)state;
+    struct p2p_latency_rule r[P2P_MAX_LATENCY_RULES];
+    size_t n = 0;
+    char err[160];
+    assert_int_equal(p2p_latency_rules_parse("10.77.0.0/25=40,fd00::/64=5,192.0.2.7=0", r, 8, &n, err,
+                                             sizeof err),
+                     CM_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(r[0].bits, 25);
+    assert_int_equal(r[0].ms, 40);
+    assert_int_equal(r[2].bits, 32);
+    struct sockaddr_storage a;
+    assert_int_equal(p2p_addr_parse("10.77.0.127:9", &a), CM_OK);
+    assert_int_equal(p2p_latency_rules_match(r, n, (struct sockaddr *)&a), 40);
+    assert_int_equal(p2p_addr_parse("10.77.0.128:9", &a), CM_OK);
+    assert_int_equal(p2p_latency_rules_match(r, n, (struct sockaddr *)&a), -1);
+    assert_int_equal(p2p_addr_parse("[::ffff:10.77.0.3]:9", &a), CM_OK); /* mapped: the IPv4 rule */
+    assert_int_equal(p2p_latency_rules_match(r, n, (struct sockaddr *)&a), 40);
+    assert_int_equal(p2p_addr_parse("[fd00::1:2]:9", &a), CM_OK);
+    assert_int_equal(p2p_latency_rules_match(r, n, (struct sockaddr *)&a), 5);
+    assert_int_equal(p2p_addr_parse("192.0.2.7:1", &a), CM_OK);
+    assert_int_equal(p2p_latency_rules_match(r, n, (struct sockaddr *)&a), 0);
+    static const char *const BAD[] = {"", "10.0.0.0/8", "10.0.0.0/8=", "10.0.0.0/33=1", "10.0.0.0/8=10001",
+                                      "10.0.0.0/8=-1", "10.0.0.0/x=1", "nothost/8=1", "10.0.0.0/8=4,",
+                                      "1.1.1.1=1,2.2.2.2=1,3.3.3.3=1", "::/129=1", "10.0.0.0/8=1ms"};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(p2p_latency_rules_parse(BAD[i], r, 2, &n, err, sizeof err), CM_EINVAL);
+        assert_true(err[0] != 0);
+    }
+}
+
+/* One context, two hosts: frames to 127.0.0.2 wait 80 ms, all others 20.
+ * A Ping to the far host, then one to the near host: the near one's
+ * request is due first though queued second, so its round trip is ~40 ms
+ * (20 + the near host's 20 back), not the far one's 80 + 20. */
+static void test_latency_rules_order(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    struct p2p_tk tk;
+    assert_int_equal(p2p_tk_init(&tk, "latr"), 0);
+    struct side a = {0}, b = {0}, c = {0};
+    assert_int_equal(p2p_tk_peer_new(&tk, "a", "1", 600, &a.peer), 0);
+    assert_int_equal(p2p_tk_peer_new(&tk, "b", "2", 600, &b.peer), 0);
+    assert_int_equal(p2p_tk_peer_new(&tk, "c", "3", 600, &c.peer), 0);
+    struct p2p_latency_rule rules[1];
+    size_t nr = 0;
+    char err[160];
+    assert_int_equal(p2p_latency_rules_parse("127.0.0.2/32=80", rules, 1, &nr, err, sizeof err), CM_OK);
+    struct p2p_ctx_config cc = {.loop = &loop, .latency_ms = 20, .latency_rules = rules, .n_latency_rules = nr,
+                                .auth = p2p_tk_auth_config(&tk)};
+    assert_int_equal(p2p_ctx_new(&cc, &a.ctx), 0);
+    struct p2p_host_config ha = {.key = &a.peer.key, .token = a.peer.token, .listen_ip = "127.0.0.1"};
+    struct p2p_host_config hb = {.key = &b.peer.key, .token = b.peer.token, .listen_ip = "127.0.0.1"};
+    struct p2p_host_config hc = {.key = &c.peer.key, .token = c.peer.token, .listen_ip = "127.0.0.2"};
+    assert_int_equal(p2p_host_new(a.ctx, &ha, &a.h), 0);
+    assert_int_equal(p2p_host_new(a.ctx, &hb, &b.h), 0);
+    assert_int_equal(p2p_host_new(a.ctx, &hc, &c.h), 0);
+    char s[64];
+    struct sockaddr_storage near, far;
+    snprintf(s, sizeof s, "127.0.0.1:%u", p2p_host_port(b.h));
+    p2p_addr_parse(s, &near);
+    snprintf(s, sizeof s, "127.0.0.2:%u", p2p_host_port(c.h));
+    p2p_addr_parse(s, &far);
+    for (int i = 0; i < 3; i++) {
+        struct done dn = {0}, df = {0};
+        uint64_t t0 = uv_hrtime(), t_near = 0, t_far = 0;
+        assert_int_equal(p2p_request(a.h, (struct sockaddr *)&far, c.peer.key.pub, P2P_MSG_PING, NULL, 0, 5000,
+                                     on_done, &df),
+                         0);
+        assert_int_equal(p2p_request(a.h, (struct sockaddr *)&near, b.peer.key.pub, P2P_MSG_PING, NULL, 0, 5000,
+                                     on_done, &dn),
+                         0);
+        while (!dn.done || !df.done) {
+            uv_run(&loop, UV_RUN_ONCE);
+            if (dn.done && !t_near)
+                t_near = uv_hrtime();
+            if (df.done && !t_far)
+                t_far = uv_hrtime();
+        }
+        double ms_near = (double)(t_near - t0) / 1e6, ms_far = (double)(t_far - t0) / 1e6;
+        printf("latency rules: near %.1f ms (20 + 20), far %.1f ms (80 + 20)\n", ms_near, ms_far);
+        assert_int_equal(dn.status, 0);
+        assert_int_equal(df.status, 0);
+        assert_true(ms_near >= 39.0 && ms_near < 90.0);
+        assert_true(ms_far >= 99.0 && ms_far < 600.0);
+        assert_true(t_near < t_far);
+    }
+    p2p_host_close(a.h);
+    p2p_host_close(b.h);
+    p2p_host_close(c.h);
+    p2p_ctx_free(a.ctx);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    p2p_tk_peer_cleanup(&a.peer);
+    p2p_tk_peer_cleanup(&b.peer);
+    p2p_tk_peer_cleanup(&c.peer);
+    p2p_tk_cleanup(&tk);
+}
+
 static void test_upload_cap(void **state)
 {
     (void)state;
@@ -316,6 +422,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket),
         cmocka_unit_test(test_latency),
+        cmocka_unit_test(test_latency_rules_parse),
+        cmocka_unit_test(test_latency_rules_order),
         cmocka_unit_test(test_upload_cap),
         cmocka_unit_test(test_download_cap),
         cmocka_unit_test(test_small_ahead_of_bulk),
