@@ -764,6 +764,22 @@ int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n),
     return rc;
 }
 
+struct rates {
+    double up, down;
+};
+
+static void set_rates(void *arg, struct peer_net *n)
+{
+    const struct rates *r = arg;
+    p2p_ctx_set_rates(n->ctx, r->up, r->down);
+}
+
+int peer_net_set_rates(struct peer_net *n, double up_mbps, double down_mbps)
+{
+    struct rates r = {up_mbps, down_mbps};
+    return peer_net_call(n, set_rates, &r);
+}
+
 struct dht_node *peer_net_dht(struct peer_net *n)
 {
     return n->dht;

@@ -160,6 +160,9 @@ int peer_net_key_of(struct peer_net *n, const char *addr, uint8_t pub[CM_ED25519
  * peer_net_dht(n), p2p requests from peer_net_host(n)) whose callbacks,
  * also on the loop, tell the caller by their own means. */
 int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n), void *arg);
+/* Caps this agent's traffic (Mbit/s, <= 0: none) from now on; waits until
+ * the loop took them. */
+int peer_net_set_rates(struct peer_net *n, double up_mbps, double down_mbps);
 /* The loop-thread objects, for fn above only: the DHT node, and the host
  * that serves state (and on_other's types) and sends requests. */
 struct dht_node *peer_net_dht(struct peer_net *n);

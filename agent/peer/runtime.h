@@ -82,6 +82,8 @@ struct peer_rt_config {
                                  (unreachable): --no-relay */
     uint16_t dht_port, ar_port;                /* 0: any */
     double max_upload_mbps, max_download_mbps; /* 0: no cap */
+    double pace;              /* (0, 1]: without caps, cap our traffic at this fraction of the
+                                 link measured at the net stage (its caps from then on); 0: off */
     int probes;               /* measure pairwise throughput (PEER_STAGE_PROBES); a role may
                                  clear it before that stage starts */
     int64_t test_skew_ms;     /* a wrong clock, for tests of the clock correction */

@@ -81,6 +81,13 @@ static const struct cm_opt STAGE_OPTS[] = {
     {"max-cpu-percent", CM_OPT_DBL, O(max_cpu_percent), "0", "P",
      "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two cores' worth), "
      "0 = no limit; the speed reported is the limited one", 0},
+    {"max-upload-mbps", CM_OPT_DBL, O(max_upload_mbps), "0", "MBPS",
+     "upload cap, 0 = none (the coordinator plans with it; a little under a home line's rate also keeps "
+     "the router's buffer from filling)", 0},
+    {"max-download-mbps", CM_OPT_DBL, O(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
+    {"pace", CM_OPT_DBL, O(pace), "0.95", "F",
+     "without caps: after measuring the link, send and receive at most F x its rates, so that the queue "
+     "stays in this agent and not in the router's buffer (where it delays everything else); 0 = off", 0},
     {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",
      "add this one-way delay to every frame sent (latency emulation for tests and benchmarks)", 0},
     {"latency-to", CM_OPT_STR, O(latency_to), NULL, "NET=MS,...",
@@ -148,6 +155,11 @@ static int check_opts(struct pstage *s)
         bad = "--latency-ms must be from 0 to 10000";
     else if (s->o.latency_to && latency_to_bad(s, why, sizeof why))
         bad = why;
+    else if (!(s->o.max_upload_mbps == 0 || (s->o.max_upload_mbps >= 0.1 && s->o.max_upload_mbps <= 1e6)) ||
+             !(s->o.max_download_mbps == 0 || (s->o.max_download_mbps >= 0.1 && s->o.max_download_mbps <= 1e6)))
+        bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
+    else if (!(s->o.pace == 0 || (s->o.pace >= 0.5 && s->o.pace <= 1)))
+        bad = "--pace must be 0 (off) or from 0.5 to 1";
     else if (!(s->o.samples_per_s >= 0 && s->o.samples_per_s <= 1e9))
         bad = "--samples-per-s must be from 0 (measure) to 1e9";
     else if (s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
@@ -704,6 +716,9 @@ int agent_cmd_pipeline(int argc, char **argv)
     peer_rt_init(&s->rt, &cfg, &role);
     if (check_opts(s) != 0)
         goto out;
+    s->rt.cfg.max_upload_mbps = s->o.max_upload_mbps;
+    s->rt.cfg.max_download_mbps = s->o.max_download_mbps;
+    s->rt.cfg.pace = s->o.pace;
     s->rt.cfg.latency_rules = s->lat_rules;
     s->rt.cfg.n_latency_rules = s->n_lat_rules;
     status = 1;

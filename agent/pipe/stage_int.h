@@ -22,7 +22,7 @@ struct stage_opts {
     char *run, *coordinator, *config_dir, *device, *listen_ip, *advertise_ip, *step_log;
     char *latency_to;
     long steps, dht_port, ar_port, stage_timeout_ms, wait_s, latency_ms;
-    double samples_per_s, max_cpu_percent;
+    double samples_per_s, max_cpu_percent, max_upload_mbps, max_download_mbps, pace;
 };
 
 struct pstage {

@@ -56,6 +56,7 @@ static int region(int i)
 }
 
 static long g_oneway = 30; /* ms between the regions, BENCH_PIPE_ONEWAY_MS */
+static double g_pace = 0.95; /* the agents' --pace (BENCH_PIPE_PACE; 0: off) */
 
 static struct ct_net g_net;
 static struct ct_pg g_pg;
@@ -101,15 +102,18 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
     char tr[300], dirs[N][256], logs[N][320], steps[N][320], url[64];
     if (write_manifest("train", 400000, 11, tr, sizeof tr) != 0)
         return -1;
-    /* 4 layers of d_model 128: ~208 k parameters per stage (the gradient the
-       replicas of a stage average, 834 kB) */
+    /* 4 layers of d_model 128, one per stage: 198,272 parameters in the
+       middle stages, 239,232 in the first (token and position embeddings)
+       and 231,296 in the last (the tied embedding, the final LayerNorm).
+       gradient_bytes is the largest stage's, 957 kB: the model has one c_DP,
+       and the slowest data-parallel group sets the term */
     json_t *cfg = json_pack("{s:{s:s, s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:s, s:f, s:f}, s:i, s:i, s:i, s:i,"
                             " s:{s:s, s:i}, s:i, s:{s:i, s:i, s:f, s:i, s:s}}",
                             "model", "type", "gpt", "vocab", 256, "context", 64, "layers", 4, "heads", 4,
                             "d_model", 128, "d_ff", 512, "optimizer", "type", "adamw", "lr", 0.003, "clip_norm",
                             1.0, "batch_size", 32, "micro_batch", 4, "steps", STEPS, "seed", 1, "data", "train",
                             tr, "shuffle_buffer", 4096, "log_every", 5, "pipeline", "stages", S, "replicas", D,
-                            "gradient_bytes", 834000.0, "seed", 1, "search", search);
+                            "gradient_bytes", 956928.0, "seed", 1, "search", search);
     json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", run, "target_batch_size", (json_int_t)32,
                              "model_summary", "byte GPT in 4 stages x 2", "config", cfg);
     char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
@@ -141,9 +145,11 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
                 o += (size_t)snprintf(to + o, sizeof to - o, "%s%s/32=%ld", o ? "," : "", g_net.h[hosts[k]].ip,
                                       g_oneway);
         snprintf(intra, sizeof intra, "%d", g_oneway > 0 ? INTRA_MS : 0);
+        char pace[16];
+        snprintf(pace, sizeof pace, "%.2f", g_pace);
         const char *argv[] = {ct_bin("crowdtrain-agent"), "pipeline", "--run", run, "--config-dir", dirs[i],
                               "--device", "cpu", "--step-log", steps[i], "--wait-s", "300",
-                              "--max-cpu-percent", CPU_PERCENT, "--latency-ms", intra,
+                              "--max-cpu-percent", CPU_PERCENT, "--latency-ms", intra, "--pace", pace,
                               g_oneway > 0 ? "--latency-to" : NULL, to, NULL};
         pid[i] = ct_net_spawn(&g_net, hosts[i], argv, logs[i]);
     }
@@ -174,24 +180,40 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
             ok = 0;
         }
     }
-    /* the prediction (every agent prints it) and the last stages' step times */
-    double d[2 * STEPS];
-    size_t nd = 0;
+    /* the prediction (every agent prints it) and the last stages' step
+       times; each stage's phases (both replicas, the same steps) */
+    double d[2 * STEPS], ph[S][4][2 * STEPS];
+    size_t nd = 0, nph[S] = {0};
+    static const char *const PH[4] = {"micro_s", "tied_s", "average_s", "norm_s"};
+    int where[S][D];
+    for (int j = 0; j < S; j++)
+        for (int k = 0; k < D; k++)
+            where[j][k] = -1;
     *pred = -1;
     for (int i = 0; ok && i < N; i++) {
         char *l = ct_read_file(logs[i], NULL);
         const char *p = l ? strstr(l, "(predicted ") : NULL;
         if (p)
             *pred = atof(p + strlen("(predicted "));
+        const char *a = l ? strstr(l, "assignment version 1: stage ") : NULL;
+        int sj = -1, sr = -1, ns = 0;
+        if (a && sscanf(a, "assignment version 1: stage %d of %d of pipeline %d", &sj, &ns, &sr) == 3 && sj >= 0 &&
+            sj < S && sr >= 0 && sr < D)
+            where[sj][sr] = i;
         free(l);
         FILE *f = fopen(steps[i], "r");
         char line[2048];
         while (f && fgets(line, sizeof line, f)) {
             json_t *j = json_loads(line, 0, NULL);
             long s = (long)json_integer_value(json_object_get(j, "step"));
-            if (j && json_integer_value(json_object_get(j, "stage")) == S - 1 && s >= 4 && s <= STEPS &&
-                nd < 2 * STEPS)
+            long stage = (long)json_integer_value(json_object_get(j, "stage"));
+            if (j && stage == S - 1 && s >= 4 && s <= STEPS && nd < 2 * STEPS)
                 d[nd++] = json_number_value(json_object_get(j, "step_s"));
+            if (j && stage >= 0 && stage < S && s >= 4 && s <= STEPS && nph[stage] < 2 * STEPS) {
+                for (int k = 0; k < 4; k++)
+                    ph[stage][k][nph[stage]] = json_number_value(json_object_get(j, PH[k]));
+                nph[stage]++;
+            }
             json_decref(j);
         }
         if (f)
@@ -201,6 +223,22 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
         if (!getenv("CT_KEEP_LOGS"))
             ct_rmrf(dirs[i]);
     *meas = ct_median(d, nd);
+    /* where a step's time goes: each stage's median phases (stage_step.c:
+       its micro-batches 1F1B, the tied embedding's exchange, the averaging
+       with its replicas, the norms; each includes waiting for the others) */
+    for (int j = 0; ok && j < S; j++) {
+        char hs[D][24];
+        for (int k = 0; k < D; k++) {
+            int i = where[j][k];
+            if (i < 0)
+                snprintf(hs[k], sizeof hs[k], "?");
+            else
+                snprintf(hs[k], sizeof hs[k], "%s%d/region %d", i < N / 2 ? "fast" : "slow", i, region(i));
+        }
+        printf("  %s stage %d (%s, %s): micro-batches %.3f, tied %.3f, averaging %.3f, norms %.3f s (medians)\n",
+               run, j, hs[0], hs[1], ct_median(ph[j][0], nph[j]), ct_median(ph[j][1], nph[j]),
+               ct_median(ph[j][2], nph[j]), ct_median(ph[j][3], nph[j]));
+    }
     if (ok && (nd < STEPS || *pred <= 0)) {
         fprintf(stderr, "%s: %zu step times, prediction %.3f\n", run, nd, *pred);
         ok = 0;
@@ -210,6 +248,9 @@ static int pipeline_run(const char *run, const char *search, const int *hosts, d
 
 int main(void)
 {
+    const char *pc = getenv("BENCH_PIPE_PACE");
+    if (pc && !((g_pace = strtod(pc, NULL)) >= 0.5 && g_pace <= 1))
+        g_pace = 0;
     const char *ow = getenv("BENCH_PIPE_ONEWAY_MS");
     if (ow && (g_oneway = strtol(ow, NULL, 10)) < 0)
         g_oneway = 0;
@@ -243,8 +284,8 @@ int main(void)
     predicted_split("bench-pipe-random", sr, sizeof sr);
     if (ok) {
         printf("pipeline on 8 hosts (4 at %.0f Mbit/s, 4 at %.0f; two regions of 2 + 2, %ld ms one way between "
-               "them, %d inside), byte GPT 4 stages x 2 pipelines, steps 4-%d:\n",
-               FAST_MBPS, SLOW_MBPS, g_oneway, g_oneway > 0 ? INTRA_MS : 0, STEPS);
+               "them, %d inside; agents pace at %.2f of their links), byte GPT 4 stages x 2 pipelines, steps 4-%d:\n",
+               FAST_MBPS, SLOW_MBPS, g_oneway, g_oneway > 0 ? INTRA_MS : 0, g_pace, STEPS);
         printf("  DT-FM schedule:    predicted %.3f s/step (%s), measured %.3f s/step, measured/predicted "
                "%.2f (goal 0.8-1.2)\n", pd, sd, md, md / pd);
         printf("  random assignment: predicted %.3f s/step (%s), measured %.3f s/step, measured/predicted %.2f\n",

@@ -181,10 +181,18 @@ int ct_net_cap(struct ct_net *n, int host, double mbit)
     long burst = (long)(mbit * 1e6 / 8 / 500);
     if (burst < 16 * 1024)
         burst = 16 * 1024;
-    return ct_sh("ip netns exec %s tc qdisc replace dev eth0 root tbf rate %.0fkbit burst %ld latency 100ms", h->ns,
-              mbit * 1000, burst) ||
-           ct_sh("ip netns exec %s tc qdisc replace dev %s root tbf rate %.0fkbit burst %ld latency 100ms", outer_ns,
-              outer, mbit * 1000, burst);
+    /* the queue: 100 ms at the rate, as a home router's buffer (CT_NET_QUEUE_MS
+       for experiments) */
+    const char *q = getenv("CT_NET_QUEUE_MS");
+    long qms = q ? strtol(q, NULL, 10) : 100;
+    if (qms < 1 || qms > 10000)
+        qms = 100;
+    if (getenv("CT_NET_NO_SSAI"))
+        ct_sh("ip netns exec %s sysctl -qw net.ipv4.tcp_slow_start_after_idle=0", h->ns);
+    return ct_sh("ip netns exec %s tc qdisc replace dev eth0 root tbf rate %.0fkbit burst %ld latency %ldms", h->ns,
+              mbit * 1000, burst, qms) ||
+           ct_sh("ip netns exec %s tc qdisc replace dev %s root tbf rate %.0fkbit burst %ld latency %ldms", outer_ns,
+              outer, mbit * 1000, burst, qms);
 }
 
 int ct_net_enter(const struct ct_net *n, int host)
