@@ -673,8 +673,10 @@ static int solve(const struct inputs *in, const struct pipe_cfg *pc, double batc
      * whole-model throughput, so a stage takes B / (D S) / samples_per_s. */
     for (size_t j = 0; j < pc->stages; j++)
         work[j] = batch / ((double)pc->replicas * pc->stages);
+    /* the stage agents exchange their gradients' norms every step
+       (agent/pipe/stage_step.c, global_norm) */
     struct dtfm_problem prob = {pc->stages, pc->replicas, delay, bw, pc->act_bytes,
-                                pc->grad_bytes, work, speed, micro_batches(pc, batch), pc->tied_bytes};
+                                pc->grad_bytes, work, speed, micro_batches(pc, batch), pc->tied_bytes, 1};
     if ((rc = dtfm_model_new(&prob, &m, why)) != CM_OK)
         goto done;
     if (search_random(pc)) {

@@ -438,15 +438,55 @@ int64_t pipe_served_version(struct pstage *s)
     return v;
 }
 
+/* The served assignment's version and slots, asked of the coordinator
+ * every PIPE_VERSION_EVERY_S by the capability reports' thread, so that a
+ * step never waits for the coordinator: the check sat before the
+ * averaging, and the other replicas waited out its HTTPS request every
+ * other step (bench_pipeline_hosts). */
+void pipe_watch_version(struct pstage *s)
+{
+    double now = peer_mono_s();
+    if (now < s->watch_next)
+        return;
+    s->watch_next = now + PIPE_VERSION_EVERY_S;
+    struct agent_client quick = s->rt.coord;
+    quick.timeout_ms = PIPE_VERSION_TIMEOUT_MS;
+    struct dtfm_payload p;
+    char why[256];
+    int rc = fetch_assignment_with(s, &quick, &p, why, sizeof why);
+    if (rc != CM_OK) {
+        if (rc != CM_EBUSY)
+            s->watch_next = now + PIPE_VERSION_BACKOFF_S;
+        return;
+    }
+    size_t n = p.stages * p.replicas;
+    pthread_mutex_lock(&s->watch_mu);
+    if (n <= PIPE_MAX_SLOTS) {
+        s->watch_version = p.version;
+        s->watch_n = n;
+        memcpy(s->watch_assign, p.assign, n * CM_ED25519_PUB_LEN);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    dtfm_payload_cleanup(&p);
+}
+
 int pipe_newer_assignment(struct pstage *s, int gone_only)
 {
+    if (!gone_only) {
+        /* the step's path: what the watcher saw last (pipe_watch_version) */
+        pthread_mutex_lock(&s->watch_mu);
+        int moved = s->watch_version > s->version &&
+                    (s->watch_n != s->n_members ||
+                     memcmp(s->watch_assign, s->all, s->watch_n * CM_ED25519_PUB_LEN) != 0);
+        pthread_mutex_unlock(&s->watch_mu);
+        return moved;
+    }
     double now = peer_mono_s();
     if (now < s->next_version)
         return 0;
     s->next_version = now + PIPE_VERSION_EVERY_S;
-    /* On the step's path (before the averaging the other replicas wait
-       in): a coordinator slower than this is asked again later, not
-       waited for. */
+    /* While waiting for a neighbour: a coordinator slower than this is
+       asked again later, not waited for. */
     struct agent_client quick = s->rt.coord;
     quick.timeout_ms = PIPE_VERSION_TIMEOUT_MS;
     struct dtfm_payload p;
@@ -598,6 +638,7 @@ static void *caps_thread(void *arg)
         pthread_mutex_unlock(&s->caps_mu);
         pipe_rtt_tick(s);
         peer_rt_report_caps(&s->rt, s->sps, 0);
+        pipe_watch_version(s);
         pthread_mutex_lock(&s->caps_mu);
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
@@ -693,6 +734,7 @@ int agent_cmd_pipeline(int argc, char **argv)
         return 1;
     pthread_mutex_init(&s->caps_mu, NULL);
     pthread_mutex_init(&s->addr_mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
     pthread_cond_init(&s->caps_cv, NULL);
     int status = 2, rc = cm_opts_parse(&STAGE_SPEC, &s->o, argc, argv, NULL, NULL, stderr);
     if (rc != CM_OK) {
@@ -798,6 +840,7 @@ done:
     cm_opts_free(&STAGE_SPEC, &s->o);
     pthread_mutex_destroy(&s->caps_mu);
     pthread_mutex_destroy(&s->addr_mu);
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_cond_destroy(&s->caps_cv);
     free(s);
     return status;

@@ -66,6 +66,12 @@ struct pstage {
     double sps;
     uint64_t bytes_sent;     /* stage messages (the step log's sent_kb); atomic: the senders add */
     uint64_t avg_bytes_sent; /* averaging with the replicas (avg_sent_kb) */
+    /* the served assignment as the caps thread last saw it (pipe_watch_version) */
+    pthread_mutex_t watch_mu;
+    int64_t watch_version;
+    size_t watch_n;
+    uint8_t watch_assign[PIPE_MAX_SLOTS][CM_ED25519_PUB_LEN];
+    double watch_next; /* caps thread only */
     struct p2p_latency_rule lat_rules[P2P_MAX_LATENCY_RULES]; /* --latency-to */
     size_t n_lat_rules;
     /* round trips to the other stage agents (rtt.c; the caps thread's
@@ -149,14 +155,19 @@ void pipe_keep_announced(struct pstage *s);
  * (verified), -1 when none or unreadable. */
 int64_t pipe_served_version(struct pstage *s);
 /* stage.c: 1 when the coordinator serves an assignment newer than ours
- * whose slots differ (it re-solved: a volunteer joined or left); with
- * gone_only, only when it no longer holds an agent of our pipeline or of
- * our stage's replicas (one left). Asks at most every PIPE_VERSION_EVERY_S
- * seconds, 0 in between. */
+ * whose slots differ (it re-solved: a volunteer joined or left), as the
+ * caps thread last saw it (no request: the step's path); with gone_only,
+ * asked of the coordinator (at most every PIPE_VERSION_EVERY_S seconds, 0
+ * in between), and only when it no longer holds an agent of our pipeline
+ * or of our stage's replicas (one left). */
 #define PIPE_VERSION_EVERY_S 2.0
 #define PIPE_VERSION_TIMEOUT_MS 2000L /* one ask; a failed one waits PIPE_VERSION_BACKOFF_S */
 #define PIPE_VERSION_BACKOFF_S 30.0
 int pipe_newer_assignment(struct pstage *s, int gone_only);
+/* stage.c: the caps thread's part of it: asks the coordinator for the
+ * served version when due (every PIPE_VERSION_EVERY_S); without gone_only,
+ * pipe_newer_assignment answers from what this saw last. */
+void pipe_watch_version(struct pstage *s);
 
 /* stage_step.c: one optimizer step (docs/pipelines.md, "Stage agents"). */
 int pipe_stage_step(struct pstage *s, int64_t step);

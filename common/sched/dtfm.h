@@ -91,6 +91,12 @@ struct dtfm_problem {
      * replica's 2 (alpha + c_tied / beta) between its ends to the pipeline
      * term. */
     double tied_bytes;
+    /* 1: after the averaging, every stage of a pipeline sends a small
+     * message (its gradients' squared norm, for clipping by the global
+     * norm) to every other and waits for theirs: adds the slowest
+     * replica's largest one-way alpha between two of its stages to the
+     * pipeline term (ours: the stage agents' step, docs/pipelines.md). */
+    int norm_exchange;
 };
 #define DTFM_MAX_MICRO_BATCHES 1000000
 

@@ -90,8 +90,10 @@ int dtfm_model_new(const struct dtfm_problem *p, struct dtfm_model **out, const 
         m->pp_mb = calloc(n * n, sizeof *m->pp_mb);
     if (p->tied_bytes > 0 && p->stages > 1)
         m->tied = calloc(n * n, sizeof *m->tied);
+    if (p->norm_exchange && p->stages > 1)
+        m->alpha = calloc(n * n, sizeof *m->alpha);
     if (!m->dp || !m->pp || (p->stage_work && (!m->work || !m->speed)) || (m->mb > 1 && !m->pp_mb) ||
-        (p->tied_bytes > 0 && p->stages > 1 && !m->tied)) {
+        (p->tied_bytes > 0 && p->stages > 1 && !m->tied) || (p->norm_exchange && p->stages > 1 && !m->alpha)) {
         dtfm_model_free(m);
         return CM_ENOMEM;
     }
@@ -110,6 +112,8 @@ int dtfm_model_new(const struct dtfm_problem *p, struct dtfm_model **out, const 
                 m->pp_mb[a * n + b] = alpha + pp_bits / ((double)m->mb * beta);
             if (m->tied)
                 m->tied[a * n + b] = 2.0 * (alpha + 8.0 * p->tied_bytes / beta);
+            if (m->alpha)
+                m->alpha[a * n + b] = alpha;
         }
     if (p->stage_work) {
         memcpy(m->work, p->stage_work, p->stages * sizeof *m->work);
@@ -129,6 +133,7 @@ void dtfm_model_free(struct dtfm_model *m)
     free(m->speed);
     free(m->pp_mb);
     free(m->tied);
+    free(m->alpha);
     free(m);
 }
 
@@ -494,6 +499,28 @@ static double tied_term(const struct dtfm_model *m, const uint32_t *assign)
     return t;
 }
 
+/* The norms' exchange after the averaging (dtfm.h, norm_exchange): the
+ * slowest replica's largest one-way delay between two of its stages. */
+static double norm_term(const struct dtfm_model *m, const uint32_t *assign)
+{
+    size_t s = m->stages;
+    if (!m->alpha)
+        return 0;
+    double t = 0;
+    for (size_t i = 0; i < m->replicas; i++)
+        for (size_t j = 0; j < s; j++)
+            for (size_t k = j + 1; k < s; k++)
+                t = fmax(t, m->alpha[(size_t)assign[i * s + j] * m->n + assign[i * s + k]]);
+    return t;
+}
+
+/* What each pipeline's ends and stages exchange once a step: the tied
+ * embedding's gradient and the norms. */
+static double ends_term(const struct dtfm_model *m, const uint32_t *assign)
+{
+    return tied_term(m, assign) + norm_term(m, assign);
+}
+
 /* Pipeline and compute terms of an assignment run 1F1B with m->mb > 1
  * micro-batches (dtfm.h), its stages read forward (rev 0: position j is
  * column j) or backward (rev 1: position j is column S - 1 - j). */
@@ -588,7 +615,7 @@ int dtfm_cost_partition(const struct dtfm_model *m, const uint16_t *group, struc
     cost->compute = comp;
     cost->total = dp + pp + comp;
     uint32_t *own = NULL, *alt = NULL;
-    int need = m->mb > 1 || m->tied; /* costs that depend on who talks to whom */
+    int need = m->mb > 1 || m->tied || m->alpha; /* costs that depend on who talks to whom */
     if ((!assign && need && !(assign = own = malloc(m->n * sizeof *assign))) ||
         (m->mb > 1 && !(alt = malloc(m->n * sizeof *alt)))) {
         free(own);
@@ -607,13 +634,13 @@ int dtfm_cost_partition(const struct dtfm_model *m, const uint16_t *group, struc
             if (bottleneck_path(w, s, order2)) {
                 assign_along(m, members, order2, alt);
                 pipelined_best(m, alt, &c2);
-                if (c2.total + tied_term(m, alt) < cost->total + tied_term(m, assign)) {
+                if (c2.total + ends_term(m, alt) < cost->total + ends_term(m, assign)) {
                     *cost = c2;
                     memcpy(assign, alt, m->n * sizeof *assign);
                 }
             }
         }
-        double t = tied_term(m, assign);
+        double t = ends_term(m, assign);
         cost->pp += t;
         cost->total += t;
     }
@@ -662,7 +689,7 @@ int dtfm_cost_assignment(const struct dtfm_model *m, const uint32_t *assign, str
     cost->total = dp + pp + comp;
     if (m->mb > 1) /* as it is: forward */
         pipelined(m, assign, 0, &cost->pp, &cost->compute);
-    cost->pp += tied_term(m, assign);
+    cost->pp += ends_term(m, assign);
     cost->total = dp + cost->pp + cost->compute;
     return CM_OK;
 }

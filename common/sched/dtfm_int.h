@@ -13,6 +13,7 @@ struct dtfm_model {
     size_t mb;     /* micro-batches M >= 1 */
     double *pp_mb; /* n x n when mb > 1: alpha + c_PP / (M beta), one micro-batch one way */
     double *tied;  /* n x n when tied_bytes > 0 and stages > 1: 2 (alpha + c_tied / beta) */
+    double *alpha; /* n x n when norm_exchange and stages > 1: the pair's one-way delay */
 };
 
 /* Eq. 2 for one group of `replicas` devices. */

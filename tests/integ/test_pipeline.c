@@ -351,14 +351,16 @@ static double num(const json_t *o, const char *k)
  * round trip: 1 ms inside a region, 50 ms across.
  * c_DP = 1e8 bytes, D = 2: one data-parallel pair costs 2 (alpha + 8e8 / 2 / beta);
  * c_PP = 1e6 bytes: one pipeline hop 2 (alpha + 8e6 / beta).
+ * The stages of a pipeline exchange their norms after the averaging: the
+ * pipeline term gains the largest one-way delay inside a pipeline.
  *  - each region a data-parallel group (a stage), pipelines cross regions:
- *    dp = 2 (0.001 + 0.4) = 0.802 s, pp = 2 (0.05 + 0.8) = 1.7 s;
+ *    dp = 2 (0.001 + 0.4) = 0.802 s, pp = 2 (0.05 + 0.8) + 0.05 = 1.75 s;
  *  - each region a pipeline, stages' groups cross regions:
- *    dp = 2 (0.05 + 40) = 80.1 s, pp = 2 (0.001 + 0.008) = 0.018 s;
+ *    dp = 2 (0.05 + 40) = 80.1 s, pp = 2 (0.001 + 0.008) + 0.001 = 0.019 s;
  * (the third partition, {A, D} / {B, C}, is as bad as the second.) Compute:
  * 64 samples / (2 replicas x 2 stages) / 100 samples/s = 0.16 s per stage,
  * and the stages compute in turn: 0.32 s either way.
- * So the first: 2.822 s against 80.438 s. */
+ * So the first: 2.872 s against 80.439 s. */
 static void test_two_regions(void **state)
 {
     (void)state;
@@ -376,9 +378,9 @@ static void test_two_regions(void **state)
     assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
     const json_t *pr = json_object_get(sv.p, "predicted");
     assert_true(fabs(num(pr, "dp_s") - 0.802) < 1e-9);
-    assert_true(fabs(num(pr, "pp_s") - 1.7) < 1e-9);
+    assert_true(fabs(num(pr, "pp_s") - 1.75) < 1e-9);
     assert_true(fabs(num(pr, "compute_s") - 0.32) < 1e-9);
-    assert_true(fabs(num(pr, "total_s") - 2.822) < 1e-9);
+    assert_true(fabs(num(pr, "total_s") - 2.872) < 1e-9);
     assert_true(num(pr, "total_s") < num(sv.p, "random_mean_s"));
     assert_true(fabs(num(sv.p, "activation_bytes") - 1e6) < 1e-3);
     assert_true(fabs(num(sv.p, "gradient_bytes") - 1e8) < 1e-3);
@@ -562,7 +564,7 @@ static double rnd_cost(int slot[2][2], double *dp, double *pp)
     for (int j = 0; j < 2; j++)
         *dp = fmax(*dp, region(slot[0][j]) == region(slot[1][j]) ? 0.802 : 80.1);
     for (int i = 0; i < 2; i++)
-        *pp = fmax(*pp, region(slot[i][0]) == region(slot[i][1]) ? 0.018 : 1.7);
+        *pp = fmax(*pp, region(slot[i][0]) == region(slot[i][1]) ? 0.019 : 1.75); /* with the norms */
     return *dp + *pp + 0.32;
 }
 
@@ -610,7 +612,7 @@ static void test_random_search(void **state)
     double dp, pp;
     for (;; s1++) {
         rnd_expected(s1, want1);
-        if (rnd_cost(want1, &dp, &pp) > 2.822 + 1e-6)
+        if (rnd_cost(want1, &dp, &pp) > 2.872 + 1e-6)
             break;
         assert_true(s1 < 100);
     }
@@ -641,7 +643,7 @@ static void test_random_search(void **state)
     assert_true(fabs(num(pr, "pp_s") - pp) < 1e-9);
     assert_true(fabs(num(pr, "compute_s") - 0.32) < 1e-9);
     assert_true(fabs(random_total - want_total) < 1e-9);
-    assert_true(num(sv.p, "random_mean_s") > 2.822);
+    assert_true(num(sv.p, "random_mean_s") > 2.872);
     assert_int_equal(json_array_size(json_object_get(sv.p, "spares")), 0);
     json_decref(sv.p);
     assert_int_equal(rnd_row(1, "result->>'search' = 'random' AND "
@@ -698,7 +700,7 @@ static void test_random_search(void **state)
     for (int j = 0; j < 2; j++)
         assert_int_equal(region(slot[0][j]), region(slot[1][j]));
     double dtfm_total = num(json_object_get(sv.p, "predicted"), "total_s");
-    assert_true(fabs(dtfm_total - 2.822) < 1e-9);
+    assert_true(fabs(dtfm_total - 2.872) < 1e-9);
     assert_true(random_total >= dtfm_total);
     assert_true(random_total > dtfm_total + 1); /* s1 was picked so */
     json_decref(sv.p);

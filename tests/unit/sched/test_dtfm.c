@@ -691,6 +691,51 @@ static void test_pipelined_bottleneck_path(void **state)
     inst_free(&in);
 }
 
+/* The norms' exchange (norm_exchange): 3 stages x 2 replicas on fast
+ * links, one-way delays 10 ms between devices of neighbouring stages and 50
+ * ms between the two ends of pipeline 1 (devices 1 and 5): the pipeline
+ * term gains the largest one-way delay between two stages of a pipeline,
+ * 50 ms, whatever the order; without it, nothing. */
+static void test_norm_exchange(void **state)
+{
+    (void)state;
+    struct inst in;
+    inst_alloc(&in, 3, 2, 0);
+    in.p.act_bytes = 1;
+    in.p.grad_bytes = 1;
+    for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 6; b++) {
+            in.bw[a * 6 + b] = 8e12;
+            in.delay[a * 6 + b] = a == b ? 0 : (a / 2 == b / 2) ? 0.001 : 0.010;
+        }
+    in.delay[1 * 6 + 5] = in.delay[5 * 6 + 1] = 0.050;
+    static const uint16_t group[6] = {0, 0, 1, 1, 2, 2};
+    struct dtfm_cost c0, c1, ca;
+    uint32_t as[6];
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c0, as), CM_OK);
+    dtfm_model_free(in.m);
+    in.p.norm_exchange = 1;
+    inst_model(&in);
+    assert_int_equal(dtfm_cost_partition(in.m, group, &c1, as), CM_OK);
+    /* the pipelines pair devices 0/1 with 2/3 and 4/5: 1 and 5 meet in one
+       unless the matchings part them; either way the term is the largest
+       alpha inside a pipeline of the assignment */
+    double want = 0;
+    for (size_t i = 0; i < 2; i++)
+        for (size_t j = 0; j < 3; j++)
+            for (size_t k = j + 1; k < 3; k++)
+                want = fmax(want, in.delay[as[i * 3 + j] * 6 + as[i * 3 + k]]);
+    assert_true(want >= 0.010);
+    assert_close(c1.pp, c0.pp + want);
+    assert_close(c1.total, c0.total + want);
+    assert_int_equal(dtfm_cost_assignment(in.m, as, &ca), CM_OK);
+    assert_close(ca.pp, c1.pp);
+    dtfm_model_free(in.m);
+    in.m = NULL;
+    inst_free(&in);
+}
+
 /* ---- 6-8. the search (§3.4) ---- */
 
 static void test_search_deterministic(void **state)
@@ -986,6 +1031,7 @@ int main(void)
         cmocka_unit_test(test_compute_term),
         cmocka_unit_test(test_pipelined_by_hand),
         cmocka_unit_test(test_pipelined_bottleneck_path),
+        cmocka_unit_test(test_norm_exchange),
         cmocka_unit_test(test_search_deterministic),
         cmocka_unit_test(test_search_quality),
         cmocka_unit_test(test_search_warm_start),
