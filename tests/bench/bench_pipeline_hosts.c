@@ -24,7 +24,11 @@
  * --latency-ms` and `--latency-to`: netem is not available here); the
  * agents measure the round trips (agent/pipe/rtt.c) and the coordinator's
  * model takes half of each as the link's delay. BENCH_PIPE_ONEWAY_MS=0
- * runs without any delay. */
+ * runs without any delay. The agents pace their traffic at 0.95 of their
+ * measured links (`pipeline --pace`, BENCH_PIPE_PACE=0: off). Then each
+ * stage's median phases (micro-batches, tied embedding, averaging, norms)
+ * show where a step's time went (docs/pipelines.md, "The cost model
+ * against real hosts"). */
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
