@@ -238,7 +238,7 @@ static int fetch_idle(void *arg, int moving)
 static int addr_of(struct pstage *s, const uint8_t pub[CM_ED25519_PUB_LEN], char out[PEER_ADDR_MAX])
 {
     char key[160];
-    snprintf(key, sizeof key, "%s/pipe/peers", s->o.run);
+    snprintf(key, sizeof key, PIPE_PEERS_KEY_FMT, s->o.run);
     struct peer_record *r = NULL;
     size_t nr = 0;
     int rc = peer_net_get(s->rt.net, key, &r, &nr);

@@ -52,7 +52,7 @@ static struct pipe_rtt_peer *find(struct pstage *s, const uint8_t *pub)
 int pipe_rtt_tick(struct pstage *s)
 {
     char key[160];
-    snprintf(key, sizeof key, "%s/pipe/peers", s->o.run);
+    snprintf(key, sizeof key, PIPE_PEERS_KEY_FMT, s->o.run);
     struct peer_record *r = NULL;
     size_t nr = 0;
     if (peer_net_get(s->rt.net, key, &r, &nr) != CM_OK)

@@ -298,13 +298,11 @@ static int measure_speed(struct pstage *s)
     return CM_OK;
 }
 
-#define PEERS_KEY_FMT "%s/pipe/peers"
-
 /* Our address on the run's DHT, for the other stages. */
 static int announce(struct pstage *s)
 {
     char key[160], val[2 * PEER_ADDR_MAX + 2];
-    snprintf(key, sizeof key, PEERS_KEY_FMT, s->o.run);
+    snprintf(key, sizeof key, PIPE_PEERS_KEY_FMT, s->o.run);
     snprintf(val, sizeof val, "%s %s", s->rt.st_addr, s->rt.my_addr);
     return peer_net_put(s->rt.net, key, val, strlen(val), 120000);
 }
@@ -341,7 +339,7 @@ static int set_addr(const char *text, struct sockaddr_storage *sa, char *str, co
 int pipe_resolve(struct pstage *s, int only)
 {
     char key[160];
-    snprintf(key, sizeof key, PEERS_KEY_FMT, s->o.run);
+    snprintf(key, sizeof key, PIPE_PEERS_KEY_FMT, s->o.run);
     struct peer_record *r = NULL;
     size_t nr = 0;
     int rc = peer_net_get(s->rt.net, key, &r, &nr);
@@ -443,22 +441,30 @@ int64_t pipe_served_version(struct pstage *s)
  * step never waits for the coordinator: the check sat before the
  * averaging, and the other replicas waited out its HTTPS request every
  * other step (bench_pipeline_hosts). */
-void pipe_watch_version(struct pstage *s)
+/* The served assignment when *next (mono s) is due: asked every
+ * PIPE_VERSION_EVERY_S, with a short timeout (a coordinator slower than
+ * that is asked again later, not waited for), after a failure only in
+ * PIPE_VERSION_BACKOFF_S. CM_OK with *p filled. */
+static int fetch_when_due(struct pstage *s, double *next, struct dtfm_payload *p)
 {
     double now = peer_mono_s();
-    if (now < s->watch_next)
-        return;
-    s->watch_next = now + PIPE_VERSION_EVERY_S;
+    if (now < *next)
+        return CM_EBUSY;
+    *next = now + PIPE_VERSION_EVERY_S;
     struct agent_client quick = s->rt.coord;
     quick.timeout_ms = PIPE_VERSION_TIMEOUT_MS;
-    struct dtfm_payload p;
     char why[256];
-    int rc = fetch_assignment_with(s, &quick, &p, why, sizeof why);
-    if (rc != CM_OK) {
-        if (rc != CM_EBUSY)
-            s->watch_next = now + PIPE_VERSION_BACKOFF_S;
+    int rc = fetch_assignment_with(s, &quick, p, why, sizeof why);
+    if (rc != CM_OK && rc != CM_EBUSY)
+        *next = now + PIPE_VERSION_BACKOFF_S;
+    return rc;
+}
+
+void pipe_watch_version(struct pstage *s)
+{
+    struct dtfm_payload p;
+    if (fetch_when_due(s, &s->watch_next, &p) != CM_OK)
         return;
-    }
     size_t n = p.stages * p.replicas;
     pthread_mutex_lock(&s->watch_mu);
     if (n <= PIPE_MAX_SLOTS) {
@@ -481,22 +487,10 @@ int pipe_newer_assignment(struct pstage *s, int gone_only)
         pthread_mutex_unlock(&s->watch_mu);
         return moved;
     }
-    double now = peer_mono_s();
-    if (now < s->next_version)
-        return 0;
-    s->next_version = now + PIPE_VERSION_EVERY_S;
-    /* While waiting for a neighbour: a coordinator slower than this is
-       asked again later, not waited for. */
-    struct agent_client quick = s->rt.coord;
-    quick.timeout_ms = PIPE_VERSION_TIMEOUT_MS;
+    /* while waiting for a neighbour */
     struct dtfm_payload p;
-    char why[256];
-    int rc = fetch_assignment_with(s, &quick, &p, why, sizeof why);
-    if (rc != CM_OK) {
-        if (rc != CM_EBUSY)
-            s->next_version = now + PIPE_VERSION_BACKOFF_S;
+    if (fetch_when_due(s, &s->next_version, &p) != CM_OK)
         return 0;
-    }
     /* A re-solve that gives every slot to the same agent (the coordinator
        solves again when an assignment ages, or figures moved) changes
        nothing for the stages: they keep working under the version they

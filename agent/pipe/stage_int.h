@@ -15,6 +15,9 @@
 #include "agent/train/trainer.h"
 #include "sched/pipe_msg.h"
 
+/* The run's DHT key under which stage agents announce "MSG_ADDR AR_ADDR" */
+#define PIPE_PEERS_KEY_FMT "%s/pipe/peers"
+
 #define PIPE_MAX_SLOTS 256  /* stages x replicas (DTFM_PAYLOAD_MAX_SLOTS) */
 #define PIPE_MAX_SPARES 256 /* DTFM_PAYLOAD_MAX_SPARES */
 
