@@ -217,6 +217,13 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
                  API_PIPE_MIN_LIVENESS_S, API_CAP_TTL_S);
         return -1;
     }
+    /* the stage agents' encoding of activations and their gradients
+       (agent/pipe/stage.c): a derived activation size halves with fp16 */
+    const json_t *co = json_object_get(p, "compression");
+    if (co && !(json_is_string(co) &&
+                (!strcmp(json_string_value(co), "none") || !strcmp(json_string_value(co), "fp16"))))
+        return cfg_fail(err, cap, "field '%s': \"none\" or \"fp16\"", "config.pipeline.compression");
+    int fp16 = co && !strcmp(json_string_value(co), "fp16");
     const json_t *a = json_object_get(p, "activation_bytes");
     if (a && !pos_number(a, PIPE_MAX_BYTES, &out->act_bytes))
         return cfg_fail(err, cap, "field '%s': a number in (0, 1e15)",
@@ -226,6 +233,8 @@ static int pipe_cfg_parse(const json_t *config, double batch, struct pipe_cfg *o
                         "field '%s': required unless config.model is a gpt or albert model "
                         "with integer context and d_model",
                         "config.pipeline.activation_bytes");
+    if (!a && fp16)
+        out->sample_bytes /= 2;
     /* Derived, it grows as replicas drop out: bounded at min_replicas, the
      * largest micro-batch a solve can use. */
     if (!a && derived_activation_bytes(out->sample_bytes, batch, out->min_replicas) >=

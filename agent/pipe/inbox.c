@@ -255,7 +255,7 @@ int pipe_inbox_put(struct pipe_inbox *ib, const uint8_t from[CM_ED25519_PUB_LEN]
     }
     if (s->seen[k])
         goto out;
-    memcpy(s->e.values + m->offset, m->values, (size_t)m->count * sizeof(float));
+    pipe_msg_values(m, s->e.values + m->offset); /* fp32, or fp16 decoded */
     if (m->ntargets)
         memcpy(s->e.targets, m->targets, (size_t)m->ntargets * sizeof(int32_t));
     s->seen[k] = 1;

@@ -190,6 +190,16 @@ static int fetch_run(struct pstage *s)
     json_t *jm = json_object_get(pl, "min_replicas"), *jl = json_object_get(pl, "liveness_s");
     json_int_t minD = json_is_integer(jm) ? json_integer_value(jm) : D;
     json_int_t live = json_is_integer(jl) ? json_integer_value(jl) : 120;
+    /* activations and their gradients on the wire (docs/pipelines.md,
+       "The run's config"): fp32, or fp16 with "compression": "fp16" */
+    json_t *jc = json_object_get(pl, "compression");
+    const char *comp = json_is_string(jc) ? json_string_value(jc) : "none";
+    if (jc && !(json_is_string(jc) && (!strcmp(comp, "none") || !strcmp(comp, "fp16")))) {
+        fprintf(stderr, "error: run '%s': pipeline.compression must be \"none\" or \"fp16\"\n", s->o.run);
+        json_decref(cfg);
+        return CM_EINVAL;
+    }
+    s->act_enc = !strcmp(comp, "fp16") ? PIPE_ENC_FP16 : PIPE_ENC_FP32;
     json_object_del(cfg, "pipeline");
     json_object_del(cfg, "collaboration");
     char *text = json_dumps(cfg, JSON_COMPACT);

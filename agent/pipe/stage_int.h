@@ -34,6 +34,7 @@ struct pstage {
     struct agent_train_config tc;
     struct agent_cpu_limit cpu; /* --max-cpu-percent (cores 0: none) */
     uint32_t S, D, replica, stage;
+    uint32_t act_enc;  /* activations' and their gradients' encoding (pipeline.compression) */
     uint8_t keys[PIPE_MAX_STAGES][CM_ED25519_PUB_LEN]; /* our pipeline's stages (row `replica`) */
     struct sockaddr_storage addr[PIPE_MAX_STAGES];     /* their message (state host) addresses */
     pthread_mutex_t addr_mu; /* addr, addr_s, gaddr, gaddr_s: pipe_resolve writes, senders read */

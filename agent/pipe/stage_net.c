@@ -125,6 +125,20 @@ static int send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const f
     uint32_t n = m->type == PIPE_MSG_NORM ? 1 : pipe_chunks(m->total, ntg);
     if (n == 0)
         return CM_ERANGE;
+    /* activations and their gradients in the run's encoding (fp16: half
+       the bytes; the receiver decodes) */
+    uint8_t *half = NULL;
+    if ((m->type == PIPE_MSG_ACT || m->type == PIPE_MSG_GRAD) && s->act_enc == PIPE_ENC_FP16) {
+        if (!(half = malloc(2 * (size_t)m->total)))
+            return CM_ENOMEM;
+        if (pipe_f16_encode(values, m->total, half) != CM_OK) {
+            fprintf(stderr, "error: step %lld: %s of micro-batch %u beyond fp16's range (65504); the run's "
+                            "pipeline.compression \"fp16\" cannot carry them\n", (long long)m->step + 1,
+                    m->type == PIPE_MSG_ACT ? "activations" : "gradients", m->mb);
+            free(half);
+            return CM_ENUMERIC;
+        }
+    }
     struct send_op op = {.n = n, .type = m->type};
     char to_s[PEER_ADDR_MAX] = "";
     pthread_mutex_init(&op.mu, NULL);
@@ -140,7 +154,8 @@ static int send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const f
             c.count = pipe_chunk_count(k, m->total, ntg);
             c.ntargets = k == 0 ? ntg : 0;
             c.targets = c.ntargets ? (const uint8_t *)targets : NULL;
-            c.values = (const uint8_t *)(values + c.offset);
+            c.values = half ? half + 2 * (size_t)c.offset : (const uint8_t *)(values + c.offset);
+            c.enc = half ? PIPE_ENC_FP16 : PIPE_ENC_FP32;
         }
         rc = pipe_msg_build(&c, &op.bodies[k], &op.lens[k]);
         op.status[k] = CM_EBUSY;
@@ -195,6 +210,7 @@ static int send_tensor(struct pstage *s, uint32_t j, struct pipe_msg *m, const f
     free(op.bodies);
     free(op.lens);
     free(op.status);
+    free(half);
     pthread_mutex_destroy(&op.mu);
     pthread_cond_destroy(&op.cv);
     if (rc != CM_OK && rc != CM_ECANCELED)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ar/ar_codec.h"
 #include "cm_bytes.h"
 #include "cm_err.h"
 
@@ -36,6 +37,10 @@ static int dim_valid(uint32_t d)
  * itself (targets, values) is checked by the callers. */
 static int fields_check(const struct pipe_msg *m)
 {
+    if (m->enc != PIPE_ENC_FP32 && m->enc != PIPE_ENC_FP16)
+        return CM_EUNSUPPORTED;
+    if (m->enc == PIPE_ENC_FP16 && m->type != PIPE_MSG_ACT && m->type != PIPE_MSG_GRAD)
+        return CM_ERANGE;
     if (m->step < 0 || m->step > PIPE_STEP_MAX || m->replica >= PIPE_MAX_STAGES ||
         m->stage >= PIPE_MAX_STAGES || (uint64_t)m->ntargets + m->count > PIPE_MAX_ITEMS)
         return CM_ERANGE;
@@ -73,9 +78,21 @@ static int targets_valid(const uint8_t *src, size_t n)
     return 1;
 }
 
-static int values_finite(const uint8_t *src, size_t n)
+size_t pipe_enc_size(uint32_t enc)
+{
+    return enc == PIPE_ENC_FP16 ? 2 : 4;
+}
+
+static int values_finite(const uint8_t *src, size_t n, uint32_t enc)
 {
     for (size_t i = 0; i < n; i++) {
+        if (enc == PIPE_ENC_FP16) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, sizeof h);
+            if ((h & 0x7c00u) == 0x7c00u) /* all-ones exponent: infinity or NaN */
+                return 0;
+            continue;
+        }
         float v;
         memcpy(&v, src + 4 * i, sizeof v);
         if (!isfinite(v))
@@ -84,13 +101,37 @@ static int values_finite(const uint8_t *src, size_t n)
     return 1;
 }
 
+void pipe_msg_values(const struct pipe_msg *m, float *dst)
+{
+    if (m->enc != PIPE_ENC_FP16) {
+        memcpy(dst, m->values, (size_t)m->count * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < m->count; i++) {
+        uint16_t h;
+        memcpy(&h, m->values + 2 * i, sizeof h);
+        dst[i] = ar_f16_to_f32(h);
+    }
+}
+
+int pipe_f16_encode(const float *src, size_t n, uint8_t *dst)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = ar_f32_to_f16(src[i]);
+        if (!isfinite(src[i]) || (h & 0x7c00u) == 0x7c00u)
+            return CM_ENUMERIC;
+        memcpy(dst + 2 * i, &h, sizeof h);
+    }
+    return CM_OK;
+}
+
 int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg *out)
 {
     memset(out, 0, sizeof *out);
     if (!b || len < PIPE_HDR_LEN || !type_valid(type) || b[0] != PIPE_MSG_VERSION ||
         b[2] != type || b[3])
         return CM_EPARSE;
-    if (b[1] != PIPE_ENC_FP32)
+    if (b[1] != PIPE_ENC_FP32 && b[1] != PIPE_ENC_FP16)
         return CM_EUNSUPPORTED;
     uint64_t step = cm_get_be(b + 4, 8), bits = cm_get_be(b + 56, 8);
     struct pipe_msg m = {
@@ -106,9 +147,10 @@ int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg 
         .count = (uint32_t)cm_get_be(b + 44, 4),
         .ntargets = (uint32_t)cm_get_be(b + 48, 4),
         .flags = (uint32_t)cm_get_be(b + 52, 4),
+        .enc = b[1],
     };
     /* Both counts are below 2^32: no overflow in 64 bits. */
-    if ((uint64_t)len != PIPE_HDR_LEN + 4 * (uint64_t)m.ntargets + 4 * (uint64_t)m.count)
+    if ((uint64_t)len != PIPE_HDR_LEN + 4 * (uint64_t)m.ntargets + pipe_enc_size(m.enc) * (uint64_t)m.count)
         return CM_EPARSE;
     if (step > (uint64_t)PIPE_STEP_MAX)
         return CM_ERANGE;
@@ -120,7 +162,7 @@ int pipe_msg_parse(uint32_t type, const uint8_t *b, size_t len, struct pipe_msg 
     const uint8_t *targets = b + PIPE_HDR_LEN, *values = targets + 4 * (size_t)m.ntargets;
     if (!targets_valid(targets, m.ntargets))
         return CM_ERANGE;
-    if (!values_finite(values, m.count))
+    if (!values_finite(values, m.count, m.enc))
         return CM_ENUMERIC;
     m.targets = m.ntargets ? targets : NULL;
     m.values = m.count ? values : NULL;
@@ -139,9 +181,9 @@ int pipe_msg_build(const struct pipe_msg *m, uint8_t **out, size_t *out_len)
         return CM_EINVAL;
     if (m->ntargets && !targets_valid(m->targets, m->ntargets))
         return CM_ERANGE;
-    if (m->count && !values_finite(m->values, m->count))
+    if (m->count && !values_finite(m->values, m->count, m->enc))
         return CM_ENUMERIC;
-    size_t tlen = 4 * (size_t)m->ntargets, vlen = 4 * (size_t)m->count;
+    size_t tlen = 4 * (size_t)m->ntargets, vlen = pipe_enc_size(m->enc) * (size_t)m->count;
     size_t total = PIPE_HDR_LEN + tlen + vlen;
     uint8_t *p = malloc(total);
     if (!p)
@@ -149,7 +191,7 @@ int pipe_msg_build(const struct pipe_msg *m, uint8_t **out, size_t *out_len)
     uint64_t bits;
     memcpy(&bits, &m->sumsq, sizeof bits);
     p[0] = PIPE_MSG_VERSION;
-    p[1] = PIPE_ENC_FP32;
+    p[1] = (uint8_t)m->enc;
     p[2] = (uint8_t)m->type;
     p[3] = 0;
     cm_put_be(p + 4, (uint64_t)m->step, 8);

@@ -30,6 +30,7 @@ enum pipe_msg_type {
 
 #define PIPE_MSG_VERSION 1
 #define PIPE_ENC_FP32 0
+#define PIPE_ENC_FP16 1 /* ACT and GRAD only (pipeline.compression "fp16"): IEEE binary16 values */
 /* Items (targets + values) in one message: 256 KiB, inside the transport's
  * 320 KiB frame with room for the header and the envelope. */
 #define PIPE_MAX_ITEMS 65536u
@@ -60,16 +61,29 @@ struct pipe_msg {
                            the first chunk, which needs at least one value too, so a
                            micro-batch with B*T >= PIPE_MAX_ITEMS cannot be sent */
     uint32_t flags;     /* NORM: PIPE_FLAG_MOVE or 0; otherwise 0 */
+    uint32_t enc;       /* PIPE_ENC_FP32, or PIPE_ENC_FP16 for ACT and GRAD: the values'
+                           wire encoding (byte 1 of the body) */
     double sumsq;       /* NORM: the squared L2 norm, finite and >= 0; otherwise 0 */
     const uint8_t *targets; /* ntargets int32 (-1 = no loss, else >= 0) */
-    const uint8_t *values;  /* count fp32 */
+    const uint8_t *values;  /* count values in `enc` (fp32 or fp16), little-endian */
 };
 
+/* Values per encoding on the wire: 4 (fp32) or 2 (fp16). */
+size_t pipe_enc_size(uint32_t enc);
+/* m's values as floats into dst (m->count of them). */
+void pipe_msg_values(const struct pipe_msg *m, float *dst);
+/* n floats as fp16 (round to nearest even) into dst (2n bytes); CM_ENUMERIC
+ * when one is not finite or beyond fp16's range (65504), dst then
+ * unspecified. */
+int pipe_f16_encode(const float *src, size_t n, uint8_t *dst);
+
 /* Parses the body of a message of p2p type `type`. CM_EPARSE: shorter
- * than the header, a length other than PIPE_HDR_LEN + 4*ntargets + 4*count
+ * than the header, a length other than PIPE_HDR_LEN + 4*ntargets +
+ * pipe_enc_size(enc)*count
  * (truncated, trailing bytes), a type that is not a pipe type or a body
  * whose type byte is not `type`, wrong version, reserved bytes not zero;
- * CM_EUNSUPPORTED: an encoding other than fp32; CM_ERANGE: any field
+ * CM_EUNSUPPORTED: an encoding other than fp32 and fp16 (fp16 on TIED or
+ * NORM: CM_ERANGE); CM_ERANGE: any field
  * outside what is written above (including shapes that do not multiply to
  * total, a chunk past total, targets on a message that must have none,
  * more than PIPE_MAX_ITEMS items, a target below -1, a negative sumsq, a
@@ -79,7 +93,8 @@ struct pipe_msg {
 int pipe_msg_parse(uint32_t type, const uint8_t *buf, size_t len, struct pipe_msg *out);
 
 /* Builds the body of m (values and targets copied from m->values and
- * m->targets: raw little-endian bytes, e.g. float and int32_t arrays).
+ * m->targets: raw little-endian bytes in m->enc, e.g. float (or
+ * pipe_f16_encode's) and int32_t arrays).
  * *out is heap memory the caller frees. Checks what the parser checks
  * (CM_EINVAL for a bad type or a NULL targets/values with a non-zero
  * ntargets/count, CM_ERANGE for fields and targets, CM_ENUMERIC for

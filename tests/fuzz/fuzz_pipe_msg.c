@@ -20,8 +20,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (pipe_msg_parse(type, body, len, &m) != 0)
         return 0;
     size_t items = (size_t)m.ntargets + m.count;
-    if (m.type != type || items > PIPE_MAX_ITEMS || len != PIPE_HDR_LEN + 4 * items ||
-        (m.count && m.values + 4 * (size_t)m.count != body + len) ||
+    size_t vsz = pipe_enc_size(m.enc);
+    if (m.type != type || items > PIPE_MAX_ITEMS ||
+        len != PIPE_HDR_LEN + 4 * (size_t)m.ntargets + vsz * (size_t)m.count ||
+        (m.count && m.values + vsz * (size_t)m.count != body + len) ||
         (m.ntargets && m.targets != body + PIPE_HDR_LEN) ||
         (uint64_t)m.offset + m.count > m.total)
         abort();

@@ -186,6 +186,12 @@ static void test_config_validated(void **state)
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":0}}",
          "config.pipeline.gradient_bytes"},
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"compression\":\"q8\"}}",
+         "config.pipeline.compression"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
+         "\"compression\":16}}",
+         "config.pipeline.compression"},
+        {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
          "\"seed\":-1}}",
          "config.pipeline.seed"},
         {"{\"pipeline\":{\"stages\":2,\"replicas\":2,\"activation_bytes\":1,\"gradient_bytes\":1,"
@@ -506,6 +512,20 @@ static void test_defaults_from_model(void **state)
     json_t *p = json_object_get(r.json, "pipeline");
     assert_true(num(p, "activation_bytes") == 32.0 * 128 * 64 * 4); /* ceil(63 / 2) = 32 */
     assert_true(num(p, "gradient_bytes") == 2e6);
+    ct_resp_free(&r);    /* with fp16 activations (pipeline.compression), half the bytes */
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"gpt22h\",\"target_batch_size\":63,\"config\":{"
+                         "\"steps\":100,\"batch_size\":64,\"data\":{\"train\":\"data/train.json\"},"
+                         "\"model_parameters\":1000000,\"model\":{\"type\":\"gpt\",\"vocab\":256,"
+                         "\"context\":128,\"layers\":4,\"heads\":4,\"d_model\":64},"
+                         "\"pipeline\":{\"stages\":2,\"replicas\":2,\"compression\":\"fp16\"}}}"),
+                     201);
+    join_four("gpt22h");
+    ct_http(&g_c, "GET", "/api/v1/runs/gpt22h/pipeline", NULL, NULL, &r);
+    if (r.status != 200)
+        fail_msg("GET gpt22h pipeline: %ld %s", r.status, r.body ? r.body : "");
+    p = json_object_get(r.json, "pipeline");
+    assert_true(num(p, "activation_bytes") == 32.0 * 128 * 64 * 2);
     ct_resp_free(&r);
 }
 

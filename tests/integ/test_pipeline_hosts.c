@@ -12,7 +12,8 @@
  *     round trip to the other, about 2 x 20 ms (the latency rule, matched by
  *     the other host's address, holds frames both ways), and its pipeline
  *     term counts the delay (2 (alpha + ...) plus the norms' alpha);
- *   - the two stages took every step. */
+ *   - the two stages took every step, the first one's activations went as
+ *     fp16 (`pipeline.compression`), and the loss fell. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -92,7 +93,8 @@ static void test_paced_stages_with_delay(void **state)
     (void)state;
     json_t *cfg = ct_pipeline_recipe(g_data, 2, STEPS, 5);
     assert_non_null(cfg);
-    json_object_set_new(cfg, "pipeline", json_pack("{s:i, s:i, s:f}", "stages", 2, "replicas", 1, "gradient_bytes", 2e5));
+    json_object_set_new(cfg, "pipeline", json_pack("{s:i, s:i, s:f, s:s}", "stages", 2, "replicas", 1,
+                                                   "gradient_bytes", 2e5, "compression", "fp16"));
     json_t *body = json_pack("{s:s, s:I, s:s, s:o}", "name", RUN, "target_batch_size", (json_int_t)16,
                              "model_summary", "byte GPT in 2 stages on 2 hosts", "config", cfg);
     char *text = json_dumps(body, JSON_COMPACT);
@@ -103,6 +105,7 @@ static void test_paced_stages_with_delay(void **state)
     snprintf(url, sizeof url, "https://%s:" PORT, g_net.h[0].ip);
     assert_int_equal(ct_net_volunteers(&g_net, &g_c, g_org, RUN, url, 0, 2, g_host, dirs), 0);
     pid_t pid[2];
+    double loss0 = NAN, loss = NAN;
     for (int i = 0; i < 2; i++) {
         char to[64];
         snprintf(to, sizeof to, "%s/32=%d", g_net.h[g_host[1 - i]].ip, ONEWAY_MS);
@@ -131,15 +134,34 @@ static void test_paced_stages_with_delay(void **state)
         assert_true(fabs(capped - 0.95 * up) < 0.1);
         assert_non_null(strstr(l, "round trips measured to 1 other stage agent"));
         free(l);
-        /* every step taken */
-        char *sl = ct_read_file(steps[i], NULL);
-        assert_non_null(sl);
+        /* every step taken; the first stage sent its activations as fp16
+           (4 micro-batches of 4 x 32 x 64 values: 64 kB in fp16, 128 kB in
+           fp32, plus the targets, headers and the tied gradient, 256 x 64
+           fp32 values: 64 kB), the last one's loss fell */
+        FILE *f = fopen(steps[i], "r");
+        assert_non_null(f);
+        char line[2048];
         int n = 0;
-        for (const char *p = sl; (p = strstr(p, "\"step\":")); p++)
+        while (fgets(line, sizeof line, f)) {
+            json_t *j = json_loads(line, 0, NULL);
+            assert_non_null(j);
             n++;
+            long stage = (long)json_integer_value(json_object_get(j, "stage"));
+            double kb = json_number_value(json_object_get(j, "sent_kb"));
+            if (stage == 0)
+                assert_true(kb > 64 + 64 && kb < 64 + 64 + 24);
+            if (stage == 1 && json_is_number(json_object_get(j, "loss"))) {
+                loss = json_number_value(json_object_get(j, "loss"));
+                if (isnan(loss0))
+                    loss0 = loss;
+            }
+            json_decref(j);
+        }
+        fclose(f);
         assert_int_equal(n, STEPS);
-        free(sl);
     }
+    printf("loss %.4f -> %.4f over %d steps with fp16 activations\n", loss0, loss, STEPS);
+    assert_true(isfinite(loss) && loss < loss0 - 0.5);
     /* The first solve's inputs: the paced rates, and each agent's round trip
        to the other (2 x 20 ms held, plus the path) */
 #define FIRST "FROM pipelines p JOIN runs r ON r.id = p.run_id"

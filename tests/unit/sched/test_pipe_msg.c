@@ -36,13 +36,13 @@ static void put_be(uint8_t *p, uint64_t v, int bytes)
  * hostile peer could send. */
 static uint8_t *raw(const struct pipe_msg *m, size_t *len)
 {
-    size_t tl = 4 * (size_t)m->ntargets, vl = 4 * (size_t)m->count;
+    size_t tl = 4 * (size_t)m->ntargets, vl = (m->enc == PIPE_ENC_FP16 ? 2 : 4) * (size_t)m->count;
     uint8_t *p = calloc(1, PIPE_HDR_LEN + tl + vl);
     assert_non_null(p);
     uint64_t bits;
     memcpy(&bits, &m->sumsq, 8);
     p[0] = PIPE_MSG_VERSION;
-    p[1] = PIPE_ENC_FP32;
+    p[1] = (uint8_t)m->enc;
     p[2] = (uint8_t)m->type;
     put_be(p + 4, (uint64_t)m->step, 8);
     const uint32_t f[11] = {m->replica, m->stage, m->mb,    m->B,     m->T,       m->C,
@@ -86,13 +86,14 @@ static void expect_at(const struct pipe_msg *m, int want, int line)
         assert_int_equal(p.count, m->count);
         assert_int_equal(p.ntargets, m->ntargets);
         assert_int_equal(p.flags, m->flags);
+        assert_int_equal(p.enc, m->enc);
         assert_memory_equal(&p.sumsq, &m->sumsq, sizeof p.sumsq);
         if (m->ntargets)
             assert_memory_equal(p.targets, m->targets, 4 * (size_t)m->ntargets);
         else
             assert_null(p.targets);
         if (m->count)
-            assert_memory_equal(p.values, m->values, 4 * (size_t)m->count);
+            assert_memory_equal(p.values, m->values, pipe_enc_size(m->enc) * (size_t)m->count);
         else
             assert_null(p.values);
     } else {
@@ -118,6 +119,52 @@ static struct pipe_msg act(void)
                              .B = 2, .T = 3, .C = 4, .total = 24, .offset = 0, .count = 24,
                              .ntargets = 6, .targets = (const uint8_t *)TGT,
                              .values = (const uint8_t *)VAL};
+}
+
+/* fp16 (pipeline.compression): ACT and GRAD carry binary16 values, 2
+ * bytes each; they decode within binary16's rounding; TIED and NORM stay
+ * fp32; a value fp16 cannot hold is refused before anything is sent, and a
+ * non-finite binary16 on the wire is refused by the parser. */
+static void test_fp16(void **state)
+{
+    (void)state;
+    static float src[24], back[24];
+    static uint8_t half[48];
+    for (int i = 0; i < 24; i++)
+        src[i] = (float)i * 0.3f - 3.1f;
+    assert_int_equal(pipe_f16_encode(src, 24, half), CM_OK);
+    struct pipe_msg m = {.type = PIPE_MSG_ACT, .step = 7, .replica = 1, .stage = 2, .mb = 3, .B = 2, .T = 3,
+                         .C = 4, .total = 24, .offset = 0, .count = 24, .ntargets = 6,
+                         .targets = (const uint8_t *)TGT, .values = half, .enc = PIPE_ENC_FP16};
+    expect(&m, CM_OK); /* parse and build agree, 2 bytes a value */
+    uint8_t *b = NULL;
+    size_t blen = 0;
+    assert_int_equal(pipe_msg_build(&m, &b, &blen), CM_OK);
+    assert_int_equal(blen, PIPE_HDR_LEN + 4 * 6 + 2 * 24);
+    struct pipe_msg p;
+    assert_int_equal(pipe_msg_parse(PIPE_MSG_ACT, b, blen, &p), CM_OK);
+    pipe_msg_values(&p, back);
+    for (int i = 0; i < 24; i++)
+        assert_true(fabsf(back[i] - src[i]) <= fabsf(src[i]) * 0x1p-11f);
+    /* a non-finite binary16 on the wire */
+    b[PIPE_HDR_LEN + 4 * 6 + 2 * 5 + 1] = 0x7c;
+    b[PIPE_HDR_LEN + 4 * 6 + 2 * 5] = 0x00;
+    assert_int_equal(pipe_msg_parse(PIPE_MSG_ACT, b, blen, &p), CM_ENUMERIC);
+    free(b);
+    m.type = PIPE_MSG_GRAD;
+    m.ntargets = 0;
+    m.targets = NULL;
+    expect(&m, CM_OK);
+    m.type = PIPE_MSG_TIED; /* the tied sums must stay exact on both ends */
+    m.mb = m.B = m.T = m.C = 0;
+    expect(&m, CM_ERANGE);
+    /* beyond binary16's range, or not finite */
+    src[3] = 70000.0f;
+    assert_int_equal(pipe_f16_encode(src, 24, half), CM_ENUMERIC);
+    src[3] = NAN;
+    assert_int_equal(pipe_f16_encode(src, 24, half), CM_ENUMERIC);
+    src[3] = 65504.0f;
+    assert_int_equal(pipe_f16_encode(src, 24, half), CM_OK);
 }
 
 static struct pipe_msg grad(void)
@@ -365,7 +412,7 @@ static void test_header_rejections(void **state)
     } while (0)
         MUT(0, 0, CM_EPARSE);          /* version */
         MUT(0, 2, CM_EPARSE);
-        MUT(1, 1, CM_EUNSUPPORTED);    /* encoding */
+        MUT(1, 2, CM_EUNSUPPORTED);    /* encoding (1 is fp16: then the length is wrong) */
         MUT(1, 0xff, CM_EUNSUPPORTED);
         MUT(2, m.type ^ 1, CM_EPARSE); /* type byte */
         MUT(3, 1, CM_EPARSE);          /* reserved */
@@ -663,6 +710,7 @@ static void test_chunk_helpers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_chunked_act),
