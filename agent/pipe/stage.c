@@ -640,7 +640,12 @@ static void *caps_thread(void *arg)
     pthread_mutex_lock(&s->caps_mu);
     while (!s->caps_stop) {
         pthread_mutex_unlock(&s->caps_mu);
-        pipe_rtt_tick(s);
+        /* the run's agents read from the DHT every few seconds, not every
+           second (64 agents would ask 64 times a second) */
+        if (peer_mono_s() >= s->rtt_next) {
+            pipe_rtt_tick(s);
+            s->rtt_next = peer_mono_s() + PIPE_RTT_READ_EVERY_S;
+        }
         peer_rt_report_caps(&s->rt, s->sps, 0);
         pipe_watch_version(s);
         pthread_mutex_lock(&s->caps_mu);

@@ -86,6 +86,7 @@ struct pstage {
         double next;    /* mono s of the next reading */
     } rtt[PEER_CAPS_MAX_PAIRS];
     size_t n_rtt;
+    double rtt_next; /* mono s of the caps thread's next pipe_rtt_tick */
 };
 
 extern volatile sig_atomic_t pipe_g_interrupts;
@@ -150,6 +151,7 @@ int pipe_rtt_tick(struct pstage *s);
 /* rtt.c: before the first capability report: pipe_rtt_tick until S x D - 1
  * agents have a round trip, or PIPE_RTT_FIRST_WAIT_S passed. */
 #define PIPE_RTT_FIRST_WAIT_S 20.0
+#define PIPE_RTT_READ_EVERY_S 5.0 /* then the caps thread's pipe_rtt_tick */
 int pipe_rtt_first(struct pstage *s);
 
 /* stage.c: puts our addresses on the run's DHT when due (every 10 s). */
