@@ -411,8 +411,10 @@ static void pace_link(struct peer_rt *rt)
     pthread_mutex_unlock(&rt->probe_mu);
     if (!(up > 0 && down > 0) || peer_net_set_rates(rt->net, up, down) != CM_OK)
         return;
+    pthread_mutex_lock(&rt->probe_mu); /* the reports read the caps under it */
     rt->cfg.max_upload_mbps = up;
     rt->cfg.max_download_mbps = down;
+    pthread_mutex_unlock(&rt->probe_mu);
     printf("pacing: this agent sends at most %.1f and receives at most %.1f Mbit/s (%.0f %% of the link), so the "
            "router's buffer stays empty\n", up, down, rt->cfg.pace * 100);
     fflush(stdout);

@@ -31,7 +31,8 @@
 
 #define PIPE_RTT_PINGS 3
 #define PIPE_RTT_EVERY_S 60.0   /* all peers measured again */
-#define PIPE_RTT_RETRY_S 5.0    /* a peer that did not answer */
+#define PIPE_RTT_RETRY_S 30.0   /* a peer that did not answer (its record may outlive it by
+                                   120 s, and each try waits PEER_RTT_TIMEOUT_MS) */
 
 static double round2(double ms)
 {

@@ -446,11 +446,6 @@ int64_t pipe_served_version(struct pstage *s)
     return v;
 }
 
-/* The served assignment's version and slots, asked of the coordinator
- * every PIPE_VERSION_EVERY_S by the capability reports' thread, so that a
- * step never waits for the coordinator: the check sat before the
- * averaging, and the other replicas waited out its HTTPS request every
- * other step (bench_pipeline_hosts). */
 /* The served assignment when *next (mono s) is due: asked every
  * PIPE_VERSION_EVERY_S, with a short timeout (a coordinator slower than
  * that is asked again later, not waited for), after a failure only in
@@ -470,6 +465,11 @@ static int fetch_when_due(struct pstage *s, double *next, struct dtfm_payload *p
     return rc;
 }
 
+/* The served assignment's version and slots, asked of the coordinator
+ * every PIPE_VERSION_EVERY_S by the capability reports' thread, so that a
+ * step never waits for the coordinator: the check sat before the
+ * averaging, and the other replicas waited out its HTTPS request every
+ * other step (bench_pipeline_hosts). */
 void pipe_watch_version(struct pstage *s)
 {
     struct dtfm_payload p;
@@ -486,14 +486,23 @@ void pipe_watch_version(struct pstage *s)
     dtfm_payload_cleanup(&p);
 }
 
+/* Whether a served assignment (version, n slots' keys) is newer than ours
+ * with other slots. A re-solve that gives every slot to the same agent (the
+ * coordinator solves again when an assignment ages, or figures moved)
+ * changes nothing for the stages: they keep working under the version they
+ * entered, which names their averaging groups. Only new slots move them. */
+typedef const uint8_t (*pipe_keys)[CM_ED25519_PUB_LEN];
+static int other_slots(const struct pstage *s, int64_t version, size_t n, pipe_keys assign)
+{
+    return version > s->version && (n != s->n_members || memcmp(assign, s->all, n * CM_ED25519_PUB_LEN) != 0);
+}
+
 int pipe_newer_assignment(struct pstage *s, int gone_only)
 {
     if (!gone_only) {
         /* the step's path: what the watcher saw last (pipe_watch_version) */
         pthread_mutex_lock(&s->watch_mu);
-        int moved = s->watch_version > s->version &&
-                    (s->watch_n != s->n_members ||
-                     memcmp(s->watch_assign, s->all, s->watch_n * CM_ED25519_PUB_LEN) != 0);
+        int moved = other_slots(s, s->watch_version, s->watch_n, (pipe_keys)s->watch_assign);
         pthread_mutex_unlock(&s->watch_mu);
         return moved;
     }
@@ -501,14 +510,7 @@ int pipe_newer_assignment(struct pstage *s, int gone_only)
     struct dtfm_payload p;
     if (fetch_when_due(s, &s->next_version, &p) != CM_OK)
         return 0;
-    /* A re-solve that gives every slot to the same agent (the coordinator
-       solves again when an assignment ages, or figures moved) changes
-       nothing for the stages: they keep working under the version they
-       entered, which names their averaging groups. Only new slots move
-       them. */
-    size_t n = p.stages * p.replicas;
-    int moved = p.version > s->version &&
-                (n != s->n_members || memcmp(p.assign, s->all, n * CM_ED25519_PUB_LEN) != 0);
+    int moved = other_slots(s, p.version, p.stages * p.replicas, (pipe_keys)p.assign);
     if (moved && gone_only) {
         /* only when an agent of our pipeline or of our stage's replicas is
            in it no more (dropped: it left) */
@@ -640,13 +642,16 @@ static void *caps_thread(void *arg)
     pthread_mutex_lock(&s->caps_mu);
     while (!s->caps_stop) {
         pthread_mutex_unlock(&s->caps_mu);
+        /* the report first: it keeps us live (pipeline.liveness_s, as short
+           as 10 s), and the Pings and the version check below may wait out
+           their deadlines */
+        peer_rt_report_caps(&s->rt, s->sps, 0);
         /* the run's agents read from the DHT every few seconds, not every
            second (64 agents would ask 64 times a second) */
         if (peer_mono_s() >= s->rtt_next) {
             pipe_rtt_tick(s);
             s->rtt_next = peer_mono_s() + PIPE_RTT_READ_EVERY_S;
         }
-        peer_rt_report_caps(&s->rt, s->sps, 0);
         pipe_watch_version(s);
         pthread_mutex_lock(&s->caps_mu);
         struct timespec t;

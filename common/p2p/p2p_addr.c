@@ -109,7 +109,6 @@ void p2p__addr_set_port(struct sockaddr_storage *a, uint16_t port)
         ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
 }
 
-
 /* ---- emulated latency toward networks (p2p_transport.h) ---------------- */
 
 static int rule_parse(const char *s, size_t len, struct p2p_latency_rule *r, char *err, size_t errcap)

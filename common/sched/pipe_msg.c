@@ -83,13 +83,19 @@ size_t pipe_enc_size(uint32_t enc)
     return enc == PIPE_ENC_FP16 ? 2 : 4;
 }
 
+/* A binary16 with an all-ones exponent is an infinity or a NaN. */
+static int f16_finite(uint16_t h)
+{
+    return (h & 0x7c00u) != 0x7c00u;
+}
+
 static int values_finite(const uint8_t *src, size_t n, uint32_t enc)
 {
     for (size_t i = 0; i < n; i++) {
         if (enc == PIPE_ENC_FP16) {
             uint16_t h;
             memcpy(&h, src + 2 * i, sizeof h);
-            if ((h & 0x7c00u) == 0x7c00u) /* all-ones exponent: infinity or NaN */
+            if (!f16_finite(h))
                 return 0;
             continue;
         }
@@ -118,7 +124,7 @@ int pipe_f16_encode(const float *src, size_t n, uint8_t *dst)
 {
     for (size_t i = 0; i < n; i++) {
         uint16_t h = ar_f32_to_f16(src[i]);
-        if (!isfinite(src[i]) || (h & 0x7c00u) == 0x7c00u)
+        if (!f16_finite(h)) /* not finite, or beyond 65504 */
             return CM_ENUMERIC;
         memcpy(dst + 2 * i, &h, sizeof h);
     }
