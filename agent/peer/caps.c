@@ -360,8 +360,8 @@ static void measure_pairs(struct peer_rt *rt, struct peer_caps *c)
 
 int peer_rt_link_measurable(const struct peer_rt *rt)
 {
-    if (rt->cfg.max_upload_mbps > 0 || rt->cfg.max_download_mbps > 0)
-        return 0; /* the volunteer told us */
+    if (rt->cfg.max_upload_mbps > 0 && rt->cfg.max_download_mbps > 0)
+        return 0; /* the volunteer told us both ways */
     return strcmp(rt->observed_ip, "127.0.0.1") != 0 && strcmp(rt->observed_ip, "::1") != 0;
 }
 
@@ -370,26 +370,38 @@ int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
     uint8_t pub[CM_ED25519_PUB_LEN];
     double t0 = peer_mono_s();
     int rc = CM_ETIMEOUT;
+    if (!peer_rt_link_measurable(rt))
+        return CM_ENOTFOUND;
     for (int t = 0; t < LINK_TRIES && !__atomic_load_n(&rt->probe_stop, __ATOMIC_ACQUIRE) &&
                     !peer_rt_interrupted(rt) && (peer_mono_s() - t0) * 1000 < deadline_ms;
          t++) {
         const char *addr = rt->n_bootstrap ? rt->bootstrap[t % rt->n_bootstrap] : NULL;
         double up = 0, down = 0;
+        /* a direction the volunteer capped is taken at its word: only the
+           other one is measured (and reported as 0 here: the cap serves) */
+        int mup = !(rt->cfg.max_upload_mbps > 0), mdown = !(rt->cfg.max_download_mbps > 0);
         rc = addr ? peer_net_key_of(rt->net, addr, pub) : CM_ENOTFOUND;
-        if (rc == CM_OK)
+        if (rc == CM_OK && mup)
             rc = peer_net_link_probe(rt->net, addr, pub, 0, LINK_BYTES, LINK_BUDGET_MS, LINK_DEADLINE_MS,
                                      &rt->averaging, &rt->probe_stop, &up);
-        if (rc == CM_OK)
+        if (rc == CM_OK && mdown)
             rc = peer_net_link_probe(rt->net, addr, pub, 1, LINK_BYTES, LINK_BUDGET_MS, LINK_DEADLINE_MS,
                                      &rt->averaging, &rt->probe_stop, &down);
-        if (rc == CM_OK && up > 0 && down > 0) {
+        if (rc == CM_OK && (up > 0 || !mup) && (down > 0 || !mdown)) {
             pthread_mutex_lock(&rt->probe_mu);
             rt->link_up = up;
             rt->link_down = down;
             rt->probe_new = 1;
             pthread_mutex_unlock(&rt->probe_mu);
-            printf("link: upload %.1f Mbit/s, download %.1f Mbit/s (measured against %s in %.1f s)\n", up, down,
-                   addr, peer_mono_s() - t0);
+            double took = peer_mono_s() - t0;
+            if (mup && mdown)
+                printf("link: upload %.1f Mbit/s, download %.1f Mbit/s (measured against %s in %.1f s)\n", up,
+                       down, addr, took);
+            else
+                printf("link: upload %.1f Mbit/s, download %.1f Mbit/s (%s measured against %s in %.1f s, %s "
+                       "your --max-%s-mbps)\n", mup ? up : rt->cfg.max_upload_mbps,
+                       mdown ? down : rt->cfg.max_download_mbps, mup ? "upload" : "download", addr, took,
+                       mup ? "download" : "upload", mup ? "download" : "upload");
             fflush(stdout);
             return CM_OK;
         }
@@ -404,7 +416,8 @@ int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
         return CM_ECANCELED;
     if (rc != CM_ECANCELED)
         fprintf(stderr, "warning: the link could not be measured (%s); reporting %s until it is\n",
-                cm_strerror(rc), rt->cfg.max_upload_mbps > 0 ? "the caps" : "1 Gbit/s");
+                cm_strerror(rc),
+                rt->cfg.max_upload_mbps > 0 || rt->cfg.max_download_mbps > 0 ? "your cap, else 1 Gbit/s" : "1 Gbit/s");
     return rc;
 }
 
@@ -420,7 +433,7 @@ void *peer__probe_main(void *arg)
        with the collaboration's traffic on the link, a 4 Mbit/s download
        read 1.8 and the schedule planned around it) */
     double link_next = !peer_rt_link_measurable(rt) ? INFINITY
-                       : now + (rt->link_up > 0 ? LINK_EVERY_S : probe_wait(1) % 4 + 2);
+                       : now + (rt->link_up > 0 || rt->link_down > 0 ? LINK_EVERY_S : probe_wait(1) % 4 + 2);
     double pairs_next = now + probe_wait(PROBE_FIRST_S);
     int rounds = 0;
     while (!rt->probe_stop) {
@@ -437,8 +450,11 @@ void *peer__probe_main(void *arg)
         }
         if (rt->probe_stop)
             break;
+        int measurable = peer_rt_link_measurable(rt); /* pacing sets the caps under the lock */
         pthread_mutex_unlock(&rt->probe_mu);
-        if (peer_mono_s() >= link_next) {
+        if (peer_mono_s() >= link_next && !measurable) {
+            link_next = INFINITY; /* paced since (both ways capped) */
+        } else if (peer_mono_s() >= link_next) {
             int lr = peer_rt_measure_link(rt, LINK_DEADLINE_MS);
             link_next = peer_mono_s() + (lr == CM_OK ? LINK_EVERY_S : PROBE_EVERY_S);
         }

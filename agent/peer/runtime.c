@@ -407,7 +407,9 @@ static int discover(struct peer_rt *rt, const char *listen, char *adv, size_t ca
 static void pace_link(struct peer_rt *rt)
 {
     pthread_mutex_lock(&rt->probe_mu);
-    double up = rt->link_up * rt->cfg.pace, down = rt->link_down * rt->cfg.pace;
+    /* a direction the volunteer capped keeps the cap */
+    double up = rt->link_up > 0 ? rt->link_up * rt->cfg.pace : rt->cfg.max_upload_mbps;
+    double down = rt->link_down > 0 ? rt->link_down * rt->cfg.pace : rt->cfg.max_download_mbps;
     pthread_mutex_unlock(&rt->probe_mu);
     if (!(up > 0 && down > 0) || peer_net_set_rates(rt->net, up, down) != CM_OK)
         return;

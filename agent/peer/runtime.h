@@ -278,8 +278,9 @@ void peer_rt_report_caps(struct peer_rt *rt, double sps, int aux);
    again until deadline_ms; CM_OK with rt->link_up/down set (and printed),
    or why not (a warning). Called by the net stage and the probe thread. */
 int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms);
-/* Whether the link is measured at all: not when the volunteer declared a
-   cap (taken at its word), nor on the coordinator's machine (loopback). */
+/* Whether the link is measured at all: not when the volunteer declared
+   caps both ways (taken at its word; with one cap only the other direction
+   is measured), nor on the coordinator's machine (loopback). */
 int peer_rt_link_measurable(const struct peer_rt *rt);
 /* The role's rounds keep averaging nothing (rounds in a row, why; 0 when it
    averages again): capability reports carry it (failing_rounds,

@@ -135,6 +135,7 @@ static struct ct_hostrun g_liar = {.run = "hosts-liar"};
 #endif
 static char g_liar_ip[40]; /* the host whose address the liar announces (g_liar's agent 0) */
 static const double LINK_CAPS[] = {10, 50, 200}; /* Mbit/s, tc tbf, both directions */
+#define LINK_UP_CAP0 "8" /* --max-upload-mbps of the first links agent (Mbit/s) */
 static int g_vol; /* volunteers made so far */
 static int g_teardown_failed;
 
@@ -198,6 +199,10 @@ static int setup(void **state)
         if ((g_links.host[i] = ct_net_public(&g_net, name)) < 0 || ct_net_cap(&g_net, g_links.host[i], LINK_CAPS[i]))
             return -1;
     }
+    /* the slowest volunteer declares an upload cap under its link's and
+       nothing else: the cap is reported, the download still measured */
+    g_links.extra_of[0][0] = "--max-upload-mbps";
+    g_links.extra_of[0][1] = LINK_UP_CAP0;
     int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
     /* the cone-like router drops what nobody behind it asked for, as most
        home routers do (a reset would end a hole punch's try: test_punch).
@@ -842,7 +847,9 @@ static void test_no_step_without_averaging(void **state)
 
 /* Three hosts capped at 10, 50 and 200 Mbit/s: each measures its link
  * against the coordinator's backbone node, reports it within 15 % of its
- * cap, and the schedule gives the 200 Mbit/s host the largest share. */
+ * cap, and the schedule gives the 200 Mbit/s host the largest share. The
+ * 10 Mbit/s volunteer declared an upload cap of 8 only: its upload is
+ * reported as 8 and its download measured (it was 1 Gbit/s, unmeasured). */
 static void test_measured_links(void **state)
 {
     (void)state;
@@ -863,9 +870,15 @@ static void test_measured_links(void **state)
         assert_non_null(l);
         assert_non_null(pk);
         snprintf(key[i], sizeof key[i], "%.12s", pk + 6);
-        printf("%s: capped at %.0f Mbit/s, measured upload %.1f (%+.1f %%), download %.1f (%+.1f %%)\n", name,
-               LINK_CAPS[i], up, 100 * (up / LINK_CAPS[i] - 1), down, 100 * (down / LINK_CAPS[i] - 1));
-        assert_true(fabs(up / LINK_CAPS[i] - 1) <= 0.15);
+        printf("%s: capped at %.0f Mbit/s, %s upload %.1f (%+.1f %%), download %.1f (%+.1f %%)\n", name,
+               LINK_CAPS[i], i == 0 ? "declared" : "measured", up, 100 * (up / LINK_CAPS[i] - 1), down,
+               100 * (down / LINK_CAPS[i] - 1));
+        if (i == 0) { /* declared upload, measured download */
+            assert_true(fabs(up - atof(LINK_UP_CAP0)) < 0.05);
+            assert_non_null(strstr(l, "(download measured against "));
+        } else {
+            assert_true(fabs(up / LINK_CAPS[i] - 1) <= 0.15);
+        }
         assert_true(fabs(down / LINK_CAPS[i] - 1) <= 0.15);
         free(log);
         /* what the coordinator holds is the measurement */
