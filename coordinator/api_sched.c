@@ -249,11 +249,20 @@ static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports
         unsigned char rb[16], ob[16];
         int rf = 0, of = 0, known = 0;
         if (host_of(relay, rb, &rf)) {
-            for (size_t k = 0; k < n && !known; k++) {
+            for (size_t k = 0; k < n && !q->relay; k++) {
                 const char *a = json_string_value(json_object_get(reports[k], "address"));
+                const char *kr = json_string_value(json_object_get(reports[k], "reachability"));
                 of = a && strchr(a, ':') ? AF_INET6 : AF_INET;
-                known = k != i && a && of == rf && inet_pton(of, a, ob) == 1 &&
-                        !memcmp(ob, rb, rf == AF_INET ? 4 : 16);
+                int at = k != i && a && of == rf && inet_pton(of, a, ob) == 1 &&
+                         !memcmp(ob, rb, rf == AF_INET ? 4 : 16);
+                known |= at;
+                /* the LP counts its traffic on that peer's link, twice
+                   (sched_peer.relay), if that peer relays as the LP
+                   knows relays: accepting, and not relayed itself (peers
+                   behind one router share an address: the one that
+                   qualifies) */
+                if (at && in->peers[k].inbound && !(kr && !strcmp(kr, "relayed")))
+                    q->relay = (uint32_t)k + 1;
             }
             if (!known && !boot)
                 boot = coord_backbone_bootstrap(req);
@@ -338,6 +347,11 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
                                in->peers[i].inbound, "pairs", pairs);
         if (pe && in->peers[i].ip[0])
             json_object_set_new(pe, "ip", json_string(in->peers[i].ip));
+        if (pe && in->peers[i].relay) { /* its traffic crosses that peer's link twice */
+            char r64[64];
+            cm_b64url_encode(in->peers[in->peers[i].relay - 1].key, CM_ED25519_PUB_LEN, r64);
+            json_object_set_new(pe, "relay_peer", json_string(r64));
+        }
         json_array_append_new(list, pe);
     }
     for (size_t i = 0; reports && i < n; i++)

@@ -52,6 +52,9 @@ struct sched_peer {
     double samples_per_s;            /* s_i; 0 = cannot compute (no accelerator) */
     double up_mbps, down_mbps;       /* u_i, d_i; both > 0 */
     int inbound;                     /* 0 = client mode: cannot aggregate (§3.3) */
+    uint32_t relay;                  /* 1 + index of the peer that relays for it (§3.3,
+                                        technique 2): all its traffic with others
+                                        crosses that peer's link both ways; 0: none */
     const struct sched_link *links;  /* borrowed */
     size_t nlinks;
 };

@@ -22,6 +22,23 @@ struct sched__ctx {
     int evals;             /* fixed-role LPs solved */
 };
 
+/* Relayed peer q's traffic through its relay R (sched_peer.relay) for
+ * fixed roles: T_q = cH H + cR h_R + cq h_q (rates per gradient), i.e. what
+ * q sends to and receives from everyone but R, which crosses R's link both
+ * ways: on_q (H - h_q - h_R) + (receivers other than q, R) h_q out, and
+ * (computing peers other than q, R) h_q + [q receives] (H - h_q - h_R) in. */
+static inline void sched__relay_coefs(const struct sched_problem *p, const unsigned char *on,
+                                      size_t ncomp, size_t nrecv, size_t q, double *cH, double *cR,
+                                      double *cq)
+{
+    size_t R = p->peers[q].relay - 1;
+    int on_q = on[q] != 0, on_r = on[R] != 0;
+    int recv_q = p->peers[q].samples_per_s > 0, recv_r = p->peers[R].samples_per_s > 0;
+    *cH = on_q + recv_q;
+    *cR = -(double)(on_q + recv_q);
+    *cq = -(double)on_q + ((double)nrecv - recv_q - recv_r) + ((double)ncomp - on_q - on_r) - recv_q;
+}
+
 /* Throughput-maximal plan for fixed roles (on[i]: peer i computes): the
  * network rate sum h_i and, when h is non-NULL, each aggregator's h_i.
  * Must run inside sched_solve's GLPK error hook. */

@@ -12,6 +12,7 @@
  *   sum_{k!=i} a_ki + [s_i > 0] sum_{j!=i} h_j <= d_i / G  (download)
  *   sum_{j!=i} a_ij + |receivers other than i| h_i <= u_i / G (upload)
  *   a_ij + [s_j > 0] h_i <= t_ij / G  for measured pairs   (links)
+ *   + T_q in both rows of q's relay R, for each relayed peer q (below)
  *   0 <= c_i <= 1 (c_i = 0 when s_i = 0), a >= 0, 0 <= h_i <= M_i
  *
  * h_i is the rate at which aggregator i returns its part to every receiver
@@ -133,6 +134,12 @@ int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
             if ((rc = num_check(q->links[l].mbps, 0, SCHED_MAX_MBPS, 1, "pair Mbit/s", i, err,
                                 cap)))
                 return rc;
+        }
+        if (q->relay && (q->relay > p->n || q->relay - 1 == i || !p->peers[q->relay - 1].inbound ||
+                         p->peers[q->relay - 1].relay)) {
+            sched__seterr(err, cap, "peer %zu: its relay must be another peer that accepts connections "
+                          "and is not relayed itself", i);
+            return CM_EINVAL;
         }
         for (size_t j = 0; j < i; j++)
             if (!memcmp(p->peers[j].key, q->key, CM_ED25519_PUB_LEN)) {
@@ -296,6 +303,9 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
 
     struct trip t = {0};
     int rc = CM_OK;
+    int *T = calloc(n, sizeof *T); /* columns T_q of relayed peers' traffic, 0: none */
+    if (!T)
+        return CM_ENOMEM;
 #define ADD(row, col, v)                                                                         \
     do {                                                                                         \
         if ((rc = trip_add(&t, (row), (col), (v))) != CM_OK)                                     \
@@ -335,8 +345,40 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
             ADD(row, m->a[k * n + i], -1);
             ADD(row, m->c[k], m->M[i]);
         }
+    /* Relayed peers (seed 000 §3.3, technique 2): what peer p sends to or
+     * receives from anyone but its relay R crosses R's link twice, in and
+     * out. T_p = that traffic: sum_{j != p,R} a_pj + (receivers other than
+     * p, R) h_p + sum_{k != p,R} a_kp + [p receives] (H - h_p - h_R); it
+     * joins R's download and upload rows below. */
+    for (size_t q = 0; q < n; q++) {
+        size_t R = p->peers[q].relay ? p->peers[q].relay - 1 : n;
+        if (R == n)
+            continue;
+        int recv_q = p->peers[q].samples_per_s > 0, recv_r = p->peers[R].samples_per_s > 0;
+        T[q] = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, T[q], GLP_LO, 0, 0);
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_FX, 0, 0);
+        ADD(row, T[q], 1);
+        for (size_t j = 0; j < n; j++) {
+            if (j == q || j == R)
+                continue;
+            if (m->a[q * n + j])
+                ADD(row, m->a[q * n + j], -1);
+            if (m->a[j * n + q])
+                ADD(row, m->a[j * n + q], -1);
+        }
+        double chq = (double)nrecv - recv_q - recv_r - recv_q;
+        if (m->h[q] && chq != 0)
+            ADD(row, m->h[q], -chq);
+        if (recv_q) {
+            ADD(row, H, -1);
+            ADD(row, m->h[R], 1);
+        }
+    }
     /* download: sum_k a_ki + [i receives] (H - h_i) <= d_i;
-     * upload: sum_j a_ij + (receivers other than i) h_i <= u_i */
+     * upload: sum_j a_ij + (receivers other than i) h_i <= u_i;
+     * a relay's both: + T_q of every peer q it relays for */
     for (size_t i = 0; i < n; i++) {
         int recv_i = p->peers[i].samples_per_s > 0;
         size_t before = t.n;
@@ -350,6 +392,9 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
             if (m->h[i])
                 ADD(row, m->h[i], -1);
         }
+        for (size_t q = 0; q < n; q++)
+            if (T[q] && p->peers[q].relay == i + 1)
+                ADD(row, T[q], 1);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
         before = t.n;
@@ -360,6 +405,9 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
                 ADD(row, m->a[i * n + j], 1);
         if (m->h[i] && nrecv - (size_t)recv_i > 0)
             ADD(row, m->h[i], (double)(nrecv - (size_t)recv_i));
+        for (size_t q = 0; q < n; q++)
+            if (T[q] && p->peers[q].relay == i + 1)
+                ADD(row, T[q], 1);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
     }
@@ -379,6 +427,7 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
 #undef ADD
     glp_load_matrix(lp, (int)t.n, t.ia, t.ja, t.ar);
 out:
+    free(T);
     free(t.ia);
     free(t.ja);
     free(t.ar);
@@ -543,6 +592,15 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
          * receiver */
         pl->fraction = h[i];
         fmaxv = fmax(fmaxv, h[i]);
+    }
+    for (size_t q = 0; q < n; q++) { /* a relay's link also carries what it relays */
+        if (!p->peers[q].relay)
+            continue;
+        double cH, cR, cq;
+        sched__relay_coefs(p, on, ncomp, nrecv, q, &cH, &cR, &cq);
+        double tq = fmax(0, cH * hsum + cR * h[p->peers[q].relay - 1] + cq * h[q]) * G;
+        out->peers[p->peers[q].relay - 1].up_used_mbps += tq;
+        out->peers[p->peers[q].relay - 1].down_used_mbps += tq;
     }
     for (size_t i = 0; i < n; i++) {
         /* Solver noise (values within the tolerances of a zero) is not a part. */

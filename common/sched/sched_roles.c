@@ -18,6 +18,8 @@
  *   upload_i:   [i computes] (H - h_i) + (receivers other than i) h_i <= u_i
  *   link (i,j): [i computes] h_j + [s_j > 0] h_i <= t_ij
  *   0 <= h_i <= M_i
+ *   (+ T_q in both rows of the relay of each relayed peer q:
+ *    sched__relay_coefs)
  *
  * and the roles' throughput is min(sum_{computing} s / B, sum_i h_i). The
  * unit test checks this value against the full O(n^3) model with the same c
@@ -207,9 +209,10 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         nrecv += p->peers[i].samples_per_s > 0;
         nagg += p->peers[i].inbound != 0;
     }
-    int *col = calloc(n, sizeof *col);
-    /* rows: H, 2 per peer, measured pairs; at most 2 entries each except H's */
-    size_t cap = (nagg + 1) + 4 * n + 2 * n * SCHED_MAX_LINKS + 1;
+    int *col = calloc(2 * n, sizeof *col), *T = col ? col + n : NULL; /* T: relayed peers' traffic */
+    /* rows: H, 2 per peer, measured pairs; at most 2 entries each except H's;
+       a relayed peer's row (4) and its entries in its relay's rows (2) */
+    size_t cap = (nagg + 1) + 4 * n + 2 * n * SCHED_MAX_LINKS + 6 * n + 1;
     int *ia = malloc((cap + 1) * sizeof *ia), *ja = malloc((cap + 1) * sizeof *ja);
     double *ar = malloc((cap + 1) * sizeof *ar);
     if (!col || !ia || !ja || !ar) {
@@ -240,6 +243,24 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
     for (size_t i = 0; i < n; i++)
         if (col[i])
             PUT(row, col[i], -1);
+    /* T_q - cH H - cR h_R - cq h_q = 0 for each relayed peer q */
+    for (size_t q = 0; q < n; q++) {
+        if (!p->peers[q].relay)
+            continue;
+        double cH, cR, cq;
+        sched__relay_coefs(p, on, ncomp, nrecv, q, &cH, &cR, &cq);
+        T[q] = glp_add_cols(lp, 1);
+        glp_set_col_bnds(lp, T[q], GLP_LO, 0, 0);
+        row = glp_add_rows(lp, 1);
+        glp_set_row_bnds(lp, row, GLP_FX, 0, 0);
+        PUT(row, T[q], 1);
+        if (cH != 0)
+            PUT(row, H, -cH);
+        if (cR != 0)
+            PUT(row, col[p->peers[q].relay - 1], -cR);
+        if (col[q] && cq != 0)
+            PUT(row, col[q], -cq);
+    }
     for (size_t i = 0; i < n; i++) {
         int recv_i = p->peers[i].samples_per_s > 0, on_i = on[i] != 0;
         const double G = p->gradient_mbit;
@@ -250,6 +271,9 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
             PUT(row, col[i], (double)ncomp - on_i - recv_i);
         if (recv_i)
             PUT(row, H, 1);
+        for (size_t q = 0; q < n; q++) /* a relay: + the traffic it relays */
+            if (p->peers[q].relay == i + 1)
+                PUT(row, T[q], 1);
         /* upload: on_i (H - h_i) + (nrecv - recv_i) h_i */
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
@@ -257,6 +281,9 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
             PUT(row, col[i], (double)nrecv - recv_i - on_i);
         if (on_i)
             PUT(row, H, 1);
+        for (size_t q = 0; q < n; q++)
+            if (p->peers[q].relay == i + 1)
+                PUT(row, T[q], 1);
         for (size_t j = 0; j < n; j++) {
             double t = x->tmin[i * n + j];
             int send = on_i && col[j], ret = col[i] && p->peers[j].samples_per_s > 0;
@@ -323,8 +350,9 @@ struct sched__warm {
     int *link_row;   /* [nl] link rows */
     uint32_t *link_i, *link_j; /* [nl] the pair of each link row */
     size_t nl;
-    int ind[4];
-    double val[4];
+    int *T, *row_t;  /* [n] relayed peers' traffic: column and defining row, 0: none */
+    int *ind;        /* [n + 4] a row being written (1-based) */
+    double *val;
 };
 
 void sched__warm_free(struct sched__warm *w)
@@ -339,6 +367,10 @@ void sched__warm_free(struct sched__warm *w)
     free(w->link_row);
     free(w->link_i);
     free(w->link_j);
+    free(w->T);
+    free(w->row_t);
+    free(w->ind);
+    free(w->val);
     free(w);
 }
 
@@ -359,10 +391,14 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     w->link_row = calloc(nl + 1, sizeof *w->link_row);
     w->link_i = calloc(nl + 1, sizeof *w->link_i);
     w->link_j = calloc(nl + 1, sizeof *w->link_j);
+    w->T = calloc(n, sizeof *w->T);
+    w->row_t = calloc(n, sizeof *w->row_t);
+    w->ind = calloc(n + 5, sizeof *w->ind);
+    w->val = calloc(n + 5, sizeof *w->val);
     int *ind = calloc(n + 2, sizeof *ind);
     double *val = calloc(n + 2, sizeof *val);
     if (!w->col || !w->row_dl || !w->row_ul || !w->link_row || !w->link_i || !w->link_j || !ind ||
-        !val) {
+        !val || !w->T || !w->row_t || !w->ind || !w->val) {
         free(ind);
         free(val);
         sched__warm_free(w);
@@ -392,6 +428,14 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     glp_set_mat_row(w->lp, row, len, ind, val);
     free(ind);
     free(val);
+    for (size_t q = 0; q < n; q++) { /* written per candidate (sched__warm_eval) */
+        if (!p->peers[q].relay)
+            continue;
+        w->T[q] = glp_add_cols(w->lp, 1);
+        glp_set_col_bnds(w->lp, w->T[q], GLP_LO, 0, 0);
+        w->row_t[q] = glp_add_rows(w->lp, 1);
+        glp_set_row_bnds(w->lp, w->row_t[q], GLP_FX, 0, 0);
+    }
     for (size_t i = 0; i < n; i++) {
         w->row_dl[i] = glp_add_rows(w->lp, 1);
         glp_set_row_bnds(w->lp, w->row_dl[i], GLP_UP, 0, p->peers[i].down_mbps / G);
@@ -416,9 +460,12 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     return CM_OK;
 }
 
-/* Two-entry rows; entries with a zero coefficient are left out. */
-static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, double v2)
+/* Two-entry rows; entries with a zero coefficient are left out. A peer's
+ * download or upload row (relay_of: 1 + the peer) also gets the traffic of
+ * every peer it relays for. */
+static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, double v2, size_t relay_of)
 {
+    const struct sched_problem *p = w->x->p;
     int len = 0;
     if (c1 && v1 != 0) {
         w->ind[++len] = c1;
@@ -428,6 +475,11 @@ static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, 
         w->ind[++len] = c2;
         w->val[len] = v2;
     }
+    for (size_t q = 0; relay_of && q < p->n; q++)
+        if (w->T[q] && p->peers[q].relay == relay_of) {
+            w->ind[++len] = w->T[q];
+            w->val[len] = 1;
+        }
     glp_set_mat_row(w->lp, row, len, w->ind, w->val);
 }
 
@@ -443,13 +495,29 @@ int sched__warm_eval(struct sched__warm *w, const unsigned char *on, double *net
     /* The rows of sched__roles_eval for these roles. */
     for (size_t i = 0; i < n; i++) {
         int recv_i = p->peers[i].samples_per_s > 0, on_i = on[i] != 0;
-        warm_row(w, w->row_dl[i], w->col[i], (double)ncomp - on_i - recv_i, w->H, recv_i);
-        warm_row(w, w->row_ul[i], w->col[i], (double)nrecv - recv_i - on_i, w->H, on_i);
+        warm_row(w, w->row_dl[i], w->col[i], (double)ncomp - on_i - recv_i, w->H, recv_i, i + 1);
+        warm_row(w, w->row_ul[i], w->col[i], (double)nrecv - recv_i - on_i, w->H, on_i, i + 1);
+    }
+    for (size_t q = 0; q < n; q++) {
+        if (!w->T[q])
+            continue;
+        double cH, cR, cq;
+        sched__relay_coefs(p, on, ncomp, nrecv, q, &cH, &cR, &cq);
+        int len = 0, cols[3] = {w->H, w->col[p->peers[q].relay - 1], w->col[q]};
+        double vals[3] = {-cH, -cR, -cq};
+        w->ind[++len] = w->T[q];
+        w->val[len] = 1;
+        for (int k = 0; k < 3; k++)
+            if (cols[k] && vals[k] != 0) {
+                w->ind[++len] = cols[k];
+                w->val[len] = vals[k];
+            }
+        glp_set_mat_row(w->lp, w->row_t[q], len, w->ind, w->val);
     }
     for (size_t l = 0; l < w->nl; l++) {
         size_t i = w->link_i[l], j = w->link_j[l];
         int send = on[i] && w->col[j], ret = w->col[i] && p->peers[j].samples_per_s > 0;
-        warm_row(w, w->link_row[l], w->col[j], send, w->col[i], ret);
+        warm_row(w, w->link_row[l], w->col[j], send, w->col[i], ret, 0);
     }
     glp_smcp parm;
     glp_init_smcp(&parm);

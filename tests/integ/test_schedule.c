@@ -603,6 +603,17 @@ static void test_schedule_addresses(void **state)
     assert_int_equal(s.peers[a2].share, 0);
     assert_int_equal(s.peers[a0].share + s.peers[a1].share, SCHED_SHARE_TOTAL);
     sched_schedule_cleanup(&s);
+    /* the LP counted peer 1's traffic on peer 0's link (its inputs say so),
+       and nothing for peer 2, whose relay is nobody's */
+    char q[512];
+    for (int k = 1; k < 3; k++) {
+        snprintf(q, sizeof q,
+                 "SELECT count(*) FROM schedules s JOIN runs r ON r.id = s.run_id, "
+                 "jsonb_array_elements(s.inputs->'peers') p WHERE r.name = 'addrs' AND "
+                 "p->>'peer_public_key' = '%s' AND p->>'relay_peer' = '%s'",
+                 pk[k], pk[0]);
+        assert_int_equal(scalar(q) > 0, k == 1);
+    }
     /* the organizer sees where the coordinator sees each peer */
     struct ct_resp r;
     ct_http(&g_c, "GET", "/api/v1/runs/addrs/peers", g_org, NULL, &r);

@@ -370,8 +370,64 @@ static void test_bad_input(void **state)
         pp[i].inbound = 0;
     }
     expect_bad(pp, 3, 4096, 100, CM_EINVAL, "inbound");
+    for (int i = 0; i < 3; i++)
+        pp[i].inbound = 1;
+    /* relays: itself, unknown, a client-mode peer, a relayed peer */
+    uint32_t bad_relay[][3] = {{0, 2, 0}, {0, 4, 0}, {0, 3, 0}, {0, 3, 2}};
+    for (int k = 0; k < 4; k++) {
+        for (int i = 0; i < 3; i++)
+            pp[i].relay = bad_relay[k][i];
+        pp[2].inbound = k != 2;
+        expect_bad(pp, 3, 4096, 100, CM_EINVAL, "relay");
+    }
     struct sched_solution s;
     assert_int_equal(sched_solve(NULL, &s, NULL, 0), CM_EINVAL);
+}
+
+/* A relayed peer (seed 000 §3.3): its traffic with anyone but its relay
+ * crosses the relay's link twice. Three peers of 100 Mbit/s both ways,
+ * network-bound, gradient 1 Mbit: all-reduce does 75 steps/s (4 h <= 100
+ * per peer, h = 25). With peer 1 relayed by peer 0 the relay's rows gain
+ * T = 2 (h_1 + h_2): 2 h_0 + 3 (h_1 + h_2) <= 100, so the best plan is the
+ * relay aggregating everything, 50 steps/s; both of its links full. */
+/* Every peer computes (sched_problem.all_compute), compute never binds. */
+static void solve_all(struct sched_peer *pp, size_t n, struct sched_solution *s)
+{
+    struct sched_problem p = {pp, n, 1, 1, 1, 0};
+    char err[256] = "";
+    int rc = sched_solve(&p, s, err, sizeof err);
+    if (rc != CM_OK)
+        fail_msg("sched_solve: %s (%s)", cm_strerror(rc), err);
+}
+
+static void test_relayed_peer(void **state)
+{
+    (void)state;
+    struct sched_peer pp[3];
+    for (int i = 0; i < 3; i++)
+        peer_set(&pp[i], i + 1, 1e6, 100, 100, 1);
+    struct sched_solution s;
+    solve_all(pp, 3, &s);
+    if (fabs(s.network_rate - 75) >= 1e-6)
+        fail_msg("network rate %.9g, xi %.9g", s.network_rate, s.xi);
+    sched_solution_cleanup(&s);
+    pp[1].relay = 1;
+    solve_all(pp, 3, &s);
+    assert_true(fabs(s.network_rate - 50) < 1e-6);
+    assert_int_equal(s.peers[0].share, SCHED_SHARE_TOTAL);
+    assert_true(fabs(s.peers[0].up_used_mbps - 100) < 1e-6);
+    assert_true(fabs(s.peers[0].down_used_mbps - 100) < 1e-6);
+    sched_solution_cleanup(&s);
+    /* two peers only: all the relayed peer's traffic is with its relay, and
+       crosses its link once, as without the relay */
+    pp[1].relay = 0;
+    solve_all(pp, 2, &s);
+    double alone = s.network_rate;
+    sched_solution_cleanup(&s);
+    pp[1].relay = 1;
+    solve_all(pp, 2, &s);
+    assert_true(fabs(s.network_rate - alone) < 1e-6 * alone);
+    sched_solution_cleanup(&s);
 }
 
 /* ---- Independent check: a dense simplex over the O(n^3) formulation. ---- */
@@ -663,6 +719,12 @@ static void test_warm_matches_cold(void **state)
         }
         pp[0].inbound = 1;
         pp[0].samples_per_s = 100;
+        /* from the second trial on, some peers relayed by peers 0-2 */
+        for (int i = 0; i < 3; i++)
+            pp[i].inbound = 1;
+        for (int i = 3; trial > 0 && i < n; i++)
+            if (urand() < 0.25)
+                pp[i].relay = (uint32_t)(1 + i % 3);
         for (int i = 0; i < n; i++) {
             scale_s[i] = pp[i].samples_per_s / B;
             total += scale_s[i];
@@ -698,6 +760,21 @@ static void test_warm_matches_cold(void **state)
                 fail_msg("n=%d step %d: warm %.15g, cold %.15g", n, step, warm, cold);
         }
         sched__warm_free(w);
+        /* the whole solve: no link over its capacity, relays' traffic
+           counted, and relays never make the run faster */
+        struct sched_solution s, s0;
+        solve_ok(pp, (size_t)n, B, G, &s);
+        for (int i = 0; i < n; i++)
+            if (s.peers[i].up_used_mbps > pp[i].up_mbps * (1 + 1e-6) + 1e-9 ||
+                s.peers[i].down_used_mbps > pp[i].down_mbps * (1 + 1e-6) + 1e-9)
+                fail_msg("n=%d peer %d (relay %u): uses %g up of %g, %g down of %g", n, i, pp[i].relay,
+                         s.peers[i].up_used_mbps, pp[i].up_mbps, s.peers[i].down_used_mbps, pp[i].down_mbps);
+        for (int i = 0; i < n; i++)
+            pp[i].relay = 0;
+        solve_ok(pp, (size_t)n, B, G, &s0);
+        assert_true(s.network_rate <= s0.network_rate * (1 + 1e-6));
+        sched_solution_cleanup(&s);
+        sched_solution_cleanup(&s0);
     }
     free(tmin);
 }
@@ -715,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_role_gain),
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_relayed_peer),
         cmocka_unit_test(test_independent_optimum),
         cmocka_unit_test(test_warm_matches_cold),
     };
