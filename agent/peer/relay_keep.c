@@ -10,6 +10,8 @@
  * used only after 10 s without a volunteer that takes us. The keeper runs
  * on a thread of its own from the net stage on. */
 #include "agent/peer/runtime_int.h"
+#include "agent/peer/relay_rank.h"
+#include "p2p/p2p_relay.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -124,23 +126,6 @@ static double measured_mbps(struct peer_rt *rt, const uint8_t *pub)
     return best;
 }
 
-struct cand {
-    uint8_t pub[CM_ED25519_PUB_LEN];
-    char addr[PEER_ADDR_MAX];
-    double mbps, rtt_ms;
-    int backbone; /* the coordinator's node (--relay-reservations): the last resort */
-};
-
-static int cand_cmp(const void *a, const void *b)
-{
-    const struct cand *x = a, *y = b;
-    if (x->backbone != y->backbone)
-        return x->backbone - y->backbone;
-    if (x->mbps != y->mbps) /* measured throughput first, the faster first */
-        return x->mbps > y->mbps ? -1 : 1;
-    return x->rtt_ms < y->rtt_ms ? -1 : x->rtt_ms > y->rtt_ms;
-}
-
 /* Looks for relays and reserves at the best one that takes us. CM_OK with
  * the addresses set, CM_ENOTFOUND when no relay is known, or the last
  * refusal. */
@@ -153,23 +138,15 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_o
     int rc = peer_net_get(rt->net, key, &recs, &n);
     if (rc != CM_OK)
         return rc == CM_ENOTFOUND ? rc : rc;
-    struct cand c[32];
+    struct peer_relay_cand c[32];
     size_t nc = 0;
     for (size_t i = 0; i < n && nc < 32; i++) {
         if (!memcmp(recs[i].author, rt->key.pub, CM_ED25519_PUB_LEN) ||
-            (avoid && !memcmp(recs[i].author, avoid, CM_ED25519_PUB_LEN)) || recs[i].len == 0 ||
-            recs[i].len >= PEER_ADDR_MAX)
+            (avoid && !memcmp(recs[i].author, avoid, CM_ED25519_PUB_LEN)) ||
+            peer_relay_entry_parse(recs[i].value, recs[i].len, &c[nc]) != 0 ||
+            (c[nc].backbone && !backbone_ok))
             continue;
-        /* "ip:port", or "host:port backbone" from a coordinator */
         memcpy(c[nc].pub, recs[i].author, CM_ED25519_PUB_LEN);
-        memcpy(c[nc].addr, recs[i].value, recs[i].len);
-        c[nc].addr[recs[i].len] = 0;
-        char *sp = strchr(c[nc].addr, ' ');
-        c[nc].backbone = sp && !strcmp(sp, " backbone");
-        if ((sp && !c[nc].backbone) || (c[nc].backbone && !backbone_ok))
-            continue;
-        if (sp)
-            *sp = 0;
         if (!c[nc].backbone && !numeric(c[nc].addr))
             continue; /* the coordinator's own entry may name its host; a volunteer's may not */
         struct sockaddr_storage a;
@@ -187,7 +164,7 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_o
     for (size_t i = 0; i < nc && i < 8 && !stopping(rt); i++)
         if (c[i].mbps == 0 && peer_net_rtt(rt->net, c[i].addr, c[i].pub, 2, &c[i].rtt_ms) != CM_OK)
             c[i].rtt_ms = 1e9;
-    qsort(c, nc, sizeof c[0], cand_cmp);
+    peer_relay_rank(c, nc, rt->key.pub);
     rc = CM_ENOTFOUND;
     for (size_t i = 0; i < nc && i < RELAY_MAX_TRIES && !stopping(rt); i++) {
         char my[PEER_ADDR_MAX], st[PEER_ADDR_MAX];
@@ -225,17 +202,27 @@ static void *keeper_main(void *arg)
     struct peer_rt *rt = arg;
     char key[200];
     relay_key(rt, key, sizeof key);
-    double next_advert = 0, next_try = 0, backoff = 1, searching_since = peer_mono_s();
+    double next_advert = 0, next_try = 0, backoff = 1, searching_since = peer_mono_s(), advert_at = 0;
+    uint32_t advert_load = 0;
     while (!wait_stop(rt, 0.5)) {
         double now = peer_mono_s();
         if (rt->relay_offer) {
-            if (now >= next_advert) {
-                char st[PEER_ADDR_MAX];
+            /* the entry says how many reservations we hold, again as soon
+               as that changes (at most every 2 s): agents arriving
+               together spread over the relays (relay_rank.h) */
+            struct p2p_relay_stats rs;
+            peer_net_relay_stats(rt->net, &rs);
+            if (now >= next_advert || (rs.live_reservations != advert_load && now >= advert_at + 2)) {
+                char st[PEER_ADDR_MAX], val[PEER_ADDR_MAX + 16];
                 peer_rt_addrs(rt, NULL, st);
-                if (st[0] && peer_net_put(rt->net, key, st, strlen(st), RELAY_ADVERT_TTL_MS) == CM_OK)
+                peer_relay_entry_format(val, sizeof val, st, rs.live_reservations);
+                advert_at = now;
+                if (st[0] && peer_net_put(rt->net, key, val, strlen(val), RELAY_ADVERT_TTL_MS) == CM_OK) {
                     next_advert = now + RELAY_ADVERT_EVERY_S;
-                else
+                    advert_load = rs.live_reservations;
+                } else {
                     next_advert = now + 2;
+                }
             }
             continue;
         }
