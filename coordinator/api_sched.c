@@ -26,6 +26,7 @@
 #include "coordinator/signed_doc.h"
 #include "coordinator/auth.h"
 #include "cm_err.h"
+#include "cm_resolve.h"
 #include "cm_log.h"
 #include "sched/sched.h"
 
@@ -62,7 +63,8 @@ COORD_DB_STMT(S_RUN, 1,
               "CASE config->'collaboration'->>'compression' WHEN 'fp16' THEN '16' "
               "WHEN 'q8' THEN '8' ELSE '' END), "
               "coalesce(config->'collaboration'->>'compute_roles', config->>'compute_roles', 'all'), "
-              "coalesce(config->'collaboration'->>'group_size', config->>'group_size', '') "
+              "coalesce(config->'collaboration'->>'group_size', config->>'group_size', ''), "
+              "coalesce(config->'collaboration'->>'relay_traffic', config->>'relay_traffic', 'counted') "
               "FROM runs WHERE name = $1");
 /* Live: the report has not expired and the pass it came with is still valid
  * (a revoked peer drops out of the next schedule). */
@@ -212,7 +214,7 @@ static int backbone_is(const char *hp, int fam, const unsigned char *rb)
     if (!host_part(hp, h, sizeof h))
         return 0;
     struct addrinfo hints = {.ai_family = fam, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(h, NULL, &hints, &res) != 0)
+    if (cm_resolve(h, NULL, &hints, 2000, &res) != CM_OK) /* a slow DNS server holds no solve */
         return 0;
     int same = 0;
     for (struct addrinfo *ai = res; ai && !same; ai = ai->ai_next) {
@@ -232,7 +234,7 @@ static int backbone_is(const char *hp, int fam, const unsigned char *rb)
  * sees it at) or one of the run's backbone nodes; a peer that names any
  * other is treated as one that accepts no connections (it gets no part),
  * so a report cannot point the run's traffic at a third party. */
-static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports, size_t n)
+static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports, size_t n, int relay_counted)
 {
     json_t *boot = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -249,7 +251,7 @@ static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports
         unsigned char rb[16], ob[16];
         int rf = 0, of = 0, known = 0;
         if (host_of(relay, rb, &rf)) {
-            for (size_t k = 0; k < n && !q->relay; k++) {
+            for (size_t k = 0; k < n && !q->relay && !(known && !relay_counted); k++) {
                 const char *a = json_string_value(json_object_get(reports[k], "address"));
                 const char *kr = json_string_value(json_object_get(reports[k], "reachability"));
                 of = a && strchr(a, ':') ? AF_INET6 : AF_INET;
@@ -261,7 +263,7 @@ static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports
                    knows relays: accepting, and not relayed itself (peers
                    behind one router share an address: the one that
                    qualifies) */
-                if (at && in->peers[k].inbound && !(kr && !strcmp(kr, "relayed")))
+                if (relay_counted && at && in->peers[k].inbound && !(kr && !strcmp(kr, "relayed")))
                     q->relay = (uint32_t)k + 1;
             }
             if (!known && !boot)
@@ -321,7 +323,7 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
     }
     PQclear(r);
     if (ok)
-        reach_ips(req, in, reports, n);
+        reach_ips(req, in, reports, n, !json_object_get(params, "relay_traffic"));
     /* Pairs name peers by key; those not live now are dropped. */
     for (size_t i = 0; ok && i < n; i++) {
         char k64[64];
@@ -707,6 +709,9 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
         params_ok = params_ok && end && !*end && v >= 2 && v <= SCHED_MAX_PEERS;
         fixed_m = v >= 2 && v <= SCHED_MAX_PEERS ? (unsigned)v : 0;
     }
+    const char *rt_mode = PQgetvalue(r, 0, 6);
+    int relay_counted = strcmp(rt_mode, "ignored") != 0;
+    params_ok = params_ok && (!strcmp(rt_mode, "counted") || !relay_counted);
     PQclear(r);
 
     struct coord_newest nw = {0};
@@ -727,7 +732,8 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
                              "run '%s' needs config.collaboration.model_parameters (a "
                              "positive integer; or config.model_parameters) and optionally "
                              "gradient_bits (8, 16 or 32), compute_roles (\"all\" or "
-                             "\"lp\") and group_size (an integer from 2 to %d) to be scheduled",
+                             "\"lp\"), group_size (an integer from 2 to %d) and relay_traffic "
+                             "(\"counted\" or \"ignored\") to be scheduled",
                              req->params[0], SCHED_MAX_PEERS);
         coord_newest_clear(&nw);
         return;
@@ -737,6 +743,8 @@ static void schedule_resolve(struct coord_req *req, struct coord_resp *resp, int
                                 "gradient_bits", bits, "compute_roles", lp_roles ? "lp" : "all");
     if (run_doc && fixed_m)
         json_object_set_new(run_doc, "group_size", json_integer(fixed_m));
+    if (run_doc && !relay_counted)
+        json_object_set_new(run_doc, "relay_traffic", json_string("ignored"));
     if (!inputs_load(req, run_id, run_doc, &in, resp)) {
         coord_newest_clear(&nw);
         return;

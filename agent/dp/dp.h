@@ -41,7 +41,7 @@ struct dp_opts {
     int aggregate_only, client_mode, no_eval, delayed_updates;
     long dht_port, ar_port, steps, micro_batch, checkpoint_every, round_timeout_ms, round_window_ms,
         gather_margin_ms, outcome_window_ms, stall_ms, expert_timeout_ms, max_inflight;
-    double max_upload_mbps, max_download_mbps, max_cpu_percent;
+    double max_upload_mbps, max_download_mbps, max_cpu_percent, pace;
 };
 
 /* A failed round this long after the last one starts a new count. */

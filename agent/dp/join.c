@@ -49,6 +49,11 @@ static const struct cm_opt JOIN_OPTS[] = {
      "coordinator cannot reach us)", 0},
     {"max-upload-mbps", CM_OPT_DBL, J(max_upload_mbps), "0", "MBPS", "upload cap, 0 = none", 0},
     {"max-download-mbps", CM_OPT_DBL, J(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
+    {"pace", CM_OPT_DBL, J(pace), "0", "F",
+     "after measuring the link (against the coordinator's node), send and receive at most F x its "
+     "rates, so that the queue stays in this agent and not in a home router's buffer, where it delays "
+     "everything else (0.95 on such a line; 0 = off, the default: a coordinator on a slower link than "
+     "yours would read as your link)", 0},
     {"max-cpu-percent", CM_OPT_DBL, J(max_cpu_percent), "0", "P",
      "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two "
      "cores' worth), 0 = no limit", 0},
@@ -280,6 +285,8 @@ static int check_opts(struct dp_state *s)
         bad = "--compression must be none, fp16 or q8";
     else if (!bad && (!(up == 0 || (up >= 0.1 && up <= 1e6)) || !(down == 0 || (down >= 0.1 && down <= 1e6))))
         bad = "--max-upload-mbps and --max-download-mbps must be 0 (no cap) or from 0.1 to 1000000";
+    else if (!bad && !(s->o.pace == 0 || (s->o.pace >= 0.5 && s->o.pace <= 1)))
+        bad = "--pace must be 0 (off) or from 0.5 to 1";
     else if (!bad && (s->o.dht_port < 0 || s->o.dht_port > 65535 || s->o.ar_port < 0 || s->o.ar_port > 65535))
         bad = "--dht-port and --ar-port must be from 0 (any) to 65535";
     else if (!bad && s->o.max_cpu_percent != 0 && !(s->o.max_cpu_percent >= 1 && s->o.max_cpu_percent <= 100))
@@ -473,6 +480,7 @@ int agent_cmd_join(int argc, char **argv)
     rc_cfg.ar_port = (uint16_t)s->o.ar_port;
     rc_cfg.max_upload_mbps = s->o.max_upload_mbps;
     rc_cfg.max_download_mbps = s->o.max_download_mbps;
+    rc_cfg.pace = s->o.pace;
     rc_cfg.interrupted = &g_interrupts;
     peer_rt_init(&s->rt, &rc_cfg, &role);
     int status = 2;

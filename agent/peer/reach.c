@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cm_err.h"
+#include "cm_resolve.h"
 
 const char *peer_reach_name(enum peer_reach r)
 {
@@ -125,7 +126,7 @@ int peer_local_addr_towards(const char *url, char *out, size_t cap)
     host[hl] = '\0';
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_socktype = SOCK_DGRAM;
-    if (getaddrinfo(host, "443", &hints, &ai) != 0 || !ai)
+    if (cm_resolve(host, "443", &hints, 5000, &ai) != CM_OK)
         return CM_ECONN;
     int rc = CM_ECONN;
     int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);

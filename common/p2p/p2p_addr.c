@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cm_err.h"
+#include "cm_resolve.h"
 
 int p2p_addr_parse(const char *s, struct sockaddr_storage *out)
 {
@@ -54,8 +55,9 @@ int p2p_addr_parse(const char *s, struct sockaddr_storage *out)
         return CM_OK;
     }
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(host, NULL, &hints, &res) || !res)
-        return CM_ENOTFOUND;
+    int rc = cm_resolve(host, NULL, &hints, P2P_RESOLVE_MS, &res);
+    if (rc != CM_OK)
+        return rc;
     memcpy(out, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
     if (out->ss_family == AF_INET)

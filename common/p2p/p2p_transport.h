@@ -232,7 +232,9 @@ int p2p_reply_finish(struct p2p_deferred *d, int status, const struct p2p_iov *b
 
 /* Helpers. */
 int64_t p2p_now_ms(void);
-/* Parses "host:port" / "[v6]:port" with a numeric address or a name. */
+/* Parses "host:port" / "[v6]:port" with a numeric address or a name (a
+ * name is looked up within P2P_RESOLVE_MS: CM_ENOTFOUND or CM_ETIMEOUT). */
+#define P2P_RESOLVE_MS 3000
 int p2p_addr_parse(const char *s, struct sockaddr_storage *out);
 void p2p_addr_format(const struct sockaddr *a, char *out, size_t cap);
 

@@ -16,6 +16,8 @@ struct ct_hostrun {
     const char *run;
     long nsteps; /* the run's steps; 0: the test's default */
     int eval;    /* evaluate at the end (the others train with --no-eval) */
+    int relay_free; /* the run's relay_traffic: "ignored" (the schedule then gives
+                       relayed agents parts as if they were direct) */
     const char *extra_of[CT_HOSTRUN_MAX][7]; /* flags of agent i alone (NULL-terminated) */
     int n;
     int host[CT_HOSTRUN_MAX];

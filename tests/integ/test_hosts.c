@@ -109,11 +109,15 @@ static struct ct_pg g_pg;
 static struct ct_coord g_c;
 static char *g_org;
 static int g_coord_host;
+/* The NAT runs check that agents behind NAT aggregate through relays and
+   punched holes: their schedules ignore what relaying costs the relays'
+   links (relay_traffic "ignored"); counted, as by default, the schedule
+   gives these equal links' relayed agents no part (docs/schedules.md) */
 static struct ct_hostrun g_pub = {.run = "hosts-public"},
-                     g_nat = {.run = "hosts-nat", .nsteps = NAT_STEPS, .eval = NAT_STEPS > STEPS},
+                     g_nat = {.run = "hosts-nat", .nsteps = NAT_STEPS, .eval = NAT_STEPS > STEPS, .relay_free = 1},
                      g_lost = {.run = "hosts-lost"},
                      g_links = {.run = "hosts-links", .nsteps = LINK_STEPS};
-static struct ct_hostrun g_kill = {.run = "hosts-relaykill"}, g_allnat = {.run = "hosts-allnat"};
+static struct ct_hostrun g_kill = {.run = "hosts-relaykill", .relay_free = 1}, g_allnat = {.run = "hosts-allnat"};
 /* The liar run trains in the normal build only: beside the other runs its
    four more agents under the sanitizers left the 24-step NAT run's rounds
    without one of its agents in 12 of 24 steps (a fresh clone); what it
@@ -142,6 +146,8 @@ static int g_teardown_failed;
 static int prepare(struct ct_hostrun *c)
 {
     json_t *recipe = ct_fmnist_recipe(c->nsteps ? c->nsteps : STEPS);
+    if (recipe && c->relay_free)
+        json_object_set_new(json_object_get(recipe, "collaboration"), "relay_traffic", json_string("ignored"));
     char *body = ct_run_body(c->run, recipe);
     json_decref(recipe);
     if (!body)
@@ -203,6 +209,9 @@ static int setup(void **state)
        nothing else: the cap is reported, the download still measured */
     g_links.extra_of[0][0] = "--max-upload-mbps";
     g_links.extra_of[0][1] = LINK_UP_CAP0;
+    /* the second one paces itself at 0.9 of what it measured */
+    g_links.extra_of[1][0] = "--pace";
+    g_links.extra_of[1][1] = "0.9";
     int cone = ct_net_router(&g_net, 0), sym = ct_net_router(&g_net, 1);
     /* the cone-like router drops what nobody behind it asked for, as most
        home routers do (a reset would end a hole punch's try: test_punch).
@@ -849,7 +858,9 @@ static void test_no_step_without_averaging(void **state)
  * against the coordinator's backbone node, reports it within 15 % of its
  * cap, and the schedule gives the 200 Mbit/s host the largest share. The
  * 10 Mbit/s volunteer declared an upload cap of 8 only: its upload is
- * reported as 8 and its download measured (it was 1 Gbit/s, unmeasured). */
+ * reported as 8 and its download measured (it was 1 Gbit/s, unmeasured).
+ * The 50 Mbit/s one paces itself (--pace 0.9): it reports 0.9 of what it
+ * measured, the rates its traffic now keeps to. */
 static void test_measured_links(void **state)
 {
     (void)state;
@@ -880,6 +891,17 @@ static void test_measured_links(void **state)
             assert_true(fabs(up / LINK_CAPS[i] - 1) <= 0.15);
         }
         assert_true(fabs(down / LINK_CAPS[i] - 1) <= 0.15);
+        const char *pl = strstr(log, "pacing: this agent sends at most ");
+        double pup = 0, pdown = 0;
+        if (i == 1) {
+            assert_non_null(pl);
+            assert_int_equal(sscanf(pl, "pacing: this agent sends at most %lf and receives at most %lf", &pup,
+                                    &pdown), 2);
+            assert_true(fabs(pup - 0.9 * up) < 0.1 && fabs(pdown - 0.9 * down) < 0.1);
+            up = pup; /* what it reports from then on */
+        } else {
+            assert_null(pl); /* join does not pace unless asked */
+        }
         free(log);
         /* what the coordinator holds is the measurement */
         char q[512];

@@ -545,45 +545,45 @@ static void *get_thread(void *arg)
  * relay's, when the relay is another live peer (or a backbone node). A
  * relay anywhere else makes the peer a client: no part of the gradient
  * goes to an address no live peer has. */
-static void test_schedule_addresses(void **state)
+static void addresses_in(const char *run, const char *cfg, int counted)
 {
-    (void)state;
-    assert_int_equal(req("POST", "/api/v1/runs", g_org,
-                         "{\"name\":\"addrs\",\"target_batch_size\":64,\"config\":{\"model_parameters\":1000}}"),
-                     201);
-    assert_int_equal(req("PUT", "/api/v1/runs/addrs/allowlist/vol", g_org, NULL), 201);
+    char path[160], body[1024];
+    snprintf(body, sizeof body, "{\"name\":\"%s\",\"target_batch_size\":64,\"config\":%s}", run, cfg);
+    assert_int_equal(req("POST", "/api/v1/runs", g_org, body), 201);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/allowlist/vol", run);
+    assert_int_equal(req("PUT", path, g_org, NULL), 201);
     struct cm_ed25519 key[3];
     char pk[3][64];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/passes", run);
     for (int i = 0; i < 3; i++) {
-        char body[1024];
         assert_int_equal(cm_ed25519_generate(&key[i]), CM_OK);
         cm_b64url_encode(key[i].pub, CM_ED25519_PUB_LEN, pk[i]);
-        assert_int_equal(ct_pass_body("addrs", "vol", &key[i], body, sizeof body), 0);
-        expect("POST", "/api/v1/runs/addrs/passes", g_vol, body, 201, NULL);
+        assert_int_equal(ct_pass_body(run, "vol", &key[i], body, sizeof body), 0);
+        expect("POST", path, g_vol, body, 201, NULL);
     }
-    char body[1024];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/capabilities", run);
     /* 0: direct, claiming to be at another host */
     snprintf(body, sizeof body,
              "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
              "\"accepts_inbound\":true,\"reachability\":\"direct\",\"address\":\"203.0.113.9\"}",
              pk[0]);
-    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    expect("POST", path, g_vol, body, 200, NULL);
     /* 1: relayed by peer 0 (at the address the coordinator sees peer 0 at) */
     snprintf(body, sizeof body,
              "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
              "\"accepts_inbound\":true,\"reachability\":\"relayed\",\"relay\":\"127.0.0.1:4100\"}",
              pk[1]);
-    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    expect("POST", path, g_vol, body, 200, NULL);
     /* 2: "relayed" by a host that is no peer of the run */
     snprintf(body, sizeof body,
              "{\"peer_public_key\":\"%s\",\"samples_per_s\":100,\"upload_mbps\":100,\"download_mbps\":100,"
              "\"accepts_inbound\":true,\"reachability\":\"relayed\",\"relay\":\"198.51.100.7:4100\"}",
              pk[2]);
-    expect("POST", "/api/v1/runs/addrs/capabilities", g_vol, body, 200, NULL);
+    expect("POST", path, g_vol, body, 200, NULL);
     struct sched_schedule s;
     long long v = 0;
     int fresh = 0;
-    g_run = "addrs";
+    g_run = run;
     fetch_verified(&s, &v, &fresh);
     g_run = "resnet";
     assert_int_equal(s.n, 3);
@@ -604,19 +604,21 @@ static void test_schedule_addresses(void **state)
     assert_int_equal(s.peers[a0].share + s.peers[a1].share, SCHED_SHARE_TOTAL);
     sched_schedule_cleanup(&s);
     /* the LP counted peer 1's traffic on peer 0's link (its inputs say so),
-       and nothing for peer 2, whose relay is nobody's */
+       unless the run ignores it, and nothing for peer 2, whose relay is
+       nobody's */
     char q[512];
     for (int k = 1; k < 3; k++) {
         snprintf(q, sizeof q,
                  "SELECT count(*) FROM schedules s JOIN runs r ON r.id = s.run_id, "
-                 "jsonb_array_elements(s.inputs->'peers') p WHERE r.name = 'addrs' AND "
+                 "jsonb_array_elements(s.inputs->'peers') p WHERE r.name = '%s' AND "
                  "p->>'peer_public_key' = '%s' AND p->>'relay_peer' = '%s'",
-                 pk[k], pk[0]);
-        assert_int_equal(scalar(q) > 0, k == 1);
+                 run, pk[k], pk[0]);
+        assert_int_equal(scalar(q) > 0, counted && k == 1);
     }
     /* the organizer sees where the coordinator sees each peer */
     struct ct_resp r;
-    ct_http(&g_c, "GET", "/api/v1/runs/addrs/peers", g_org, NULL, &r);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/peers", run);
+    ct_http(&g_c, "GET", path, g_org, NULL, &r);
     assert_int_equal(r.status, 200);
     size_t i;
     json_t *e;
@@ -625,6 +627,27 @@ static void test_schedule_addresses(void **state)
     ct_resp_free(&r);
     for (int k = 0; k < 3; k++)
         cm_ed25519_cleanup(&key[k]);
+}
+
+static void test_schedule_addresses(void **state)
+{
+    (void)state;
+    /* the same reports in a run that counts relayed traffic (the default)
+       and in one that ignores it (config relay_traffic) */
+    const char *runs[2] = {"addrs", "addrs-free"};
+    const char *cfgs[2] = {"{\"model_parameters\":1000}", "{\"model_parameters\":1000,\"relay_traffic\":\"ignored\"}"};
+    for (int m = 0; m < 2; m++)
+        addresses_in(runs[m], cfgs[m], m == 0);
+    /* any other value: the run cannot be scheduled, and says why */
+    assert_int_equal(req("POST", "/api/v1/runs", g_org,
+                         "{\"name\":\"addrs-bad\",\"target_batch_size\":64,\"config\":"
+                         "{\"model_parameters\":1000,\"relay_traffic\":\"sometimes\"}}"),
+                     201);
+    struct ct_resp r;
+    ct_http(&g_c, "GET", "/api/v1/runs/addrs-bad/schedule", NULL, NULL, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.body, "relay_traffic"));
+    ct_resp_free(&r);
 }
 
 static void test_two_coordinators_one_solve(void **state)
