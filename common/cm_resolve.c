@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cm_err.h"
+#include "cm_time.h"
 
 struct job {
     pthread_mutex_t mu;
@@ -93,14 +94,7 @@ int cm_resolve(const char *host, const char *service, const struct addrinfo *hin
         job_unref(j);
         return CM_ENOMEM;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = cm_time_after_ms(CLOCK_MONOTONIC, timeout_ms);
     pthread_mutex_lock(&j->mu);
     while (!j->done)
         if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT)

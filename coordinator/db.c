@@ -4,6 +4,7 @@
 #include "coordinator/db.h"
 #include "cm_err.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -118,14 +119,7 @@ void coord_db_pool_free(struct coord_db_pool *p)
 
 int coord_db_acquire(struct coord_db_pool *p, struct coord_db_conn **out)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += p->acquire_timeout_ms / 1000;
-    dl.tv_nsec += (long)(p->acquire_timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = cm_time_after_ms(CLOCK_REALTIME, p->acquire_timeout_ms);
     pthread_mutex_lock(&p->mu);
     if (p->free_count == 0)
         p->waits++;

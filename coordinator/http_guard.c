@@ -11,6 +11,7 @@
 #include "coordinator/metrics.h"
 #include "cm_err.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -104,13 +105,7 @@ static void *reaper_main(void *arg)
     struct coord_guard *g = arg;
     pthread_mutex_lock(&g->mu);
     while (!g->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += REAP_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = cm_time_after_ms(CLOCK_REALTIME, REAP_MS);
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         if (!g->stop)
             reap(g);

@@ -19,6 +19,7 @@
 
 #include "cm_err.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "moe/moe_batch.h"
 #include "moe/moe_msg.h"
 
@@ -418,14 +419,7 @@ static void *worker_main(void *arg)
         if (due < 0) {
             pthread_cond_wait(&s->cv, &s->mu);
         } else if (due > 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += due / 1000;
-            ts.tv_nsec += (long)(due % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            struct timespec ts = cm_time_after_ms(CLOCK_REALTIME, due);
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
     }

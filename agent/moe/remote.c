@@ -21,6 +21,7 @@
 #include "agent/peer/net.h"
 #include "cm_err.h"
 #include "cm_log.h"
+#include "cm_time.h"
 #include "moe/moe_beam.h"
 #include "moe/moe_msg.h"
 
@@ -402,15 +403,7 @@ static void op_wait(struct moe_remote *r, struct op *op, int64_t deadline)
             pthread_mutex_lock(&r->mu);
             continue;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t left = deadline - now;
-        ts.tv_sec += left / 1000;
-        ts.tv_nsec += (left % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = cm_time_after_ms(CLOCK_MONOTONIC, deadline - now);
         pthread_cond_timedwait(&op->cv, &r->mu, &ts);
     }
 }

@@ -29,6 +29,7 @@
 #include "agent/peer/runtime.h"
 #include "cm_err.h"
 #include "cm_opts.h"
+#include "cm_time.h"
 #include "moe/moe_dht.h"
 #include "moe/moe_msg.h"
 
@@ -183,14 +184,7 @@ static int op_begin(struct serve *s, size_t parts)
  * (it then completes later, on its own: s outlives the net). */
 static int op_wait(struct serve *s, uint32_t wait_ms, size_t *ok)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += wait_ms / 1000;
-    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = cm_time_after_ms(CLOCK_REALTIME, wait_ms);
     pthread_mutex_lock(&s->mu);
     int rc = CM_OK;
     while (s->busy && rc == CM_OK)

@@ -22,6 +22,7 @@
 
 #include "cm_err.h"
 #include "cm_log.h"
+#include "cm_time.h"
 
 #define RELAY_ADVERT_EVERY_S 30
 #define RELAY_ADVERT_TTL_MS 90000
@@ -180,14 +181,7 @@ int peer__relay_acquire(struct peer_rt *rt, const uint8_t *avoid, int backbone_o
 
 static int wait_stop(struct peer_rt *rt, double s)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)s;
-    until.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = cm_time_after_ms(CLOCK_REALTIME, (int64_t)(s * 1000));
     pthread_mutex_lock(&rt->relay_mu);
     while (!rt->relay_stop)
         if (pthread_cond_timedwait(&rt->relay_cv, &rt->relay_mu, &until) == ETIMEDOUT)

@@ -11,6 +11,7 @@
 #include "cm_err.h"
 #include "cm_log.h"
 #include "cm_token.h"
+#include "cm_time.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -237,13 +238,7 @@ static int64_t now_ms(void)
 
 static void deadline_ts(int64_t ms_from_now, struct timespec *ts)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms_from_now / 1000;
-    ts->tv_nsec += (long)(ms_from_now % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
+    *ts = cm_time_after_ms(CLOCK_MONOTONIC, ms_from_now);
 }
 
 struct answer_buf {

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "cm_err.h"
+#include "cm_time.h"
 
 struct slot {
     struct slot *next;
@@ -285,15 +286,7 @@ static struct slot **find_complete(struct pipe_inbox *ib, uint32_t type, int64_t
 
 static struct timespec deadline_after(uint32_t ms)
 {
-    struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += ms / 1000;
-    end.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (end.tv_nsec >= 1000000000L) {
-        end.tv_sec++;
-        end.tv_nsec -= 1000000000L;
-    }
-    return end;
+    return cm_time_after_ms(CLOCK_MONOTONIC, ms);
 }
 
 /* Under ib->mu: CM_ECANCELED once *interrupted, CM_ETIMEOUT at `end`, else
