@@ -175,14 +175,16 @@ static void test_failures_are_clear(void **state)
         {"--dht-port", "70000"},       {"--steps", "-1"},
         {"--stall-ms", "5"},           {"--round-window-ms", "0"},
         {"--progress", "fancy"},       {"--gather-margin-ms", "5"},
-        {"--gather-margin-ms", "9000"},
+        {"--gather-margin-ms", "9000"}, {"--pace", "0.3"},
+        {"--pace", "1.5"},
     };
     static const char *const why[] = {
         "--compression must be none, fp16 or q8", "--device must be cpu, cuda or auto",
         "0 (no cap) or from 0.1", "0 (no cap) or from 0.1", "from 0 (any) to 65535",
         "0 (the run's) or positive", "--stall-ms must be in", "--round-window-ms >= 10",
         "--progress must be live, lines or auto", "--gather-margin-ms in [10, 5000]",
-        "--gather-margin-ms in [10, 5000]",
+        "--gather-margin-ms in [10, 5000]", "--pace must be 0 (off) or from 0.5 to 1",
+        "--pace must be 0 (off) or from 0.5 to 1",
     };
     for (size_t k = 0; k < sizeof bad_join / sizeof bad_join[0]; k++) {
         const char *argv[] = {ct_bin("crowdtrain-agent"), "join", "--run", "demo", bad_join[k][0],
