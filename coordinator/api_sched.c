@@ -266,6 +266,13 @@ static void reach_ips(struct coord_req *req, struct inputs *in, json_t **reports
                 if (relay_counted && at && in->peers[k].inbound && !(kr && !strcmp(kr, "relayed")))
                     q->relay = (uint32_t)k + 1;
             }
+            /* what its punched holes carry instead: its share of the
+               others (all but it and its relay) it reports holes with */
+            if (q->relay) {
+                double holes = (double)json_integer_value(json_object_get(reports[i], "punched"));
+                double others = n > 2 ? (double)(n - 2) : 1;
+                q->relay_direct = holes <= 0 ? 0 : holes >= others ? 1 : holes / others;
+            }
             if (!known && !boot)
                 boot = coord_backbone_bootstrap(req);
             size_t b;
@@ -353,6 +360,7 @@ static int inputs_load(struct coord_req *req, const char *run_id, json_t *params
             char r64[64];
             cm_b64url_encode(in->peers[in->peers[i].relay - 1].key, CM_ED25519_PUB_LEN, r64);
             json_object_set_new(pe, "relay_peer", json_string(r64));
+            json_object_set_new(pe, "relay_direct", json_real(in->peers[i].relay_direct));
         }
         json_array_append_new(list, pe);
     }

@@ -400,17 +400,21 @@ static int round_members(struct dp_job *j)
         j->rc = CM_ESTATE;
         return 1;
     }
-    /* Aggregators reached through a relay: a hole punched in the
-       background takes their next rounds direct (docs/p2p.md, "Hole
-       punching"); this one goes through the relay as planned */
+    /* Members reached through a relay: a hole punched in the background
+       takes our traffic with them off the relay from the next rounds
+       (docs/p2p.md, "Hole punching"); this one goes as planned. Every
+       relayed member, not only those aggregating now: the schedule
+       counts what a relayed peer's relay carries, and the holes a peer
+       has (its reports' `punched`) are what make it worth a part */
     for (size_t i = 0; i < j->nmem; i++) {
-        if (i == j->me || !j->mem[i].relayed || am[i].fraction <= 0)
+        if (i == j->me || !j->mem[i].relayed || !j->mem[i].addr[0])
             continue;
-        j->relayed_aggs++;
         int st = peer_net_punch_state(s->rt.net, j->mem[i].pub, j->mem[i].addr);
-        if (st == PEER_PUNCH_DIRECT)
-            j->punched++;
-        else
+        if (am[i].fraction > 0) {
+            j->relayed_aggs++;
+            j->punched += st == PEER_PUNCH_DIRECT;
+        }
+        if (st != PEER_PUNCH_DIRECT)
             peer_net_punch(s->rt.net, j->mem[i].pub, j->mem[i].addr);
     }
     if (j->refused == naggs) {

@@ -55,6 +55,8 @@ struct sched_peer {
     uint32_t relay;                  /* 1 + index of the peer that relays for it (§3.3,
                                         technique 2): all its traffic with others
                                         crosses that peer's link both ways; 0: none */
+    double relay_direct;             /* with a relay: the share of that traffic that skips it
+                                        (punched holes), 0..1; 0: all of it crosses */
     const struct sched_link *links;  /* borrowed */
     size_t nlinks;
 };

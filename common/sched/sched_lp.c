@@ -135,6 +135,10 @@ int sched_problem_check(const struct sched_problem *p, char *err, size_t cap)
                                 cap)))
                 return rc;
         }
+        if (!(q->relay_direct >= 0 && q->relay_direct <= 1)) {
+            sched__seterr(err, cap, "peer %zu: relay_direct %g is outside [0, 1]", i, q->relay_direct);
+            return isfinite(q->relay_direct) ? CM_ERANGE : CM_ENUMERIC;
+        }
         if (q->relay && (q->relay > p->n || q->relay - 1 == i || !p->peers[q->relay - 1].inbound ||
                          p->peers[q->relay - 1].relay)) {
             sched__seterr(err, cap, "peer %zu: its relay must be another peer that accepts connections "
@@ -352,8 +356,8 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
      * joins R's download and upload rows below. */
     for (size_t q = 0; q < n; q++) {
         size_t R = p->peers[q].relay ? p->peers[q].relay - 1 : n;
-        if (R == n)
-            continue;
+        if (R == n || p->peers[q].relay_direct >= 1)
+            continue; /* no relay, or every hole punched */
         int recv_q = p->peers[q].samples_per_s > 0, recv_r = p->peers[R].samples_per_s > 0;
         T[q] = glp_add_cols(lp, 1);
         glp_set_col_bnds(lp, T[q], GLP_LO, 0, 0);
@@ -394,7 +398,7 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
         }
         for (size_t q = 0; q < n; q++)
             if (T[q] && p->peers[q].relay == i + 1)
-                ADD(row, T[q], 1);
+                ADD(row, T[q], 1 - p->peers[q].relay_direct);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
         before = t.n;
@@ -407,7 +411,7 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
             ADD(row, m->h[i], (double)(nrecv - (size_t)recv_i));
         for (size_t q = 0; q < n; q++)
             if (T[q] && p->peers[q].relay == i + 1)
-                ADD(row, T[q], 1);
+                ADD(row, T[q], 1 - p->peers[q].relay_direct);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
     }
@@ -598,7 +602,8 @@ int sched_solve(const struct sched_problem *p, struct sched_solution *out, char 
             continue;
         double cH, cR, cq;
         sched__relay_coefs(p, on, ncomp, nrecv, q, &cH, &cR, &cq);
-        double tq = fmax(0, cH * hsum + cR * h[p->peers[q].relay - 1] + cq * h[q]) * G;
+        double tq = fmax(0, cH * hsum + cR * h[p->peers[q].relay - 1] + cq * h[q]) * G *
+                    (1 - p->peers[q].relay_direct);
         out->peers[p->peers[q].relay - 1].up_used_mbps += tq;
         out->peers[p->peers[q].relay - 1].down_used_mbps += tq;
     }

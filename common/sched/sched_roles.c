@@ -245,7 +245,7 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
             PUT(row, col[i], -1);
     /* T_q - cH H - cR h_R - cq h_q = 0 for each relayed peer q */
     for (size_t q = 0; q < n; q++) {
-        if (!p->peers[q].relay)
+        if (!p->peers[q].relay || p->peers[q].relay_direct >= 1)
             continue;
         double cH, cR, cq;
         sched__relay_coefs(p, on, ncomp, nrecv, q, &cH, &cR, &cq);
@@ -272,8 +272,8 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         if (recv_i)
             PUT(row, H, 1);
         for (size_t q = 0; q < n; q++) /* a relay: + the traffic it relays */
-            if (p->peers[q].relay == i + 1)
-                PUT(row, T[q], 1);
+            if (T[q] && p->peers[q].relay == i + 1)
+                PUT(row, T[q], 1 - p->peers[q].relay_direct);
         /* upload: on_i (H - h_i) + (nrecv - recv_i) h_i */
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
@@ -282,8 +282,8 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         if (on_i)
             PUT(row, H, 1);
         for (size_t q = 0; q < n; q++)
-            if (p->peers[q].relay == i + 1)
-                PUT(row, T[q], 1);
+            if (T[q] && p->peers[q].relay == i + 1)
+                PUT(row, T[q], 1 - p->peers[q].relay_direct);
         for (size_t j = 0; j < n; j++) {
             double t = x->tmin[i * n + j];
             int send = on_i && col[j], ret = col[i] && p->peers[j].samples_per_s > 0;
@@ -429,7 +429,7 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     free(ind);
     free(val);
     for (size_t q = 0; q < n; q++) { /* written per candidate (sched__warm_eval) */
-        if (!p->peers[q].relay)
+        if (!p->peers[q].relay || p->peers[q].relay_direct >= 1)
             continue;
         w->T[q] = glp_add_cols(w->lp, 1);
         glp_set_col_bnds(w->lp, w->T[q], GLP_LO, 0, 0);
@@ -478,7 +478,7 @@ static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, 
     for (size_t q = 0; relay_of && q < p->n; q++)
         if (w->T[q] && p->peers[q].relay == relay_of) {
             w->ind[++len] = w->T[q];
-            w->val[len] = 1;
+            w->val[len] = 1 - p->peers[q].relay_direct;
         }
     glp_set_mat_row(w->lp, row, len, w->ind, w->val);
 }

@@ -380,6 +380,14 @@ static void test_bad_input(void **state)
         pp[2].inbound = k != 2;
         expect_bad(pp, 3, 4096, 100, CM_EINVAL, "relay");
     }
+    for (int i = 0; i < 3; i++)
+        pp[i].relay = 0;
+    pp[2].inbound = 1;
+    pp[1].relay_direct = 1.5;
+    expect_bad(pp, 3, 4096, 100, CM_ERANGE, "relay_direct");
+    pp[1].relay_direct = NAN;
+    expect_bad(pp, 3, 4096, 100, CM_ENUMERIC, "relay_direct");
+    pp[1].relay_direct = 0;
     struct sched_solution s;
     assert_int_equal(sched_solve(NULL, &s, NULL, 0), CM_EINVAL);
 }
@@ -420,6 +428,18 @@ static void test_relayed_peer(void **state)
     sched_solution_cleanup(&s);
     /* two peers only: all the relayed peer's traffic is with its relay, and
        crosses its link once, as without the relay */
+    /* three quarters of its traffic through punched holes: a quarter
+       crosses the relay (with half, 2 h_0 + 2 (h_1 + h_2) <= 100 still caps
+       it at 50); all of it: as without a relay */
+    pp[1].relay_direct = 0.75;
+    solve_all(pp, 3, &s);
+    assert_true(s.network_rate > 50 + 1e-6 && s.network_rate < 75 - 1e-6);
+    sched_solution_cleanup(&s);
+    pp[1].relay_direct = 1;
+    solve_all(pp, 3, &s);
+    assert_true(fabs(s.network_rate - 75) < 1e-6);
+    sched_solution_cleanup(&s);
+    pp[1].relay_direct = 0;
     pp[1].relay = 0;
     solve_all(pp, 2, &s);
     double alone = s.network_rate;
@@ -723,8 +743,10 @@ static void test_warm_matches_cold(void **state)
         for (int i = 0; i < 3; i++)
             pp[i].inbound = 1;
         for (int i = 3; trial > 0 && i < n; i++)
-            if (urand() < 0.25)
+            if (urand() < 0.25) {
                 pp[i].relay = (uint32_t)(1 + i % 3);
+                pp[i].relay_direct = urand() < 0.5 ? 0 : urand();
+            }
         for (int i = 0; i < n; i++) {
             scale_s[i] = pp[i].samples_per_s / B;
             total += scale_s[i];
@@ -769,8 +791,10 @@ static void test_warm_matches_cold(void **state)
                 s.peers[i].down_used_mbps > pp[i].down_mbps * (1 + 1e-6) + 1e-9)
                 fail_msg("n=%d peer %d (relay %u): uses %g up of %g, %g down of %g", n, i, pp[i].relay,
                          s.peers[i].up_used_mbps, pp[i].up_mbps, s.peers[i].down_used_mbps, pp[i].down_mbps);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
             pp[i].relay = 0;
+            pp[i].relay_direct = 0;
+        }
         solve_ok(pp, (size_t)n, B, G, &s0);
         assert_true(s.network_rate <= s0.network_rate * (1 + 1e-6));
         sched_solution_cleanup(&s);
