@@ -370,16 +370,21 @@ int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
     uint8_t pub[CM_ED25519_PUB_LEN];
     double t0 = peer_mono_s();
     int rc = CM_ETIMEOUT;
-    if (!peer_rt_link_measurable(rt))
+    /* a direction the volunteer capped is taken at its word: only the
+       other one is measured (and reported as 0 here: the cap serves);
+       pacing writes the caps under the lock */
+    pthread_mutex_lock(&rt->probe_mu);
+    int measurable = peer_rt_link_measurable(rt);
+    int mup = !(rt->cfg.max_upload_mbps > 0), mdown = !(rt->cfg.max_download_mbps > 0);
+    double cap_up = rt->cfg.max_upload_mbps, cap_down = rt->cfg.max_download_mbps;
+    pthread_mutex_unlock(&rt->probe_mu);
+    if (!measurable)
         return CM_ENOTFOUND;
     for (int t = 0; t < LINK_TRIES && !__atomic_load_n(&rt->probe_stop, __ATOMIC_ACQUIRE) &&
                     !peer_rt_interrupted(rt) && (peer_mono_s() - t0) * 1000 < deadline_ms;
          t++) {
         const char *addr = rt->n_bootstrap ? rt->bootstrap[t % rt->n_bootstrap] : NULL;
         double up = 0, down = 0;
-        /* a direction the volunteer capped is taken at its word: only the
-           other one is measured (and reported as 0 here: the cap serves) */
-        int mup = !(rt->cfg.max_upload_mbps > 0), mdown = !(rt->cfg.max_download_mbps > 0);
         rc = addr ? peer_net_key_of(rt->net, addr, pub) : CM_ENOTFOUND;
         if (rc == CM_OK && mup)
             rc = peer_net_link_probe(rt->net, addr, pub, 0, LINK_BYTES, LINK_BUDGET_MS, LINK_DEADLINE_MS,
@@ -399,8 +404,8 @@ int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
                        down, addr, took);
             else
                 printf("link: upload %.1f Mbit/s, download %.1f Mbit/s (%s measured against %s in %.1f s, %s "
-                       "your --max-%s-mbps)\n", mup ? up : rt->cfg.max_upload_mbps,
-                       mdown ? down : rt->cfg.max_download_mbps, mup ? "upload" : "download", addr, took,
+                       "your --max-%s-mbps)\n", mup ? up : cap_up, mdown ? down : cap_down,
+                       mup ? "upload" : "download", addr, took,
                        mup ? "download" : "upload", mup ? "download" : "upload");
             fflush(stdout);
             return CM_OK;
@@ -416,8 +421,7 @@ int peer_rt_measure_link(struct peer_rt *rt, uint32_t deadline_ms)
         return CM_ECANCELED;
     if (rc != CM_ECANCELED)
         fprintf(stderr, "warning: the link could not be measured (%s); reporting %s until it is\n",
-                cm_strerror(rc),
-                rt->cfg.max_upload_mbps > 0 || rt->cfg.max_download_mbps > 0 ? "your cap, else 1 Gbit/s" : "1 Gbit/s");
+                cm_strerror(rc), !mup || !mdown ? "your cap, else 1 Gbit/s" : "1 Gbit/s");
     return rc;
 }
 
