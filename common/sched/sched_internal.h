@@ -39,6 +39,21 @@ static inline void sched__relay_coefs(const struct sched_problem *p, const unsig
     *cq = -(double)on_q + ((double)nrecv - recv_q - recv_r) + ((double)ncomp - on_q - on_r) - recv_q;
 }
 
+/* The peers each peer relays for (sched_peer.relay) as lists, so that a
+ * relay's rows find them without a pass over every peer: head[i] = 1 + the
+ * first peer that i relays for (0: none), next[q] = 1 + the one after q;
+ * both n long, ascending. */
+static inline void sched__relay_lists(const struct sched_problem *p, uint32_t *head, uint32_t *next)
+{
+    for (size_t i = 0; i < p->n; i++)
+        head[i] = next[i] = 0;
+    for (size_t q = p->n; q-- > 0;)
+        if (p->peers[q].relay) {
+            next[q] = head[p->peers[q].relay - 1];
+            head[p->peers[q].relay - 1] = (uint32_t)q + 1;
+        }
+}
+
 /* Throughput-maximal plan for fixed roles (on[i]: peer i computes): the
  * network rate sum h_i and, when h is non-NULL, each aggregator's h_i.
  * Must run inside sched_solve's GLPK error hook. */

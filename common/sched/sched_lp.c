@@ -308,8 +308,13 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
     struct trip t = {0};
     int rc = CM_OK;
     int *T = calloc(n, sizeof *T); /* columns T_q of relayed peers' traffic, 0: none */
-    if (!T)
+    uint32_t *rl = calloc(2 * n, sizeof *rl); /* who each peer relays for */
+    if (!T || !rl) {
+        free(T);
+        free(rl);
         return CM_ENOMEM;
+    }
+    sched__relay_lists(p, rl, rl + n);
 #define ADD(row, col, v)                                                                         \
     do {                                                                                         \
         if ((rc = trip_add(&t, (row), (col), (v))) != CM_OK)                                     \
@@ -396,9 +401,9 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
             if (m->h[i])
                 ADD(row, m->h[i], -1);
         }
-        for (size_t q = 0; q < n; q++)
-            if (T[q] && p->peers[q].relay == i + 1)
-                ADD(row, T[q], 1 - p->peers[q].relay_direct);
+        for (uint32_t k = rl[i]; k; k = rl[n + k - 1])
+            if (T[k - 1])
+                ADD(row, T[k - 1], 1 - p->peers[k - 1].relay_direct);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
         before = t.n;
@@ -409,9 +414,9 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
                 ADD(row, m->a[i * n + j], 1);
         if (m->h[i] && nrecv - (size_t)recv_i > 0)
             ADD(row, m->h[i], (double)(nrecv - (size_t)recv_i));
-        for (size_t q = 0; q < n; q++)
-            if (T[q] && p->peers[q].relay == i + 1)
-                ADD(row, T[q], 1 - p->peers[q].relay_direct);
+        for (uint32_t k = rl[i]; k; k = rl[n + k - 1])
+            if (T[k - 1])
+                ADD(row, T[k - 1], 1 - p->peers[k - 1].relay_direct);
         if (t.n == before)
             glp_set_row_bnds(lp, row, GLP_FR, 0, 0);
     }
@@ -432,6 +437,7 @@ static int build(glp_prob *lp, const struct sched_problem *p, struct model *m, d
     glp_load_matrix(lp, (int)t.n, t.ia, t.ja, t.ar);
 out:
     free(T);
+    free(rl);
     free(t.ia);
     free(t.ja);
     free(t.ar);

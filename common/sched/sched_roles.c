@@ -210,18 +210,21 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
         nagg += p->peers[i].inbound != 0;
     }
     int *col = calloc(2 * n, sizeof *col), *T = col ? col + n : NULL; /* T: relayed peers' traffic */
+    uint32_t *rl = calloc(2 * n, sizeof *rl); /* who each peer relays for */
     /* rows: H, 2 per peer, measured pairs; at most 2 entries each except H's;
        a relayed peer's row (4) and its entries in its relay's rows (2) */
     size_t cap = (nagg + 1) + 4 * n + 2 * n * SCHED_MAX_LINKS + 6 * n + 1;
     int *ia = malloc((cap + 1) * sizeof *ia), *ja = malloc((cap + 1) * sizeof *ja);
     double *ar = malloc((cap + 1) * sizeof *ar);
-    if (!col || !ia || !ja || !ar) {
+    if (!col || !ia || !ja || !ar || !rl) {
         free(col);
         free(ia);
         free(ja);
         free(ar);
+        free(rl);
         return CM_ENOMEM;
     }
+    sched__relay_lists(p, rl, rl + n);
     glp_prob *lp = glp_create_prob();
     glp_set_obj_dir(lp, GLP_MAX);
     for (size_t i = 0; i < n; i++) {
@@ -271,9 +274,9 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
             PUT(row, col[i], (double)ncomp - on_i - recv_i);
         if (recv_i)
             PUT(row, H, 1);
-        for (size_t q = 0; q < n; q++) /* a relay: + the traffic it relays */
-            if (T[q] && p->peers[q].relay == i + 1)
-                PUT(row, T[q], 1 - p->peers[q].relay_direct);
+        for (uint32_t k = rl[i]; k; k = rl[n + k - 1]) /* a relay: + the traffic it relays */
+            if (T[k - 1])
+                PUT(row, T[k - 1], 1 - p->peers[k - 1].relay_direct);
         /* upload: on_i (H - h_i) + (nrecv - recv_i) h_i */
         row = glp_add_rows(lp, 1);
         glp_set_row_bnds(lp, row, GLP_UP, 0, p->peers[i].up_mbps / G);
@@ -281,9 +284,9 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
             PUT(row, col[i], (double)nrecv - recv_i - on_i);
         if (on_i)
             PUT(row, H, 1);
-        for (size_t q = 0; q < n; q++)
-            if (T[q] && p->peers[q].relay == i + 1)
-                PUT(row, T[q], 1 - p->peers[q].relay_direct);
+        for (uint32_t k = rl[i]; k; k = rl[n + k - 1])
+            if (T[k - 1])
+                PUT(row, T[k - 1], 1 - p->peers[k - 1].relay_direct);
         for (size_t j = 0; j < n; j++) {
             double t = x->tmin[i * n + j];
             int send = on_i && col[j], ret = col[i] && p->peers[j].samples_per_s > 0;
@@ -299,6 +302,7 @@ int sched__roles_eval(struct sched__ctx *x, const unsigned char *on, double *h, 
     }
 #undef PUT
     glp_load_matrix(lp, (int)nz, ia, ja, ar);
+    free(rl);
     free(ia);
     free(ja);
     free(ar);
@@ -351,6 +355,7 @@ struct sched__warm {
     uint32_t *link_i, *link_j; /* [nl] the pair of each link row */
     size_t nl;
     int *T, *row_t;  /* [n] relayed peers' traffic: column and defining row, 0: none */
+    uint32_t *rl;    /* [2n] who each peer relays for (sched__relay_lists) */
     int *ind;        /* [n + 4] a row being written (1-based) */
     double *val;
 };
@@ -369,6 +374,7 @@ void sched__warm_free(struct sched__warm *w)
     free(w->link_j);
     free(w->T);
     free(w->row_t);
+    free(w->rl);
     free(w->ind);
     free(w->val);
     free(w);
@@ -393,12 +399,13 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     w->link_j = calloc(nl + 1, sizeof *w->link_j);
     w->T = calloc(n, sizeof *w->T);
     w->row_t = calloc(n, sizeof *w->row_t);
+    w->rl = calloc(2 * n, sizeof *w->rl);
     w->ind = calloc(n + 5, sizeof *w->ind);
     w->val = calloc(n + 5, sizeof *w->val);
     int *ind = calloc(n + 2, sizeof *ind);
     double *val = calloc(n + 2, sizeof *val);
     if (!w->col || !w->row_dl || !w->row_ul || !w->link_row || !w->link_i || !w->link_j || !ind ||
-        !val || !w->T || !w->row_t || !w->ind || !w->val) {
+        !val || !w->T || !w->row_t || !w->ind || !w->val || !w->rl) {
         free(ind);
         free(val);
         sched__warm_free(w);
@@ -428,6 +435,7 @@ int sched__warm_new(struct sched__ctx *x, struct sched__warm **out)
     glp_set_mat_row(w->lp, row, len, ind, val);
     free(ind);
     free(val);
+    sched__relay_lists(p, w->rl, w->rl + n);
     for (size_t q = 0; q < n; q++) { /* written per candidate (sched__warm_eval) */
         if (!p->peers[q].relay || p->peers[q].relay_direct >= 1)
             continue;
@@ -475,10 +483,10 @@ static void warm_row(struct sched__warm *w, int row, int c1, double v1, int c2, 
         w->ind[++len] = c2;
         w->val[len] = v2;
     }
-    for (size_t q = 0; relay_of && q < p->n; q++)
-        if (w->T[q] && p->peers[q].relay == relay_of) {
-            w->ind[++len] = w->T[q];
-            w->val[len] = 1 - p->peers[q].relay_direct;
+    for (uint32_t k = relay_of ? w->rl[relay_of - 1] : 0; k; k = w->rl[p->n + k - 1])
+        if (w->T[k - 1]) {
+            w->ind[++len] = w->T[k - 1];
+            w->val[len] = 1 - p->peers[k - 1].relay_direct;
         }
     glp_set_mat_row(w->lp, row, len, w->ind, w->val);
 }
