@@ -190,6 +190,8 @@ void peer_net_relay_stats(struct peer_net *n, struct p2p_relay_stats *out);
 /* Hole punching (docs/p2p.md, "Hole punching"; common/p2p/p2p_relay.h).
  * peer_net_set_public_ip: the address the coordinator sees us at, which
  * punches need on both sides (and which makes us answer punches).
+ * peer_net_set_local_ip: our address on our own network, so peers behind
+ * the same router meet there instead of through a relay.
  * peer_net_punch: in the background, a direct connection from our
  * averaging host to the relayed averaging address `addr` of the peer with
  * key pub; from then on our requests to addr go over it (the relay again
@@ -200,6 +202,7 @@ enum { PEER_PUNCH_NONE, PEER_PUNCH_TRYING, PEER_PUNCH_DIRECT, PEER_PUNCH_FAILED 
 #define PEER_PUNCH_TIMEOUT_MS 3000
 #define PEER_PUNCH_RETRY_S 60.0
 int peer_net_set_public_ip(struct peer_net *n, const char *ip);
+int peer_net_set_local_ip(struct peer_net *n, const char *ip);
 void peer_net_punch(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr);
 int peer_net_punch_state(struct peer_net *n, const uint8_t pub[CM_ED25519_PUB_LEN], const char *addr);
 /* Open connections of the averaging host that punches made, either side

@@ -35,7 +35,13 @@ static void public_ip_fn(void *arg, struct peer_net *n)
         n->public_ip_set = 1;
 }
 
-int peer_net_set_public_ip(struct peer_net *n, const char *ip)
+static void local_ip_fn(void *arg, struct peer_net *n)
+{
+    struct addr_arg *a = arg;
+    a->rc = p2p_host_set_local_ip(ar_engine_host(n->ar), (struct sockaddr *)&a->addr);
+}
+
+static int set_ip(struct peer_net *n, const char *ip, void (*fn)(void *, struct peer_net *))
 {
     struct addr_arg a = {.rc = CM_EINVAL};
     struct sockaddr_in *a4 = (struct sockaddr_in *)&a.addr;
@@ -46,8 +52,18 @@ int peer_net_set_public_ip(struct peer_net *n, const char *ip)
         a6->sin6_family = AF_INET6;
     else
         return CM_EINVAL;
-    int rc = peer_net_call(n, public_ip_fn, &a);
+    int rc = peer_net_call(n, fn, &a);
     return rc ? rc : a.rc;
+}
+
+int peer_net_set_public_ip(struct peer_net *n, const char *ip)
+{
+    return set_ip(n, ip, public_ip_fn);
+}
+
+int peer_net_set_local_ip(struct peer_net *n, const char *ip)
+{
+    return set_ip(n, ip, local_ip_fn);
 }
 
 static int same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)

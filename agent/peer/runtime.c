@@ -472,6 +472,12 @@ static int start_net(struct peer_rt *rt)
        (docs/p2p.md, "Hole punching") */
     if (rt->observed_ip[0] && peer_net_set_public_ip(rt->net, rt->observed_ip) != CM_OK)
         CM_LOGW("peer", "could not set our public address %s for hole punching", rt->observed_ip);
+    /* and where our own network sees us: peers behind the same router meet
+       there (a punch through the router would need it to hairpin) */
+    char lan[PEER_ADDR_MAX];
+    if (rt->observed_ip[0] && peer_local_addr_towards(rt->coord.url, lan, sizeof lan) == CM_OK &&
+        strcmp(lan, rt->observed_ip) && peer_net_set_local_ip(rt->net, lan) != CM_OK)
+        CM_LOGW("peer", "could not set our local address %s for peers behind the same router", lan);
     /* unreachable: a relay at once when one is known (the keeper goes on
        looking otherwise, and replaces one that goes away) */
     if (rt->reach == PEER_REACH_CLIENT && !rt->cfg.no_relay && peer__relay_acquire(rt, NULL, 0) == CM_OK) {

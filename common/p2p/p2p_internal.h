@@ -134,6 +134,7 @@ struct p2p_conn {
     uint8_t *pre;               /* the dialer's bytes that arrived before the accept */
     size_t pre_len;
     struct p2p_punch *punch;    /* a hole punch's try in progress (p2p_punch.c) */
+    uint8_t punch_pub[CM_ED25519_PUB_LEN]; /* punched: the peer the punch was with */
 };
 
 /* What a connection is to a relay circuit (p2p_relay.c). */
@@ -216,6 +217,8 @@ struct p2p_host {
     uint64_t relay_accepted, relay_accept_failed; /* circuits we accepted (p2p_relay_stats) */
     struct sockaddr_storage public_ip; /* p2p_host_set_public_ip (hole punching) */
     int has_public_ip;
+    struct sockaddr_storage local_ip; /* p2p_host_set_local_ip (peers behind one router) */
+    int has_local_ip;
     struct p2p_punch *punches;         /* in progress */
 };
 

@@ -131,29 +131,39 @@ int p2p_relay_accept_encode(uint64_t circuit, uint8_t **out, size_t *len)
     return CM_OK;
 }
 
-int p2p_punch_parse(const uint8_t *buf, size_t len, uint8_t ip[16], size_t *iplen, uint16_t *port)
+int p2p_punch_parse(const uint8_t *buf, size_t len, struct p2p_punch_offer *out)
 {
+    memset(out, 0, sizeof *out);
     Ctp2p__PunchOffer *o = ctp2p__punch_offer__unpack(NULL, len, buf);
     if (!o)
         return CM_EPARSE;
-    int rc = (o->ip.len == 4 || o->ip.len == 16) && o->port >= 1 && o->port <= 65535 ? CM_OK : CM_EPARSE;
+    int rc = (o->ip.len == 4 || o->ip.len == 16) && o->port >= 1 && o->port <= 65535 &&
+                     (o->local_ip.len == 0 || o->local_ip.len == o->ip.len)
+                 ? CM_OK
+                 : CM_EPARSE;
     if (rc == CM_OK) {
-        memcpy(ip, o->ip.data, o->ip.len);
-        *iplen = o->ip.len;
-        *port = (uint16_t)o->port;
+        memcpy(out->ip, o->ip.data, o->ip.len);
+        out->iplen = o->ip.len;
+        out->port = (uint16_t)o->port;
+        if (o->local_ip.len)
+            memcpy(out->local_ip, o->local_ip.data, o->local_ip.len);
+        out->local_iplen = o->local_ip.len;
     }
     ctp2p__punch_offer__free_unpacked(o, NULL);
     return rc;
 }
 
-int p2p_punch_encode(const uint8_t *ip, size_t iplen, uint16_t port, uint8_t **out, size_t *len)
+int p2p_punch_encode(const struct p2p_punch_offer *in, uint8_t **out, size_t *len)
 {
-    if ((iplen != 4 && iplen != 16) || port == 0)
+    if ((in->iplen != 4 && in->iplen != 16) || in->port == 0 ||
+        (in->local_iplen && in->local_iplen != in->iplen))
         return CM_EINVAL;
     Ctp2p__PunchOffer o = CTP2P__PUNCH_OFFER__INIT;
-    o.ip.data = (uint8_t *)ip;
-    o.ip.len = iplen;
-    o.port = port;
+    o.ip.data = (uint8_t *)in->ip;
+    o.ip.len = in->iplen;
+    o.port = in->port;
+    o.local_ip.data = (uint8_t *)in->local_ip;
+    o.local_ip.len = in->local_iplen;
     *len = ctp2p__punch_offer__get_packed_size(&o);
     if (!(*out = malloc(*len ? *len : 1)))
         return CM_ENOMEM;

@@ -36,8 +36,16 @@ int p2p_relay_circuits_encode(const uint64_t *ids, size_t n, uint8_t **out, size
 int p2p_relay_accept_parse(const uint8_t *buf, size_t len, uint64_t *circuit);
 int p2p_relay_accept_encode(uint64_t circuit, uint8_t **out, size_t *len);
 
-/* PunchOffer: ip 4 or 16 bytes, port 1..65535; CM_EPARSE otherwise. */
-int p2p_punch_parse(const uint8_t *buf, size_t len, uint8_t ip[16], size_t *iplen, uint16_t *port);
-int p2p_punch_encode(const uint8_t *ip, size_t iplen, uint16_t port, uint8_t **out, size_t *len);
+/* PunchOffer: ip 4 or 16 bytes, port 1..65535, local_ip absent (local_iplen
+ * 0) or as long as ip; CM_EPARSE otherwise (CM_EINVAL to encode). */
+struct p2p_punch_offer {
+    uint8_t ip[16];
+    size_t iplen;
+    uint16_t port;
+    uint8_t local_ip[16];
+    size_t local_iplen;
+};
+int p2p_punch_parse(const uint8_t *buf, size_t len, struct p2p_punch_offer *o);
+int p2p_punch_encode(const struct p2p_punch_offer *o, uint8_t **out, size_t *len);
 
 #endif

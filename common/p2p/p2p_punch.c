@@ -14,7 +14,13 @@
  * until the deadline (a router that answers an early SYN with a reset
  * ends that try). Behind a NAT that picks a random port per connection
  * ("symmetric") the announced port is not where the connection leaves
- * from, the punch times out, and the caller keeps the relay. */
+ * from, the punch times out, and the caller keeps the relay.
+ *
+ * Two peers behind the same router (the same public address) cannot meet
+ * through it unless it hairpins, which home routers rarely do; they meet on
+ * the router's own network instead. The offer carries the sender's address
+ * there (local_ip); the responder listens at its own for the initiator's
+ * connection, from the offered address only, and answers where. */
 #include "p2p/p2p_relay.h"
 #include "p2p/p2p_msg.h"
 #include "p2p/p2p_internal.h"
@@ -39,6 +45,8 @@ struct p2p_punch {
     uint16_t port;              /* ours */
     struct sockaddr_storage peer_ep; /* where to connect to (the peer's public address, its port) */
     struct sockaddr_storage target;  /* initiator: the address the peer is announced at */
+    uv_tcp_t *lst;                   /* responder on the same network: listening */
+    struct sockaddr_storage allow;   /* ... for a connection from this address */
     uint8_t pub[CM_ED25519_PUB_LEN];
     int64_t deadline_ms, t0_ms;
     p2p_punch_cb cb;
@@ -54,6 +62,15 @@ int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip)
     return CM_OK;
 }
 
+int p2p_host_set_local_ip(struct p2p_host *h, const struct sockaddr *ip)
+{
+    if (!h || !ip || (ip->sa_family != AF_INET && ip->sa_family != AF_INET6))
+        return CM_EINVAL;
+    memcpy(&h->local_ip, ip, p2p__addr_len(ip));
+    h->has_local_ip = 1;
+    return CM_OK;
+}
+
 static void punch_unref(struct p2p_punch *p)
 {
     if (--p->refs == 0)
@@ -64,6 +81,15 @@ static void timer_closed(uv_handle_t *hd)
 {
     struct p2p_punch *p = hd->data;
     struct p2p_host *h = p->h;
+    punch_unref(p);
+    p2p__host_handle_closed(h);
+}
+
+static void listener_closed(uv_handle_t *hd)
+{
+    struct p2p_punch *p = hd->data;
+    struct p2p_host *h = p->h;
+    free(hd);
     punch_unref(p);
     p2p__host_handle_closed(h);
 }
@@ -90,6 +116,10 @@ static void punch_finish(struct p2p_punch *p, int status, const struct sockaddr 
     }
     uv_timer_stop(&p->timer);
     uv_close((uv_handle_t *)&p->timer, timer_closed);
+    if (p->lst) {
+        uv_close((uv_handle_t *)p->lst, listener_closed);
+        p->lst = NULL;
+    }
     if (p->initiator && p->cb && !h->closing)
         p->cb(p->arg, status, direct, p2p_now_ms() - p->t0_ms);
 }
@@ -111,6 +141,7 @@ static void on_connected(uv_connect_t *req, int status)
     c->state = C_OPEN;
     c->connected = 1;
     c->punched = 1;
+    memcpy(c->punch_pub, p->pub, CM_ED25519_PUB_LEN);
     uv_tcp_nodelay(&c->tcp, 1);
     c->punch = NULL;
     p->c = NULL;
@@ -240,50 +271,122 @@ static int endpoint(const uint8_t *ip, size_t iplen, uint16_t port, struct socka
     return CM_OK;
 }
 
-static int public_ip_bytes(const struct p2p_host *h, uint8_t ip[16], size_t *len)
+/* The address bytes of a, and their count (4 or 16). */
+static size_t ip_bytes(const struct sockaddr_storage *a, uint8_t ip[16])
 {
-    if (h->public_ip.ss_family == AF_INET) {
-        memcpy(ip, &((const struct sockaddr_in *)&h->public_ip)->sin_addr, 4);
-        *len = 4;
-    } else {
-        memcpy(ip, &((const struct sockaddr_in6 *)&h->public_ip)->sin6_addr, 16);
-        *len = 16;
+    if (a->ss_family == AF_INET) {
+        memcpy(ip, &((const struct sockaddr_in *)a)->sin_addr, 4);
+        return 4;
     }
+    memcpy(ip, &((const struct sockaddr_in6 *)a)->sin6_addr, 16);
+    return 16;
+}
+
+/* Somebody's address: not loopback, unspecified or multicast. */
+static int ip_usable(const uint8_t *ip, size_t len)
+{
+    static const uint8_t v6_loop[16] = {[15] = 1}, v6_any[16] = {0};
+    if (len == 4)
+        return ip[0] != 127 && ip[0] != 0 && ip[0] < 224;
+    return len == 16 && memcmp(ip, v6_loop, 16) && memcmp(ip, v6_any, 16) && ip[0] != 0xff;
+}
+
+static int same_ip(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    uint8_t x[16], y[16];
+    size_t n = ip_bytes(a, x);
+    return a->ss_family == b->ss_family && ip_bytes(b, y) == n && !memcmp(x, y, n);
+}
+
+/* The responder on the initiator's network: the one connection it waits
+ * for, from the initiator's offered address (anyone else's is closed). */
+static void on_lan_conn(uv_stream_t *srv, int status)
+{
+    struct p2p_punch *p = srv->data;
+    struct p2p_host *h = p->h;
+    struct p2p_ctx *ctx = h->ctx;
+    if (status < 0 || p->finished || h->closing)
+        return;
+    struct p2p_conn *c = p2p__conn_alloc(h, 0);
+    if (!c)
+        return;
+    c->state = C_OPEN;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
+        p2p__conn_close(c, CM_ECONN);
+        return;
+    }
+    c->connected = 1;
+    c->has_fd = 1;
+    ctx->fds++;
+    int len = sizeof c->remote;
+    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
+    if (!same_ip(&c->remote, &p->allow)) {
+        p2p__conn_close(c, CM_EPERM);
+        return;
+    }
+    ctx->st.conns_accepted++;
+    c->punched = 1;
+    memcpy(c->punch_pub, p->pub, CM_ED25519_PUB_LEN);
+    c->relay = P2P_RL_CIRCUIT; /* served like an accepted connection */
+    uv_tcp_nodelay(&c->tcp, 1);
+    p2p__read_start(c);
+    punch_finish(p, CM_OK, (struct sockaddr *)&c->remote);
+}
+
+/* Listens at our address on our network, on a fresh port (p->port). */
+static int lan_listen(struct p2p_punch *p)
+{
+    struct p2p_host *h = p->h;
+    uv_tcp_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return CM_ENOMEM;
+    uv_tcp_init(h->ctx->loop, t);
+    t->data = p;
+    h->nhandles++;
+    p->refs++; /* listener_closed */
+    p->lst = t;
+    struct sockaddr_storage a = h->local_ip;
+    p2p__addr_set_port(&a, 0);
+    struct sockaddr_storage b;
+    int blen = sizeof b;
+    if (uv_tcp_bind(t, (struct sockaddr *)&a, 0) || uv_listen((uv_stream_t *)t, 4, on_lan_conn) ||
+        uv_tcp_getsockname(t, (struct sockaddr *)&b, &blen))
+        return CM_EIO; /* the caller's punch_finish closes it */
+    p->port = ntohs(b.ss_family == AF_INET ? ((struct sockaddr_in *)&b)->sin_port
+                                           : ((struct sockaddr_in6 *)&b)->sin6_port);
     return CM_OK;
 }
 
-/* The responder: start connecting to the initiator, answer with where we
- * connect from. */
+/* The responder: start connecting to the initiator (or, behind our own
+ * router, listen for it on our network), answer with where. */
 int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint8_t *body, size_t len,
                      uint8_t **resp, size_t *rlen)
 {
     struct p2p_host *h = c->h;
-    uint8_t ip[16];
-    size_t iplen;
-    uint16_t port;
+    struct p2p_punch_offer in;
     if (!h->has_public_ip)
         return CM_EUNSUPPORTED;
-    if (p2p_punch_parse(body, len, ip, &iplen, &port))
+    if (p2p_punch_parse(body, len, &in))
         return CM_EPARSE;
-    if ((iplen == 4) != (h->public_ip.ss_family == AF_INET))
+    if ((in.iplen == 4) != (h->public_ip.ss_family == AF_INET))
         return CM_EUNSUPPORTED;
     /* nobody's public address: loopback, unspecified, multicast */
-    static const uint8_t v6_loop[16] = {[15] = 1}, v6_any[16] = {0};
-    if ((iplen == 4 && (ip[0] == 127 || ip[0] == 0 || ip[0] >= 224)) ||
-        (iplen == 16 && (!memcmp(ip, v6_loop, 16) || !memcmp(ip, v6_any, 16) || ip[0] == 0xff)))
+    if (!ip_usable(in.ip, in.iplen))
         return CM_EPARSE;
     /* the requester is behind our own router: a punch would need the
-       router to hairpin (the initiator gives up on our answer's address
-       too) */
+       router to hairpin; we meet on its network when both of us know our
+       address there (else the relay stays; the initiator gives up on our
+       answer's address too) */
     uint8_t own[16];
-    size_t ownlen;
-    public_ip_bytes(h, own, &ownlen);
-    if (ownlen == iplen && !memcmp(own, ip, iplen))
+    size_t ownlen = ip_bytes(&h->public_ip, own);
+    int lan = ownlen == in.iplen && !memcmp(own, in.ip, in.iplen);
+    if (lan && (!in.local_iplen || !h->has_local_ip || !ip_usable(in.local_ip, in.local_iplen) ||
+                (in.local_iplen == 4) != (h->local_ip.ss_family == AF_INET)))
         return CM_ECONN;
     /* A punch makes us send SYNs, for a few seconds, to an address the
-       requester names (it cannot be checked: the request comes through a
-       relay): a run member could point them anywhere. Bounded: 4 at once
-       per requester, 16 in all. */
+       requester names (or wait for a connection from one): it cannot be
+       checked (the request comes through a relay), so a run member could
+       point them anywhere. Bounded: 4 at once per requester, 16 in all. */
     size_t mine = 0, all = 0;
     for (struct p2p_punch *q = h->punches; q; q = q->next) {
         mine += !q->initiator && !memcmp(q->pub, from->pub, CM_ED25519_PUB_LEN);
@@ -295,20 +398,30 @@ int p2p__punch_serve(struct p2p_conn *c, const struct p2p_peer *from, const uint
     if (!p)
         return CM_ENOMEM;
     memcpy(p->pub, from->pub, CM_ED25519_PUB_LEN);
-    endpoint(ip, iplen, port, &p->peer_ep);
-    struct p2p_conn *pc;
-    int rc = bind_conn(p, &pc);
-    uint8_t me[16];
-    size_t melen;
-    public_ip_bytes(h, me, &melen);
+    struct p2p_punch_offer ans;
+    memset(&ans, 0, sizeof ans);
+    ans.iplen = ip_bytes(&h->public_ip, ans.ip);
+    int rc;
+    if (lan) {
+        endpoint(in.local_ip, in.local_iplen, 0, &p->allow);
+        rc = lan_listen(p);
+        ans.local_iplen = ip_bytes(&h->local_ip, ans.local_ip);
+    } else {
+        endpoint(in.ip, in.iplen, in.port, &p->peer_ep);
+        struct p2p_conn *pc;
+        rc = bind_conn(p, &pc);
+    }
+    ans.port = p->port;
     if (rc == CM_OK)
-        rc = p2p_punch_encode(me, melen, p->port, resp, rlen);
+        rc = p2p_punch_encode(&ans, resp, rlen);
     if (rc != CM_OK) {
         punch_finish(p, rc, NULL);
         return rc;
     }
-    p->have_peer = 1;
-    try_connect(p);
+    if (!lan) {
+        p->have_peer = 1;
+        try_connect(p);
+    }
     return CM_OK;
 }
 
@@ -316,21 +429,26 @@ static void offer_done(void *arg, int status, const struct p2p_peer *from, const
 {
     struct p2p_punch *p = arg;
     (void)from;
-    uint8_t ip[16];
-    size_t iplen;
-    uint16_t port;
+    struct p2p_punch_offer ans;
     if (!p->finished) {
         uint8_t me[16];
         size_t melen = 0;
-        if (status == CM_OK && p2p_punch_parse(body, len, ip, &iplen, &port) == CM_OK)
-            public_ip_bytes(p->h, me, &melen);
-        if (melen && melen == iplen && !memcmp(me, ip, iplen)) {
+        if (status == CM_OK && p2p_punch_parse(body, len, &ans) == CM_OK && ip_usable(ans.ip, ans.iplen))
+            melen = ip_bytes(&p->h->public_ip, me);
+        if (melen && melen == ans.iplen && !memcmp(me, ans.ip, ans.iplen)) {
             /* behind our own router: the connection would have to turn
-               back at it (hairpinning), which home routers rarely do; the
-               relay stays, without 3 s of SYNs first */
-            punch_finish(p, CM_ECONN, NULL);
+               back at it (hairpinning), which home routers rarely do. When
+               the peer listens on the router's network, connect there;
+               else the relay stays, without 3 s of SYNs first */
+            if (ans.local_iplen && ip_usable(ans.local_ip, ans.local_iplen) && p->h->has_local_ip) {
+                endpoint(ans.local_ip, ans.local_iplen, ans.port, &p->peer_ep);
+                p->have_peer = 1;
+                try_connect(p);
+            } else {
+                punch_finish(p, CM_ECONN, NULL);
+            }
         } else if (melen) {
-            endpoint(ip, iplen, port, &p->peer_ep);
+            endpoint(ans.ip, ans.iplen, ans.port, &p->peer_ep);
             p->have_peer = 1;
             try_connect(p);
         } else {
@@ -354,12 +472,17 @@ int p2p_host_punch(struct p2p_host *h, const struct sockaddr *target, const uint
     p->cb = cb;
     p->arg = arg;
     struct p2p_conn *c;
-    uint8_t me[16], *body = NULL;
-    size_t melen, blen = 0;
-    public_ip_bytes(h, me, &melen);
+    uint8_t *body = NULL;
+    size_t blen = 0;
+    struct p2p_punch_offer offer;
+    memset(&offer, 0, sizeof offer);
+    offer.iplen = ip_bytes(&h->public_ip, offer.ip);
+    if (h->has_local_ip && (h->local_ip.ss_family == AF_INET) == (offer.iplen == 4))
+        offer.local_iplen = ip_bytes(&h->local_ip, offer.local_ip);
     int rc = bind_conn(p, &c);
+    offer.port = p->port;
     if (rc == CM_OK)
-        rc = p2p_punch_encode(me, melen, p->port, &body, &blen);
+        rc = p2p_punch_encode(&offer, &body, &blen);
     if (rc == CM_OK) {
         p->refs++;
         rc = p2p_request(h, target, pub, P2P_MSG_PUNCH, body, blen, timeout_ms ? timeout_ms : 3000,
@@ -393,8 +516,15 @@ void p2p__punch_host_close(struct p2p_host *h)
 size_t p2p_host_punched(const struct p2p_host *h)
 {
     size_t n = 0;
-    for (const struct p2p_conn *c = h ? h->conns : NULL; c; c = c->hnext)
-        n += c->punched && c->state == C_OPEN;
+    for (const struct p2p_conn *c = h ? h->conns : NULL; c; c = c->hnext) {
+        if (!c->punched || c->state != C_OPEN)
+            continue;
+        /* peers, not connections: both sides of a pair may have punched */
+        const struct p2p_conn *d = h->conns;
+        while (d != c && !(d->punched && d->state == C_OPEN && !memcmp(d->punch_pub, c->punch_pub, CM_ED25519_PUB_LEN)))
+            d = d->hnext;
+        n += d == c;
+    }
     return n;
 }
 

@@ -93,10 +93,17 @@ void p2p_host_relay_stats(const struct p2p_host *h, struct p2p_relay_stats *out)
  * A host serves PUNCH requests once it knows its public address. */
 typedef void (*p2p_punch_cb)(void *arg, int status, const struct sockaddr *direct, int64_t ms);
 int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip);
+/* Our address on our own network (where a socket toward the coordinator
+ * leaves from). Offered with each punch: two peers behind one router (the
+ * same public address, where a punch would need the router to hairpin)
+ * meet on that network instead: the responder listens there for a few
+ * seconds and takes one connection, from the initiator's offered address. */
+int p2p_host_set_local_ip(struct p2p_host *h, const struct sockaddr *ip);
 int p2p_host_punch(struct p2p_host *h, const struct sockaddr *target, const uint8_t pub[32],
                    uint32_t timeout_ms, p2p_punch_cb cb, void *arg);
-/* Open connections of h that a punch made, as initiator or responder: the
- * peers that reach it (or that it reaches) directly through NAT. Loop
+/* Peers with an open connection of h that a punch made, as initiator or
+ * responder (either or both): the peers that reach it (or that it reaches)
+ * directly through NAT, or on the network behind the same router. Loop
  * thread. */
 size_t p2p_host_punched(const struct p2p_host *h);
 /* Whether h holds an open connection that its punch to `target` made (the

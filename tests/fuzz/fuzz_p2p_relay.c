@@ -46,13 +46,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             __builtin_trap();
         free(out);
     }
-    uint8_t ip[16], ip2[16];
-    size_t iplen = 0, iplen2 = 0;
-    uint16_t pport = 0, pport2 = 0;
-    if (p2p_punch_parse(data, size, ip, &iplen, &pport) == CM_OK) {
-        if ((iplen != 4 && iplen != 16) || pport == 0 || p2p_punch_encode(ip, iplen, pport, &out, &olen) ||
-            p2p_punch_parse(out, olen, ip2, &iplen2, &pport2) || iplen2 != iplen || pport2 != pport ||
-            memcmp(ip, ip2, iplen))
+    struct p2p_punch_offer po, po2;
+    if (p2p_punch_parse(data, size, &po) == CM_OK) {
+        if ((po.iplen != 4 && po.iplen != 16) || po.port == 0 ||
+            (po.local_iplen && po.local_iplen != po.iplen) || p2p_punch_encode(&po, &out, &olen) ||
+            p2p_punch_parse(out, olen, &po2) || po2.iplen != po.iplen || po2.port != po.port ||
+            po2.local_iplen != po.local_iplen || memcmp(po.ip, po2.ip, po.iplen) ||
+            memcmp(po.local_ip, po2.local_ip, po.local_iplen))
             __builtin_trap();
         free(out);
     }

@@ -8,7 +8,12 @@
  * time): at least 18 must connect directly, and a request then reaches Y
  * from X's router's address, not the relay's. To Z the punch fails (the
  * NAT does not keep the announced port) and the request still goes
- * through the relay. Each peer is a process of its own in its namespace. */
+ * through the relay. W sits behind X's own router: a punch there would
+ * need the router to hairpin, so X and W meet on the router's network
+ * (both know their address there); the request then reaches W from X's
+ * own address, and without that address the punch is refused at once and
+ * the relay carries it. Each peer is a process of its own in its
+ * namespace. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,10 +38,10 @@
 #define ATTEMPTS 20
 
 static struct p2p_tk g_tk;
-static struct p2p_tk_peer g_r, g_x, g_y, g_z;
+static struct p2p_tk_peer g_r, g_x, g_y, g_z, g_w;
 static struct ct_net g_net;
-static int g_relay, g_hx, g_hy, g_hz, g_rx, g_ry, g_rz;
-static uint16_t g_port_y, g_port_z;
+static int g_relay, g_hx, g_hy, g_hz, g_hw, g_rx, g_ry, g_rz;
+static uint16_t g_port_y, g_port_z, g_port_w;
 
 struct env {
     uv_loop_t loop;
@@ -64,7 +69,7 @@ static int whence(void *arg, struct p2p_host *h, const struct p2p_peer *from, ui
 }
 
 static void env_init(struct env *e, struct p2p_tk_peer *who, const char *listen_ip, uint16_t port,
-                     const char *public_ip)
+                     const char *public_ip, const char *local_ip)
 {
     memset(e, 0, sizeof *e);
     uv_loop_init(&e->loop);
@@ -80,6 +85,13 @@ static void env_init(struct env *e, struct p2p_tk_peer *who, const char *listen_
         char s[64];
         snprintf(s, sizeof s, "%s:1", public_ip);
         if (p2p_addr_parse(s, &a) || p2p_host_set_public_ip(e->h, (struct sockaddr *)&a))
+            _exit(2);
+    }
+    if (local_ip) {
+        struct sockaddr_storage a;
+        char s[64];
+        snprintf(s, sizeof s, "%s:1", local_ip);
+        if (p2p_addr_parse(s, &a) || p2p_host_set_local_ip(e->h, (struct sockaddr *)&a))
             _exit(2);
     }
 }
@@ -119,7 +131,7 @@ static void run_until(struct env *e, int *flag)
 static void relay_main(void)
 {
     struct env e;
-    env_init(&e, &g_r, "0.0.0.0", RELAY_PORT, NULL);
+    env_init(&e, &g_r, "0.0.0.0", RELAY_PORT, NULL, NULL);
     if (p2p_host_relay_enable(e.h, NULL))
         _exit(2);
     uv_run(&e.loop, UV_RUN_DEFAULT);
@@ -128,10 +140,10 @@ static void relay_main(void)
 
 /* A NAT'ed responder: reserves at the relay, tells the parent its port,
  * serves until killed. */
-static void responder_main(struct p2p_tk_peer *who, int router, int wfd)
+static void responder_main(struct p2p_tk_peer *who, int host, int router, int wfd)
 {
     struct env e;
-    env_init(&e, who, NULL, 0, g_net.r[router].wan_ip);
+    env_init(&e, who, NULL, 0, g_net.r[router].wan_ip, g_net.h[host].ip);
     char s[64];
     snprintf(s, sizeof s, "%s:%d", g_net.h[g_relay].ip, RELAY_PORT);
     struct sockaddr_storage ra;
@@ -151,12 +163,13 @@ static void responder_main(struct p2p_tk_peer *who, int router, int wfd)
     _exit(0);
 }
 
-/* One punch from a fresh host of X's, then one request; *from gets the
- * address the responder saw the request come from. */
-static int punch_once(uint16_t port, const uint8_t *pub, int64_t *ms, char *from, size_t cap)
+/* One punch from a fresh host of X's (knowing its address on its network
+ * when `local`), then one request; *from gets the address the responder
+ * saw the request come from. */
+static int punch_once(uint16_t port, const uint8_t *pub, int local, int64_t *ms, char *from, size_t cap)
 {
     struct env e;
-    env_init(&e, &g_x, NULL, 0, g_net.r[g_rx].wan_ip);
+    env_init(&e, &g_x, NULL, 0, g_net.r[g_rx].wan_ip, local ? g_net.h[g_hx].ip : NULL);
     char s[64];
     snprintf(s, sizeof s, "%s:%u", g_net.h[g_relay].ip, port);
     struct sockaddr_storage target;
@@ -185,7 +198,7 @@ static void initiator_main(void)
     for (int i = 0; i < ATTEMPTS; i++) {
         int64_t ms = 0;
         char from[64];
-        int rc = punch_once(g_port_y, g_y.key.pub, &ms, from, sizeof from);
+        int rc = punch_once(g_port_y, g_y.key.pub, 1, &ms, from, sizeof from);
         if (rc == CM_OK) {
             ok++;
             ms_sum += ms;
@@ -200,10 +213,30 @@ static void initiator_main(void)
            ok, ATTEMPTS, direct_seen, ok ? (double)ms_sum / ok : 0.0, (long long)ms_max);
     int64_t ms = 0;
     char from[64];
-    int rc = punch_once(g_port_z, g_z.key.pub, &ms, from, sizeof from);
+    int rc = punch_once(g_port_z, g_z.key.pub, 1, &ms, from, sizeof from);
     printf("to the symmetric-like NAT: %s after %lld ms; the request came through %s (the relay is %s)\n",
            rc == CM_OK ? "connected" : cm_strerror(rc), (long long)ms, from, g_net.h[g_relay].ip);
     int pass = ok >= ATTEMPTS * 9 / 10 && direct_seen == ok && rc != CM_OK && !strcmp(from, g_net.h[g_relay].ip);
+    /* W, behind X's own router: on the router's network, every time */
+    int lan_ok = 0, lan_from = 0;
+    for (int i = 0; i < 5; i++) {
+        char wf[64];
+        int wrc = punch_once(g_port_w, g_w.key.pub, 1, &ms, wf, sizeof wf);
+        lan_ok += wrc == CM_OK;
+        lan_from += wrc == CM_OK && !strcmp(wf, g_net.h[g_hx].ip);
+        if (wrc != CM_OK)
+            printf("to W behind the same router, attempt %d: %s\n", i, cm_strerror(wrc));
+    }
+    printf("to W behind the same router: %d of 5 connected on the router's network, %d requests then came "
+           "from X's own address %s\n",
+           lan_ok, lan_from, g_net.h[g_hx].ip);
+    /* without its address there, X is refused at once and keeps the relay */
+    char wf[64];
+    int wrc = punch_once(g_port_w, g_w.key.pub, 0, &ms, wf, sizeof wf);
+    printf("to W without X's network address: %s after %lld ms; the request came through %s\n",
+           wrc == CM_OK ? "connected" : cm_strerror(wrc), (long long)ms, wf);
+    pass = pass && lan_ok == 5 && lan_from == 5 && wrc == CM_ECONN && ms < 1000 &&
+           !strcmp(wf, g_net.h[g_relay].ip);
     fflush(stdout);
     _exit(pass ? 0 : 1);
 }
@@ -217,9 +250,11 @@ static pid_t fork_in(int host, int kind, int wfd)
         if (kind == 0)
             relay_main();
         else if (kind == 1)
-            responder_main(&g_y, g_ry, wfd);
+            responder_main(&g_y, g_hy, g_ry, wfd);
         else if (kind == 2)
-            responder_main(&g_z, g_rz, wfd);
+            responder_main(&g_z, g_hz, g_rz, wfd);
+        else if (kind == 3)
+            responder_main(&g_w, g_hw, g_rx, wfd);
         else
             initiator_main();
         _exit(0);
@@ -230,47 +265,32 @@ static pid_t fork_in(int host, int kind, int wfd)
 static void test_punch(void **state)
 {
     (void)state;
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
+    int py_fd[2], pz_fd[2], pw_fd[2];
+    assert_int_equal(pipe(py_fd), 0);
+    assert_int_equal(pipe(pz_fd), 0);
+    assert_int_equal(pipe(pw_fd), 0);
     pid_t pr = fork_in(g_relay, 0, -1);
     usleep(300000);
-    pid_t py = fork_in(g_hy, 1, pfd[1]), pz = fork_in(g_hz, 2, pfd[1]);
-    uint16_t a = 0, b = 0;
-    assert_int_equal(read(pfd[0], &a, sizeof a), (ssize_t)sizeof a);
-    assert_int_equal(read(pfd[0], &b, sizeof b), (ssize_t)sizeof b);
-    assert_true(a && b);
-    /* which one is whose: the responders report in any order; ask the relay's
-       ports by trying Y's key on the first */
-    g_port_y = a;
-    g_port_z = b;
-    pid_t px = fork();
-    if (px == 0) {
-        /* the order of the pipe is not known: settle it with one request */
-        if (ct_net_enter(&g_net, g_hx))
-            _exit(2);
-        struct env e;
-        env_init(&e, &g_x, NULL, 0, NULL);
-        char s[64];
-        snprintf(s, sizeof s, "%s:%u", g_net.h[g_relay].ip, a);
-        struct sockaddr_storage t;
-        p2p_addr_parse(s, &t);
-        p2p_request(e.h, (struct sockaddr *)&t, g_y.key.pub, 100, (const uint8_t *)"?", 1, 3000, on_resp, &e);
-        run_until(&e, &e.done);
-        if (e.status != CM_OK) {
-            g_port_y = b;
-            g_port_z = a;
-        }
-        initiator_main();
-    }
+    pid_t py = fork_in(g_hy, 1, py_fd[1]), pz = fork_in(g_hz, 2, pz_fd[1]), pw = fork_in(g_hw, 3, pw_fd[1]);
+    assert_int_equal(read(py_fd[0], &g_port_y, sizeof g_port_y), (ssize_t)sizeof g_port_y);
+    assert_int_equal(read(pz_fd[0], &g_port_z, sizeof g_port_z), (ssize_t)sizeof g_port_z);
+    assert_int_equal(read(pw_fd[0], &g_port_w, sizeof g_port_w), (ssize_t)sizeof g_port_w);
+    assert_true(g_port_y && g_port_z && g_port_w);
+    pid_t px = fork_in(g_hx, 4, -1);
     int st = ct_wait(px, 100);
     kill(py, SIGKILL);
     kill(pz, SIGKILL);
+    kill(pw, SIGKILL);
     kill(pr, SIGKILL);
     ct_wait(py, 10);
     ct_wait(pz, 10);
+    ct_wait(pw, 10);
     ct_wait(pr, 10);
-    close(pfd[0]);
-    close(pfd[1]);
+    for (int i = 0; i < 2; i++) {
+        close(py_fd[i]);
+        close(pz_fd[i]);
+        close(pw_fd[i]);
+    }
     assert_int_equal(st, 0);
 }
 
@@ -282,7 +302,7 @@ static int setup(void **state)
         exit(CT_SKIP);
     if (rc || p2p_tk_init(&g_tk, "punch") || p2p_tk_peer_new(&g_tk, "relay", "1", 3600, &g_r) ||
         p2p_tk_peer_new(&g_tk, "x", "2", 3600, &g_x) || p2p_tk_peer_new(&g_tk, "y", "3", 3600, &g_y) ||
-        p2p_tk_peer_new(&g_tk, "z", "4", 3600, &g_z))
+        p2p_tk_peer_new(&g_tk, "z", "4", 3600, &g_z) || p2p_tk_peer_new(&g_tk, "w", "5", 3600, &g_w))
         return -1;
     g_relay = ct_net_public(&g_net, "relay");
     g_rx = ct_net_router(&g_net, 0);
@@ -294,7 +314,8 @@ static int setup(void **state)
     g_hx = ct_net_private(&g_net, "x", g_rx);
     g_hy = ct_net_private(&g_net, "y", g_ry);
     g_hz = ct_net_private(&g_net, "z", g_rz);
-    return g_hx < 0 || g_hy < 0 || g_hz < 0 ? -1 : 0;
+    g_hw = ct_net_private(&g_net, "w", g_rx);
+    return g_hx < 0 || g_hy < 0 || g_hz < 0 || g_hw < 0 ? -1 : 0;
 }
 
 static int teardown(void **state)
@@ -305,6 +326,7 @@ static int teardown(void **state)
     p2p_tk_peer_cleanup(&g_x);
     p2p_tk_peer_cleanup(&g_y);
     p2p_tk_peer_cleanup(&g_z);
+    p2p_tk_peer_cleanup(&g_w);
     p2p_tk_cleanup(&g_tk);
     return 0;
 }
