@@ -52,7 +52,8 @@ static const struct cm_opt JOIN_OPTS[] = {
     {"pace", CM_OPT_DBL, J(pace), "0", "F",
      "after measuring the link (against the coordinator's node), send and receive at most F x its "
      "rates, so that the queue stays in this agent and not in a home router's buffer, where it delays "
-     "everything else (0.95 on such a line; 0 = off, the default: a coordinator on a slower link than "
+     "everything else (0.92 on such a line: headers and acknowledgements take the rest; 0 = off, the "
+     "default: a coordinator on a slower link than "
      "yours would read as your link)", 0},
     {"max-cpu-percent", CM_OPT_DBL, J(max_cpu_percent), "0", "P",
      "use at most about P% of this machine's CPU time, all cores counted (25 on 8 cores: two "

@@ -766,17 +766,27 @@ int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n),
 
 struct rates {
     double up, down;
+    int paced;
 };
 
 static void set_rates(void *arg, struct peer_net *n)
 {
     const struct rates *r = arg;
-    p2p_ctx_set_rates(n->ctx, r->up, r->down);
+    if (r->paced)
+        p2p_ctx_set_pacing(n->ctx, r->up, r->down);
+    else
+        p2p_ctx_set_rates(n->ctx, r->up, r->down);
 }
 
 int peer_net_set_rates(struct peer_net *n, double up_mbps, double down_mbps)
 {
-    struct rates r = {up_mbps, down_mbps};
+    struct rates r = {up_mbps, down_mbps, 0};
+    return peer_net_call(n, set_rates, &r);
+}
+
+int peer_net_set_pacing(struct peer_net *n, double up_mbps, double down_mbps)
+{
+    struct rates r = {up_mbps, down_mbps, 1};
     return peer_net_call(n, set_rates, &r);
 }
 

@@ -163,6 +163,9 @@ int peer_net_call(struct peer_net *n, void (*fn)(void *arg, struct peer_net *n),
 /* Caps this agent's traffic (Mbit/s, <= 0: none) from now on; waits until
  * the loop took them. */
 int peer_net_set_rates(struct peer_net *n, double up_mbps, double down_mbps);
+/* The same with short buckets, for pacing under the measured link
+ * (p2p_ctx_set_pacing). */
+int peer_net_set_pacing(struct peer_net *n, double up_mbps, double down_mbps);
 /* The loop-thread objects, for fn above only: the DHT node, and the host
  * that serves state (and on_other's types) and sends requests. */
 struct dht_node *peer_net_dht(struct peer_net *n);

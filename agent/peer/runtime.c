@@ -411,7 +411,7 @@ static void pace_link(struct peer_rt *rt)
     double up = rt->link_up > 0 ? rt->link_up * rt->cfg.pace : rt->cfg.max_upload_mbps;
     double down = rt->link_down > 0 ? rt->link_down * rt->cfg.pace : rt->cfg.max_download_mbps;
     pthread_mutex_unlock(&rt->probe_mu);
-    if (!(up > 0 && down > 0) || peer_net_set_rates(rt->net, up, down) != CM_OK)
+    if (!(up > 0 && down > 0) || peer_net_set_pacing(rt->net, up, down) != CM_OK)
         return;
     pthread_mutex_lock(&rt->probe_mu); /* the reports read the caps under it */
     rt->cfg.max_upload_mbps = up;

@@ -3,11 +3,17 @@
 
 void p2p_rate_init(struct p2p_rate *r, double mbps, uint64_t now_ns)
 {
+    p2p_rate_init_burst(r, mbps, P2P_RATE_BURST_S, now_ns);
+}
+
+void p2p_rate_init_burst(struct p2p_rate *r, double mbps, double burst_s, uint64_t now_ns)
+{
     r->bytes_per_s = mbps > 0 ? mbps * 1e6 / 8.0 : 0;
     /* The bucket starts empty (no head start to inflate a measurement) and
-     * holds up to 100 ms of traffic, so a timer that fires late on a busy
-     * machine does not lose the tokens that accrued meanwhile. */
-    r->burst = r->bytes_per_s * 0.1;
+     * holds up to burst_s of traffic (100 ms by default), so a timer that
+     * fires late on a busy machine does not lose the tokens that accrued
+     * meanwhile. */
+    r->burst = r->bytes_per_s * (burst_s > 0 ? burst_s : P2P_RATE_BURST_S);
     if (r->bytes_per_s > 0 && r->burst < 1500)
         r->burst = 1500;
     r->tokens = 0;

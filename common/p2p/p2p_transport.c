@@ -165,6 +165,12 @@ void p2p_ctx_set_rates(struct p2p_ctx *ctx, double up_mbps, double down_mbps)
     p2p_rate_init(&ctx->down, down_mbps, p2p__now_ns());
 }
 
+void p2p_ctx_set_pacing(struct p2p_ctx *ctx, double up_mbps, double down_mbps)
+{
+    p2p_rate_init_burst(&ctx->up, up_mbps, P2P_PACE_BURST_S, p2p__now_ns());
+    p2p_rate_init_burst(&ctx->down, down_mbps, P2P_PACE_BURST_S, p2p__now_ns());
+}
+
 void p2p_ctx_set_latency(struct p2p_ctx *ctx, uint32_t latency_ms)
 {
     ctx->latency_ms = latency_ms;

@@ -50,6 +50,34 @@ static void test_bucket(void **state)
     assert_int_equal(p2p_rate_wait_ms(&r, 1000000, 0), 0);
 }
 
+/* The bucket's size: after an idle second it releases 100 ms of traffic
+ * at once (declared caps), or only the short burst a pacing bucket holds,
+ * and both keep the exact long-run rate. */
+static void test_burst(void **state)
+{
+    (void)state;
+    struct p2p_rate r;
+    p2p_rate_init(&r, 8.0, 0); /* 1 MB/s */
+    assert_int_equal(p2p_rate_available(&r, 1000000000ull), 100000);
+    p2p_rate_init_burst(&r, 8.0, P2P_PACE_BURST_S, 0);
+    assert_int_equal(p2p_rate_available(&r, 1000000000ull), 10000);
+    p2p_rate_init_burst(&r, 8.0, 0, 0); /* 0: the default */
+    assert_int_equal(p2p_rate_available(&r, 1000000000ull), 100000);
+    p2p_rate_init_burst(&r, 8.0, P2P_PACE_BURST_S, 0);
+    uint64_t t = 0;
+    size_t sent = 0;
+    for (int i = 0; i < 10000; i++) { /* 10 s in 1 ms ticks, 3 KB writes */
+        t += 1000000;
+        size_t a = p2p_rate_available(&r, t);
+        if (a) {
+            size_t n = a > 3000 ? 3000 : a;
+            p2p_rate_consume(&r, n);
+            sent += n;
+        }
+    }
+    assert_true(fabs((double)sent / 10.0 - 1e6) / 1e6 < 0.01);
+}
+
 struct side {
     struct p2p_ctx *ctx;
     struct p2p_host *h;
@@ -421,6 +449,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bucket),
+        cmocka_unit_test(test_burst),
         cmocka_unit_test(test_latency),
         cmocka_unit_test(test_latency_rules_parse),
         cmocka_unit_test(test_latency_rules_order),
