@@ -52,6 +52,12 @@
 #include "p2p/p2p_transport.h"
 
 #define AR_MAX_MEMBERS 64    /* members of one group (bit masks below) */
+/* Chunk messages in flight per link and direction when the round does not
+ * say. 4 until 2026-11-28: on 8 namespace hosts at 100 Mbit/s, paced at
+ * 0.92, 2 took 15.8-16.1 s and 4 16.2-16.4 s (gloo 15.8), 1 16.1 s, 3 16.2
+ * s, 8 16.8 s; unpaced and at 1 Gbit/s 2 was no slower, nor uncapped on
+ * loopback or against the transport's buckets (bench_ar) (docs/averaging.md). */
+#define AR_DEFAULT_WINDOW 2
 #define AR_GROUP_ID_MAX 64   /* bytes of a group id */
 #define AR_ROUND_ID_LEN 32   /* SHA-256, see ar_round_id */
 #define AR_ALIGN 256         /* part boundaries are multiples of this (elements) */
@@ -223,7 +229,8 @@ struct ar_round_config {
                                      all. Local: not part of the round id */
     uint32_t linger_ms;           /* an aggregator keeps serving results this long
                                      after done (or until all fetched); 0: 10000 */
-    unsigned window;              /* chunk messages in flight per peer; 0: 4 */
+    unsigned window;              /* chunk messages in flight per peer; 0: 2
+                                     (AR_DEFAULT_WINDOW) */
     double max_norm;              /* bound on the L2 norm of one received chunk; 0: 1e9 */
     double max_weight;            /* bound on a sender's weight; 0: 1e12 */
     ar_done_cb done;              /* called exactly once, never inside ar_round_start */

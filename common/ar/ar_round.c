@@ -910,7 +910,7 @@ int ar_round_start(struct ar_engine *e, const struct ar_round_config *cfg, struc
     r->stall_ms = cfg->stall_ms ? cfg->stall_ms : 5000;
     r->start_wait_ms = cfg->start_wait_ms > r->stall_ms ? cfg->start_wait_ms : r->stall_ms;
     r->linger_ms = cfg->linger_ms ? cfg->linger_ms : 10000;
-    r->window = cfg->window ? cfg->window : 4;
+    r->window = cfg->window ? cfg->window : AR_DEFAULT_WINDOW;
     r->max_norm = cfg->max_norm > 0 ? cfg->max_norm : 1e9;
     r->max_weight = cfg->max_weight > 0 ? cfg->max_weight : 1e12;
     r->enc_chunk = ar_codec_size(r->comp, r->chunk);

@@ -37,7 +37,7 @@
  * BENCH_AR_VERBOSE=1 prints each peer's phase times of every round;
  * BENCH_AR_PACE=F: the hosts table's paced runs at F x the cap (default
  * 0.92, as `join --pace 0.92`; 0 skips them);
- * BENCH_AR_WINDOW=W sets the chunks in flight per link (default 4);
+ * BENCH_AR_WINDOW=W sets the chunks in flight per link (default AR_DEFAULT_WINDOW, 2);
  * BENCH_PYTHON names the interpreter that has torch (default /usr/bin/python3,
  * Debian's python3-torch). */
 #include <errno.h>
@@ -276,7 +276,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
         .n = p->n, .weight = weight_of(p->idx), .comp = c.comp, .deadline_ms = 600000,
         .stall_ms = 20000, .linger_ms = 60000, .in_place = 1, /* as the agent averages */
         .done = on_done, .arg = p};
-    if (getenv("BENCH_AR_WINDOW")) /* chunks in flight per link (the engine's default: 4) */
+    if (getenv("BENCH_AR_WINDOW")) /* chunks in flight per link (the engine's default: AR_DEFAULT_WINDOW) */
         rc.window = (unsigned)atoi(getenv("BENCH_AR_WINDOW"));
     p->in_round = 1;
     p->cpu0 = cpu_ms();
