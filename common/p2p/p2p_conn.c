@@ -334,6 +334,25 @@ struct p2p_conn *p2p__conn_alloc(struct p2p_host *h, int outgoing)
     return c;
 }
 
+struct p2p_conn *p2p__conn_accept(struct p2p_host *h, uv_stream_t *srv)
+{
+    struct p2p_conn *c = p2p__conn_alloc(h, 0);
+    if (!c)
+        return NULL;
+    c->state = C_OPEN;
+    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
+        p2p__conn_close(c, CM_ECONN);
+        return NULL;
+    }
+    c->connected = 1;
+    c->has_fd = 1;
+    h->ctx->fds++;
+    int len = sizeof c->remote;
+    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
+    h->ctx->st.conns_accepted++;
+    return c;
+}
+
 /* Marks activity: the connection moves to the tail of the LRU list. */
 static void conn_touch(struct p2p_conn *c)
 {

@@ -238,6 +238,9 @@ void p2p__conn_close(struct p2p_conn *c, int err);
 void p2p__conn_drop(struct p2p_conn *c, enum p2p_reject why, const char *detail);
 int p2p__evict_one(struct p2p_ctx *ctx);
 struct p2p_conn *p2p__conn_alloc(struct p2p_host *h, int outgoing);
+/* An incoming connection taken from listener srv for h: open, its peer's
+ * address in remote; NULL when it could not be taken (closed then). */
+struct p2p_conn *p2p__conn_accept(struct p2p_host *h, uv_stream_t *srv);
 int p2p__conn_send(struct p2p_conn *c, uint8_t *buf, size_t len);
 int p2p__conn_send_parts(struct p2p_conn *c, const struct p2p_iov *parts, size_t np);
 void p2p__read_start(struct p2p_conn *c);

@@ -304,27 +304,15 @@ static void on_lan_conn(uv_stream_t *srv, int status)
 {
     struct p2p_punch *p = srv->data;
     struct p2p_host *h = p->h;
-    struct p2p_ctx *ctx = h->ctx;
     if (status < 0 || p->finished || h->closing)
         return;
-    struct p2p_conn *c = p2p__conn_alloc(h, 0);
+    struct p2p_conn *c = p2p__conn_accept(h, srv);
     if (!c)
         return;
-    c->state = C_OPEN;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
-        p2p__conn_close(c, CM_ECONN);
-        return;
-    }
-    c->connected = 1;
-    c->has_fd = 1;
-    ctx->fds++;
-    int len = sizeof c->remote;
-    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
     if (!same_ip(&c->remote, &p->allow)) {
         p2p__conn_close(c, CM_EPERM);
         return;
     }
-    ctx->st.conns_accepted++;
     c->punched = 1;
     memcpy(c->punch_pub, p->pub, CM_ED25519_PUB_LEN);
     c->relay = P2P_RL_CIRCUIT; /* served like an accepted connection */

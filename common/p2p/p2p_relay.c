@@ -193,20 +193,9 @@ static void resv_on_conn(uv_stream_t *srv, int status)
     struct p2p_ctx *ctx = h->ctx;
     if (status < 0 || h->closing || rv->dropped)
         return;
-    struct p2p_conn *c = p2p__conn_alloc(h, 0);
+    struct p2p_conn *c = p2p__conn_accept(h, srv);
     if (!c)
         return;
-    c->state = C_OPEN;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
-        p2p__conn_close(c, CM_ECONN);
-        return;
-    }
-    c->connected = 1;
-    c->has_fd = 1;
-    ctx->fds++;
-    int len = sizeof c->remote;
-    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
-    ctx->st.conns_accepted++;
     uint32_t from_ip = 0;
     for (struct p2p_conn *o = h->conns; o; o = o->hnext)
         from_ip += o != c && o->relay_dialer && same_ip(&o->remote, &c->remote);

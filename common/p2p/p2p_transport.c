@@ -221,21 +221,9 @@ static void on_connection(uv_stream_t *srv, int status)
     struct p2p_ctx *ctx = h->ctx;
     if (status < 0 || h->closing)
         return;
-    struct p2p_conn *c = p2p__conn_alloc(h, 0);
+    struct p2p_conn *c = p2p__conn_accept(h, srv);
     if (!c)
         return;
-    if (uv_accept(srv, (uv_stream_t *)&c->tcp)) {
-        c->state = C_OPEN;
-        p2p__conn_close(c, CM_ECONN);
-        return;
-    }
-    c->state = C_OPEN;
-    c->connected = 1;
-    c->has_fd = 1;
-    ctx->fds++;
-    int len = sizeof c->remote;
-    uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->remote, &len);
-    ctx->st.conns_accepted++;
     /* A flood of connections: over the host's inbound cap, or over the
      * process budget with nothing idle to evict, the newcomer is closed. */
     if (h->n_inbound > h->max_inbound) {

@@ -21,24 +21,30 @@
 #include "p2p/p2p_transport.h"
 #include "tests/harness/p2p_testkit.h"
 
+/* Sends as fast as r allows for 10 simulated seconds in 1 ms ticks, 3 KB
+ * writes at most; the bytes sent. */
+static size_t send_10s(struct p2p_rate *r)
+{
+    uint64_t t = 0;
+    size_t sent = 0;
+    for (int i = 0; i < 10000; i++) {
+        t += 1000000;
+        size_t a = p2p_rate_available(r, t);
+        if (a) {
+            size_t n = a > 3000 ? 3000 : a;
+            p2p_rate_consume(r, n);
+            sent += n;
+        }
+    }
+    return sent;
+}
+
 static void test_bucket(void **state)
 {
     (void)state;
     struct p2p_rate r;
     p2p_rate_init(&r, 8.0, 0); /* 1 MB/s, burst 20 KB */
-    uint64_t t = 0;
-    size_t sent = 0;
-    /* Send as fast as allowed for 10 simulated seconds in 1 ms ticks. */
-    for (int i = 0; i < 10000; i++) {
-        t += 1000000;
-        size_t a = p2p_rate_available(&r, t);
-        if (a) {
-            size_t n = a > 3000 ? 3000 : a;
-            p2p_rate_consume(&r, n);
-            sent += n;
-        }
-    }
-    double rate = (double)sent / 10.0;
+    double rate = (double)send_10s(&r) / 10.0;
     assert_true(fabs(rate - 1e6) / 1e6 < 0.01);
     /* Debt: one big write blocks until paid back. */
     p2p_rate_init(&r, 8.0, 0);
@@ -64,18 +70,7 @@ static void test_burst(void **state)
     p2p_rate_init_burst(&r, 8.0, 0, 0); /* 0: the default */
     assert_int_equal(p2p_rate_available(&r, 1000000000ull), 100000);
     p2p_rate_init_burst(&r, 8.0, P2P_PACE_BURST_S, 0);
-    uint64_t t = 0;
-    size_t sent = 0;
-    for (int i = 0; i < 10000; i++) { /* 10 s in 1 ms ticks, 3 KB writes */
-        t += 1000000;
-        size_t a = p2p_rate_available(&r, t);
-        if (a) {
-            size_t n = a > 3000 ? 3000 : a;
-            p2p_rate_consume(&r, n);
-            sent += n;
-        }
-    }
-    assert_true(fabs((double)sent / 10.0 - 1e6) / 1e6 < 0.01);
+    assert_true(fabs((double)send_10s(&r) / 10.0 - 1e6) / 1e6 < 0.01);
 }
 
 struct side {
