@@ -53,22 +53,23 @@ struct p2p_punch {
     void *arg;
 };
 
+static int set_ip(struct sockaddr_storage *dst, int *has, const struct sockaddr *ip)
+{
+    if (!ip || (ip->sa_family != AF_INET && ip->sa_family != AF_INET6))
+        return CM_EINVAL;
+    memcpy(dst, ip, p2p__addr_len(ip));
+    *has = 1;
+    return CM_OK;
+}
+
 int p2p_host_set_public_ip(struct p2p_host *h, const struct sockaddr *ip)
 {
-    if (!h || !ip || (ip->sa_family != AF_INET && ip->sa_family != AF_INET6))
-        return CM_EINVAL;
-    memcpy(&h->public_ip, ip, p2p__addr_len(ip));
-    h->has_public_ip = 1;
-    return CM_OK;
+    return h ? set_ip(&h->public_ip, &h->has_public_ip, ip) : CM_EINVAL;
 }
 
 int p2p_host_set_local_ip(struct p2p_host *h, const struct sockaddr *ip)
 {
-    if (!h || !ip || (ip->sa_family != AF_INET && ip->sa_family != AF_INET6))
-        return CM_EINVAL;
-    memcpy(&h->local_ip, ip, p2p__addr_len(ip));
-    h->has_local_ip = 1;
-    return CM_OK;
+    return h ? set_ip(&h->local_ip, &h->has_local_ip, ip) : CM_EINVAL;
 }
 
 static void punch_unref(struct p2p_punch *p)

@@ -68,6 +68,15 @@ static int whence(void *arg, struct p2p_host *h, const struct p2p_peer *from, ui
     return CM_OK;
 }
 
+/* Gives h an address (public or local) with setter; nonzero on failure. */
+static int set_ip(struct p2p_host *h, const char *ip, int (*setter)(struct p2p_host *, const struct sockaddr *))
+{
+    struct sockaddr_storage a;
+    char s[64];
+    snprintf(s, sizeof s, "%s:1", ip);
+    return p2p_addr_parse(s, &a) || setter(h, (struct sockaddr *)&a);
+}
+
 static void env_init(struct env *e, struct p2p_tk_peer *who, const char *listen_ip, uint16_t port,
                      const char *public_ip, const char *local_ip)
 {
@@ -80,20 +89,9 @@ static void env_init(struct env *e, struct p2p_tk_peer *who, const char *listen_
                                  .listen_port = port, .on_request = whence, .arg = e};
     if (p2p_host_new(e->ctx, &hc, &e->h))
         _exit(2);
-    if (public_ip) {
-        struct sockaddr_storage a;
-        char s[64];
-        snprintf(s, sizeof s, "%s:1", public_ip);
-        if (p2p_addr_parse(s, &a) || p2p_host_set_public_ip(e->h, (struct sockaddr *)&a))
-            _exit(2);
-    }
-    if (local_ip) {
-        struct sockaddr_storage a;
-        char s[64];
-        snprintf(s, sizeof s, "%s:1", local_ip);
-        if (p2p_addr_parse(s, &a) || p2p_host_set_local_ip(e->h, (struct sockaddr *)&a))
-            _exit(2);
-    }
+    if ((public_ip && set_ip(e->h, public_ip, p2p_host_set_public_ip)) ||
+        (local_ip && set_ip(e->h, local_ip, p2p_host_set_local_ip)))
+        _exit(2);
 }
 
 static void on_relay(void *arg, int status, const struct sockaddr *adv)
