@@ -164,49 +164,61 @@ static void test_fetch_tls(void **state)
         printf("tls: cannot make a certificate with the openssl tool, part skipped\n");
         return;
     }
-    /* a free port: bind to 0, read it, close, hand it to s_server */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof sa;
-    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    int port = ntohs(sa.sin_port);
-    close(fd);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (chdir(dir) == 0) {
-            char ps[16];
-            snprintf(ps, sizeof ps, "%d", port);
-            int devnull = open("/dev/null", O_WRONLY);
-            dup2(devnull, 1);
-            dup2(devnull, 2);
-            execlp("openssl", "openssl", "s_server", "-quiet", "-accept", ps, "-cert", "cert.pem",
-                   "-key", "key.pem", "-WWW", (char *)NULL);
-        }
-        _exit(127);
-    }
     struct p2p_tk tk;
     assert_int_equal(p2p_tk_init(&tk, "fm"), 0);
     struct p2p_auth_config ac = p2p_tk_auth_config(&tk);
     struct p2p_auth auth;
     assert_int_equal(p2p_auth_init(&auth, &ac), 0);
     char url[64], ca[256];
-    snprintf(url, sizeof url, "https://127.0.0.1:%d", port);
     snprintf(ca, sizeof ca, "%s/cert.pem", dir);
     struct p2p_revoke_config rc = {.coordinator_url = url, .run = "fm", .timeout_ms = 3000};
-    /* wait for the server to listen */
-    int rc_fetch = CM_ECONN;
     rc.ca_file = ca;
-    for (int i = 0; i < 50 && (rc_fetch = p2p_revoke_fetch(&auth, &rc)) == CM_ECONN; i++)
-        usleep(100 * 1000);
+    int rc_fetch = CM_ECONN;
+    pid_t pid = -1;
+    /* s_server on a free port (bind to 0, read it, close, hand it over):
+       until it answers, while it runs (20 s: it starts slowly on a loaded
+       machine); one that exited (the port was taken meanwhile) is started
+       again on another port, 3 times at most */
+    for (int attempt = 0; attempt < 3 && rc_fetch == CM_ECONN; attempt++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        getsockname(fd, (struct sockaddr *)&sa, &sl);
+        int port = ntohs(sa.sin_port);
+        close(fd);
+        pid = fork();
+        if (pid == 0) {
+            if (chdir(dir) == 0) {
+                char ps[16];
+                snprintf(ps, sizeof ps, "%d", port);
+                int devnull = open("/dev/null", O_WRONLY);
+                dup2(devnull, 1);
+                dup2(devnull, 2);
+                execlp("openssl", "openssl", "s_server", "-quiet", "-accept", ps, "-cert", "cert.pem",
+                       "-key", "key.pem", "-WWW", (char *)NULL);
+            }
+            _exit(127);
+        }
+        snprintf(url, sizeof url, "https://127.0.0.1:%d", port);
+        for (int i = 0; i < 200 && (rc_fetch = p2p_revoke_fetch(&auth, &rc)) == CM_ECONN; i++) {
+            if (waitpid(pid, NULL, WNOHANG) == pid) {
+                pid = -1;
+                break;
+            }
+            usleep(100 * 1000);
+        }
+    }
     assert_int_equal(rc_fetch, 0);
     assert_true(p2p_auth_is_revoked(&auth, "tls1"));
     assert_int_equal(p2p_auth_set_revoked(&auth, NULL, 0, 6), 0);
     rc.ca_file = NULL; /* system CAs do not know this certificate */
     assert_int_equal(p2p_revoke_fetch(&auth, &rc), CM_EAUTH);
     assert_false(p2p_auth_is_revoked(&auth, "tls1"));
-    kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
     p2p_auth_cleanup(&auth);
     p2p_tk_cleanup(&tk);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
