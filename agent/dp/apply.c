@@ -249,10 +249,10 @@ int dp_finish_round(struct dp_state *s, struct dp_job *j, int64_t *step, double 
         return CM_OK;
     }
     if (j->alone) {
-        fprintf(stderr, "\nwarning: step %lld: our round had %zu sender%s while %zu other peer%s "
-                        "accumulated for the step (%zu about); not stepping without them\n",
-                (long long)j->step, j->senders, j->senders == 1 ? "" : "s", j->others,
-                j->others == 1 ? "" : "s", j->present);
+        fprintf(stderr, "\nwarning: step %lld: our round had %zu sender%s of the %zu peer%s its members "
+                        "saw accumulating for the step (%zu other%s about); not stepping without them\n",
+                (long long)j->step, j->senders, j->senders == 1 ? "" : "s", j->on, j->on == 1 ? "" : "s",
+                j->present, j->present == 1 ? "" : "s");
         usleep(200000);
         return CM_OK;
     }

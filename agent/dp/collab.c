@@ -10,6 +10,7 @@
 
 #define MAX_STEP (1LL << 50)
 #define MAX_SAMPLES 1e15
+#define COLLAB_ON_MAX 1e6 /* peers on a step, as an announcement says */
 #define MAX_SPS 1e9
 
 int collab_progress_encode(const struct collab_progress *p, char *out, size_t cap)
@@ -25,12 +26,15 @@ int collab_progress_encode(const struct collab_progress *p, char *out, size_t ca
 
 int collab_announce_encode(const struct collab_announce *a, char *out, size_t cap)
 {
+    char on[32] = "";
+    if (a->on > 0)
+        snprintf(on, sizeof on, ",\"on\":%d", a->on);
     int n = snprintf(out, cap,
                      "{\"v\":1,\"w\":%.0f,\"addr\":\"%s\",\"agg\":%d,\"sends\":%d,\"t\":%lld,"
-                     "\"sv\":%lld%s%s}",
+                     "\"sv\":%lld%s%s%s}",
                      a->weight, a->addr, a->agg ? 1 : 0, a->sends ? 1 : 0, (long long)a->t_ms,
                      (long long)a->sched_version, a->pull_only && !a->sends ? ",\"po\":1" : "",
-                     a->relayed && a->addr[0] ? ",\"rl\":1" : "");
+                     a->relayed && a->addr[0] ? ",\"rl\":1" : "", on);
     return n > 0 && (size_t)n < cap ? CM_OK : CM_ETOOBIG;
 }
 
@@ -172,20 +176,22 @@ int collab_progress_parse(const void *buf, size_t len, struct collab_progress *o
 
 int collab_announce_parse(const void *buf, size_t len, struct collab_announce *out)
 {
-    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t", "sv", "po", "rl"};
+    static const char *const keys[] = {"v", "w", "addr", "agg", "sends", "t", "sv", "po", "rl", "on"};
     memset(out, 0, sizeof *out);
     json_t *j = load(buf, len);
     if (!j)
         return CM_EPARSE;
-    double t = 0, sv = 0;
-    int ok = only_keys(j, keys, 9) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
+    double t = 0, sv = 0, on = 0;
+    int ok = only_keys(j, keys, 10) && num(j, "w", 0, MAX_SAMPLES, &out->weight) &&
              addr(j, "addr", out->addr) && flag(j, "agg", &out->agg) &&
              flag(j, "sends", &out->sends) && num(j, "t", 0, 9e15, &t) &&
              (!json_object_get(j, "sv") || (num(j, "sv", 0, (double)MAX_STEP, &sv) && sv == floor(sv))) &&
              (!json_object_get(j, "po") || flag(j, "po", &out->pull_only)) &&
-             (!json_object_get(j, "rl") || flag(j, "rl", &out->relayed));
+             (!json_object_get(j, "rl") || flag(j, "rl", &out->relayed)) &&
+             (!json_object_get(j, "on") || (num(j, "on", 1, COLLAB_ON_MAX, &on) && on == floor(on)));
     out->t_ms = (int64_t)t;
     out->sched_version = (int64_t)sv;
+    out->on = (int)on;
     json_decref(j);
     /* an aggregator needs an address; a sender needs a weight; a pull-only
        member sends nothing */
@@ -347,13 +353,24 @@ int collab_round_going(const struct collab_announce *a, size_t n, int64_t window
     int going = 0;
     for (size_t i = 0; i < n && !going;) {
         int64_t close = s[i]->t_ms + window_ms;
-        size_t senders = 0;
-        for (; i < n && s[i]->t_ms <= close; i++)
+        size_t senders = 0, said = 0;
+        for (; i < n && s[i]->t_ms <= close; i++) {
             senders += s[i]->sends != 0;
-        going = now_ms >= close + settle_ms && 2 * senders > on;
+            said = s[i]->on > 0 && (size_t)s[i]->on > said ? (size_t)s[i]->on : said;
+        }
+        /* the members decide from what they announced (collab_round_on) */
+        going = now_ms >= close + settle_ms && 2 * senders > (said ? said : on);
     }
     free(s);
     return going;
+}
+
+size_t collab_round_on(const struct collab_announce *a, size_t n)
+{
+    size_t on = 0;
+    for (size_t i = 0; i < n; i++)
+        on = a[i].on > 0 && (size_t)a[i].on > on ? (size_t)a[i].on : on;
+    return on;
 }
 
 static int by_pub(const void *a, const void *b)

@@ -49,6 +49,10 @@ struct collab_announce {
     int64_t sched_version; /* schedule version it holds (0: none) */
     int relayed;    /* addr is a port lent by a relay ("rl":1): others may punch a hole
                        to it (docs/p2p.md, "Hole punching") */
+    int on;         /* compute peers it saw accumulating for the step when it announced,
+                       itself included when it sends ("on", optional; 0: not said). The
+                       members decline a window from the highest of these, so they all
+                       decide alike (collab_round_on) */
 };
 
 /* What a member of a round reports after it: which parts it committed.
@@ -121,6 +125,15 @@ size_t collab_round_members(struct collab_announce *a, size_t n, int64_t window_
  * accumulate for the step again). */
 int collab_round_going(const struct collab_announce *a, size_t n, int64_t window_ms, int64_t settle_ms,
                        int64_t now_ms, size_t on);
+
+/* The peers on the step, as a round's members said in their announcements:
+ * the highest `on` among a[0..n) (0 when none said). Every member reads
+ * the same announcements, so every member declines a window of no majority
+ * of this alike; from a member's own view of the others' progress, one
+ * member of a pair declined while the other waited out the stall limit for
+ * its parts (test_join_rounds, a fresh clone's run under the sanitizers).
+ * collab_round_going uses it for each window when any member said it. */
+size_t collab_round_on(const struct collab_announce *a, size_t n);
 
 /* The wait of delayed updates for the peers behind (seed 000 §3.2), as a
  * token bucket: waiting spends seconds from a bucket of at most cap_s,

@@ -152,6 +152,7 @@ struct dp_job {
     int unaveraged;     /* no part averaged by every member: not a step (issue 17) */
     char why[320];      /* for unaveraged: each part's aggregator and why it failed */
     size_t others;      /* other peers accumulating for the step when it started */
+    size_t on;          /* peers on the step, as the members announced (collab_round_on) */
     size_t present;     /* other compute peers with fresh progress, any step */
     size_t senders;     /* senders in our window */
     uint64_t agreed;
@@ -216,7 +217,9 @@ int dp_peers(void *ctx, struct peer_info **out, size_t *n);
 struct peer_info *dp_infos(const struct collab_progress *p, size_t n);
 struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int others_only,
                                           int64_t until_ms, size_t extra, size_t *na);
-int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
+/* `on`: the compute peers we see accumulating for the step, ourselves
+   included when we send (announced as "on": collab_round_on) */
+int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, size_t on,
               struct collab_announce **out, size_t *n);
 
 /* view.c */

@@ -211,7 +211,7 @@ void dp_gather_note_put(struct dp_state *s, int64_t ms)
  * next one (round.c declines to step alone while others
  * accumulate). Announcing again for the same step replaces our earlier
  * announcement (newest record per author). */
-int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
+int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, size_t on,
               struct collab_announce **out, size_t *n)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
@@ -221,6 +221,7 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only,
     me.weight = s->o.aggregate_only || pull_only ? 0 : weight;
     me.sends = !s->o.aggregate_only && !pull_only;
     me.pull_only = !s->o.aggregate_only && pull_only;
+    me.on = on > 1000000 ? 1000000 : (int)on;
     char my[PEER_ADDR_MAX];
     me.agg = peer_rt_my_addr(&s->rt, my, &me.relayed);
     me.t_ms = dp_now(s);

@@ -322,7 +322,8 @@ static uint64_t run_groups(struct dp_job *j, const struct dp_groups *G,
 static int round_members(struct dp_job *j)
 {
     struct dp_state *s = j->s;
-    j->rc = dp_gather(s, j->step, j->samples, j->pull_only, &j->mem, &j->nmem);
+    int follower = s->o.aggregate_only || j->pull_only;
+    j->rc = dp_gather(s, j->step, j->samples, j->pull_only, j->others + !follower, &j->mem, &j->nmem);
     j->margin_ms = dp_gather_margin(s);
     if (j->rc != CM_OK)
         return 1;
@@ -349,11 +350,19 @@ static int round_members(struct dp_job *j)
         j->alone = j->short_batch = 1;
         return 1;
     }
-    if (!s->o.aggregate_only && !j->pull_only &&
-        (2 * senders <= j->others + 1 || (senders == 1 && (j->present > 0 || j->finished)))) {
+    /* the peers on the step as the members said (every member reads the
+       same announcements: collab_round_on); our own view when none said */
+    j->on = collab_round_on(j->mem, j->nmem);
+    int said = j->on > 0;
+    if (!said)
+        j->on = j->others + !follower;
+    if ((said || !follower) &&
+        (2 * senders <= j->on || (!follower && senders == 1 && (j->present > 0 || j->finished)))) {
         /* Our window holds no majority of the peers accumulating for this
-           step (their announcements had not reached us, or ours not them),
-           or we would step alone while other peers are about (catching up:
+           step (their announcements had not reached us, or ours not them;
+           every member, pull-only and aggregate-only ones included, decides
+           this alike from the members' announcements), or we would step
+           alone while other peers are about (catching up:
            a peer stepping alone meanwhile would keep them chasing it; a
            peer stays about while a state comes to it, records.c,
            dp_still_here), or

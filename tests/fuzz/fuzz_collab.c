@@ -21,13 +21,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             __builtin_trap();
     }
     if (collab_announce_parse(data, size, &a) == 0) {
-        if ((a.agg && !a.addr[0]) || (a.pull_only && (a.sends || a.weight != 0)))
+        if ((a.agg && !a.addr[0]) || (a.pull_only && (a.sends || a.weight != 0)) || a.on < 0)
             __builtin_trap();
         /* and round-trips with its role */
         struct collab_announce b;
         if (collab_announce_encode(&a, rec, sizeof rec) != 0 ||
             collab_announce_parse(rec, strlen(rec), &b) != 0 || b.pull_only != a.pull_only ||
-            b.sends != a.sends)
+            b.sends != a.sends || b.on != a.on)
             __builtin_trap();
     }
     struct collab_outcome o, o2;

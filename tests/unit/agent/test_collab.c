@@ -123,6 +123,25 @@ static void test_announce(void **state)
         "{\"v\":1,\"w\":5,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1,\"rl\":\"1\"}"};
     for (int i = 0; i < 3; i++)
         assert_int_equal(collab_announce_parse(bad_rl[i], strlen(bad_rl[i]), &b), CM_EPARSE);
+    /* the peers its author saw on the step: "on", a whole count from 1,
+       absent when 0 */
+    assert_null(strstr(rec, "\"on\""));
+    assert_int_equal(b.on, 0);
+    struct collab_announce on = a;
+    on.on = 4;
+    assert_int_equal(collab_announce_encode(&on, rec, sizeof rec), CM_OK);
+    assert_non_null(strstr(rec, "\"on\":4"));
+    assert_int_equal(collab_announce_parse(rec, strlen(rec), &b), CM_OK);
+    assert_int_equal(b.on, 4);
+    const char *bad_on[] = {
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":0}",
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":-2}",
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":2.5}",
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":\"3\"}",
+        "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":1e9}"};
+    for (int i = 0; i < 5; i++)
+        if (collab_announce_parse(bad_on[i], strlen(bad_on[i]), &b) != CM_EPARSE)
+            fail_msg("accepted: %s", bad_on[i]);
 }
 
 static void test_estimate(void **state)
@@ -365,6 +384,19 @@ static void test_round_going(void **state)
     assert_false(collab_round_going(a, 5, 300, 150, 5000, 4));
     assert_true(collab_round_going(a, 5, 300, 150, 5000, 1));
     assert_false(collab_round_going(a, 0, 300, 150, 5000, 0));
+    /* what the members announced decides, not the caller's view: they
+       decline the first window (three senders) when one of them saw six
+       peers on the step, and go on when they saw at most five */
+    a[2].sends = a[3].sends = 1;
+    assert_true(collab_round_going(a + 2, 3, 300, 150, 5000, 5)); /* a[2..4]: the first window */
+    a[4].on = 6; /* 1000 */
+    assert_false(collab_round_going(a + 2, 3, 300, 150, 5000, 1));
+    a[4].on = 2;
+    a[3].on = 5; /* 1100 */
+    assert_true(collab_round_going(a + 2, 3, 300, 150, 5000, 9));
+    /* collab_round_on: the highest said, 0 when none said */
+    assert_int_equal(collab_round_on(a, 5), 5);
+    assert_int_equal(collab_round_on(a, 2), 0);
 }
 
 /* Delayed updates' waits for the peers behind: a bucket of 10 s refilled
