@@ -85,7 +85,7 @@ static const struct cm_opt STAGE_OPTS[] = {
      "upload cap, 0 = none (the coordinator plans with it; a little under a home line's rate also keeps "
      "the router's buffer from filling)", 0},
     {"max-download-mbps", CM_OPT_DBL, O(max_download_mbps), "0", "MBPS", "download cap, 0 = none", 0},
-    {"pace", CM_OPT_DBL, O(pace), "0.95", "F",
+    {"pace", CM_OPT_DBL, O(pace), "0.92", "F",
      "without caps: after measuring the link, send and receive at most F x its rates, so that the queue "
      "stays in this agent and not in the router's buffer (where it delays everything else); 0 = off", 0},
     {"latency-ms", CM_OPT_INT, O(latency_ms), "0", "MS",

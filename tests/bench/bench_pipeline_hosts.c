@@ -24,7 +24,7 @@
  * --latency-ms` and `--latency-to`: netem is not available here); the
  * agents measure the round trips (agent/pipe/rtt.c) and the coordinator's
  * model takes half of each as the link's delay. BENCH_PIPE_ONEWAY_MS=0
- * runs without any delay. The agents pace their traffic at 0.95 of their
+ * runs without any delay. The agents pace their traffic at 0.92 of their
  * measured links (`pipeline --pace`, BENCH_PIPE_PACE=0: off). Then each
  * stage's median phases (micro-batches, tied embedding, averaging, norms)
  * show where a step's time went (docs/pipelines.md, "The cost model
@@ -60,7 +60,7 @@ static int region(int i)
 }
 
 static long g_oneway = 30; /* ms between the regions, BENCH_PIPE_ONEWAY_MS */
-static double g_pace = 0.95; /* the agents' --pace (BENCH_PIPE_PACE; 0: off) */
+static double g_pace = 0.92; /* the agents' --pace (BENCH_PIPE_PACE; 0: off) */
 
 static struct ct_net g_net;
 static struct ct_pg g_pg;
