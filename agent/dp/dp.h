@@ -153,6 +153,9 @@ struct dp_job {
     char why[320];      /* for unaveraged: each part's aggregator and why it failed */
     size_t others;      /* other peers accumulating for the step when it started */
     size_t on;          /* peers on the step, as the members announced (collab_round_on) */
+    int ar_rc;          /* the engine's error when it did not run the round (0: it ran) */
+    int64_t close_ms;   /* our window's close (from the announcements: the same for every
+                           member); in the round ids, so each try of a step is a round of its own */
     size_t present;     /* other compute peers with fresh progress, any step */
     size_t senders;     /* senders in our window */
     uint64_t agreed;
@@ -220,7 +223,7 @@ struct collab_announce *dp_read_announces(struct dp_state *s, int64_t step, int 
 /* `on`: the compute peers we see accumulating for the step, ourselves
    included when we send (announced as "on": collab_round_on) */
 int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, size_t on,
-              struct collab_announce **out, size_t *n);
+              struct collab_announce **out, size_t *n, int64_t *close_ms);
 
 /* view.c */
 int dp_lagging_members(const struct dp_state *s, const struct collab_progress *p, size_t n,

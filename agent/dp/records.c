@@ -212,7 +212,7 @@ void dp_gather_note_put(struct dp_state *s, int64_t ms)
  * accumulate). Announcing again for the same step replaces our earlier
  * announcement (newest record per author). */
 int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, size_t on,
-              struct collab_announce **out, size_t *n)
+              struct collab_announce **out, size_t *n, int64_t *close_ms)
 {
     char key[160], rec[COLLAB_RECORD_MAX];
     snprintf(key, sizeof key, "%s/round/%lld", s->o.run, (long long)step);
@@ -287,5 +287,6 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, si
     }
     *out = a;
     *n = na;
+    *close_ms = close;
     return CM_OK;
 }

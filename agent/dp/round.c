@@ -244,8 +244,8 @@ static uint64_t run_groups(struct dp_job *j, const struct dp_groups *G,
                 gm[k].fraction = agg_ok[k] && !refused ? 1.0 : 0.0;
         warn_refused(s, gm, ng, j->sched_v, refused);
         pthread_mutex_unlock(&s->js_mu);
-        char gid[48];
-        snprintf(gid, sizeof gid, "g%zu.%d", r + 1, grp);
+        char gid[64];
+        snprintf(gid, sizeof gid, "g%zu.%d@%lld", r + 1, grp, (long long)j->close_ms);
         struct ar_round_config rc = *base;
         rc.group_id = (const uint8_t *)gid;
         rc.group_id_len = strlen(gid);
@@ -323,7 +323,8 @@ static int round_members(struct dp_job *j)
 {
     struct dp_state *s = j->s;
     int follower = s->o.aggregate_only || j->pull_only;
-    j->rc = dp_gather(s, j->step, j->samples, j->pull_only, j->others + !follower, &j->mem, &j->nmem);
+    j->rc = dp_gather(s, j->step, j->samples, j->pull_only, j->others + !follower, &j->mem, &j->nmem,
+                      &j->close_ms);
     j->margin_ms = dp_gather_margin(s);
     if (j->rc != CM_OK)
         return 1;
@@ -457,8 +458,16 @@ static int round_average(struct dp_job *j, size_t *poff, size_t *plen)
             accum[i] = s->corrupt == 1 ? NAN : 1e30f;
     struct ar_round_config rcfg = {0};
     rcfg.step = (uint64_t)j->step;
-    rcfg.group_id = (const uint8_t *)"all";
-    rcfg.group_id_len = 3;
+    /* "all@<close>": the window is in the round id. A step tried again by
+       the same members with the same plan (a round that averaged nothing is
+       not a step) is another round: with "all" alone its id was the last
+       try's, which every engine refused as finished (CM_EEXISTS) at once,
+       and four agents of test_hosts retried step 2 for 313 s, 459 rounds
+       that averaged nothing */
+    char allid[40];
+    snprintf(allid, sizeof allid, "all@%lld", (long long)j->close_ms);
+    rcfg.group_id = (const uint8_t *)allid;
+    rcfg.group_id_len = strlen(allid);
     rcfg.members = am;
     rcfg.n_members = j->nmem;
     rcfg.my_index = j->me;
@@ -508,8 +517,8 @@ static int round_average(struct dp_job *j, size_t *poff, size_t *plen)
         /* the step's round id says "grouped, m": members that planned one
            all-reduce (or another m) see an odd round, not a mix of part and
            block masks */
-        char sgid[32];
-        snprintf(sgid, sizeof sgid, "groups/m%u", gm);
+        char sgid[64];
+        snprintf(sgid, sizeof sgid, "groups/m%u@%lld", gm, (long long)j->close_ms);
         struct ar_round_config idc = rcfg;
         idc.group_id = (const uint8_t *)sgid;
         idc.group_id_len = strlen(sgid);
@@ -527,8 +536,10 @@ static int round_average(struct dp_job *j, size_t *poff, size_t *plen)
         memcpy(plen, j->sum.part_len, j->n_parts * sizeof *plen);
     } else {
         int rc = peer_net_allreduce(s->rt.net, &rcfg, &j->sum);
-        if (rc != CM_OK && j->sum.n_parts == 0)
+        if (rc != CM_OK && j->sum.n_parts == 0) {
             j->sum.averaged_mask = 0;
+            j->ar_rc = rc; /* the engine did not run it: say so, not "part k at member 0" */
+        }
     }
     /* one entry per excluded peer (each aggregator of a part reports it) */
     size_t ne = 0;
@@ -598,7 +609,10 @@ static void round_verdict(struct dp_job *j, const size_t *poff, const size_t *pl
            step is tried again; say which aggregators failed and why. */
         size_t off = 0;
         j->why[0] = '\0';
-        for (size_t k = 0; k < j->n_parts && off < sizeof j->why; k++) {
+        if (j->ar_rc != CM_OK)
+            snprintf(j->why, sizeof j->why, "the averaging engine did not start the round: %s",
+                     cm_strerror(j->ar_rc));
+        for (size_t k = 0; j->ar_rc == CM_OK && k < j->n_parts && off < sizeof j->why; k++) {
             char a[80] = "?";
             uint32_t o = j->sum.part_owner[k];
             if (o < j->nmem)
