@@ -89,6 +89,10 @@
 #define NAT_STEPS 500
 #endif
 #define NAT_ACCURACY 88.5
+/* every agent of a run in its rounds within this many seconds of the run's
+   first step (the issue's 10 s to know a peer's reachability): 2.6-2.9 s
+   in the normal build */
+#define ALL_IN_S 10.0
 _Static_assert(NAT_STEPS <= CT_STEPS_MAX, "the step logs' fold holds every step of the NAT run");
 #define PORT "8443"
 #define NPUB 4
@@ -400,6 +404,26 @@ static void wait_all(struct ct_hostrun *c, int timeout_s)
     ct_hostrun_stop(c);
 }
 
+/* When a step of ours was taken, by the first agent's step log (t_ms of
+ * the step's own line, not a synced one; -1: none). */
+static int64_t step_time(const char *steplog, int step)
+{
+    FILE *f = fopen(steplog, "r");
+    if (!f)
+        return -1;
+    char line[2048];
+    int64_t t = -1;
+    while (t < 0 && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (j && json_integer_value(json_object_get(j, "step")) == step && json_object_get(j, "members") &&
+            !json_is_false(json_object_get(j, "averaged")))
+            t = (int64_t)json_integer_value(json_object_get(j, "t_ms"));
+        json_decref(j);
+    }
+    fclose(f);
+    return t;
+}
+
 /* The collaboration's checks: every agent finished, its reachability line
  * says `want` (for agents [0, n_direct): "direct at <its host's IP>", the
  * rest "not reachable at <its router's address>", within 10 s), every step
@@ -445,11 +469,20 @@ static void check(struct ct_hostrun *c, int n_direct)
         all_in += first_all && f.members[s] == c->n;
         full += f.full[s] > 0;
     }
-    printf("%s: all %d agents in every round from step %d on (%d of %d steps), %d steps had every part "
-           "averaged; %d step-log lines\n",
-           c->run, c->n, first_all, all_in, n, full, f.lines);
+    /* The agents come in over the first seconds (each measures its link at
+       the backbone first; the NAT'ed ones look for a relay): the last two
+       behind the cone-like router came 2.6 s after the first step in every
+       run, and were in the next round. How many steps the others took
+       meanwhile is their pace, not the newcomers': 9 to 16 of them
+       (2026-11-28; 17 failed "at most STEPS / 2", which measured that). */
+    int64_t t_all = first_all ? step_time(c->steps[0], first_all) : -1;
+    double all_after = t_all >= 0 && f.t_first > 0 ? (double)(t_all - f.t_first) / 1000 : -1;
+    printf("%s: all %d agents in every round from step %d on (%d of %d steps, %.1f s after the first step "
+           "log line), %d steps had every part averaged; %d step-log lines\n",
+           c->run, c->n, first_all, all_in, n, all_after, full, f.lines);
     assert_true(f.hash[n][0] != 0);
-    assert_true(first_all >= 1 && first_all <= STEPS / 2);
+    assert_true(first_all >= 1 && first_all <= n / 2);
+    assert_true(all_after >= 0 && all_after <= ALL_IN_S);
     /* Over a long run a peer sometimes misses a round's window and joins
        the next (its micro-batch ran over the window): 3 to 14 of 500 in
        runs beside the others. A short run must hold all in every round. */
