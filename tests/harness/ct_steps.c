@@ -3,6 +3,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 long ct_steps_fold(const char *path, struct ct_steps *st, const char *who)
@@ -101,4 +102,87 @@ int ct_steps_follow(const struct ct_steps *collab, const struct ct_steps *local,
         bad += !in;
     }
     return bad;
+}
+
+int64_t ct_steps_time(const char *path, long step)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    int64_t t = -1;
+    while (t < 0 && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (j && json_integer_value(json_object_get(j, "step")) == step && json_object_get(j, "members") &&
+            !json_is_false(json_object_get(j, "averaged")))
+            t = (int64_t)json_integer_value(json_object_get(j, "t_ms"));
+        json_decref(j);
+    }
+    fclose(f);
+    return t;
+}
+
+static void note_bad(struct ct_failed *o, int *count, const char *line)
+{
+    (*count)++;
+    if (!o->first_bad[0])
+        snprintf(o->first_bad, sizeof o->first_bad, "%.500s", line);
+}
+
+int ct_steps_failed(const char *path, struct ct_failed *out)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    char (*rids)[20] = NULL;
+    size_t nrid = 0, cap = 0;
+    int rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        if (!j) {
+            rc = -1;
+            break;
+        }
+        if (json_is_false(json_object_get(j, "averaged"))) {
+            out->lines++;
+            const char *why = json_string_value(json_object_get(j, "why"));
+            const char *rid = json_string_value(json_object_get(j, "round"));
+            if (!why || !rid)
+                note_bad(out, &out->no_why, line);
+            else if (strstr(why, "did not start the round"))
+                note_bad(out, &out->not_run, line);
+            else if (strcmp(rid, "0000000000000000") != 0) {
+                int seen = 0;
+                for (size_t k = 0; k < nrid && !seen; k++)
+                    seen = !strcmp(rids[k], rid);
+                if (seen)
+                    note_bad(out, &out->repeated, line);
+                else {
+                    if (nrid == cap) {
+                        size_t nc = cap ? 2 * cap : 64;
+                        char (*g)[20] = realloc(rids, nc * sizeof *rids);
+                        if (!g) {
+                            rc = -1;
+                            json_decref(j);
+                            break;
+                        }
+                        rids = g;
+                        cap = nc;
+                    }
+                    snprintf(rids[nrid++], sizeof rids[0], "%s", rid);
+                }
+            }
+        } else if (!json_is_true(json_object_get(j, "synced"))) {
+            out->stepped++;
+            if (json_integer_value(json_object_get(j, "members")) != 1 ||
+                json_integer_value(json_object_get(j, "agreed")) != json_integer_value(json_object_get(j, "parts")))
+                note_bad(out, &out->crowded, line);
+        }
+        json_decref(j);
+    }
+    free(rids);
+    fclose(f);
+    return rc;
 }

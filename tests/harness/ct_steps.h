@@ -39,4 +39,23 @@ long ct_steps_fold(const char *path, struct ct_steps *st, const char *who);
 int ct_steps_follow(const struct ct_steps *collab, const struct ct_steps *local, int nlocal, long steps,
                     long window, long warm, double warm_tol);
 
+/* When the log's own round of `step` was taken: the t_ms of its line for
+ * that step that is neither synced nor failed; -1 when there is none. */
+int64_t ct_steps_time(const char *path, long step);
+
+/* A step log's failed rounds ("averaged": false) and the steps it took,
+ * for collaborations that must not learn (test_hosts' lost run). */
+struct ct_failed {
+    int lines;    /* failed rounds */
+    int no_why;   /* of them without a "why" or a "round" */
+    int not_run;  /* whose why says the engine did not start the round */
+    int repeated; /* whose round id an earlier failed round of the log had (each try of
+                     a step is a round of its own; an id of zeros: nothing ran) */
+    int stepped;  /* steps of its own (neither failed nor synced) */
+    int crowded;  /* of them with another member, or parts not all agreed */
+    char first_bad[512]; /* the first line counted in no_why, not_run, repeated or crowded */
+};
+/* -1 when the file cannot be read or a line is not JSON. */
+int ct_steps_failed(const char *path, struct ct_failed *out);
+
 #endif

@@ -404,26 +404,6 @@ static void wait_all(struct ct_hostrun *c, int timeout_s)
     ct_hostrun_stop(c);
 }
 
-/* When a step of ours was taken, by the first agent's step log (t_ms of
- * the step's own line, not a synced one; -1: none). */
-static int64_t step_time(const char *steplog, int step)
-{
-    FILE *f = fopen(steplog, "r");
-    if (!f)
-        return -1;
-    char line[2048];
-    int64_t t = -1;
-    while (t < 0 && fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        if (j && json_integer_value(json_object_get(j, "step")) == step && json_object_get(j, "members") &&
-            !json_is_false(json_object_get(j, "averaged")))
-            t = (int64_t)json_integer_value(json_object_get(j, "t_ms"));
-        json_decref(j);
-    }
-    fclose(f);
-    return t;
-}
-
 /* The collaboration's checks: every agent finished, its reachability line
  * says `want` (for agents [0, n_direct): "direct at <its host's IP>", the
  * rest "not reachable at <its router's address>", within 10 s), every step
@@ -475,7 +455,7 @@ static void check(struct ct_hostrun *c, int n_direct)
        run, and were in the next round. How many steps the others took
        meanwhile is their pace, not the newcomers': 9 to 16 of them
        (2026-11-28; 17 failed "at most STEPS / 2", which measured that). */
-    int64_t t_all = first_all ? step_time(c->steps[0], first_all) : -1;
+    int64_t t_all = first_all ? ct_steps_time(c->steps[0], first_all) : -1;
     double all_after = t_all >= 0 && f.t_first > 0 ? (double)(t_all - f.t_first) / 1000 : -1;
     printf("%s: all %d agents in every round from step %d on (%d of %d steps, %.1f s after the first step "
            "log line), %d steps had every part averaged; %d step-log lines\n",
@@ -865,43 +845,21 @@ static void test_no_step_without_averaging(void **state)
         /* the step log: each failed round there with why; a step, if any,
            only one that a peer took alone (when the others, stuck fetching
            a state nobody has, were not about), never one that averaged
-           nothing or only part */
-        FILE *f = fopen(g_lost.steps[i], "r");
-        assert_non_null(f);
-        char line[2048];
-        /* each try of a step is a round of its own (the window is in its id):
-           with the same id as the last try's, every engine refused it as
-           finished at once, and agents retried a step for minutes */
-        static char rids[4096][20];
-        size_t nrid = 0;
-        while (fgets(line, sizeof line, f)) {
-            json_t *j = json_loads(line, 0, NULL);
-            assert_non_null(j);
-            if (json_is_false(json_object_get(j, "averaged"))) {
-                failed_lines++;
-                const char *why = json_string_value(json_object_get(j, "why"));
-                const char *rid = json_string_value(json_object_get(j, "round"));
-                assert_non_null(why);
-                assert_non_null(rid);
-                if (strstr(why, "did not start the round"))
-                    fail_msg("%s: a round the engine did not run: %s", name, line);
-                /* (a round planned without aggregators has no id: nothing ran) */
-                int ran = strcmp(rid, "0000000000000000") != 0;
-                for (size_t k = 0; ran && k < nrid; k++)
-                    if (!strcmp(rids[k], rid))
-                        fail_msg("%s: round %s tried twice: %s", name, rid, line);
-                if (ran && nrid < sizeof rids / sizeof rids[0])
-                    snprintf(rids[nrid++], sizeof rids[0], "%s", rid);
-            } else if (!json_is_true(json_object_get(j, "synced"))) {
-                fprintf(stderr, "%s stepped: %s", name, line);
-                assert_int_equal(json_integer_value(json_object_get(j, "members")), 1);
-                assert_int_equal(json_integer_value(json_object_get(j, "agreed")),
-                                 json_integer_value(json_object_get(j, "parts")));
-                solo++;
-            }
-            json_decref(j);
-        }
-        fclose(f);
+           nothing or only part; each try of a step a round of its own (the
+           window is in its id: with the last try's id, every engine refused
+           it as finished at once, and agents retried a step for minutes) */
+        struct ct_failed fr;
+        assert_int_equal(ct_steps_failed(g_lost.steps[i], &fr), 0);
+        if (fr.first_bad[0])
+            fprintf(stderr, "%s: %d failed rounds without why, %d the engine did not run, %d tried twice, %d "
+                            "steps with others; the first: %s", name, fr.no_why, fr.not_run, fr.repeated,
+                    fr.crowded, fr.first_bad);
+        assert_int_equal(fr.no_why, 0);
+        assert_int_equal(fr.not_run, 0);
+        assert_int_equal(fr.repeated, 0);
+        assert_int_equal(fr.crowded, 0);
+        failed_lines += fr.lines;
+        solo += fr.stepped;
     }
     printf("%d failed rounds in the lost agents' step logs, %d steps taken alone, %d agents warned that the "
            "collaboration is not averaging\n", failed_lines, solo, warned);
