@@ -64,6 +64,15 @@ static void test_progress_rejects(void **state)
     assert_int_equal(collab_progress_parse(big, sizeof big, &q), CM_EPARSE);
 }
 
+/* Every record of bad[0..n) is refused as an announcement. */
+static void announce_refuses(const char *const *bad, size_t n)
+{
+    struct collab_announce b;
+    for (size_t i = 0; i < n; i++)
+        if (collab_announce_parse(bad[i], strlen(bad[i]), &b) != CM_EPARSE)
+            fail_msg("accepted: %s", bad[i]);
+}
+
 static void test_announce(void **state)
 {
     (void)state;
@@ -82,8 +91,7 @@ static void test_announce(void **state)
     /* an aggregator without an address, a sender without weight */
     const char *bad[] = {"{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":1,\"sends\":1,\"t\":1}",
                          "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1}"};
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(collab_announce_parse(bad[i], strlen(bad[i]), &b), CM_EPARSE);
+    announce_refuses(bad, 2);
     const char *aux = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0,\"t\":1}";
     assert_int_equal(collab_announce_parse(aux, strlen(aux), &b), CM_OK);
     const char *no_t = "{\"v\":1,\"w\":0,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":0}";
@@ -103,8 +111,7 @@ static void test_announce(void **state)
         "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":1}",
         "{\"v\":1,\"w\":0,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":2}",
         "{\"v\":1,\"w\":0,\"addr\":\"\",\"agg\":0,\"sends\":0,\"t\":1,\"po\":true}"};
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(collab_announce_parse(bad_po[i], strlen(bad_po[i]), &b), CM_EPARSE);
+    announce_refuses(bad_po, 4);
     /* a member reached through a relay: "rl":1 (others may punch a hole to
        it); only with an address, 0 or 1 */
     struct collab_announce rl = a;
@@ -121,8 +128,7 @@ static void test_announce(void **state)
         "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"rl\":1}",
         "{\"v\":1,\"w\":5,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1,\"rl\":2}",
         "{\"v\":1,\"w\":5,\"addr\":\"1.2.3.4:5\",\"agg\":1,\"sends\":1,\"t\":1,\"rl\":\"1\"}"};
-    for (int i = 0; i < 3; i++)
-        assert_int_equal(collab_announce_parse(bad_rl[i], strlen(bad_rl[i]), &b), CM_EPARSE);
+    announce_refuses(bad_rl, 3);
     /* the peers its author saw on the step: "on", a whole count from 1,
        absent when 0 */
     assert_null(strstr(rec, "\"on\""));
@@ -139,9 +145,7 @@ static void test_announce(void **state)
         "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":2.5}",
         "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":\"3\"}",
         "{\"v\":1,\"w\":5,\"addr\":\"\",\"agg\":0,\"sends\":1,\"t\":1,\"on\":1e9}"};
-    for (int i = 0; i < 5; i++)
-        if (collab_announce_parse(bad_on[i], strlen(bad_on[i]), &b) != CM_EPARSE)
-            fail_msg("accepted: %s", bad_on[i]);
+    announce_refuses(bad_on, 5);
 }
 
 static void test_estimate(void **state)
