@@ -10,7 +10,6 @@
 
 #define MAX_STEP (1LL << 50)
 #define MAX_SAMPLES 1e15
-#define COLLAB_ON_MAX 1e6 /* peers on a step, as an announcement says */
 #define MAX_SPS 1e9
 
 int collab_progress_encode(const struct collab_progress *p, char *out, size_t cap)

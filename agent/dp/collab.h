@@ -38,6 +38,8 @@ struct collab_progress {
     char hash[COLLAB_HASH_HEX + 1];  /* parameter hash at `pstep` (hex prefix), "" = unknown */
 };
 
+#define COLLAB_ON_MAX 1000000 /* the most peers on a step an announcement may say ("on") */
+
 struct collab_announce {
     uint8_t pub[CM_ED25519_PUB_LEN];
     double weight;  /* samples it contributes (0 for aux peers) */

@@ -221,7 +221,7 @@ int dp_gather(struct dp_state *s, int64_t step, double weight, int pull_only, si
     me.weight = s->o.aggregate_only || pull_only ? 0 : weight;
     me.sends = !s->o.aggregate_only && !pull_only;
     me.pull_only = !s->o.aggregate_only && pull_only;
-    me.on = on > 1000000 ? 1000000 : (int)on;
+    me.on = on > COLLAB_ON_MAX ? COLLAB_ON_MAX : (int)on;
     char my[PEER_ADDR_MAX];
     me.agg = peer_rt_my_addr(&s->rt, my, &me.relayed);
     me.t_ms = dp_now(s);
